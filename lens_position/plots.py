@@ -1,0 +1,349 @@
+"""Figures: each one a function of a results DataFrame, returning a ``plotly`` Figure.
+
+Every function takes the tidy frames that the experiments return (``Decomposition.layers``,
+``Decomposition.heads``, ``ProbeResult.layers``, ``BosReplacement.frame`` / ``.overall``,
+``Fingerprint.frame``, ``SinkHeads.frame``, ``SinkReading.frame``, ``SinkRate.frame``),
+stacked over models with one extra column naming the architecture (``by``, default
+``"architecture"``). A frame without that column is drawn as a single group.
+
+Traces are built from plain Python lists (never numpy arrays), so a figure's JSON holds the
+numbers literally, and every trace carries ``meta`` = ``{"group": ..., "quantity": ...}``
+saying which slice of which table it draws; the report's tests use both to check that each
+figure shows exactly the numbers in the results tables.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.colors import qualitative
+from plotly.subplots import make_subplots
+
+from lens_position.errors import BadInputError
+
+_PALETTE = qualitative.Plotly
+_DASHES = ("solid", "dash", "dot", "dashdot", "longdash")
+# The paper's C4 number: the fraction of the residual component removed by BOS replacement.
+PAPER_C4_FRACTION = 0.40
+
+COMPONENT_NAMES = {
+    "T": "total absolute signal T",
+    "R": "residual component R",
+    "M": "mask component M",
+    "C": "interaction C",
+}
+
+
+def _require(frame: pd.DataFrame, columns: Iterable[str], what: str) -> None:
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise BadInputError(
+            f"{what} needs columns {missing} but the frame has {list(frame.columns)}; "
+            "pass the frame returned by the matching lens_position experiment"
+        )
+
+
+def _groups(frame: pd.DataFrame, by: str) -> list[tuple[str, pd.DataFrame]]:
+    """Split ``frame`` by ``by`` in order of first appearance (one group if the column is absent)."""
+    if by not in frame.columns:
+        return [("all", frame)]
+    order = list(dict.fromkeys(frame[by].tolist()))
+    return [(str(name), frame[frame[by] == name]) for name in order]
+
+
+def _as_list(values: Sequence) -> list:
+    """Plain Python numbers for a trace: NaN becomes None (a gap), numpy scalars become floats."""
+    out = []
+    for v in np.asarray(values, dtype=object).tolist():
+        if v is None or (isinstance(v, float) and np.isnan(v)):
+            out.append(None)
+        elif isinstance(v, (np.integer,)):
+            out.append(int(v))
+        elif isinstance(v, (np.floating,)):
+            out.append(float(v))
+        else:
+            out.append(v)
+    return out
+
+
+def _color(i: int) -> str:
+    return _PALETTE[i % len(_PALETTE)]
+
+
+def _base_layout(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
+    fig.update_layout(
+        title=title, height=height, template="plotly_white",
+        legend=dict(orientation="h", yanchor="top", y=-0.18, xanchor="left", x=0),
+        margin=dict(l=60, r=20, t=70, b=80),
+    )
+    return fig
+
+
+def layer_components(layers: pd.DataFrame, *, by: str = "architecture",
+                     components: Sequence[str] = ("R", "M"), heldout: bool = False) -> go.Figure:
+    """Per-layer components of the absolute-position signal, one line per architecture (C2, C3).
+
+    ``layers`` is ``Decomposition.layers`` stacked over models: columns ``layer`` and the
+    components (``R``, ``M``, ... or ``R_heldout``, ... when ``heldout``), each a fraction
+    of Var(log A) averaged over the layer's heads. One panel per component; x = layer
+    index, y = fraction of Var(log A).
+    """
+    cols = [c + ("_heldout" if heldout else "") for c in components]
+    _require(layers, ["layer", *cols], "layer_components")
+    fig = make_subplots(rows=1, cols=len(cols), shared_yaxes=False,
+                        subplot_titles=[COMPONENT_NAMES.get(c, c) + (" (held-out)" if heldout else "")
+                                        for c in components])
+    for gi, (name, frame) in enumerate(_groups(layers, by)):
+        frame = frame.sort_values("layer")
+        for ci, col in enumerate(cols):
+            fig.add_trace(go.Scatter(
+                x=_as_list(frame["layer"]), y=_as_list(frame[col]), mode="lines+markers",
+                name=name, legendgroup=name, showlegend=ci == 0,
+                line=dict(color=_color(gi)), meta={"group": name, "quantity": col},
+                hovertemplate=f"{name}<br>layer %{{x}}<br>{col} = %{{y:.4f}}<extra></extra>",
+            ), row=1, col=ci + 1)
+            fig.update_xaxes(title_text="layer", row=1, col=ci + 1)
+    fig.update_yaxes(title_text="fraction of Var(log A)", row=1, col=1)
+    return _base_layout(fig, "Absolute-position components per layer")
+
+
+def head_heatmaps(heads: pd.DataFrame, *, by: str = "architecture",
+                  components: Sequence[str] = ("T", "R", "M")) -> go.Figure:
+    """Heatmaps of T, R and M per (layer, head): one row per architecture, one column per component.
+
+    ``heads`` is ``Decomposition.heads`` stacked over models (columns ``layer``, ``head`` and
+    the components, fractions of Var(log A)). Colour = fraction, one shared scale from 0 to
+    the largest value shown; z[layer][head].
+    """
+    _require(heads, ["layer", "head", *components], "head_heatmaps")
+    groups = _groups(heads, by)
+    titles = [f"{name}: {c}" for name, _ in groups for c in components]
+    fig = make_subplots(rows=len(groups), cols=len(components), subplot_titles=titles,
+                        horizontal_spacing=0.06, vertical_spacing=0.5 / max(len(groups), 1) / 2)
+    zmax = float(np.nanmax(heads[list(components)].to_numpy(dtype=float))) if len(heads) else 1.0
+    zmax = zmax if np.isfinite(zmax) and zmax > 0 else 1.0
+    for gi, (name, frame) in enumerate(groups):
+        layer_ids = sorted(frame["layer"].unique().tolist())
+        head_ids = sorted(frame["head"].unique().tolist())
+        for ci, col in enumerate(components):
+            grid = frame.pivot_table(index="layer", columns="head", values=col, aggfunc="first")
+            grid = grid.reindex(index=layer_ids, columns=head_ids)
+            fig.add_trace(go.Heatmap(
+                z=[_as_list(row) for row in grid.to_numpy(dtype=float)],
+                x=[int(h) for h in head_ids], y=[int(layer) for layer in layer_ids],
+                coloraxis="coloraxis", meta={"group": name, "quantity": col},
+                hovertemplate=f"{name}<br>layer %{{y}}, head %{{x}}<br>{col} = %{{z:.4f}}<extra></extra>",
+            ), row=gi + 1, col=ci + 1)
+            fig.update_xaxes(title_text="head", row=gi + 1, col=ci + 1)
+            fig.update_yaxes(title_text="layer" if ci == 0 else None, row=gi + 1, col=ci + 1)
+    fig.update_layout(coloraxis=dict(colorscale="Viridis", cmin=0.0, cmax=zmax,
+                                     colorbar=dict(title="fraction of<br>Var(log A)")))
+    return _base_layout(fig, "Per-head components T, R, M", height=max(320, 300 * len(groups)))
+
+
+def probe_r2(probe: pd.DataFrame, *, by: str = "architecture") -> go.Figure:
+    """Held-out R² of a ridge probe from the residual stream to log(position + 1), per layer.
+
+    ``probe`` is ``ProbeResult.layers`` stacked over models (``layer``, ``r2_heldout``,
+    ``r2_shuffled``). Solid line: held-out R² (unitless, ≤ 1); dotted: the same probe
+    trained on shuffled positions (a chance baseline).
+    """
+    _require(probe, ["layer", "r2_heldout", "r2_shuffled"], "probe_r2")
+    fig = go.Figure()
+    for gi, (name, frame) in enumerate(_groups(probe, by)):
+        frame = frame.sort_values("layer")
+        fig.add_trace(go.Scatter(
+            x=_as_list(frame["layer"]), y=_as_list(frame["r2_heldout"]), mode="lines+markers",
+            name=name, legendgroup=name, line=dict(color=_color(gi)),
+            meta={"group": name, "quantity": "r2_heldout"},
+        ))
+        fig.add_trace(go.Scatter(
+            x=_as_list(frame["layer"]), y=_as_list(frame["r2_shuffled"]), mode="lines",
+            name=f"{name} (shuffled positions)", legendgroup=name,
+            line=dict(color=_color(gi), dash="dot"), meta={"group": name, "quantity": "r2_shuffled"},
+        ))
+    fig.update_xaxes(title_text="layer (residual stream before the layer)")
+    fig.update_yaxes(title_text="held-out R² of log(position + 1)")
+    return _base_layout(fig, "Position probe on the residual stream")
+
+
+def bos_fraction_removed(layers: pd.DataFrame, overall: pd.DataFrame | None = None, *,
+                         by: str = "architecture") -> go.Figure:
+    """Fraction of the residual component R removed by each BOS replacement at early queries (C4).
+
+    ``layers`` is ``BosReplacement.frame`` (``replacement``, ``layer``, ``fraction_removed``),
+    ``overall`` is ``BosReplacement.overall`` (``replacement``, ``fraction_removed``), both
+    stacked over models. ``fraction_removed`` = 1 − R_replaced / R_base (unitless; 1 = all
+    of R gone, negative = R grew). Left panel: overall, grouped by replacement; the others:
+    per layer, one panel per replacement. The dashed line marks the paper's 40%.
+    """
+    _require(layers, ["replacement", "layer", "fraction_removed"], "bos_fraction_removed")
+    replacements = list(dict.fromkeys(layers["replacement"].tolist()))
+    n_panels = len(replacements) + (overall is not None)
+    titles = (["overall"] if overall is not None else []) + [f"per layer: {r}" for r in replacements]
+    fig = make_subplots(rows=1, cols=n_panels, subplot_titles=titles, shared_yaxes=True)
+    offset = 0
+    if overall is not None:
+        _require(overall, ["replacement", "fraction_removed"], "bos_fraction_removed")
+        offset = 1
+        for gi, (name, frame) in enumerate(_groups(overall, by)):
+            fig.add_trace(go.Bar(
+                x=_as_list(frame["replacement"]), y=_as_list(frame["fraction_removed"]),
+                name=name, legendgroup=name, marker_color=_color(gi),
+                meta={"group": name, "quantity": "fraction_removed (overall)"},
+            ), row=1, col=1)
+        fig.update_xaxes(title_text="replacement of the BOS embedding", row=1, col=1)
+    groups = _groups(layers, by)
+    for ri, rep in enumerate(replacements):
+        for gi, (name, frame) in enumerate(groups):
+            frame = frame[frame["replacement"] == rep].sort_values("layer")
+            fig.add_trace(go.Scatter(
+                x=_as_list(frame["layer"]), y=_as_list(frame["fraction_removed"]),
+                mode="lines+markers", name=name, legendgroup=name,
+                showlegend=overall is None and ri == 0, line=dict(color=_color(gi)),
+                meta={"group": name, "quantity": f"fraction_removed ({rep})"},
+            ), row=1, col=offset + ri + 1)
+            fig.update_xaxes(title_text="layer", row=1, col=offset + ri + 1)
+    for col in range(1, n_panels + 1):
+        fig.add_hline(y=PAPER_C4_FRACTION, line_dash="dash", line_color="grey", row=1, col=col)
+    fig.update_yaxes(title_text="fraction of R removed", row=1, col=1)
+    fig.update_layout(barmode="group")
+    return _base_layout(fig, "BOS replacement: fraction of the residual component removed at early queries")
+
+
+def fingerprint_layers(frame: pd.DataFrame, *, by: str = "architecture") -> go.Figure:
+    """The position-0 fingerprint per layer: spread across inputs and norm, with and without BOS (C5).
+
+    ``frame`` is ``Fingerprint.frame`` stacked over models (``layer``, ``condition``:
+    ``"auto-bos"`` / ``"varying-token0"``, ``spread``, ``norm``; both in residual-stream
+    units). Left: spread of ``resid[:, 0]`` across inputs (log scale; auto-BOS should sit at
+    float noise); right: its norm. Solid = auto-BOS, dashed = varying token 0.
+    """
+    _require(frame, ["layer", "condition", "spread", "norm"], "fingerprint_layers")
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["spread of resid[:, 0] across inputs",
+                                                        "norm of resid[:, 0]"])
+    conditions = list(dict.fromkeys(frame["condition"].tolist()))
+    for gi, (name, group) in enumerate(_groups(frame, by)):
+        for ki, cond in enumerate(conditions):
+            part = group[group["condition"] == cond].sort_values("layer")
+            dash = _DASHES[ki % len(_DASHES)]
+            spread = [None if (v is None or v <= 0) else v for v in _as_list(part["spread"])]
+            # Zero spread cannot be drawn on a log axis; plot it as a gap, keep the value in hover.
+            fig.add_trace(go.Scatter(
+                x=_as_list(part["layer"]), y=spread, mode="lines+markers",
+                name=f"{name}: {cond}", legendgroup=f"{name}: {cond}",
+                line=dict(color=_color(gi), dash=dash), meta={"group": name, "quantity": f"spread ({cond})"},
+            ), row=1, col=1)
+            fig.add_trace(go.Scatter(
+                x=_as_list(part["layer"]), y=_as_list(part["norm"]), mode="lines+markers",
+                name=f"{name}: {cond}", legendgroup=f"{name}: {cond}", showlegend=False,
+                line=dict(color=_color(gi), dash=dash), meta={"group": name, "quantity": f"norm ({cond})"},
+            ), row=1, col=2)
+    fig.update_yaxes(type="log", title_text="spread (residual units)", row=1, col=1)
+    fig.update_yaxes(title_text="norm (residual units)", row=1, col=2)
+    fig.update_xaxes(title_text="layer")
+    return _base_layout(fig, "Position-0 fingerprint per layer", height=460)
+
+
+def sink_heads_map(sinks: pd.DataFrame, reading: pd.DataFrame | None = None, *,
+                   by: str = "architecture", top_reading: int = 5, eps: float | None = None) -> go.Figure:
+    """Sink heads and sink-reading heads per (layer, head), one panel per architecture.
+
+    ``sinks`` is ``SinkHeads.frame`` (``layer``, ``head``, ``sink_score`` = mean attention on
+    position 0, in [0, 1], ``is_sink``). ``reading`` is ``SinkReading.frame`` (``layer``,
+    ``head``, ``output_change``, ``rank``): its ``top_reading`` best-ranked heads are marked
+    with a red ring. Colour = sink score; a white dot marks a sink head (score > ε).
+    """
+    _require(sinks, ["layer", "head", "sink_score", "is_sink"], "sink_heads_map")
+    groups = _groups(sinks, by)
+    fig = make_subplots(rows=1, cols=len(groups), subplot_titles=[name for name, _ in groups])
+    reading_groups = dict(_groups(reading, by)) if reading is not None else {}
+    for gi, (name, frame) in enumerate(groups):
+        layer_ids = sorted(frame["layer"].unique().tolist())
+        head_ids = sorted(frame["head"].unique().tolist())
+        grid = frame.pivot_table(index="layer", columns="head", values="sink_score", aggfunc="first")
+        grid = grid.reindex(index=layer_ids, columns=head_ids)
+        fig.add_trace(go.Heatmap(
+            z=[_as_list(row) for row in grid.to_numpy(dtype=float)],
+            x=[int(h) for h in head_ids], y=[int(layer) for layer in layer_ids],
+            coloraxis="coloraxis", meta={"group": name, "quantity": "sink_score"},
+            hovertemplate=f"{name}<br>layer %{{y}}, head %{{x}}<br>sink score %{{z:.3f}}<extra></extra>",
+        ), row=1, col=gi + 1)
+        sink = frame[frame["is_sink"].astype(bool)]
+        fig.add_trace(go.Scatter(
+            x=_as_list(sink["head"]), y=_as_list(sink["layer"]), mode="markers",
+            marker=dict(color="white", size=5, line=dict(color="black", width=0.5)),
+            name="sink head", legendgroup="sink", showlegend=gi == 0,
+            meta={"group": name, "quantity": "is_sink"},
+        ), row=1, col=gi + 1)
+        if name in reading_groups:
+            _require(reading, ["layer", "head", "rank"], "sink_heads_map")
+            top = reading_groups[name].sort_values("rank").head(top_reading)
+            fig.add_trace(go.Scatter(
+                x=_as_list(top["head"]), y=_as_list(top["layer"]), mode="markers",
+                marker=dict(symbol="circle-open", color="red", size=14, line=dict(width=2)),
+                name=f"top {top_reading} sink-reading heads", legendgroup="reading", showlegend=gi == 0,
+                meta={"group": name, "quantity": "sink_reading_top"},
+            ), row=1, col=gi + 1)
+        fig.update_xaxes(title_text="head", row=1, col=gi + 1)
+    fig.update_yaxes(title_text="layer", row=1, col=1)
+    title = "Sink heads (mean attention on position 0)" + (f", ε = {eps}" if eps is not None else "")
+    fig.update_layout(coloraxis=dict(colorscale="Cividis", cmin=0.0, cmax=1.0,
+                                     colorbar=dict(title="sink score")))
+    return _base_layout(fig, title, height=480)
+
+
+def sink_rate_bars(rates: pd.DataFrame, *, by: str = "architecture") -> go.Figure:
+    """Sink rate per data condition and architecture (Gu et al.'s metric, in %).
+
+    ``rates`` is ``SinkRate.frame`` stacked over models (``condition``, ``sink_rate``: the
+    fraction of heads, in [0, 1], whose mean attention on position 0 exceeds ε). Bars show
+    it in percent.
+    """
+    _require(rates, ["condition", "sink_rate"], "sink_rate_bars")
+    fig = go.Figure()
+    for gi, (name, frame) in enumerate(_groups(rates, by)):
+        fig.add_trace(go.Bar(
+            x=_as_list(frame["condition"]), y=[None if v is None else 100.0 * v for v in _as_list(frame["sink_rate"])],
+            name=name, marker_color=_color(gi), meta={"group": name, "quantity": "sink_rate_percent"},
+        ))
+    fig.update_layout(barmode="group")
+    fig.update_xaxes(title_text="data condition")
+    fig.update_yaxes(title_text="sink rate (% of heads)", range=[0, 100])
+    return _base_layout(fig, "Sink rate by data condition")
+
+
+def sink_ablation(ablation: pd.DataFrame, *, by: str = "architecture") -> go.Figure:
+    """The residual component R per layer before and after ablating the sink-reading heads.
+
+    ``ablation`` is ``SinkReading.ablation`` stacked over models (``ablation``: ``"zero"`` or
+    ``"mean"``, ``layer``, ``R_before``, ``R_after``; fractions of Var(log A)).
+    """
+    _require(ablation, ["ablation", "layer", "R_before", "R_after"], "sink_ablation")
+    kinds = list(dict.fromkeys(ablation["ablation"].tolist()))
+    fig = make_subplots(rows=1, cols=len(kinds), subplot_titles=[f"{k} ablation" for k in kinds],
+                        shared_yaxes=True)
+    for gi, (name, group) in enumerate(_groups(ablation, by)):
+        for ki, kind in enumerate(kinds):
+            part = group[group["ablation"] == kind].sort_values("layer")
+            fig.add_trace(go.Scatter(
+                x=_as_list(part["layer"]), y=_as_list(part["R_before"]), mode="lines",
+                name=f"{name}: before", legendgroup=f"{name}b", showlegend=ki == 0,
+                line=dict(color=_color(gi)), meta={"group": name, "quantity": f"R_before ({kind})"},
+            ), row=1, col=ki + 1)
+            fig.add_trace(go.Scatter(
+                x=_as_list(part["layer"]), y=_as_list(part["R_after"]), mode="lines+markers",
+                name=f"{name}: after", legendgroup=f"{name}a", showlegend=ki == 0,
+                line=dict(color=_color(gi), dash="dash"), meta={"group": name, "quantity": f"R_after ({kind})"},
+            ), row=1, col=ki + 1)
+            fig.update_xaxes(title_text="layer", row=1, col=ki + 1)
+    fig.update_yaxes(title_text="R (fraction of Var(log A))", row=1, col=1)
+    return _base_layout(fig, "Ablating the sink-reading heads: R downstream")
+
+
+def trace_data(fig: go.Figure) -> list[dict]:
+    """The figure's traces as plain dicts (``meta``, ``x``, ``y``, ``z``), for checks and tests."""
+    return [t.to_plotly_json() for t in fig.data]

@@ -1,0 +1,85 @@
+"""Hand-made results tables with the columns the experiments return, for plot and report tests.
+
+The numbers are chosen so that each claim's verdict is known in advance: the architectures
+"std", "ntk" and "swa" are built so C1-C5 hold, and ``failing=True`` flips C3 and C4.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+ARCHS = (("standard RoPE: std", "standard", "std"), ("NTK-scaled RoPE: ntk", "ntk", "ntk"),
+         ("sliding window: swa", "sliding", "swa"))
+
+
+def _tag(frame: pd.DataFrame, arch: str, role: str, model: str) -> pd.DataFrame:
+    frame.insert(0, "architecture", arch)
+    frame.insert(1, "role", role)
+    frame.insert(2, "model", model)
+    return frame
+
+
+def fake_results(n_layers: int = 4, n_heads: int = 3, failing: bool = False) -> dict[str, pd.DataFrame]:
+    rng = np.random.default_rng(0)
+    tables: dict[str, list[pd.DataFrame]] = {}
+    for arch, role, model in ARCHS:
+        depth = np.arange(n_layers) / (n_layers - 1)
+        # Residual share: NTK lowest; sliding window grows with depth (unless failing).
+        r_layer = {"standard": 0.10 + 0.02 * depth, "ntk": 0.03 + 0.0 * depth,
+                   "sliding": 0.08 + 0.20 * depth}[role]
+        if failing and role == "ntk":
+            r_layer = 0.30 + 0.0 * depth
+        m_layer = 0.30 - 0.05 * depth
+        heads = []
+        for layer in range(n_layers):
+            for head in range(n_heads):
+                r = r_layer[layer] * (0.8 + 0.2 * head)
+                m = m_layer[layer]
+                c = 0.01
+                heads.append(dict(layer=layer, head=head, layer_type="global", window=None, T=r + m + c,
+                                  R=r, M=m, C=c, T_heldout=r + m + c - 0.01, R_heldout=r - 0.005,
+                                  M_heldout=m - 0.005, C_heldout=c))
+        heads = pd.DataFrame(heads)
+        layers = heads.groupby("layer", as_index=False)[["T", "R", "M", "C", "T_heldout", "R_heldout",
+                                                         "M_heldout", "C_heldout"]].mean()
+        layers.insert(1, "layer_type", "global")
+        tables.setdefault("decompose_heads", []).append(_tag(heads, arch, role, model))
+        tables.setdefault("decompose_layers", []).append(_tag(layers, arch, role, model))
+        probe = pd.DataFrame(dict(layer=np.arange(n_layers + 1), r2_heldout=np.linspace(0.2, 0.9, n_layers + 1),
+                                  r2_shuffled=rng.normal(0, 0.01, n_layers + 1), n_train=100, n_test=100))
+        tables.setdefault("probe_layers", []).append(_tag(probe, arch, role, model))
+        base_fraction = 0.9 if failing else 0.4
+        bos_rows, overall_rows = [], []
+        for k, rep in enumerate(("token", "mean", "random")):
+            frac = base_fraction + 0.05 * (k - 1)
+            for layer in range(n_layers):
+                bos_rows.append(dict(replacement=rep, layer=layer, R_base=r_layer[layer],
+                                     R_replaced=r_layer[layer] * (1 - frac), fraction_removed=frac))
+            overall_rows.append(dict(replacement=rep, R_base=0.1, R_replaced=0.1 * (1 - frac), fraction_removed=frac))
+        tables.setdefault("bos_layers", []).append(_tag(pd.DataFrame(bos_rows), arch, role, model))
+        tables.setdefault("bos_overall", []).append(_tag(pd.DataFrame(overall_rows), arch, role, model))
+        fp = []
+        for layer in range(n_layers + 1):
+            norm = 10.0 + layer
+            fp.append(dict(layer=layer, condition="auto-bos", spread=0.0 if layer == 0 else 1e-6, norm=norm,
+                           cos_to_bos=1.0))
+            fp.append(dict(layer=layer, condition="varying-token0", spread=2.0, norm=norm, cos_to_bos=0.5))
+        tables.setdefault("fingerprint", []).append(_tag(pd.DataFrame(fp), arch, role, model))
+        sinks = pd.DataFrame([dict(layer=layer, head=head, sink_score=(layer * n_heads + head) / (n_layers * n_heads))
+                              for layer in range(n_layers) for head in range(n_heads)])
+        sinks["is_sink"] = sinks["sink_score"] > 0.3
+        tables.setdefault("sink_heads", []).append(_tag(sinks, arch, role, model))
+        reading = sinks[["layer", "head"]].copy()
+        reading["output_change"] = np.linspace(1.0, 0.0, len(reading))
+        reading["R_change"] = np.linspace(0.1, 0.0, len(reading))
+        reading["rank"] = np.arange(1, len(reading) + 1)
+        tables.setdefault("sink_reading", []).append(_tag(reading, arch, role, model))
+        ablation = pd.DataFrame([dict(ablation=kind, layer=layer, R_before=r_layer[layer],
+                                      R_after=r_layer[layer] * 0.5) for kind in ("zero", "mean")
+                                 for layer in range(n_layers)])
+        tables.setdefault("sink_ablation", []).append(_tag(ablation, arch, role, model))
+        rate = pd.DataFrame(dict(condition=["natural", "random", "repeated"], sink_rate=[0.6, 0.5, 0.2],
+                                 eps=0.3, T=64, N=4))
+        tables.setdefault("sink_rate", []).append(_tag(rate, arch, role, model))
+    return {k: pd.concat(v, ignore_index=True) for k, v in tables.items()}
