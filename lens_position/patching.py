@@ -1,0 +1,641 @@
+"""Activation patching and ablation: one engine, thin named entry points, fast.
+
+Activation patching asks a causal question. Run the model on a *target* input, but replace
+one activation (the residual stream at layer 5, position 0; one head's key at position 0;
+the embedding of the first token) by a value taken from a *source* run (a different token
+0, no BOS), by a summary (the mean over inputs), or by zero, and measure what changes
+downstream: the logits, a head's output, or a head's residual component ``R``
+(``lens_position.decompose``). If changing that one activation changes the measurement, the
+activation carries what the measurement depends on; if it does not, it does not.
+
+Here an intervention is a value, not a side effect: a :class:`Patch` says *which* activation
+(a TransformerLens hook name), *where* (position, head) and *what to put there*. Apply it to
+any forward pass with :meth:`Patch.hook` (a ``(name, fn)`` pair for ``model.hooks`` or for
+``decompose(fwd_hooks=...)``), or hand many conditions (each a list of patches) to
+:func:`run_patches`, which
+
+- **resumes from a cached residual**: a condition whose earliest patch sits in block ``l``
+  starts at ``resid_pre[l]`` of the target run (``start_at_layer``), so layers ``< l`` are
+  never recomputed;
+- **batches conditions**: the target batch is repeated once per condition and each
+  condition's patches touch only its own rows, so a sweep of ``layers x positions`` patches
+  costs ``layers`` forward passes of ``positions x batch`` rows, not ``layers x positions``
+  passes;
+- **always removes its hooks** (``model.hooks`` context manager), also when an exception
+  flies.
+
+Named entry points build the usual patches: :func:`embedding_patch` (another token's
+embedding, the mean embedding over the vocabulary, or a random vector of the same norm),
+:func:`resid_pre_patch` (``resid_pre`` at (layer, position) from a source run),
+:func:`head_kv_patches` (one head's key and/or value at a position from a source run) and
+:func:`head_ablation` (zero or mean ablation of heads), and :func:`resid_pre_sweep` runs the
+classic ``layers x positions`` residual-stream sweep (the fast twin of
+``transformer_lens.patching.get_act_patch_resid_pre``).
+
+Patching a run with its own activations changes nothing (tested bit-for-bit on small
+models; within float round-off where batching changes the matmul shapes).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Sequence
+
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from tqdm.auto import tqdm
+from transformer_lens import HookedTransformer
+
+from lens_position import provenance
+from lens_position.errors import BadInputError
+from lens_position.models.spec import LoadedModel, as_loaded
+
+_BLOCK_HOOK = re.compile(r"^blocks\.(\d+)\.")
+# Hooks whose activation is [batch, pos, ...] (position on axis 1, head on axis 2 if any).
+_POS_AXIS_HOOK = re.compile(
+    r"^(hook_embed|hook_pos_embed|blocks\.\d+\.(hook_resid_pre|hook_resid_mid|hook_resid_post|"
+    r"hook_attn_out|hook_mlp_out|ln1\.hook_normalized|ln2\.hook_normalized|"
+    r"attn\.hook_(q|k|v|z|result|rot_q|rot_k)|mlp\.hook_(pre|post|pre_linear)))$"
+)
+_HEAD_AXIS_HOOK = re.compile(r"attn\.hook_(q|k|v|z|result|rot_q|rot_k)$")
+
+Replacement = Literal["token", "mean", "random"]
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def _hooked(model: LoadedModel | HookedTransformer) -> HookedTransformer:
+    return as_loaded(model).model
+
+
+def as_tokens(model: LoadedModel | HookedTransformer, prompts: Any) -> Int[torch.Tensor, "batch pos"]:
+    """The token tensor of ``prompts`` (a PromptSet, anything with ``.tokens``, or a tensor),
+    checked against the model: 2-D, integer, ids below ``d_vocab``, length within ``n_ctx``."""
+    tokens = getattr(prompts, "tokens", prompts)
+    if not isinstance(tokens, torch.Tensor):
+        raise BadInputError(
+            f"expected token ids as a PromptSet or an integer tensor [batch, pos], got "
+            f"{type(prompts).__name__}; build prompts with lens_position.data.build_prompts(...)"
+        )
+    if tokens.ndim == 1:
+        tokens = tokens[None]
+    if tokens.ndim != 2 or tokens.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
+        raise BadInputError(
+            f"token ids must be an integer tensor [batch, pos]; got dtype {tokens.dtype} and "
+            f"shape {tuple(tokens.shape)}"
+        )
+    cfg = _hooked(model).cfg
+    if tokens.numel() and (int(tokens.max()) >= cfg.d_vocab or int(tokens.min()) < 0):
+        raise BadInputError(
+            f"token ids range over [{int(tokens.min())}, {int(tokens.max())}] but the model's "
+            f"vocabulary has {cfg.d_vocab} entries: the prompts were built with another "
+            "tokenizer; rebuild them with this model's tokenizer"
+        )
+    if tokens.shape[1] > cfg.n_ctx:
+        raise BadInputError(
+            f"prompts have {tokens.shape[1]} positions but the model's context is {cfg.n_ctx}; "
+            "use a smaller T"
+        )
+    return tokens.long().to(cfg.device)
+
+
+def _tokenizer_id(prompts: Any) -> Any:
+    spec = getattr(prompts, "spec", None)
+    if spec is None:
+        return None
+    for attr in ("tokenizer", "tokenizer_name", "tokenizer_id"):
+        value = getattr(spec, attr, None)
+        if value is not None:
+            return value
+    return None
+
+
+def check_same_layout(target: Any, source: Any, *, what: str = "source") -> None:
+    """Raise BadInputError unless ``source`` and ``target`` prompts can be patched into each
+    other: same [batch, pos] shape and, when both say, the same tokenizer."""
+    t_tok, s_tok = getattr(target, "tokens", target), getattr(source, "tokens", source)
+    if tuple(t_tok.shape) != tuple(s_tok.shape):
+        raise BadInputError(
+            f"{what} run has token shape {tuple(s_tok.shape)} but the target run has "
+            f"{tuple(t_tok.shape)}; patching moves activations position by position, so build "
+            "both prompt sets with the same N and T"
+        )
+    t_id, s_id = _tokenizer_id(target), _tokenizer_id(source)
+    if t_id is not None and s_id is not None and t_id != s_id:
+        raise BadInputError(
+            f"{what} prompts were tokenized with {s_id!r} but the target prompts with {t_id!r}; "
+            "build both with the same model's tokenizer"
+        )
+
+
+def _check_position(position: int | None, n_pos: int) -> None:
+    if position is not None and not 0 <= position < n_pos:
+        raise BadInputError(
+            f"position {position} is out of range for prompts of {n_pos} positions "
+            f"(valid: 0..{n_pos - 1})"
+        )
+
+
+def _check_layer(model: HookedTransformer, layer: int) -> None:
+    if not 0 <= layer < model.cfg.n_layers:
+        raise BadInputError(
+            f"layer {layer} is out of range for a model of {model.cfg.n_layers} layers "
+            f"(valid: 0..{model.cfg.n_layers - 1})"
+        )
+
+
+def _n_heads_at(model: HookedTransformer, hook_name: str) -> int:
+    kv = re.search(r"attn\.hook_(k|v)$", hook_name)
+    if kv and model.cfg.n_key_value_heads and not model.cfg.ungroup_grouped_query_attention:
+        return model.cfg.n_key_value_heads
+    return model.cfg.n_heads
+
+
+# --------------------------------------------------------------------------- the value
+
+
+@dataclass(frozen=True, eq=False)
+class Patch:
+    """One intervention: ``activation[rows, position, head] = value`` at ``hook_name``.
+
+    - ``hook_name``: a TransformerLens hook whose activation has the position on axis 1
+      (``hook_embed``, ``blocks.l.hook_resid_pre``, ``blocks.l.attn.hook_k`` /
+      ``hook_v`` / ``hook_z`` / ``hook_result``, ...).
+    - ``position``: index on the position axis (None: every position).
+    - ``head``: index on the head axis of ``[batch pos head d_head]`` activations (None: all
+      heads). For ``hook_k`` / ``hook_v`` of a grouped-query model this is the *key/value
+      head* (see :func:`kv_head_of`).
+    - ``value``: the replacement, broadcast against ``activation[rows, position, head]``: a
+      float (``0.0`` is zero ablation), a tensor without a batch axis (the same vector for
+      every row), or a tensor whose first axis is the batch (one value per prompt, in the
+      order of the target prompts).
+    - ``label``: free-form description that ends up in result tables.
+    """
+
+    hook_name: str
+    value: torch.Tensor | float
+    position: int | None = None
+    head: int | None = None
+    label: str = ""
+
+    @property
+    def layer(self) -> int:
+        """The block this patch sits in; -1 for the embedding (before block 0)."""
+        match = _BLOCK_HOOK.match(self.hook_name)
+        return int(match.group(1)) if match else -1
+
+    def _index(self) -> tuple:
+        index: tuple = (slice(None) if self.position is None else self.position,)
+        if self.head is not None:
+            index += (self.head,)
+        return index
+
+    def apply(self, activation: torch.Tensor, rows: slice = slice(None)) -> torch.Tensor:
+        """Write ``value`` into ``activation[rows, position, head]`` in place; return it."""
+        index = (rows,) + self._index()
+        target = activation[index]
+        value = self.value
+        if isinstance(value, torch.Tensor):
+            value = value.to(device=activation.device, dtype=activation.dtype)
+            try:
+                value = torch.broadcast_to(value, target.shape)
+            except RuntimeError as exc:
+                raise BadInputError(
+                    f"patch value of shape {tuple(self.value.shape)} does not fit "
+                    f"{self.hook_name}[position={self.position}, head={self.head}] of shape "
+                    f"{tuple(target.shape)} (batch first); give one value per prompt or one "
+                    "for all"
+                ) from exc
+        activation[index] = value
+        return activation
+
+    def hook(self) -> tuple[str, Callable]:
+        """A ``(hook_name, fn)`` forward hook applying this patch to every row."""
+
+        def fn(activation: torch.Tensor, hook: Any) -> torch.Tensor:
+            return self.apply(activation)
+
+        return (self.hook_name, fn)
+
+    def validate(self, model: HookedTransformer, n_pos: int) -> None:
+        """Raise BadInputError if this patch cannot apply to ``model`` on ``n_pos`` positions."""
+        if self.hook_name not in model.hook_dict:
+            raise BadInputError(f"the model has no hook named {self.hook_name!r}")
+        if not _POS_AXIS_HOOK.match(self.hook_name):
+            raise BadInputError(
+                f"{self.hook_name!r} is not a [batch, pos, ...] activation; patch attention "
+                "through hook_k / hook_v / hook_z, or the residual stream"
+            )
+        _check_position(self.position, n_pos)
+        if self.head is not None:
+            if not _HEAD_AXIS_HOOK.search(self.hook_name):
+                raise BadInputError(f"{self.hook_name!r} has no head axis; drop head=")
+            n_heads = _n_heads_at(model, self.hook_name)
+            if not 0 <= self.head < n_heads:
+                raise BadInputError(
+                    f"head {self.head} is out of range at {self.hook_name} ({n_heads} heads)"
+                )
+
+
+Condition = Sequence[Patch]
+
+
+def patches_as_hooks(patches: Sequence[Patch]) -> list[tuple[str, Callable]]:
+    """Forward hooks applying ``patches`` to every row (for ``decompose(fwd_hooks=...)``)."""
+    return [p.hook() for p in patches]
+
+
+# --------------------------------------------------------------------------- caches
+
+
+def cache_activations(
+    model: LoadedModel | HookedTransformer,
+    prompts: Any,
+    names: Sequence[str],
+    *,
+    fwd_hooks: Sequence[tuple[str, Callable]] = (),
+) -> dict[str, torch.Tensor]:
+    """Run once and keep only the activations named in ``names`` (the whole batch).
+
+    ``fwd_hooks`` (e.g. ``Patch.hook()``) apply during the run; they are removed after it.
+    The forward pass stops after the last block that is read.
+    """
+    hooked = _hooked(model)
+    tokens = as_tokens(hooked, prompts)
+    missing = [n for n in names if n not in hooked.hook_dict]
+    if missing:
+        raise BadInputError(f"the model has no hooks named {missing}")
+    store: dict[str, torch.Tensor] = {}
+
+    def keep(activation: torch.Tensor, hook: Any) -> None:
+        store[hook.name] = activation.detach().clone()
+
+    with torch.no_grad(), hooked.hooks(fwd_hooks=list(fwd_hooks) + [(n, keep) for n in names]):
+        hooked(tokens, stop_at_layer=_stop_after(hooked, names))
+    return store
+
+
+def resid_pre_stack(
+    model: LoadedModel | HookedTransformer, prompts: Any
+) -> Float[torch.Tensor, "layer batch pos d_model"]:
+    """``resid_pre`` of every block on ``prompts``, stacked: the cache that patches resume from."""
+    hooked = _hooked(model)
+    names = [f"blocks.{layer}.hook_resid_pre" for layer in range(hooked.cfg.n_layers)]
+    store = cache_activations(hooked, prompts, names)
+    return torch.stack([store[n] for n in names])
+
+
+def _stop_after(model: HookedTransformer, names: Sequence[str]) -> int | None:
+    """Smallest ``stop_at_layer`` that still fires every hook in ``names`` (None: run to the end)."""
+    layers = []
+    for name in names:
+        match = _BLOCK_HOOK.match(name)
+        if match is None:
+            if name in ("hook_embed", "hook_pos_embed", "hook_tokens"):
+                layers.append(-1)
+                continue
+            return None
+        layers.append(int(match.group(1)))
+    if not layers:
+        return None
+    return max(layers) + 1 if max(layers) + 1 < model.cfg.n_layers else None
+
+
+# --------------------------------------------------------------------------- the engine
+
+
+def run_patches(
+    model: LoadedModel | HookedTransformer,
+    prompts: Any,
+    conditions: Sequence[Condition | Patch],
+    metric: Callable[[Any], torch.Tensor],
+    *,
+    read: Sequence[str] = (),
+    resid_pre: Float[torch.Tensor, "layer batch pos d_model"] | None = None,
+    batch_size: int = 64,
+    progress: bool = False,
+) -> torch.Tensor:
+    """Run the target ``prompts`` once per condition, each with its own patches; reduce each
+    condition's run with ``metric``. Returns ``metric`` values stacked: ``[condition, ...]``.
+
+    Args:
+        prompts: the target run (PromptSet or ``Int[Tensor, "batch pos"]``), ``B`` rows.
+        conditions: each a list of :class:`Patch` (or a single Patch); an empty list is the
+            unpatched run.
+        metric: ``metric(x) -> Tensor`` for one condition's ``B`` rows. ``x`` is the logits
+            ``Float[Tensor, "B pos d_vocab"]`` when ``read`` is empty, otherwise a dict
+            ``{hook_name: activation}`` of the hooks in ``read`` that ran in this condition's
+            pass (blocks before the condition's first patch are not rerun, so their hooks
+            are absent: read them from an unpatched run).
+        read: hook names to hand to ``metric`` instead of the logits; the pass then stops
+            after the last block read.
+        resid_pre: the target run's ``resid_pre`` stack (:func:`resid_pre_stack`); computed
+            here when some condition can resume from it and it is not given.
+        batch_size: most rows per forward pass (conditions x B); at least one condition.
+        progress: show a progress bar over forward passes.
+
+    A condition whose earliest patch sits in block ``l > 0`` starts from ``resid_pre[l]``
+    (layers ``< l`` are not recomputed); conditions starting at the same block share forward
+    passes. Hooks are removed after every pass, also on errors.
+    """
+    hooked = _hooked(model)
+    tokens = as_tokens(hooked, prompts)
+    n_rows, n_pos = tokens.shape
+    conditions = [[c] if isinstance(c, Patch) else list(c) for c in conditions]
+    for condition in conditions:
+        for patch in condition:
+            if not isinstance(patch, Patch):
+                raise BadInputError(f"a condition holds {type(patch).__name__}, expected Patch")
+            patch.validate(hooked, n_pos)
+    missing = [n for n in read if n not in hooked.hook_dict]
+    if missing:
+        raise BadInputError(f"the model has no hooks named {missing}")
+
+    def start_of(condition: list[Patch]) -> int:
+        # An unpatched or embedding-level condition runs from the tokens (start 0).
+        return max(0, min((p.layer for p in condition), default=0))
+
+    by_start: dict[int, list[int]] = defaultdict(list)
+    for index, condition in enumerate(conditions):
+        by_start[start_of(condition)].append(index)
+    if resid_pre is None and any(start > 0 for start in by_start):
+        resid_pre = resid_pre_stack(hooked, tokens)
+    if resid_pre is not None and tuple(resid_pre.shape[1:3]) != (n_rows, n_pos):
+        raise BadInputError(
+            f"resid_pre cache has batch x pos {tuple(resid_pre.shape[1:3])} but the target "
+            f"prompts are {(n_rows, n_pos)}; cache the same prompts"
+        )
+
+    per_pass = max(1, batch_size // n_rows)
+    passes = [
+        (start, indices[i : i + per_pass])
+        for start, indices in sorted(by_start.items())
+        for i in range(0, len(indices), per_pass)
+    ]
+    stop = _stop_after(hooked, read) if read else None
+    results: list[torch.Tensor | None] = [None] * len(conditions)
+    for start, indices in tqdm(passes, disable=not progress, desc="patching"):
+        hooks_by_name: dict[str, list[tuple[slice, Patch]]] = defaultdict(list)
+        for k, index in enumerate(indices):
+            rows = slice(k * n_rows, (k + 1) * n_rows)
+            for patch in conditions[index]:
+                hooks_by_name[patch.hook_name].append((rows, patch))
+
+        def patch_hook(activation: torch.Tensor, hook: Any) -> torch.Tensor:
+            for rows, patch in hooks_by_name[hook.name]:
+                patch.apply(activation, rows)
+            return activation
+
+        captured: dict[str, torch.Tensor] = {}
+
+        def read_hook(activation: torch.Tensor, hook: Any) -> None:
+            captured[hook.name] = activation.detach().clone()
+
+        fwd_hooks = [(name, patch_hook) for name in hooks_by_name]
+        fwd_hooks += [(name, read_hook) for name in read]
+        repeats = len(indices)
+        if start > 0:
+            x = resid_pre[start].repeat(repeats, 1, 1)
+            kwargs: dict[str, Any] = {"start_at_layer": start}
+        else:
+            x = tokens.repeat(repeats, 1)
+            kwargs = {}
+        with torch.no_grad(), hooked.hooks(fwd_hooks=fwd_hooks):
+            output = hooked(x, stop_at_layer=stop, **kwargs)
+        for k, index in enumerate(indices):
+            rows = slice(k * n_rows, (k + 1) * n_rows)
+            view = {name: act[rows] for name, act in captured.items()} if read else output[rows]
+            results[index] = torch.as_tensor(metric(view)).detach()
+    return torch.stack(results) if results else torch.empty(0)
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def kv_head_of(model: LoadedModel | HookedTransformer, head: int) -> int:
+    """The key/value head that query head ``head`` reads (itself without grouped-query attention)."""
+    cfg = _hooked(model).cfg
+    if not cfg.n_key_value_heads or cfg.ungroup_grouped_query_attention:
+        return head
+    return head // (cfg.n_heads // cfg.n_key_value_heads)
+
+
+def replacement_embedding(
+    model: LoadedModel | HookedTransformer,
+    prompts: Any,
+    replacement: Replacement,
+    *,
+    position: int = 0,
+    token: int | None = None,
+    seed: int = 0,
+) -> Float[torch.Tensor, "batch d_model"]:
+    """The vector that replaces the embedding at ``position`` (one row per prompt).
+
+    - ``"token"``: the embedding of ``token`` (default: a token drawn with ``seed`` from the
+      vocabulary, never the prompts' own token at ``position``).
+    - ``"mean"``: the mean embedding over the whole vocabulary.
+    - ``"random"``: a Gaussian direction (``seed``) scaled, per prompt, to the norm of the
+      embedding it replaces.
+    """
+    hooked = _hooked(model)
+    tokens = as_tokens(hooked, prompts)
+    _check_position(position, tokens.shape[1])
+    W_E = hooked.W_E.detach()
+    original = W_E[tokens[:, position]]
+    if replacement == "token":
+        if token is None:
+            token = default_replacement_token(hooked, tokens, position=position, seed=seed)
+        if not 0 <= token < hooked.cfg.d_vocab:
+            raise BadInputError(f"replacement token {token} is outside the vocabulary")
+        return W_E[token].expand_as(original).clone()
+    if replacement == "mean":
+        return W_E.mean(0).expand_as(original).clone()
+    if replacement == "random":
+        generator = torch.Generator().manual_seed(seed)
+        direction = torch.randn(original.shape[-1], generator=generator).to(original)
+        return direction / direction.norm() * original.norm(dim=-1, keepdim=True)
+    raise BadInputError(f"unknown replacement {replacement!r}; use 'token', 'mean' or 'random'")
+
+
+def default_replacement_token(
+    model: LoadedModel | HookedTransformer, prompts: Any, *, position: int = 0, seed: int = 0
+) -> int:
+    """A token drawn with ``seed`` from the vocabulary, avoiding every token the prompts hold
+    at ``position`` (so the replacement really changes the input)."""
+    hooked = _hooked(model)
+    tokens = as_tokens(hooked, prompts)
+    avoid = set(tokens[:, position].tolist())
+    generator = torch.Generator().manual_seed(seed)
+    for candidate in torch.randperm(hooked.cfg.d_vocab, generator=generator).tolist():
+        if candidate not in avoid:
+            return candidate
+    raise BadInputError("every vocabulary entry occurs at that position; pass token=")
+
+
+def embedding_patch(
+    model: LoadedModel | HookedTransformer,
+    prompts: Any,
+    replacement: Replacement | torch.Tensor = "token",
+    *,
+    position: int = 0,
+    token: int | None = None,
+    seed: int = 0,
+) -> Patch:
+    """Replace the embedding at ``position`` (``hook_embed``) before the forward pass, with
+    another token's embedding, the mean embedding, a random vector of the same norm
+    (:func:`replacement_embedding`), or a given ``Float[Tensor, "d_model"]`` /
+    ``Float[Tensor, "batch d_model"]``."""
+    hooked = _hooked(model)
+    if isinstance(replacement, torch.Tensor):
+        _check_position(position, as_tokens(hooked, prompts).shape[1])
+        value, label = replacement, "given"
+    else:
+        value = replacement_embedding(
+            hooked, prompts, replacement, position=position, token=token, seed=seed
+        )
+        label = replacement
+    return Patch("hook_embed", value, position=position, label=f"embed[{position}]={label}")
+
+
+def resid_pre_patch(
+    source: dict[str, torch.Tensor] | Float[torch.Tensor, "layer batch pos d_model"],
+    layer: int,
+    position: int,
+) -> Patch:
+    """``resid_pre[layer][:, position]`` from a source run (a :func:`resid_pre_stack` or a
+    :func:`cache_activations` dict holding ``blocks.{layer}.hook_resid_pre``)."""
+    name = f"blocks.{layer}.hook_resid_pre"
+    if isinstance(source, dict):
+        if name not in source:
+            raise BadInputError(f"the source cache has no {name}; cache it first")
+        activation = source[name]
+    else:
+        if not 0 <= layer < source.shape[0]:
+            raise BadInputError(f"layer {layer} is out of range (source has {source.shape[0]})")
+        activation = source[layer]
+    _check_position(position, activation.shape[1])
+    return Patch(name, activation[:, position], position=position,
+                 label=f"resid_pre[{layer}][{position}]")
+
+
+def head_kv_patches(
+    model: LoadedModel | HookedTransformer,
+    source: dict[str, torch.Tensor],
+    *,
+    layer: int,
+    head: int,
+    position: int,
+    parts: Sequence[Literal["k", "v"]] = ("k", "v"),
+) -> list[Patch]:
+    """One head's key and/or value at ``position`` from a source run.
+
+    ``source`` holds ``blocks.{layer}.attn.hook_k`` / ``hook_v`` (:func:`cache_activations`).
+    ``head`` is a query head; with grouped-query attention its key/value head
+    (:func:`kv_head_of`) is shared by the other query heads of its group, which then see the
+    same patch: read the effect on ``head`` only.
+    """
+    hooked = _hooked(model)
+    _check_layer(hooked, layer)
+    if not 0 <= head < hooked.cfg.n_heads:
+        raise BadInputError(f"head {head} is out of range ({hooked.cfg.n_heads} heads)")
+    kv_head = kv_head_of(hooked, head)
+    patches = []
+    for part in parts:
+        name = f"blocks.{layer}.attn.hook_{part}"
+        if name not in source:
+            raise BadInputError(f"the source cache has no {name}; cache it first")
+        _check_position(position, source[name].shape[1])
+        patches.append(Patch(name, source[name][:, position, kv_head], position=position,
+                             head=kv_head, label=f"{part}[{layer}.{head}][{position}]"))
+    return patches
+
+
+def head_ablation(
+    model: LoadedModel | HookedTransformer,
+    heads: Sequence[tuple[int, int]],
+    kind: Literal["zero", "mean"] = "zero",
+    *,
+    reference: Any = None,
+) -> list[Patch]:
+    """Ablate heads by setting their output ``z`` (``blocks.l.attn.hook_z``, before ``W_O``)
+    at every position: to zero, or to its mean over the prompts and positions of
+    ``reference`` (a PromptSet or token tensor; required for ``kind="mean"``)."""
+    hooked = _hooked(model)
+    for layer, head in heads:
+        _check_layer(hooked, layer)
+        if not 0 <= head < hooked.cfg.n_heads:
+            raise BadInputError(f"head {head} is out of range ({hooked.cfg.n_heads} heads)")
+    if kind == "zero":
+        return [Patch(f"blocks.{l}.attn.hook_z", 0.0, head=h, label=f"zero[{l}.{h}]")
+                for l, h in heads]
+    if kind != "mean":
+        raise BadInputError(f"unknown ablation {kind!r}; use 'zero' or 'mean'")
+    if reference is None:
+        raise BadInputError("mean ablation needs reference prompts to take the mean over")
+    names = sorted({f"blocks.{l}.attn.hook_z" for l, _ in heads})
+    store = cache_activations(hooked, reference, names)
+    return [Patch(f"blocks.{l}.attn.hook_z", store[f"blocks.{l}.attn.hook_z"][:, :, h].mean((0, 1)),
+                  head=h, label=f"mean[{l}.{h}]") for l, h in heads]
+
+
+# --------------------------------------------------------------------------- sweeps
+
+
+@dataclass
+class PatchSweep:
+    """A metric per patch condition. ``values`` is indexed like the model (``[layer, pos]``
+    for a resid_pre sweep); ``frame`` has one row per condition."""
+
+    values: torch.Tensor
+    frame: pd.DataFrame
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+
+def resid_pre_sweep(
+    model: LoadedModel | HookedTransformer,
+    target: Any,
+    source: Any,
+    metric: Callable[[Float[torch.Tensor, "batch pos d_vocab"]], torch.Tensor],
+    *,
+    layers: Sequence[int] | None = None,
+    positions: Sequence[int] | None = None,
+    batch_size: int = 64,
+    progress: bool = False,
+) -> PatchSweep:
+    """Patch ``resid_pre[layer][:, pos]`` from the ``source`` run into the ``target`` run,
+    for every layer x position; ``metric(logits)`` (a scalar per condition) of each.
+
+    The same computation as ``transformer_lens.patching.get_act_patch_resid_pre(model,
+    target_tokens, source_cache, metric)`` (there "corrupted" = our target, "clean" = our
+    source), resumed at each layer and batched over positions.
+    ``values``: ``Float[Tensor, "layer pos"]``.
+    """
+    hooked = _hooked(model)
+    target_tokens, source_tokens = as_tokens(hooked, target), as_tokens(hooked, source)
+    check_same_layout(target, source)
+    n_pos = target_tokens.shape[1]
+    layers = list(range(hooked.cfg.n_layers)) if layers is None else list(layers)
+    positions = list(range(n_pos)) if positions is None else list(positions)
+    for layer in layers:
+        _check_layer(hooked, layer)
+    for position in positions:
+        _check_position(position, n_pos)
+    source_stack = resid_pre_stack(hooked, source_tokens)
+    conditions = [[resid_pre_patch(source_stack, l, p)] for l in layers for p in positions]
+    flat = run_patches(hooked, target_tokens, conditions, metric, batch_size=batch_size,
+                       progress=progress)
+    values = flat.reshape(len(layers), len(positions), *flat.shape[1:])
+    frame = pd.DataFrame(
+        [(l, p) for l in layers for p in positions], columns=["layer", "position"]
+    )
+    if flat.ndim == 1:
+        frame["metric"] = flat.cpu().numpy()
+    return PatchSweep(values=values, frame=frame, provenance=provenance.collect(
+        model=model if isinstance(model, LoadedModel) else None,
+        data=getattr(target, "spec", None), activation="resid_pre",
+        source=getattr(getattr(source, "spec", None), "to_dict", lambda: None)(),
+        batch_size=batch_size))
