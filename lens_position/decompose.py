@@ -1,0 +1,580 @@
+"""How much of each attention head's pattern depends on absolute position, and where from.
+
+The measurement (DESIGN.md §2), for one layer and one head:
+
+1. Read the scores ``s[i, j]`` at ``blocks.{l}.attn.hook_attn_scores`` (after RoPE, the
+   1/sqrt(d_head) scale and any soft-cap; ``-inf`` outside the key set ``K(i)``, which is
+   ``{0..i}`` for a causal layer and ``{i-W+1..i}`` for a sliding window of ``W`` keys).
+2. Self-reference them: ``t[i, j] = s[i, j] - s[i, i]``. A per-query constant never
+   changes a softmax and the reference sits at offset 0, so offset-only scores give
+   offset-only ``t``.
+3. The log-normaliser ``z[i] = logsumexp_{j in K(i)} t[i, j]``, and the exact identity
+   ``log A[i, j] = t[i, j] - z[i]``.
+4. Fit ``y`` by least squares on relative features (one-hot offset ``d = i - j``, every
+   offset its own bin, plus an intercept) and on relative plus absolute features (one-hot
+   bins of the query position ``i`` and key position ``j``: exact below ``exact_until``,
+   log-spaced beyond). The *absolute part* ``abs(y)`` is the full fit minus the relative
+   fit. Least squares is linear in its target, so ``abs(log A) = abs(t) - abs(z)``.
+5. With ``V = Var(log A)`` over the analysed (sequence, query, key) triples:
+   total ``T = Var(abs log A)/V``, residual ``R = Var(abs t)/V``, mask
+   ``M = Var(abs z)/V``, interaction ``C = -2 Cov(abs t, abs z)/V``; ``T = R + M + C``.
+
+Why offsets get one bin each: the relative model must be able to express *any* function
+of the offset, otherwise within-bin offset variation would be credited to absolute
+position (and offset-only scores would not give ``R = 0``).
+
+Streaming. Every sequence has the same positions, so the design matrix ``X`` (analysed
+pairs x features) is the same for every sequence. Least squares over all (n, i, j)
+triples then needs only ``X'X`` (counted once from positions) and ``X'y`` (per-feature
+sums of ``y`` over the batch), and ``V`` needs ``sum y`` and ``sum y^2``. A hook on
+``hook_attn_scores`` reduces each batch to these float64 statistics and drops the
+``T x T`` tensors, so memory is ``O(layers x heads x features)`` whatever the number of
+sequences; the forward pass stops after the last analysed layer (``stop_at_layer``).
+
+Held-out values (split-half cross-fit). Sequences are split by parity of their index
+(halves A and B). The absolute parts ``abs_A``, ``abs_B`` are fitted on each half. Because
+``abs_A`` lies in the span of the absolute features orthogonal to the relative ones, the
+share of half B's ``log A`` variance that the A-fitted absolute part explains is
+``Cov(abs_A(log A), log A_B) / V_B = Cov(abs_A(log A), abs_B(log A)) / V_B``. Expanding
+``abs = abs(t) - abs(z)`` gives held-out ``R, M, C`` with ``T = R + M + C`` exactly; we
+average the two directions (A -> B and B -> A). In-sample values include the part of
+sequence-specific noise that happens to align with the absolute bins (it shrinks as
+``features / (N x pairs)``); the held-out values do not, and they can be slightly negative
+when there is no absolute signal at all. With ``N = 1`` they are NaN.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from tqdm.auto import tqdm
+from transformer_lens import HookedTransformer
+
+from lens_position import provenance
+from lens_position.errors import BadInputError, ContextLengthError, UnsupportedArchitectureError
+from lens_position.models.spec import LoadedModel, as_loaded
+
+KeySet = Literal["all", "no-bos"]
+HELDOUT_DEFINITION = (
+    "split-half cross-fit: absolute part fitted on even-indexed sequences, evaluated as "
+    "Cov(abs_even, abs_odd)/V_odd, averaged with the reverse direction"
+)
+
+
+# ---------------------------------------------------------------------------------------
+# Bins and the design matrix
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PositionBins:
+    """Bins of query and key positions: one per position below ``exact_until``, then
+    ``per_octave`` log-spaced bins per doubling. Offsets always get one bin each."""
+
+    exact_until: int = 16
+    per_octave: int = 4
+
+    def edges(self, length: int) -> np.ndarray:
+        """Left edges of the position bins covering ``0..length-1``, shape ``[n_bins]``."""
+        exact = list(range(min(self.exact_until, length)))
+        edges = set(exact)
+        if length > self.exact_until:
+            k = 0
+            while True:
+                edge = int(round(self.exact_until * 2 ** (k / self.per_octave)))
+                if edge >= length:
+                    break
+                edges.add(edge)
+                k += 1
+        return np.array(sorted(edges), dtype=np.int64)
+
+    def assign(self, positions: np.ndarray, length: int) -> np.ndarray:
+        """Bin index of each position."""
+        return np.searchsorted(self.edges(length), positions, side="right") - 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class PairDesign:
+    """The analysed (query, key) pairs of one sequence and their one-hot features.
+
+    Feature columns: ``[offset 0..T-1 | query bins | key bins | intercept]``. The relative
+    model uses the offset block and the intercept; the full model uses everything.
+    """
+
+    length: int
+    window: int | None
+    query_start: int
+    query_stop: int
+    keys: KeySet
+    query: Int[torch.Tensor, "pair"]
+    key: Int[torch.Tensor, "pair"]
+    columns: Int[torch.Tensor, "pair 4"]  # feature index of each pair in each one-hot group
+    n_features: int
+    relative: Int[torch.Tensor, "rel_feature"]
+    gram: Float[torch.Tensor, "feature feature"]  # X'X for one sequence, float64
+    key_set: torch.Tensor  # bool [query_stop-query_start, length]: j in K(i)
+    analysed: torch.Tensor  # bool [query_stop-query_start, length]: (i, j) analysed
+    row_features: Float[torch.Tensor, "query feature"]  # per query row: sum of X over its pairs
+    flat: Int[torch.Tensor, "pair"]  # (i - query_start) * length + j
+
+    @property
+    def n_pairs(self) -> int:
+        return int(self.query.numel())
+
+    @classmethod
+    def build(cls, length: int, window: int | None, query_start: int, query_stop: int,
+              keys: KeySet, bins: PositionBins) -> "PairDesign":
+        i = torch.arange(query_start, query_stop)[:, None]
+        j = torch.arange(length)[None, :]
+        key_set = j <= i
+        if window is not None:
+            key_set = key_set & (j > i - window)
+        analysed = key_set & (j > 0) if keys == "no-bos" else key_set
+        query, key = (x.reshape(-1) for x in torch.broadcast_tensors(i, j))
+        keep = analysed.reshape(-1)
+        query, key = query[keep], key[keep]
+        n_pos_bins = len(bins.edges(length))
+        query_bin = torch.from_numpy(bins.assign(query.numpy(), length))
+        key_bin = torch.from_numpy(bins.assign(key.numpy(), length))
+        n_features = length + 2 * n_pos_bins + 1
+        columns = torch.stack([
+            query - key,
+            length + query_bin,
+            length + n_pos_bins + key_bin,
+            torch.full_like(query, n_features - 1),
+        ], dim=1)
+        gram = torch.zeros(n_features * n_features, dtype=torch.float64)
+        for a in range(4):
+            for b in range(4):
+                gram.index_add_(0, columns[:, a] * n_features + columns[:, b],
+                                torch.ones(len(query), dtype=torch.float64))
+        gram = gram.reshape(n_features, n_features)
+        rows = query - query_start
+        row_features = torch.zeros(query_stop - query_start, n_features, dtype=torch.float64)
+        for a in range(4):
+            row_features.index_put_((rows, columns[:, a]), torch.ones(len(query), dtype=torch.float64),
+                                    accumulate=True)
+        relative = torch.cat([torch.arange(length), torch.tensor([n_features - 1])])
+        return cls(length=length, window=window, query_start=query_start, query_stop=query_stop,
+                   keys=keys, query=query, key=key, columns=columns, n_features=n_features,
+                   relative=relative, gram=gram, key_set=key_set, analysed=analysed,
+                   row_features=row_features, flat=rows * length + key)
+
+    def dense(self) -> Float[torch.Tensor, "pair feature"]:
+        """The explicit design matrix ``X`` of one sequence (float64; for reference code)."""
+        x = torch.zeros(self.n_pairs, self.n_features, dtype=torch.float64)
+        for a in range(4):
+            x[torch.arange(self.n_pairs), self.columns[:, a]] = 1.0
+        return x
+
+
+# ---------------------------------------------------------------------------------------
+# Streaming statistics
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class HeadStatistics:
+    """Sufficient statistics of one layer, per half (index 0 = even sequences, 1 = odd):
+    ``xty_t``/``xty_z`` are ``X'y`` summed over the half's sequences, ``sum_y``/``sum_y2``
+    the sums of ``log A`` and its square over the analysed triples. float64."""
+
+    xty_t: Float[torch.Tensor, "half head feature"]
+    xty_z: Float[torch.Tensor, "half head feature"]
+    sum_y: Float[torch.Tensor, "half head"]
+    sum_y2: Float[torch.Tensor, "half head"]
+    n_sequences: list[int]
+
+    @classmethod
+    def zeros(cls, n_heads: int, n_features: int) -> "HeadStatistics":
+        z = lambda *shape: torch.zeros(*shape, dtype=torch.float64)  # noqa: E731
+        return cls(z(2, n_heads, n_features), z(2, n_heads, n_features), z(2, n_heads), z(2, n_heads), [0, 0])
+
+
+def self_referenced_scores(
+    scores: Float[torch.Tensor, "batch head query key"], query_start: int = 0
+) -> tuple[Float[torch.Tensor, "batch head query key"], Float[torch.Tensor, "batch head query"]]:
+    """``t = s - s[i, i]`` and ``z = logsumexp_j t`` in float64, for score rows
+    ``query_start..`` (``scores`` already sliced to those rows, keys unsliced)."""
+    s = scores.to(torch.float64)
+    diagonal = s.diagonal(offset=query_start, dim1=-2, dim2=-1)
+    t = s - diagonal[..., None]
+    return t, torch.logsumexp(t, dim=-1)
+
+
+def _reduce(scores: Float[torch.Tensor, "batch head query key"], design: PairDesign,
+            halves: torch.Tensor, stats: HeadStatistics) -> None:
+    """Add one batch's statistics to ``stats`` (``halves[b]`` = half of sequence ``b``)."""
+    t, z = self_referenced_scores(scores[:, :, design.query_start:design.query_stop], design.query_start)
+    t = t.masked_fill(~design.analysed, 0.0)
+    count = design.analysed.sum(-1).to(torch.float64)  # analysed keys per query row
+    row_t = t.sum(-1)
+    sum_y = row_t.sum(-1) - (z * count).sum(-1)
+    sum_y2 = (t * t).sum((-1, -2)) - 2 * (z * row_t).sum(-1) + (count * z * z).sum(-1)
+    n_heads = t.shape[1]
+    for half in (0, 1):
+        rows = (halves == half).nonzero().squeeze(1)
+        if len(rows) == 0:
+            continue
+        t_pairs = t[rows].sum(0).reshape(n_heads, -1)[:, design.flat]
+        for group in range(4):
+            stats.xty_t[half].index_add_(1, design.columns[:, group], t_pairs)
+        stats.xty_z[half] += z[rows].sum(0) @ design.row_features
+        stats.sum_y[half] += sum_y[rows].sum(0)
+        stats.sum_y2[half] += sum_y2[rows].sum(0)
+        stats.n_sequences[half] += len(rows)
+
+
+# ---------------------------------------------------------------------------------------
+# From statistics to T, R, M, C
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Fitter:
+    """Absolute-part coefficients and their variances, from ``X'X`` of one sequence."""
+
+    design: PairDesign
+
+    def __post_init__(self) -> None:
+        gram = self.design.gram
+        rel = self.design.relative
+        self.pinv_full = torch.linalg.pinv(gram, hermitian=True)
+        self.pinv_rel = torch.linalg.pinv(gram[rel][:, rel], hermitian=True)
+        self.counts = gram[-1]  # X'1: pairs per feature
+
+    def delta(self, xty_mean: Float[torch.Tensor, "head feature"]) -> Float[torch.Tensor, "head feature"]:
+        """Coefficients of the absolute part, ``beta_full - [beta_rel, 0]``, from the mean
+        ``X'y`` per sequence."""
+        rel = self.design.relative
+        delta = xty_mean @ self.pinv_full
+        delta[:, rel] -= xty_mean[:, rel] @ self.pinv_rel
+        return delta
+
+    def cov(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """Covariance over the analysed pairs of ``X a`` and ``X b`` (one value per head)."""
+        n = self.design.n_pairs
+        return (a @ self.design.gram * b).sum(-1) / n - (a @ self.counts / n) * (b @ self.counts / n)
+
+
+def _components(design: PairDesign, stats: HeadStatistics) -> dict[str, np.ndarray]:
+    fit = _Fitter(design)
+    n_seq = torch.tensor(stats.n_sequences, dtype=torch.float64)
+    n_total = n_seq.sum()
+
+    def variance(sum_y: torch.Tensor, sum_y2: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        mean = sum_y / (n * design.n_pairs)
+        return sum_y2 / (n * design.n_pairs) - mean * mean
+
+    var_log_a = variance(stats.sum_y.sum(0), stats.sum_y2.sum(0), n_total)
+    d_t = fit.delta(stats.xty_t.sum(0) / n_total)
+    d_z = fit.delta(stats.xty_z.sum(0) / n_total)
+    var_t, var_z, cov_tz = fit.cov(d_t, d_t), fit.cov(d_z, d_z), fit.cov(d_t, d_z)
+    out = {
+        "R": var_t / var_log_a, "M": var_z / var_log_a, "C": -2 * cov_tz / var_log_a,
+        "var_logA": var_log_a, "var_abs_t": var_t, "var_abs_z": var_z, "cov_abs_tz": cov_tz,
+    }
+    out["T"] = out["R"] + out["M"] + out["C"]
+    if min(stats.n_sequences) > 0:
+        v = [variance(stats.sum_y[h], stats.sum_y2[h], n_seq[h]) for h in (0, 1)]
+        weight = 0.5 * (1 / v[0] + 1 / v[1])
+        dt = [fit.delta(stats.xty_t[h] / n_seq[h]) for h in (0, 1)]
+        dz = [fit.delta(stats.xty_z[h] / n_seq[h]) for h in (0, 1)]
+        out["R_heldout"] = fit.cov(dt[0], dt[1]) * weight
+        out["M_heldout"] = fit.cov(dz[0], dz[1]) * weight
+        out["C_heldout"] = -(fit.cov(dt[0], dz[1]) + fit.cov(dz[0], dt[1])) * weight
+        out["T_heldout"] = out["R_heldout"] + out["M_heldout"] + out["C_heldout"]
+    else:
+        nan = torch.full_like(var_log_a, float("nan"))
+        out.update(R_heldout=nan, M_heldout=nan, C_heldout=nan, T_heldout=nan)
+    return {k: v.numpy() for k, v in out.items()}
+
+
+# ---------------------------------------------------------------------------------------
+# Public API
+# ---------------------------------------------------------------------------------------
+
+HEAD_COLUMNS = [
+    "layer", "head", "layer_type", "window", "query_start", "query_stop", "keys",
+    "T", "R", "M", "C", "T_heldout", "R_heldout", "M_heldout", "C_heldout",
+    "var_logA", "var_abs_t", "var_abs_z", "cov_abs_tz", "n_pairs", "n_sequences",
+]
+COMPONENTS = ["T", "R", "M", "C", "T_heldout", "R_heldout", "M_heldout", "C_heldout"]
+
+
+@dataclass
+class Decomposition:
+    """Result of :func:`decompose`.
+
+    ``heads``: one row per (layer, head). ``T, R, M, C`` (and ``*_heldout``) are fractions of
+    ``var_logA`` = Var(log A) over the analysed triples (in-sample ``T`` lies in [0, 1];
+    ``T = R + M + C``). ``var_abs_t``, ``var_abs_z``, ``cov_abs_tz`` are in squared nats.
+    ``n_pairs`` counts analysed (sequence, query, key) triples. ``layer_type`` is
+    ``"global"`` or ``"local"`` with its ``window``.
+    ``layers``: one row per layer, the mean over heads of each component.
+    ``provenance``: model spec, data spec, seed, options (bins, query range, keys), versions.
+    """
+
+    heads: pd.DataFrame
+    layers: pd.DataFrame
+    provenance: dict[str, Any]
+
+
+def layer_key_windows(model: LoadedModel | HookedTransformer) -> list[int | None]:
+    """Window of each layer's attention mask, read off the model's own attention modules
+    (``None`` for a causal layer over all earlier keys)."""
+    hooked = as_loaded(model).model
+    windows = []
+    for block in hooked.blocks:
+        local = getattr(block.attn, "attn_type", "global") == "local"
+        windows.append(int(hooked.cfg.window_size) if local else None)
+    return windows
+
+
+def _prompt_tokens(prompts: Any) -> tuple[torch.Tensor, Any]:
+    if isinstance(prompts, torch.Tensor):
+        tokens = prompts
+        digest = hashlib.sha256(tokens.to(torch.int64).numpy().tobytes()).hexdigest()
+        data = {"source": "tensor", "shape": list(tokens.shape), "tokens_sha256": digest}
+    elif hasattr(prompts, "tokens"):
+        tokens, data = prompts.tokens, prompts.spec
+    else:
+        raise BadInputError(f"prompts must be a PromptSet or an int tensor [N, T], got {type(prompts).__name__}")
+    if tokens.ndim != 2 or tokens.dtype.is_floating_point:
+        raise BadInputError(f"prompts must be integer tokens of shape [N, T], got {tuple(tokens.shape)} {tokens.dtype}")
+    return tokens, data
+
+
+def _check_options(loaded: LoadedModel, tokens: torch.Tensor, layers: Sequence[int] | None,
+                   query_range: tuple[int, int] | None, keys: str) -> tuple[list[int], int, int]:
+    n_layers = loaded.model.cfg.n_layers
+    length = tokens.shape[1]
+    if length > loaded.model.cfg.n_ctx:
+        raise ContextLengthError(f"prompts have T={length} positions but the model's context is "
+                                 f"{loaded.model.cfg.n_ctx}; build shorter prompts or load with a larger n_ctx")
+    layers = list(range(n_layers)) if layers is None else sorted({int(layer) for layer in layers})
+    if not layers or layers[0] < 0 or layers[-1] >= n_layers:
+        raise BadInputError(f"layers must be a non-empty subset of 0..{n_layers - 1}, got {layers}")
+    query_start, query_stop = (0, length) if query_range is None else query_range
+    query_stop = min(query_stop, length)
+    if not 0 <= query_start < query_stop:
+        raise BadInputError(f"query_range must satisfy 0 <= start < stop (stop <= T={length}), got {query_range}")
+    if keys not in ("all", "no-bos"):
+        raise BadInputError(f"keys must be 'all' or 'no-bos', got {keys!r}")
+    if keys == "no-bos" and query_stop <= 1:
+        raise BadInputError("keys='no-bos' leaves no pairs for query 0 alone; widen query_range")
+    return layers, query_start, query_stop
+
+
+def _check_mask(scores: torch.Tensor, design: PairDesign, layer: int) -> None:
+    rows = scores[0, 0, design.query_start:design.query_stop]
+    if not torch.equal(torch.isfinite(rows), design.key_set):
+        raise UnsupportedArchitectureError(
+            f"layer {layer}: the attention mask in hook_attn_scores is not the causal/sliding-window "
+            f"key set lens_position expects (window={design.window}); decompose only supports "
+            "unpadded causal or sliding-window attention")
+
+
+def decompose(
+    model: LoadedModel | HookedTransformer,
+    prompts: Any,
+    *,
+    layers: Sequence[int] | None = None,
+    query_range: tuple[int, int] | None = None,
+    keys: KeySet = "all",
+    fwd_hooks: Sequence[tuple[str | Callable, Callable]] = (),
+    batch_size: int = 8,
+    bins: PositionBins = PositionBins(),
+    progress: bool = True,
+) -> Decomposition:
+    """Measure, per layer and head, the absolute-position share of the attention pattern
+    and split it into residual and mask components (module docstring: method).
+
+    Args:
+        model: a ``LoadedModel`` or a bare ``HookedTransformer``.
+        prompts: a ``PromptSet`` or integer tokens ``Int[Tensor, "N T"]``; every sequence
+            has the same length ``T`` and is analysed as is (no BOS is added).
+        layers: layers to analyse (default all); the forward pass stops after the last.
+        query_range: ``(start, stop)``, queries ``start <= i < stop`` (default all ``T``).
+        keys: ``"all"`` keys of ``K(i)``, or ``"no-bos"`` to leave position 0 out of the
+            analysed pairs (the normaliser ``z`` still sums over all of ``K(i)``).
+        fwd_hooks: extra ``(hook name, function)`` pairs active during the forward pass
+            (interventions); they run before the analysis hooks, which read the scores the
+            model actually uses.
+        batch_size: sequences per forward pass.
+        bins: query/key position bins (offsets always get one bin each).
+        progress: show a progress bar over batches.
+
+    Returns:
+        a :class:`Decomposition`.
+    """
+    loaded = as_loaded(model)
+    hooked = loaded.model
+    tokens, data = _prompt_tokens(prompts)
+    layers, query_start, query_stop = _check_options(loaded, tokens, layers, query_range, keys)
+    n_seq, length = tokens.shape
+    windows = layer_key_windows(loaded)
+    designs: dict[int | None, PairDesign] = {}
+    for layer in layers:
+        if windows[layer] not in designs:
+            designs[windows[layer]] = PairDesign.build(length, windows[layer], query_start, query_stop, keys, bins)
+    n_heads = hooked.cfg.n_heads
+    stats = {layer: HeadStatistics.zeros(n_heads, designs[windows[layer]].n_features) for layer in layers}
+    checked: set[int] = set()
+    current_halves: list[torch.Tensor] = []
+
+    def make_hook(layer: int) -> Callable:
+        design = designs[windows[layer]]
+
+        def hook(scores: torch.Tensor, hook: Any) -> None:
+            if layer not in checked:
+                _check_mask(scores, design, layer)
+                checked.add(layer)
+            _reduce(scores.detach(), design, current_halves[0], stats[layer])
+
+        return hook
+
+    analysis_hooks = [(f"blocks.{layer}.attn.hook_attn_scores", make_hook(layer)) for layer in layers]
+    device = next(hooked.parameters()).device
+    starts = range(0, n_seq, batch_size)
+    with torch.no_grad(), hooked.hooks(fwd_hooks=list(fwd_hooks) + analysis_hooks):
+        for start in tqdm(starts, disable=not progress, desc="decompose", unit="batch"):
+            batch = tokens[start:start + batch_size]
+            current_halves[:] = [torch.arange(start, start + len(batch)) % 2]
+            hooked(batch.to(device), stop_at_layer=layers[-1] + 1)
+
+    rows = []
+    for layer in layers:
+        design = designs[windows[layer]]
+        values = _components(design, stats[layer])
+        for head in range(n_heads):
+            row = {
+                "layer": layer, "head": head, "layer_type": "global" if windows[layer] is None else "local",
+                "window": windows[layer], "query_start": query_start, "query_stop": query_stop, "keys": keys,
+                "n_pairs": design.n_pairs * n_seq, "n_sequences": n_seq,
+            }
+            row.update({name: float(v[head]) for name, v in values.items()})
+            rows.append(row)
+    heads = pd.DataFrame(rows, columns=HEAD_COLUMNS).astype({"window": "Int64"})
+    per_layer = heads.groupby(["layer", "layer_type"], dropna=False, sort=True)[COMPONENTS].mean().reset_index()
+    prov = provenance.collect(
+        model=loaded.spec, data=data, seed=getattr(getattr(prompts, "spec", None), "seed", None),
+        layers=layers, query_range=[query_start, query_stop], keys=keys, batch_size=batch_size,
+        bins={**bins.to_dict(), "position_edges": bins.edges(length).tolist(), "offsets": "exact"},
+        heldout=HELDOUT_DEFINITION, fwd_hooks=[name if isinstance(name, str) else repr(name) for name, _ in fwd_hooks],
+        mask_windows={str(layer): windows[layer] for layer in layers},
+    )
+    return Decomposition(heads=heads, layers=per_layer, provenance=prov)
+
+
+# ---------------------------------------------------------------------------------------
+# Dense reference
+# ---------------------------------------------------------------------------------------
+
+
+def decompose_dense(
+    model: LoadedModel | HookedTransformer,
+    prompts: Any,
+    *,
+    layers: Sequence[int] | None = None,
+    query_range: tuple[int, int] | None = None,
+    keys: KeySet = "all",
+    bins: PositionBins = PositionBins(),
+) -> Decomposition:
+    """The same measurement done the plain way, as a reference for :func:`decompose`.
+
+    Caches every analysed layer's scores for all sequences at once, builds the explicit
+    design matrix stacked over sequences (``[N * pairs, features]``) and solves each fit with
+    ``torch.linalg.lstsq``; the absolute parts, variances and held-out cross-fits are then
+    computed pair by pair. Memory grows as ``N x layers x heads x T^2``: use it on small
+    cases (tests, the benchmark), never for analysis.
+    """
+    loaded = as_loaded(model)
+    hooked = loaded.model
+    tokens, data = _prompt_tokens(prompts)
+    layers, query_start, query_stop = _check_options(loaded, tokens, layers, query_range, keys)
+    n_seq, length = tokens.shape
+    windows = layer_key_windows(loaded)
+    names = {f"blocks.{layer}.attn.hook_attn_scores" for layer in layers}
+    with torch.no_grad():
+        _, cache = hooked.run_with_cache(tokens, names_filter=lambda name: name in names,
+                                         stop_at_layer=layers[-1] + 1)
+    n_heads = hooked.cfg.n_heads
+    rows = []
+    for window in dict.fromkeys(windows[layer] for layer in layers):
+        group = [layer for layer in layers if windows[layer] == window]
+        design = PairDesign.build(length, window, query_start, query_stop, keys, bins)
+        x_full = design.dense().repeat(n_seq, 1)
+        x_rel = x_full[:, design.relative]
+        # targets: per layer and head, t then z, as columns [N * pairs, layers * 2 * heads]
+        targets = []
+        for layer in group:
+            scores = cache[f"blocks.{layer}.attn.hook_attn_scores"][:, :, query_start:query_stop]
+            t, z = self_referenced_scores(scores, query_start)
+            y_t = t.reshape(n_seq, n_heads, -1)[:, :, design.flat]
+            y_z = z[:, :, design.query - query_start]
+            targets += [y_t, y_z]
+        y = torch.cat(targets, dim=1).permute(0, 2, 1).reshape(n_seq * design.n_pairs, -1)
+        sequence = torch.arange(n_seq).repeat_interleave(design.n_pairs)
+
+        def absolute_part(mask: torch.Tensor) -> torch.Tensor:
+            """abs(y) on one sequence's pairs ``[pairs, columns]``, fitted on rows ``mask``."""
+            full = torch.linalg.lstsq(x_full[mask], y[mask], driver="gelsd").solution
+            rel = torch.linalg.lstsq(x_rel[mask], y[mask], driver="gelsd").solution
+            return (x_full[: design.n_pairs] @ full - x_rel[: design.n_pairs] @ rel)
+
+        def centred_cov(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return ((a - a.mean(0)) * (b - b.mean(0))).mean(0)
+
+        everything = torch.ones(len(y), dtype=torch.bool)
+        halves = [sequence % 2 == 0, sequence % 2 == 1]
+        fits = [absolute_part(everything)] + ([absolute_part(h) for h in halves] if n_seq > 1 else [])
+        for k, layer in enumerate(group):
+            cols_t = slice(2 * k * n_heads, (2 * k + 1) * n_heads)
+            cols_z = slice((2 * k + 1) * n_heads, (2 * k + 2) * n_heads)
+            log_a = y[:, cols_t] - y[:, cols_z]
+            var_log_a = log_a.var(0, unbiased=False)
+            a_t, a_z = fits[0][:, cols_t], fits[0][:, cols_z]
+            var_t, var_z, cov_tz = centred_cov(a_t, a_t), centred_cov(a_z, a_z), centred_cov(a_t, a_z)
+            values = {"R": var_t / var_log_a, "M": var_z / var_log_a, "C": -2 * cov_tz / var_log_a,
+                      "T": (a_t - a_z).var(0, unbiased=False) / var_log_a,
+                      "var_logA": var_log_a, "var_abs_t": var_t, "var_abs_z": var_z, "cov_abs_tz": cov_tz}
+            if n_seq > 1:
+                (at0, az0), (at1, az1) = [(f[:, cols_t], f[:, cols_z]) for f in fits[1:]]
+                v0, v1 = (log_a[h].var(0, unbiased=False) for h in halves)
+                # fit on half 0, evaluate on half 1: Cov(abs_0, log A of half 1) / V_1, and back
+                cross = []
+                for fitted, other, v_other in (((at0, az0), 1, v1), ((at1, az1), 0, v0)):
+                    la = log_a[halves[other]].reshape(-1, design.n_pairs, n_heads)
+                    cross.append(torch.stack([
+                        centred_cov(fitted[0].repeat(la.shape[0], 1), la.reshape(-1, n_heads)),
+                        centred_cov(fitted[1].repeat(la.shape[0], 1), la.reshape(-1, n_heads)),
+                    ]) / v_other)
+                values["T_heldout"] = 0.5 * sum(c[0] - c[1] for c in cross)
+                values["R_heldout"] = 0.5 * (centred_cov(at0, at1) / v1 + centred_cov(at1, at0) / v0)
+                values["M_heldout"] = 0.5 * (centred_cov(az0, az1) / v1 + centred_cov(az1, az0) / v0)
+                values["C_heldout"] = -0.5 * ((centred_cov(at0, az1) + centred_cov(az0, at1)) / v1
+                                              + (centred_cov(at1, az0) + centred_cov(az1, at0)) / v0)
+            for head in range(n_heads):
+                row = {"layer": layer, "head": head, "layer_type": "global" if window is None else "local",
+                       "window": window, "query_start": query_start, "query_stop": query_stop, "keys": keys,
+                       "n_pairs": design.n_pairs * n_seq, "n_sequences": n_seq}
+                row.update({name: float(v[head]) for name, v in values.items()})
+                rows.append(row)
+    heads = (pd.DataFrame(rows, columns=HEAD_COLUMNS).astype({"window": "Int64"})
+             .sort_values(["layer", "head"], ignore_index=True))
+    per_layer = heads.groupby(["layer", "layer_type"], dropna=False, sort=True)[COMPONENTS].mean().reset_index()
+    prov = provenance.collect(model=loaded.spec, data=data, layers=layers, query_range=[query_start, query_stop],
+                              keys=keys, bins={**bins.to_dict(), "position_edges": bins.edges(length).tolist()},
+                              method="dense reference (cached scores, torch.linalg.lstsq)")
+    return Decomposition(heads=heads, layers=per_layer, provenance=prov)

@@ -1,0 +1,147 @@
+"""Tiny hand-set HookedTransformers whose attention scores are known by construction.
+
+They are the ground truths of the mask/residual decomposition (DESIGN.md §2) and the
+smallest models the tutorials run on. All are real ``HookedTransformer`` forward passes
+(RoPE, the model's own causal or sliding-window mask), not hooks that overwrite scores:
+
+- :func:`offset_only_model`: every token embeds to the same vector, ``W_O = 0`` so the
+  residual stream never changes, and the query/key vectors are therefore the same at every
+  position. RoPE then makes the score ``s[i, j] = g(i - j)`` a function of the offset only.
+  Options turn it into the other ground truths: ``uniform=True`` zeroes ``W_Q`` (all scores
+  equal); ``window=W`` makes every layer a sliding window of ``W`` keys; ``bos_bonus=b``
+  gives the BOS token an extra embedding direction that ``W_K`` writes into a non-rotated
+  key dimension, so the key at position 0 gets the fixed bonus ``b`` from every query,
+  a genuine residual-stream effect.
+- :func:`random_model`: a randomly initialised small Llama/Gemma-like model (RMSNorm, SiLU
+  MLPs, grouped-query attention, optional local layers), for tests that need generic
+  attention rather than designed attention.
+
+Token ids in these models: ``BOS_TOKEN_ID`` marks position 0 (only meaningful with
+``bos_bonus``); any other id in ``range(d_vocab)`` is an ordinary token.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+from lens_position.models.spec import LoadedModel, spec_from_config
+
+BOS_TOKEN_ID = 1
+TOY_VOCAB = 8
+
+
+def offset_only_model(
+    *,
+    n_layers: int = 1,
+    n_heads: int = 2,
+    n_kv_heads: int | None = None,
+    d_head: int = 8,
+    window: int | None = None,
+    uniform: bool = False,
+    bos_bonus: float = 0.0,
+    score_scale: float = 1.5,
+    n_ctx: int = 512,
+    rotary_base: float = 10_000.0,
+    seed: int = 0,
+) -> LoadedModel:
+    """A model whose scores depend only on the offset ``i - j``, up to a key-0 bonus.
+
+    Residual stream (``d_model = 4``): direction 0 is 1 for every token ("content"),
+    direction 1 is 1 only for ``BOS_TOKEN_ID`` ("BOS marker"). Head layout: the first half
+    of each head's dimensions is rotated by RoPE, the second half is not.
+
+    - ``W_Q`` maps the content direction to a random rotated query (entries of standard
+      deviation ``score_scale``) plus 1 in the first non-rotated dimension.
+    - ``W_K`` maps the content direction to a random rotated key, and the BOS marker to
+      ``bos_bonus * sqrt(d_head)`` in that non-rotated dimension, so after the
+      ``1/sqrt(d_head)`` scale the key at position 0 gains exactly ``bos_bonus`` when the
+      token there is ``BOS_TOKEN_ID``.
+    - ``W_O = 0``: every layer reads the same residual stream, so every layer obeys the
+      same construction. With ``uniform=True`` ``W_Q = 0`` and all scores are 0.
+
+    Computations run in float64 so "zero to float precision" means ~1e-15.
+    """
+    if d_head % 4:
+        raise ValueError("d_head must be a multiple of 4 (half rotated, in pairs)")
+    rotary_dim = d_head // 2
+    local = window is not None
+    cfg = HookedTransformerConfig(
+        n_layers=n_layers, d_model=4, d_head=d_head, n_heads=n_heads, n_ctx=n_ctx,
+        d_vocab=TOY_VOCAB, attn_only=True, normalization_type=None,
+        positional_embedding_type="rotary", rotary_dim=rotary_dim, rotary_base=rotary_base,
+        n_key_value_heads=n_kv_heads, use_local_attn=local,
+        attn_types=["local"] * n_layers if local else None, window_size=window,
+        dtype=torch.float64, default_prepend_bos=False, seed=seed,
+    )
+    model = HookedTransformer(cfg)
+    generator = torch.Generator().manual_seed(seed)
+    n_kv = n_kv_heads or n_heads
+    with torch.no_grad():
+        for param in model.parameters():
+            param.zero_()
+        model.embed.W_E[:, 0] = 1.0
+        model.embed.W_E[BOS_TOKEN_ID, 1] = 1.0
+        for block in model.blocks:
+            attn = block.attn
+            if not uniform:
+                q_rot = score_scale * torch.randn(n_heads, rotary_dim, generator=generator, dtype=torch.float64)
+                attn.W_Q[:, 0, :rotary_dim] = q_rot
+                attn.W_Q[:, 0, rotary_dim] = 1.0
+            k_rot = score_scale * torch.randn(n_kv, rotary_dim, generator=generator, dtype=torch.float64)
+            w_k = attn._W_K if n_kv_heads is not None else attn.W_K
+            w_k[:, 0, :rotary_dim] = k_rot
+            w_k[:, 1, rotary_dim] = bos_bonus * math.sqrt(d_head)
+    spec = spec_from_config(
+        model, name="toy-offset-only", source="custom", bos_token_id=BOS_TOKEN_ID,
+        extra={"uniform": uniform, "bos_bonus": bos_bonus, "score_scale": score_scale, "seed": seed},
+    )
+    return LoadedModel(model=model, tokenizer=None, spec=spec)
+
+
+def random_model(
+    *,
+    n_layers: int = 2,
+    n_heads: int = 4,
+    n_kv_heads: int | None = 2,
+    d_model: int = 32,
+    d_head: int = 8,
+    attn_types: Sequence[str] | None = ("local", "global"),
+    window: int | None = 8,
+    d_vocab: int = 50,
+    n_ctx: int = 256,
+    init_range: float = 0.3,
+    seed: int = 0,
+) -> LoadedModel:
+    """A randomly initialised small RoPE model (RMSNorm, gated SiLU MLP, GQA, local layers).
+
+    ``init_range`` is the weight standard deviation; the default is larger than a trained
+    model's init so that attention patterns are far from uniform. float32, like the real
+    models.
+    """
+    local = attn_types is not None and "local" in attn_types
+    cfg = HookedTransformerConfig(
+        n_layers=n_layers, d_model=d_model, d_head=d_head, n_heads=n_heads, n_ctx=n_ctx,
+        d_vocab=d_vocab, d_mlp=2 * d_model, act_fn="silu", gated_mlp=True, normalization_type="RMS",
+        positional_embedding_type="rotary", rotary_dim=d_head, n_key_value_heads=n_kv_heads,
+        use_local_attn=local, attn_types=list(attn_types) if local else None,
+        window_size=window if local else None, default_prepend_bos=False,
+        init_weights=True, initializer_range=init_range, seed=seed,
+    )
+    model = HookedTransformer(cfg)
+    spec = spec_from_config(model, name="toy-random", source="custom", bos_token_id=BOS_TOKEN_ID,
+                            extra={"seed": seed, "init_range": init_range})
+    return LoadedModel(model=model, tokenizer=None, spec=spec)
+
+
+def toy_tokens(n: int, length: int, *, d_vocab: int = TOY_VOCAB, bos: bool = True, seed: int = 0) -> torch.Tensor:
+    """``n`` random sequences of ``length`` tokens over ``range(2, d_vocab)``, with
+    ``BOS_TOKEN_ID`` at position 0 when ``bos``. Shape ``[n, length]``, int64."""
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(2, d_vocab, (n, length), generator=generator)
+    if bos:
+        tokens[:, 0] = BOS_TOKEN_ID
+    return tokens
