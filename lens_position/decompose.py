@@ -578,3 +578,40 @@ def decompose_dense(
                               keys=keys, bins={**bins.to_dict(), "position_edges": bins.edges(length).tolist()},
                               method="dense reference (cached scores, torch.linalg.lstsq)")
     return Decomposition(heads=heads, layers=per_layer, provenance=prov)
+
+
+def check_identity(
+    model: LoadedModel | HookedTransformer,
+    prompts: Any,
+    *,
+    layers: Sequence[int] | None = None,
+    min_pattern: float = 1e-6,
+) -> pd.DataFrame:
+    """Check the exact identity ``log A = t - z`` against the model's own ``hook_pattern``.
+
+    Returns one row per layer: ``max_abs_error_pattern`` = max |exp(t - z) - A| over all
+    entries (probability units), ``max_abs_error_log`` = max |(t - z) - log A| over entries
+    with ``A > min_pattern`` (nats; smaller patterns are float32 round-off territory), and
+    ``max_row_sum_error`` = max |sum_j exp(t - z) - 1|. Expected: float32 round-off.
+    """
+    loaded = as_loaded(model)
+    hooked = loaded.model
+    tokens, _ = _prompt_tokens(prompts)
+    layers, _, _ = _check_options(loaded, tokens, layers, None, "all")
+    names = {f"blocks.{layer}.attn.{kind}" for layer in layers for kind in ("hook_attn_scores", "hook_pattern")}
+    with torch.no_grad():
+        _, cache = hooked.run_with_cache(tokens, names_filter=lambda name: name in names,
+                                         stop_at_layer=layers[-1] + 1)
+    rows = []
+    for layer in layers:
+        t, z = self_referenced_scores(cache[f"blocks.{layer}.attn.hook_attn_scores"])
+        log_a = t - z[..., None]
+        pattern = cache[f"blocks.{layer}.attn.hook_pattern"].to(torch.float64)
+        visible = pattern > min_pattern
+        rows.append({
+            "layer": layer,
+            "max_abs_error_pattern": float((log_a.exp() - pattern).abs().max()),
+            "max_abs_error_log": float((log_a - pattern.log())[visible].abs().max()),
+            "max_row_sum_error": float((log_a.exp().sum(-1) - 1).abs().max()),
+        })
+    return pd.DataFrame(rows)
