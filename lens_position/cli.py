@@ -1,0 +1,173 @@
+"""The ``lens-position`` command line: argument parsing only; the work is in ``lens_position.reproduce``.
+
+``lens-position reproduce`` runs claims C1-C5 on the embedded default models and writes an
+output folder (tables, claims, provenance, ``report.html`` and its screenshot). The other
+sub-commands run one experiment on one model. Bad input ends with a one-line error and a
+non-zero exit status, never a traceback (``--debug`` shows it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from lens_position.errors import LensPositionError
+
+# Exit statuses: 1 = a problem with the input or environment, 2 = bad options (argparse's),
+# 3 = an internal error (a bug: please report it), 130 = interrupted.
+EXIT_ERROR, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 1, 2, 3, 130
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports bad options in one line (and exits 2) instead of usage + message."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+    return value
+
+
+def _add_common(sub: argparse.ArgumentParser, *, many_models: bool) -> None:
+    from lens_position.reproduce import DEFAULT_MODELS
+
+    if many_models:
+        sub.add_argument("--models", default=",".join(DEFAULT_MODELS), metavar="NAMES",
+                         help="comma-separated registry names or paths (default: the three embedded "
+                              "architectures, %(default)s)")
+    else:
+        sub.add_argument("model", metavar="MODEL",
+                         help="a registry name (e.g. smollm2-135m, gemma3-270m, tiny-llama), a .gguf file "
+                              "or a local Hugging Face checkpoint folder")
+    data = sub.add_argument_group("data")
+    data.add_argument("--source", choices=("natural", "random", "repeated"), default="natural",
+                      help="natural text, random tokens or a repeated token (default: %(default)s)")
+    data.add_argument("--text", metavar="PATH", default=None,
+                      help="text file or folder for --source natural (default: CPython's pydoc topics)")
+    data.add_argument("--bos", default="force", metavar="POLICY",
+                      help="token 0: tokenizer (the tokenizer's own), force, none, or token:<id or text> "
+                           "(default: %(default)s, so every model has a BOS to study)")
+    data.add_argument("--T", type=_positive_int, default=None, metavar="T",
+                      help="positions per sequence, position 0 included (default: 128, 40 with --quick; "
+                           "sliding-window models use at least 1.25 × their window)")
+    data.add_argument("--N", type=_positive_int, default=None, metavar="N",
+                      help="number of sequences (default: 16, 4 with --quick)")
+    data.add_argument("--seed", type=int, default=0, help="seed for data and random replacements (default: 0)")
+    run = sub.add_argument_group("run")
+    run.add_argument("--out", type=Path, default=Path("results"), metavar="DIR",
+                     help="output folder (default: %(default)s); finished steps cached in DIR/cache are reused")
+    run.add_argument("--quick", action="store_true", help="a small fast run (smoke test)")
+    run.add_argument("--format", dest="fmt", choices=("parquet", "csv"), default="parquet",
+                     help="table format (default: %(default)s)")
+    run.add_argument("--no-cache", dest="use_cache", action="store_false",
+                     help="recompute every step even if a cached result exists")
+    run.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``lens-position`` argument parser (also read by the docs' command line reference)."""
+    parser = _Parser(
+        prog="lens-position",
+        description="Where does absolute position come from in decoder-only transformers? "
+                    "Reproduce arXiv 2606.06160's claims C1-C5 with a mask/residual decomposition "
+                    "of attention, probes and interventions.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    subs = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    subs.required = True
+
+    rep = subs.add_parser("reproduce", help="run every claim on the default architectures and write a report",
+                          description="Run claims C1-C5 on standard RoPE (smollm2-135m), NTK-scaled RoPE "
+                                      "(smollm2-135m-ntk, smollm2-135m-ntk-parts) and sliding-window "
+                                      "attention (gemma3-270m, T > 512) and write tables, provenance, "
+                                      "report.html and a browser screenshot of it to --out.")
+    _add_common(rep, many_models=True)
+    rep.add_argument("--no-browser-check", dest="browser_check", action="store_false",
+                     help="do not open the report in headless Chromium (no screenshot)")
+
+    helps = {
+        "decompose": "mask/residual decomposition of attention per head and layer (C1-C3)",
+        "bos": "fraction of the residual component removed by BOS replacement at early queries (C4)",
+        "sinks": "sink heads, sink rate by data condition, sink-reading heads and their ablation",
+        "fingerprint": "the position-0 fingerprint per layer, with and without BOS (C5)",
+        "probe": "ridge probes from the residual stream to log(position + 1), per layer",
+    }
+    for name, text in helps.items():
+        sub = subs.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+        _add_common(sub, many_models=False)
+        sub.add_argument("--browser-check", dest="browser_check", action="store_true",
+                         help="also open the report in headless Chromium and save a screenshot")
+    return parser
+
+
+def _config(args: argparse.Namespace):
+    from lens_position.reproduce import COMMAND_STEPS, DataOptions, RunConfig
+
+    if args.command == "reproduce":
+        models = tuple(m.strip() for m in args.models.split(",") if m.strip())
+    else:
+        models = (args.model,)
+    return RunConfig(
+        out=args.out, models=models, steps=COMMAND_STEPS[args.command],
+        data=DataOptions(source=args.source, text=args.text, bos=args.bos, seed=args.seed),
+        T=args.T, N=args.N, quick=args.quick, fmt=args.fmt, use_cache=args.use_cache,
+        browser_check=args.browser_check, progress=args.progress,
+    )
+
+
+def _summary(result) -> str:
+    overall = result.claims[result.claims["architecture"] == "overall"]
+    lines = [f"wrote {len(result.files)} files to {result.files['report'].parent}"]
+    for _, row in overall.iterrows():
+        verdict = {True: "holds", False: "does not hold"}.get(row["holds"], "undecided")
+        lines.append(f"  {row['claim']}: {verdict} ({row['measured']})")
+    lines.append(f"report: {result.files['report']}")
+    return "\n".join(lines)
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``lens-position``; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    logging.basicConfig(level=logging.WARNING, format="lens-position: %(levelname)s: %(message)s")
+    try:
+        from lens_position.reproduce import run
+
+        result = run(_config(args))
+    except (LensPositionError, OSError) as error:
+        if args.debug:
+            raise
+        print(f"lens-position: error: {_one_line(error)}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("lens-position: interrupted; run the same command again to resume from the finished steps",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as error:  # a bug, not bad input: one line, the traceback only with --debug
+        if args.debug:
+            raise
+        print(f"lens-position: internal error: {type(error).__name__}: {_one_line(error)} "
+              "(rerun with --debug for the traceback and please report it)", file=sys.stderr)
+        return EXIT_INTERNAL
+    print(_summary(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

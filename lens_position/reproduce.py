@@ -1,0 +1,607 @@
+"""The reproduction pipeline: claims C1-C5 on several architectures, cached step by step.
+
+A run is a list of models and a list of steps. For each model: load it, then run each
+step (an experiment from ``decompose`` / ``probes`` / ``bos`` / ``sinks`` / ``fingerprint``)
+and keep its tidy tables. Every step's result is stored under ``<out>/cache/`` keyed by a
+hash of the step's full configuration: the step name, the model's ``ModelSpec`` (weights
+hash included), the data options and the prompt spec, the experiment options and the
+lens_position version. Asking for the same step again reads it back, so an interrupted
+run resumes where it stopped, and changing any option reruns only what it affects.
+
+At the end the tables are stacked over models (columns ``architecture``, ``role`` and
+``model`` in front), written as Parquet or CSV, the claims table and the provenance JSON
+(models, weight hashes, data options, seed, package versions, wall time and peak memory
+per step) are written next to them, and ``report.html`` is built and checked in headless
+Chromium (screenshot ``report.png``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import hashlib
+import json
+import logging
+import os
+import resource
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+import lens_position
+from lens_position import provenance as provenance_module
+from lens_position import report as report_module
+from lens_position.errors import BadInputError, ContextLengthError, LensPositionError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODELS: tuple[str, ...] = ("smollm2-135m", "smollm2-135m-ntk", "smollm2-135m-ntk-parts", "gemma3-270m")
+
+# The experiment each step runs and the tables it produces (names as in report.TABLES).
+STEP_TABLES: dict[str, tuple[str, ...]] = {
+    "decompose": ("decompose_layers", "decompose_heads"),
+    "probe": ("probe_layers",),
+    "bos": ("bos_layers", "bos_overall"),
+    "sink_heads": ("sink_heads",),
+    "sink_rate": ("sink_rate",),
+    "sink_reading": ("sink_reading", "sink_ablation"),
+    "fingerprint": ("fingerprint",),
+}
+STEPS: tuple[str, ...] = tuple(STEP_TABLES)
+# Sub-commands of the command line and the steps each runs.
+COMMAND_STEPS: dict[str, tuple[str, ...]] = {
+    "reproduce": STEPS,
+    "decompose": ("decompose",),
+    "probe": ("probe",),
+    "bos": ("bos",),
+    "sinks": ("sink_heads", "sink_rate", "sink_reading"),
+    "fingerprint": ("fingerprint",),
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Sizes of a run. ``T`` counts every position including position 0; ``N`` is the
+    number of sequences. Models with sliding-window layers analyse
+    ``max(T, ceil(window_factor · window))`` positions so that their local layers slide."""
+
+    T: int
+    N: int
+    query_range: tuple[int, int] = (0, 32)
+    eps: float = 0.3
+    sink_T: int = 64
+    window_factor: float = 1.25
+    batch_size: int = 4
+
+
+# The full run is sized to fit 15 min warm on 2 cores with peak memory under 8 GB
+# (measured by benchmarks/reproduce.py); --quick is a smoke run that takes seconds on tiny models.
+FULL = Settings(T=128, N=16, sink_T=64)
+QUICK = Settings(T=40, N=4, query_range=(0, 16), sink_T=32)
+
+
+@dataclass(frozen=True)
+class DataOptions:
+    """Which prompts every step is run on (see ``lens_position.data.build_prompts``)."""
+
+    source: str = "natural"
+    text: str | None = None
+    bos: str = "force"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.source not in ("natural", "random", "repeated"):
+            raise BadInputError(f"unknown data source {self.source!r}; use natural, random or repeated")
+        if self.bos not in ("tokenizer", "force", "none") and not (
+                self.bos.startswith("token:") and len(self.bos) > len("token:")):
+            raise BadInputError(f"unknown BOS policy {self.bos!r}; use tokenizer, force, none or "
+                                "token:<id or text>")
+        if self.text is not None and not Path(self.text).exists():
+            raise BadInputError(f"text source {self.text} does not exist; pass a text file or folder")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class RunConfig:
+    """Everything a run depends on. ``T`` / ``N`` of None take the mode's defaults."""
+
+    out: Path
+    models: tuple[str, ...] = DEFAULT_MODELS
+    steps: tuple[str, ...] = STEPS
+    data: DataOptions = field(default_factory=DataOptions)
+    T: int | None = None
+    N: int | None = None
+    quick: bool = False
+    fmt: str = "parquet"
+    use_cache: bool = True
+    browser_check: bool = True
+    progress: bool = True
+
+    def settings(self) -> Settings:
+        base = QUICK if self.quick else FULL
+        changes = {}
+        if self.T is not None:
+            changes.update(T=self.T, sink_T=self.T)
+        if self.N is not None:
+            changes["N"] = self.N
+        return dataclasses.replace(base, **changes)
+
+
+@dataclass
+class StepRecord:
+    """One step of one model: where its result lives, whether it came from the cache, its cost."""
+
+    step: str
+    model: str
+    key: str
+    cached: bool
+    wall_s: float
+    peak_rss_mb: float
+    provenance: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class RunResult:
+    """The tables of a run (stacked over models), its claims table, provenance and files."""
+
+    tables: dict[str, pd.DataFrame]
+    claims: pd.DataFrame
+    provenance: dict[str, Any]
+    files: dict[str, Path]
+    steps: list[StepRecord]
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def _rss_mb() -> float:
+    """Resident memory of this process in MB (from /proc where available)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+@contextmanager
+def measure(interval_s: float = 0.05) -> Iterator[dict[str, float]]:
+    """Wall time (s) and peak resident memory (MB) of the enclosed block.
+
+    A background thread samples the resident set every ``interval_s``; the process-wide
+    ``ru_maxrss`` bounds it from above where the block set a new process peak.
+    """
+    stats: dict[str, float] = {}
+    peak = [_rss_mb()]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(interval_s):
+            peak[0] = max(peak[0], _rss_mb())
+
+    thread = threading.Thread(target=sample, daemon=True)
+    before_max = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    thread.start()
+    try:
+        yield stats
+    finally:
+        stop.set()
+        thread.join()
+        stats["wall_s"] = time.perf_counter() - start
+        after_max = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        peak_mb = max(peak[0], _rss_mb())
+        if after_max > before_max:  # a new process peak was reached inside the block
+            peak_mb = max(peak_mb, after_max / 1024)
+        stats["peak_rss_mb"] = peak_mb
+
+
+# --------------------------------------------------------------------------- the cache
+
+
+def _jsonable(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return _jsonable(dataclasses.asdict(obj))
+    if hasattr(obj, "to_dict"):
+        return _jsonable(obj.to_dict())
+    if isinstance(obj, Mapping):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, float) and obj != obj:
+        return None
+    if hasattr(obj, "item") and callable(obj.item):  # numpy / torch scalars
+        return obj.item()
+    if obj is None or isinstance(obj, (str, int, float, bool)):
+        return obj
+    return repr(obj)
+
+
+def step_key(step: str, model_spec: Any, config: Mapping[str, Any]) -> str:
+    """sha256 of the step's full configuration: step name, model spec, data and experiment options."""
+    payload = {"step": step, "model": _jsonable(model_spec), "config": _jsonable(config),
+               "lens_position": lens_position.__version__}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+class StepCache:
+    """Step results on disk: ``<root>/<step>/<model>-<key[:20]>/`` holding one Parquet file per
+    table and ``provenance.json``. A folder is written under a temporary name and renamed
+    when complete, so an interrupted write never leaves a result that looks finished."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def path(self, step: str, model: str, key: str) -> Path:
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in model)[:60]
+        return self.root / step / f"{safe}-{key[:20]}"
+
+    def load(self, step: str, model: str, key: str) -> tuple[dict[str, pd.DataFrame], dict] | None:
+        folder = self.path(step, model, key)
+        meta = folder / "provenance.json"
+        if not meta.is_file():
+            return None
+        try:
+            record = json.loads(meta.read_text())
+            if record.get("key") != key:
+                return None
+            tables = {name: pd.read_parquet(folder / f"{name}.parquet") for name in record["tables"]}
+        except (OSError, ValueError, KeyError) as error:
+            log.warning("ignoring unreadable cached result %s (%s); recomputing", folder, error)
+            return None
+        return tables, record["provenance"]
+
+    def store(self, step: str, model: str, key: str, tables: Mapping[str, pd.DataFrame],
+              provenance: Mapping[str, Any]) -> Path:
+        folder = self.path(step, model, key)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+        try:
+            for name, frame in tables.items():
+                frame.to_parquet(tmp / f"{name}.parquet", index=False)
+            record = {"key": key, "step": step, "model": model, "tables": list(tables),
+                      "provenance": _jsonable(provenance)}
+            (tmp / "provenance.json").write_text(json.dumps(record, indent=1))
+            if folder.exists():
+                shutil.rmtree(folder)
+            tmp.rename(folder)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        return folder
+
+
+# --------------------------------------------------------------------------- the steps
+
+
+@dataclass
+class StepContext:
+    """What a step sees: the loaded model, the run's data options and sizes, and a lazily
+    built prompt set (most steps share it)."""
+
+    loaded: Any
+    data: DataOptions
+    settings: Settings
+    progress: bool
+    _prompts: dict[tuple, Any] = field(default_factory=dict)
+
+    @property
+    def spec(self) -> Any:
+        return self.loaded.spec
+
+    def model_T(self) -> int:
+        """T for this model: raised to ``window_factor · window`` when it has sliding-window layers."""
+        T = self.settings.T
+        window = self.spec.window
+        if window and "local" in tuple(self.spec.attn_types or ()):
+            T = max(T, int(-(-self.settings.window_factor * window // 1)))
+        return T
+
+    def prompts(self, T: int | None = None, N: int | None = None) -> Any:
+        from lens_position.data import build_prompts
+
+        T = self.model_T() if T is None else T
+        N = self.settings.N if N is None else N
+        check_context(self.spec, T)
+        key = (T, N)
+        if key not in self._prompts:
+            self._prompts[key] = build_prompts(self.loaded, source=self.data.source, T=T, N=N,
+                                               bos=self.data.bos, seed=self.data.seed, text=self.data.text)
+        return self._prompts[key]
+
+
+def check_context(spec: Any, T: int) -> None:
+    """ContextLengthError when ``T`` positions do not fit the model's context."""
+    if T > spec.n_ctx:
+        raise ContextLengthError(
+            f"T = {T} exceeds the context of {spec.name} ({spec.n_ctx} positions); pass a smaller --T"
+        )
+    if T < 2:
+        raise BadInputError(f"T = {T} is too short: the analyses need at least 2 positions")
+
+
+def _frames(result: Any, names: Sequence[str], attrs: Sequence[str]) -> dict[str, pd.DataFrame]:
+    return {name: getattr(result, attr).reset_index(drop=True) for name, attr in zip(names, attrs)}
+
+
+def _step_decompose(ctx: StepContext) -> tuple[dict[str, pd.DataFrame], dict, dict]:
+    from lens_position.decompose import decompose
+
+    prompts = ctx.prompts()
+    result = decompose(ctx.loaded, prompts, batch_size=ctx.settings.batch_size, progress=ctx.progress)
+    return (_frames(result, ("decompose_layers", "decompose_heads"), ("layers", "heads")),
+            result.provenance, {"prompts": prompts.spec})
+
+
+def _step_probe(ctx: StepContext) -> tuple[dict[str, pd.DataFrame], dict, dict]:
+    from lens_position.probes import position_probe
+
+    prompts = ctx.prompts()
+    result = position_probe(ctx.loaded, prompts, seed=ctx.data.seed, progress=ctx.progress)
+    return {"probe_layers": result.layers.reset_index(drop=True)}, result.provenance, {"prompts": prompts.spec}
+
+
+def _step_bos(ctx: StepContext) -> tuple[dict[str, pd.DataFrame], dict, dict]:
+    from lens_position.bos import bos_replacement
+
+    prompts = ctx.prompts()
+    result = bos_replacement(ctx.loaded, prompts, query_range=ctx.settings.query_range, seed=ctx.data.seed)
+    return (_frames(result, ("bos_layers", "bos_overall"), ("frame", "overall")), result.provenance,
+            {"prompts": prompts.spec, "query_range": ctx.settings.query_range})
+
+
+def _step_sink_heads(ctx: StepContext) -> tuple[dict[str, pd.DataFrame], dict, dict]:
+    from lens_position.sinks import sink_heads
+
+    prompts = ctx.prompts(T=min(ctx.settings.sink_T, ctx.model_T()))
+    result = sink_heads(ctx.loaded, prompts, eps=ctx.settings.eps)
+    return {"sink_heads": result.frame.reset_index(drop=True)}, result.provenance, {
+        "prompts": prompts.spec, "eps": ctx.settings.eps}
+
+
+def _step_sink_rate(ctx: StepContext) -> tuple[dict[str, pd.DataFrame], dict, dict]:
+    from lens_position.sinks import sink_rate
+
+    check_context(ctx.spec, ctx.settings.sink_T)
+    result = sink_rate(ctx.loaded, T=ctx.settings.sink_T, N=ctx.settings.N, eps=ctx.settings.eps,
+                       seed=ctx.data.seed)
+    return {"sink_rate": result.frame.reset_index(drop=True)}, result.provenance, {
+        "T": ctx.settings.sink_T, "N": ctx.settings.N, "eps": ctx.settings.eps}
+
+
+def _step_sink_reading(ctx: StepContext) -> tuple[dict[str, pd.DataFrame], dict, dict]:
+    from lens_position.sinks import sink_reading_heads
+
+    prompts = ctx.prompts(T=min(ctx.settings.sink_T, ctx.model_T()))
+    result = sink_reading_heads(ctx.loaded, prompts, query_range=ctx.settings.query_range)
+    return (_frames(result, ("sink_reading", "sink_ablation"), ("frame", "ablation")), result.provenance,
+            {"prompts": prompts.spec, "query_range": ctx.settings.query_range})
+
+
+def _step_fingerprint(ctx: StepContext) -> tuple[dict[str, pd.DataFrame], dict, dict]:
+    from lens_position.fingerprint import fingerprint
+
+    check_context(ctx.spec, ctx.settings.sink_T)
+    result = fingerprint(ctx.loaded, T=ctx.settings.sink_T, N=ctx.settings.N, seed=ctx.data.seed)
+    return {"fingerprint": result.frame.reset_index(drop=True)}, result.provenance, {
+        "T": ctx.settings.sink_T, "N": ctx.settings.N}
+
+
+STEP_FUNCTIONS: dict[str, Callable[[StepContext], tuple[dict[str, pd.DataFrame], dict, dict]]] = {
+    "decompose": _step_decompose,
+    "probe": _step_probe,
+    "bos": _step_bos,
+    "sink_heads": _step_sink_heads,
+    "sink_rate": _step_sink_rate,
+    "sink_reading": _step_sink_reading,
+    "fingerprint": _step_fingerprint,
+}
+
+
+def step_config(step: str, ctx: StepContext) -> dict[str, Any]:
+    """The configuration a step's cache key is computed from (besides the model spec)."""
+    return {"data": ctx.data.to_dict(), "settings": dataclasses.asdict(ctx.settings), "T_model": ctx.model_T()}
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def architecture_label(spec: Any) -> tuple[str, str]:
+    """(label, role) of a model: e.g. ("NTK-scaled RoPE: smollm2-135m-ntk", "ntk")."""
+    role = report_module.role_of(spec)
+    return f"{report_module.ROLE_NAMES[role]}: {spec.name}", role
+
+
+def _tag(frame: pd.DataFrame, label: str, role: str, model: str) -> pd.DataFrame:
+    frame = frame.copy()
+    for col, value in (("model", model), ("role", role), ("architecture", label)):
+        if col in frame.columns:
+            frame = frame.drop(columns=col)
+        frame.insert(0, col, value)
+    return frame
+
+
+def check_models(names: Sequence[str]) -> None:
+    """Fail fast (UnknownModelError) on a name that is neither a registry model nor an existing path."""
+    from lens_position.models.registry import lookup
+
+    if not names:
+        raise BadInputError("no models given; pass --models with at least one name")
+    for name in names:
+        if not Path(name).exists():
+            lookup(name)
+
+
+def prepare_output(out: Path) -> Path:
+    """Create the output folder and check it is writable (BadInputError otherwise)."""
+    out = Path(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".write-test-"):
+            pass
+    except OSError as error:
+        raise BadInputError(f"cannot write to the output folder {out}: {error.strerror or error}; "
+                            "choose another --out") from error
+    return out
+
+
+def write_table(frame: pd.DataFrame, path_stem: Path, fmt: str) -> Path:
+    """Write ``frame`` as ``<stem>.parquet`` or ``<stem>.csv``."""
+    if fmt == "parquet":
+        path = path_stem.with_suffix(".parquet")
+        frame.to_parquet(path, index=False)
+    elif fmt == "csv":
+        path = path_stem.with_suffix(".csv")
+        frame.to_csv(path, index=False)
+    else:
+        raise BadInputError(f"unknown table format {fmt!r}; use parquet or csv")
+    return path
+
+
+def load_tables(out: Path) -> dict[str, pd.DataFrame]:
+    """Read back the tables a run wrote to ``out`` (Parquet or CSV)."""
+    tables = {}
+    for name in report_module.TABLES:
+        for suffix, reader in ((".parquet", pd.read_parquet), (".csv", pd.read_csv)):
+            path = Path(out) / f"{name}{suffix}"
+            if path.is_file():
+                tables[name] = reader(path)
+                break
+    return tables
+
+
+def run(config: RunConfig, *, load: Callable[[str], Any] | None = None) -> RunResult:
+    """Run ``config.steps`` on every model in ``config.models`` and write the output folder.
+
+    ``load`` maps a model name to a ``LoadedModel`` (default: ``lens_position.models.load_model``
+    offline). Returns the stacked tables, the claims table, the provenance and the files written.
+    """
+    started = time.perf_counter()
+    unknown = [s for s in config.steps if s not in STEP_FUNCTIONS]
+    if unknown:
+        raise BadInputError(f"unknown steps {unknown}; choose from {', '.join(STEPS)}")
+    if config.fmt not in ("parquet", "csv"):
+        raise BadInputError(f"unknown table format {config.fmt!r}; use parquet or csv")
+    settings = config.settings()
+    if settings.N < 2:
+        raise BadInputError(f"N = {settings.N} is too small: held-out fits need at least 2 sequences")
+    check_context_free(settings)
+    if load is None:
+        check_models(config.models)
+        from lens_position.models import load_model
+
+        def load(name: str) -> Any:
+            return load_model(name, offline=True)
+
+    out = prepare_output(config.out)
+    cache = StepCache(out / "cache")
+    collected: dict[str, list[pd.DataFrame]] = {}
+    records: list[StepRecord] = []
+    models_info: list[dict[str, Any]] = []
+    total = len(config.models) * len(config.steps)
+    bar = tqdm(total=total, desc="reproduce", unit="step", disable=not config.progress, file=sys.stderr)
+    try:
+        for name in config.models:
+            bar.set_postfix_str(f"loading {name}")
+            with measure() as cost:
+                loaded = load(name)
+            label, role = architecture_label(loaded.spec)
+            models_info.append({**_jsonable(loaded.spec), "architecture": label, "role": role,
+                                "load_wall_s": round(cost["wall_s"], 3)})
+            records.append(StepRecord("load", name, "", False, cost["wall_s"], cost["peak_rss_mb"],
+                                      {"model": _jsonable(loaded.spec)}))
+            ctx = StepContext(loaded=loaded, data=config.data, settings=settings, progress=config.progress)
+            check_context(loaded.spec, ctx.model_T())
+            for step in config.steps:
+                bar.set_postfix_str(f"{name}: {step}")
+                key = step_key(step, loaded.spec, step_config(step, ctx))
+                hit = cache.load(step, name, key) if config.use_cache else None
+                with measure() as cost:
+                    if hit is not None:
+                        tables, prov = hit
+                    else:
+                        tables, prov, extra = STEP_FUNCTIONS[step](ctx)
+                        prov = {**_jsonable(prov), "step_options": _jsonable(extra)}
+                        cache.store(step, name, key, tables, prov)
+                records.append(StepRecord(step, name, key, hit is not None, cost["wall_s"],
+                                          cost["peak_rss_mb"], prov))
+                for table, frame in tables.items():
+                    collected.setdefault(table, []).append(_tag(frame, label, role, name))
+                bar.update(1)
+            del ctx, loaded
+            gc.collect()
+    finally:
+        bar.close()
+
+    stacked = {name: pd.concat(frames, ignore_index=True) for name, frames in collected.items()}
+    files: dict[str, Path] = {}
+    for name, frame in stacked.items():
+        files[name] = write_table(frame, out / name, config.fmt)
+    claims = report_module.claims_table(stacked)
+    files["claims"] = write_table(claims, out / "claims", "csv")
+    prov = {
+        "command": " ".join(sys.argv) if sys.argv else None,
+        "steps_requested": list(config.steps),
+        "models": models_info,
+        "data": config.data.to_dict(),
+        "settings": dataclasses.asdict(settings),
+        "quick": config.quick,
+        "seed": config.data.seed,
+        "versions": provenance_module.package_versions(),
+        "created": provenance_module.collect()["created"],
+        "steps": [r.to_dict() for r in records],
+    }
+    files["report"] = out / "report.html"
+    prov["wall_time_s"] = round(time.perf_counter() - started, 3)
+    report_module.write_report(files["report"], stacked, provenance=prov)
+    if config.browser_check:
+        prov["browser_check"] = _browser_check(files["report"], out / "report.png")
+        if prov["browser_check"].get("screenshot"):
+            files["screenshot"] = out / "report.png"
+    prov["wall_time_s"] = round(time.perf_counter() - started, 3)
+    files["provenance"] = out / "provenance.json"
+    files["provenance"].write_text(json.dumps(_jsonable(prov), indent=1))
+    return RunResult(tables=stacked, claims=claims, provenance=prov, files=files, steps=records)
+
+
+def check_context_free(settings: Settings) -> None:
+    """Checks of the sizes that need no model."""
+    if settings.T < 2:
+        raise BadInputError(f"T = {settings.T} is too short: the analyses need at least 2 positions")
+    lo, hi = settings.query_range
+    if not 0 <= lo < hi:
+        raise BadInputError(f"query range {settings.query_range} is empty")
+
+
+def _browser_check(report: Path, screenshot: Path) -> dict[str, Any]:
+    """Open the report in headless Chromium; a failed check raises, a missing Chromium is recorded."""
+    try:
+        check = report_module.check_in_browser(report, screenshot=screenshot)
+    except LensPositionError as error:
+        log.warning("report not checked in a browser: %s", error)
+        return {"ok": None, "skipped": str(error)}
+    if not check.ok:
+        raise ReportCheckError(
+            f"the report {report} failed its browser check: {len(check.undrawn)} figure(s) not drawn "
+            f"({', '.join(check.undrawn) or 'none'}), JavaScript errors: {check.js_errors or 'none'}"
+        )
+    return check.to_dict()
+
+
+class ReportCheckError(LensPositionError, RuntimeError):
+    """The HTML report did not render cleanly in headless Chromium."""

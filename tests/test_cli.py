@@ -1,0 +1,109 @@
+"""The command line: every sub-command parses, and bad input ends in one clear line and a
+non-zero exit status, never a traceback."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lens_position.cli import EXIT_ERROR, EXIT_USAGE, build_parser, main
+from lens_position.reproduce import COMMAND_STEPS, DEFAULT_MODELS
+
+
+def _run_main(capsys, argv):
+    try:
+        status = main(argv)
+    except SystemExit as exit_:  # argparse exits for bad options
+        status = exit_.code
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def _assert_one_line_error(err: str, *needles: str) -> None:
+    assert "Traceback" not in err
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("lens-position")
+    for needle in needles:
+        assert needle.lower() in lines[0].lower(), lines[0]
+
+
+def test_parser_has_every_experiment_subcommand_with_data_options():
+    parser = build_parser()
+    for command in ("decompose", "bos", "sinks", "fingerprint", "probe"):
+        args = parser.parse_args([command, "tiny-llama", "--source", "random", "--bos", "none", "--T", "24",
+                                  "--N", "3", "--seed", "5", "--out", "x", "--quick"])
+        assert (args.command, args.model, args.source, args.bos, args.T, args.N, args.seed, args.quick) == (
+            command, "tiny-llama", "random", "none", 24, 3, 5, True)
+        assert args.out == Path("x")
+        assert set(COMMAND_STEPS[command]) <= set(COMMAND_STEPS["reproduce"])
+
+
+def test_reproduce_defaults_to_the_three_architectures():
+    args = build_parser().parse_args(["reproduce"])
+    assert tuple(args.models.split(",")) == DEFAULT_MODELS == (
+        "smollm2-135m", "smollm2-135m-ntk", "smollm2-135m-ntk-parts", "gemma3-270m")
+    assert args.out == Path("results") and args.browser_check and not args.quick
+
+
+def test_unknown_model_is_a_one_line_error(capsys, tmp_path):
+    status, _, err = _run_main(capsys, ["decompose", "no-such-model", "--out", str(tmp_path)])
+    assert status == EXIT_ERROR
+    _assert_one_line_error(err, "unknown model", "no-such-model", "tiny-llama")
+
+
+def test_unknown_model_in_reproduce_list_fails_before_any_work(capsys, tmp_path):
+    out = tmp_path / "out"
+    status, _, err = _run_main(capsys, ["reproduce", "--models", "tiny-llama,gpt-17", "--out", str(out)])
+    assert status == EXIT_ERROR
+    _assert_one_line_error(err, "gpt-17")
+    assert not out.exists()
+
+
+def test_T_beyond_the_context_is_a_one_line_error(capsys, tmp_path):
+    status, _, err = _run_main(capsys, ["decompose", "tiny-llama", "--T", "100000", "--no-progress",
+                                        "--out", str(tmp_path)])
+    assert status == EXIT_ERROR
+    _assert_one_line_error(err, "100000", "context")
+
+
+def test_unwritable_output_folder_is_a_one_line_error(capsys, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    status, _, err = _run_main(capsys, ["decompose", "tiny-llama", "--out", str(blocker / "sub")])
+    assert status == EXIT_ERROR
+    _assert_one_line_error(err, "cannot write to the output folder")
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["decompose", "tiny-llama", "--T", "abc"], "whole number"),
+    (["decompose", "tiny-llama", "--N", "0"], "positive"),
+    (["decompose", "tiny-llama", "--source", "poetry"], "invalid choice"),
+    (["reproduce", "--format", "xlsx"], "invalid choice"),
+    (["frobnicate"], "invalid choice"),
+    ([], "required"),
+    (["decompose"], "required"),
+])
+def test_bad_options_are_a_one_line_error(capsys, argv, needle):
+    status, _, err = _run_main(capsys, argv)
+    assert status == EXIT_USAGE
+    _assert_one_line_error(err, needle)
+
+
+def test_bad_bos_policy_is_a_one_line_error(capsys, tmp_path):
+    status, _, err = _run_main(capsys, ["decompose", "tiny-llama", "--bos", "sometimes", "--no-progress",
+                                        "--quick", "--out", str(tmp_path)])
+    assert status == EXIT_ERROR
+    _assert_one_line_error(err, "sometimes")
+
+
+def test_console_script_exits_non_zero_without_traceback(tmp_path):
+    script = shutil.which("lens-position") or str(Path(sys.executable).parent / "lens-position")
+    proc = subprocess.run([script, "probe", "not-a-model", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == EXIT_ERROR
+    _assert_one_line_error(proc.stderr, "unknown model")
