@@ -9,6 +9,8 @@ from typing import Any, Literal
 
 from transformer_lens import HookedTransformer
 
+from lens_position.errors import ContextLengthError
+
 RopeKind = Literal["standard", "ntk-aware", "ntk-by-parts", "none"]
 Family = Literal["llama", "mistral", "qwen2", "gemma3", "custom"]
 
@@ -67,6 +69,19 @@ class LoadedModel:
 
     def to_dict(self) -> dict[str, Any]:
         return self.spec.to_dict()
+
+    def check_length(self, T: int) -> None:
+        """Raise ContextLengthError if ``T`` positions (position 0 included) exceed the context."""
+        check_length(self.model.cfg.n_ctx, T, self.spec.name)
+
+
+def check_length(n_ctx: int, T: int, name: str = "the model") -> None:
+    """Raise ContextLengthError if a sequence of ``T`` positions does not fit ``n_ctx``."""
+    if T > n_ctx:
+        raise ContextLengthError(
+            f"a sequence of {T} positions is longer than the context of {name} (n_ctx = {n_ctx}); "
+            f"use T <= {n_ctx}, or load the model with load_model(..., n_ctx={T}) to extend it "
+            "(positions beyond the trained context are extrapolation)")
 
 
 def spec_from_config(model: HookedTransformer, *, name: str = "custom", family: Family = "custom",

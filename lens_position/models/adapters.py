@@ -1,0 +1,64 @@
+"""One adapter per family, chosen by the HF config's ``model_type``.
+
+An adapter is a module with ``FAMILY``, ``MODEL_TYPES``, ``hooked_config(hf_config) ->
+dict`` (HookedTransformerConfig kwargs) and ``convert_weights(hf_model, cfg) -> state dict``.
+``hooked_from_hf`` is the one place that turns an HF model into a ``HookedTransformer``.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import torch
+from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+from lens_position.errors import UnsupportedArchitectureError
+from lens_position.models import gemma3, llama, mistral, qwen2
+
+ADAPTERS: dict[str, ModuleType] = {
+    model_type: module for module in (llama, mistral, qwen2, gemma3) for model_type in module.MODEL_TYPES
+}
+
+
+def adapter_for(hf_config: Any) -> ModuleType:
+    """The adapter module for an HF config, or UnsupportedArchitectureError."""
+    model_type = getattr(hf_config, "model_type", None)
+    if model_type == "gemma3" and hasattr(hf_config, "text_config"):
+        raise UnsupportedArchitectureError(
+            "multimodal Gemma-3 (Gemma3ForConditionalGeneration) is not supported; use a text-only "
+            "Gemma-3 checkpoint (270M or 1B) or open an issue")
+    if model_type not in ADAPTERS:
+        raise UnsupportedArchitectureError(
+            f"architecture {model_type!r} ({', '.join(getattr(hf_config, 'architectures', None) or [])}) "
+            f"is not supported; lens_position has adapters for model_type {sorted(ADAPTERS)} "
+            "(Llama/SmolLM2, Mistral, Qwen2, Gemma-3 text). Open an issue to add one")
+    return ADAPTERS[model_type]
+
+
+def hooked_config(hf_config: Any) -> dict[str, Any]:
+    """HookedTransformerConfig kwargs for any supported HF config (a ``quantization_config``
+    left by GGUF loading is ignored: transformers has already dequantized the weights)."""
+    return adapter_for(hf_config).hooked_config(hf_config)
+
+
+def build_hooked(cfg_kwargs: dict[str, Any], state_dict: dict[str, torch.Tensor],
+                 device: str = "cpu") -> HookedTransformer:
+    """A HookedTransformer with ``state_dict`` loaded unprocessed (no LayerNorm folding, no
+    centering), so every activation equals the HF model's."""
+    cfg = HookedTransformerConfig(**{**cfg_kwargs, "device": device})
+    model = HookedTransformer(cfg, move_to_device=False)
+    model.load_and_process_state_dict(state_dict, fold_ln=False, center_writing_weights=False,
+                                      center_unembed=False, fold_value_biases=False)
+    torch.nn.Module.to(model, device)  # HookedTransformer.to prints a line per call
+    model.eval()
+    return model
+
+
+def convert_state_dict(hf_model: Any, cfg_kwargs: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """HookedTransformer-format state dict (fp32, contiguous, detached) of an HF model."""
+    adapter = adapter_for(hf_model.config)
+    cfg = HookedTransformerConfig(**cfg_kwargs)
+    with torch.no_grad():
+        state_dict = adapter.convert_weights(hf_model, cfg)
+    return {k: v.detach().to(torch.float32).contiguous() for k, v in state_dict.items()}

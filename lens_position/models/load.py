@@ -1,0 +1,213 @@
+"""``load_model``: any supported checkpoint into a HookedTransformer, offline and exact.
+
+The path of a load, top to bottom:
+
+1. resolve ``name_or_path``: a registry name, a ``.gguf`` file, a local HF checkpoint
+   folder, or (online only) a hub id;
+2. get HookedTransformer config + weights: built in code (tiny models), or converted from
+   the HF model by the family adapter and kept in the weight cache;
+3. apply the position options (NTK-aware α, NTK-by-parts, window, n_ctx) to the config;
+4. build the HookedTransformer, load the weights unprocessed (activations equal HF's), attach
+   the tokenizer, and describe it all in a ``ModelSpec``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformer_lens import HookedTransformer
+
+from lens_position.errors import BadInputError, UnknownModelError
+from lens_position.models import sources
+from lens_position.models.adapters import adapter_for, build_hooked, convert_state_dict, hooked_config
+from lens_position.models.cache import CachedModel, cached_convert, file_identity, state_dict_sha256
+from lens_position.models.registry import REGISTRY, lookup, unknown_model_message
+from lens_position.models.rope import apply_position_options
+from lens_position.models.spec import LoadedModel, ModelSpec, check_length
+from lens_position.models.tiny import tiny_hf_model
+
+log = logging.getLogger(__name__)
+
+
+def load_model(
+    name_or_path: str, *, ntk_alpha: float | None = None, ntk_by_parts: dict | bool | None = None,
+    window: int | None = None, n_ctx: int | None = None, cache_dir: str | None = None,
+    offline: bool | None = None, device: str = "cpu",
+) -> LoadedModel:
+    """Load a model into a ``HookedTransformer`` with its tokenizer and ``ModelSpec``.
+
+    ``name_or_path``: a name from ``KNOWN_MODELS``, a ``.gguf`` file, a local Hugging Face
+    checkpoint folder, or a hub id (``org/name``, only with ``offline=False`` or when the
+    hub is reachable and ``HF_HUB_OFFLINE`` is unset).
+
+    Position options (any RoPE model; each overrides the registry entry's default):
+    ``ntk_alpha`` NTK-aware scaling, rotary base ``θ·α^(d/(d-2))`` (1 = identity);
+    ``ntk_by_parts`` Llama-3 NTK-by-parts, a dict with any of ``factor``, ``low_freq_factor``,
+    ``high_freq_factor``, ``original_context`` (defaults 8, 1, 4, the model's n_ctx; ``{}``
+    or True for all defaults); ``window`` sliding-window length in keys for the local
+    layers (all layers, if the model has none); ``n_ctx`` context length (positions).
+
+    ``cache_dir`` overrides ``$LENS_POSITION_CACHE`` (default ``~/.cache/lens_position``).
+    The model computes in fp32, weights unfolded, and ``hook_k``/``hook_v`` carry one entry
+    per query head (grouped-query KV heads are repeated), so a single head can be patched.
+    A forward pass longer than ``n_ctx`` raises ContextLengthError.
+    """
+    started = time.perf_counter()
+    source, loader_kind, target, defaults = _resolve(name_or_path, offline)
+    given = {"ntk_alpha": ntk_alpha, "ntk_by_parts": ntk_by_parts, "window": window, "n_ctx": n_ctx}
+    if ntk_alpha is not None or ntk_by_parts is not None:  # the user's RoPE scaling replaces the entry's
+        defaults = {k: v for k, v in defaults.items() if k not in ("ntk_alpha", "ntk_by_parts")}
+    options = {**defaults, **{k: v for k, v in given.items() if v is not None}}
+
+    base = _base_model(loader_kind, target, cache_dir)
+    family = adapter_for_cfg(base.cfg)
+    cfg, facts = apply_position_options(base.cfg, **options)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module="transformer_lens")
+        warnings.filterwarnings("ignore", message=".*HookedTransformer is deprecated.*")
+        model = build_hooked(cfg, base.state_dict, device)
+    tokenizer = base.tokenizer
+    prepends_bos = tokenizer_prepends_bos(tokenizer)
+    attach_tokenizer(model, tokenizer, prepends_bos)
+    name = name_or_path if name_or_path in REGISTRY else Path(str(name_or_path)).name or str(name_or_path)
+    attn_types = tuple(cfg.get("attn_types") or ("global",) * cfg["n_layers"])
+    spec = ModelSpec(
+        name=name, family=family, source=source, n_layers=cfg["n_layers"], n_heads=cfg["n_heads"],
+        n_kv_heads=cfg.get("n_key_value_heads") or cfg["n_heads"], d_model=cfg["d_model"],
+        d_head=cfg["d_head"], n_ctx=cfg["n_ctx"], rope_kind=facts["rope_kind"],
+        rotary_base=float(cfg["rotary_base"]),
+        rotary_base_local=(float(cfg["rotary_base_local"]) if cfg.get("rotary_base_local") is not None
+                           else None),
+        ntk_alpha=facts["ntk_alpha"], ntk_by_parts=facts["ntk_by_parts"],
+        window=cfg.get("window_size") if "local" in attn_types else None, attn_types=attn_types,
+        tokenizer_prepends_bos=prepends_bos, bos_token_id=tokenizer.bos_token_id,
+        weights_sha256=base.weights_sha256,
+        extra={"hf_model_type": base.meta.get("model_type"), "file": base.meta.get("file"),
+               "from_cache": base.from_cache, "ungrouped_kv_hooks": True, "d_vocab": cfg["d_vocab"],
+               "load_seconds": round(time.perf_counter() - started, 3)},
+    )
+    return LoadedModel(model=model, tokenizer=tokenizer, spec=spec)
+
+
+def _resolve(name_or_path: str, offline: bool | None) -> tuple[str, str, Any, dict[str, Any]]:
+    """``(source description, loader kind, loader target, default options)``."""
+    name = str(name_or_path)
+    if name in REGISTRY:
+        entry = lookup(name)
+        if entry.kind == "tiny":
+            return f"registry:{name}", "tiny", name, dict(entry.options)
+        return f"registry:{name}", "gguf", entry.locate(), dict(entry.options)
+    path = Path(name).expanduser()
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise BadInputError(
+                f"{path} is a file but not a .gguf; pass a .gguf file, a Hugging Face checkpoint "
+                "folder, or a registry name")
+        return f"gguf:{path.resolve()}", "gguf", path.resolve(), {}
+    if path.is_dir():
+        return f"hf-folder:{path.resolve()}", "hf-folder", path.resolve(), {}
+    if name.lower().endswith(".gguf") or name.startswith(("/", ".", "~")) or "\\" in name:
+        raise BadInputError(f"no such file or folder: {path}")
+    if "/" in name and not name.startswith("/"):
+        if offline is None:
+            offline = sources.env_offline() or not sources.hub_reachable()
+        if offline:
+            raise BadInputError(
+                f"{name!r} is not a registry name or a local path, and lens_position is offline "
+                "(HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE set, offline=True, or huggingface.co "
+                "unreachable). Pass offline=False with network access to download it, or download "
+                "the checkpoint and pass its folder")
+        return f"hub:{name}", "hub", name, {}
+    raise UnknownModelError(unknown_model_message(name))
+
+
+def _base_model(kind: str, target: Any, cache_dir: str | None) -> CachedModel:
+    """Config + weights before position options: built in code, or converted and cached."""
+    if kind == "tiny":
+        hf_model, tokenizer = tiny_hf_model(target)
+        cfg = hooked_config(hf_model.config)
+        state_dict = convert_state_dict(hf_model, cfg)
+        meta = {"model_type": hf_model.config.model_type, "file": None}
+        return CachedModel(cfg, state_dict, tokenizer, state_dict_sha256(state_dict), meta, False)
+    if kind == "hub":
+        hf_model, tokenizer = sources.read_hub(target)
+        cfg = hooked_config(hf_model.config)
+        state_dict = convert_state_dict(hf_model, cfg)
+        meta = {"model_type": hf_model.config.model_type, "file": target}
+        return CachedModel(cfg, state_dict, tokenizer, state_dict_sha256(state_dict), meta, False)
+    reader = sources.read_gguf if kind == "gguf" else sources.read_hf_folder
+    identity = file_identity(target) if kind == "gguf" else sources.folder_identity(target)
+
+    def build() -> tuple[dict[str, Any], dict[str, torch.Tensor], Any, dict[str, Any]]:
+        log.info("converting %s (first load; later loads read the weight cache)", target)
+        hf_model, tokenizer = reader(target)
+        cfg = hooked_config(hf_model.config)
+        state_dict = convert_state_dict(hf_model, cfg)
+        return cfg, state_dict, tokenizer, {"model_type": hf_model.config.model_type, "file": str(target)}
+
+    return cached_convert(identity, build, _load_tokenizer, cache_dir)
+
+
+def _load_tokenizer(folder: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+
+
+def adapter_for_cfg(cfg: dict[str, Any]) -> str:
+    """Family name from a HookedTransformerConfig dict's ``original_architecture``."""
+    return {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
+            "Qwen2ForCausalLM": "qwen2", "Gemma3ForCausalLM": "gemma3"}[cfg["original_architecture"]]
+
+
+def tokenizer_prepends_bos(tokenizer: Any) -> bool:
+    """Whether the tokenizer itself puts ``bos_token_id`` at position 0 of an encoding."""
+    if tokenizer.bos_token_id is None:
+        return False
+    ids = tokenizer("a")["input_ids"]
+    return len(ids) > 0 and ids[0] == tokenizer.bos_token_id
+
+
+def attach_tokenizer(model: HookedTransformer, tokenizer: Any, prepends_bos: bool) -> None:
+    """Give the model its tokenizer as is, and make ``model.to_tokens`` follow the tokenizer's
+    own BOS policy by default. (``HookedTransformer.set_tokenizer`` would swap in a re-loaded
+    "with BOS" tokenizer, which needs a hub name.) Also make every forward pass refuse a
+    sequence longer than ``n_ctx`` with a ContextLengthError."""
+    model.tokenizer = tokenizer
+    if tokenizer.padding_side is None:
+        tokenizer.padding_side = "right"
+    model.cfg.tokenizer_prepends_bos = prepends_bos
+    model.cfg.default_prepend_bos = prepends_bos
+    n_ctx, name = model.cfg.n_ctx, model.cfg.model_name
+
+    def refuse_long(_module: torch.nn.Module, args: tuple) -> None:
+        tokens = args[0] if args else None
+        if isinstance(tokens, torch.Tensor) and tokens.ndim >= 1:
+            check_length(n_ctx, int(tokens.shape[-1]), name)
+
+    model.embed.register_forward_pre_hook(refuse_long)
+
+
+def describe(loaded: LoadedModel) -> str:
+    """One line saying what a loaded model is (family, size, position mechanisms, BOS policy)."""
+    s = loaded.spec
+    rope = f"RoPE {s.rope_kind}, θ = {s.rotary_base:g}"
+    if s.rotary_base_local is not None:
+        rope += f" (local θ = {s.rotary_base_local:g})"
+    if s.ntk_alpha is not None:
+        rope += f", α = {s.ntk_alpha:g}"
+    if s.ntk_by_parts:
+        rope += ", by-parts " + ", ".join(f"{k} {v:g}" for k, v in s.ntk_by_parts.items())
+    n_local = sum(t == "local" for t in s.attn_types)
+    attn = (f"{n_local} local (window {s.window}) + {s.n_layers - n_local} global layers" if n_local
+            else f"{s.n_layers} global layers")
+    bos = (f"tokenizer prepends BOS id {s.bos_token_id}" if s.tokenizer_prepends_bos
+           else f"tokenizer adds no BOS (bos_token_id {s.bos_token_id})")
+    return (f"{s.name}: {s.family}, {attn}, {s.n_heads} heads ({s.n_kv_heads} kv) × d_head {s.d_head}, "
+            f"d_model {s.d_model}, n_ctx {s.n_ctx}; {rope}; {bos}; weights sha256 "
+            f"{(s.weights_sha256 or '?')[:12]}")

