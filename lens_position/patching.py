@@ -38,6 +38,7 @@ models; within float round-off where batching changes the matmul shapes).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -220,6 +221,31 @@ class Patch:
             return self.apply(activation)
 
         return (self.hook_name, fn)
+
+    def streaming_hook(self) -> tuple[str, Callable]:
+        """A forward hook for passes that feed the prompts in consecutive batches (as
+        ``decompose(batch_size=...)`` does): row ``k`` of a per-prompt ``value`` goes to the
+        ``k``-th prompt the hook sees, wrapping around after the last one. A value without a
+        batch axis, or a float, applies to every row as in :meth:`hook`."""
+        per_prompt = isinstance(self.value, torch.Tensor) and self.value.ndim >= 1 and \
+            self.value.ndim == self._target_ndim()
+        if not per_prompt:
+            return self.hook()
+        n_prompts = self.value.shape[0]
+        state = {"offset": 0}
+
+        def fn(activation: torch.Tensor, hook: Any) -> torch.Tensor:
+            rows = torch.arange(state["offset"], state["offset"] + activation.shape[0]) % n_prompts
+            state["offset"] = int(rows[-1]) + 1
+            part = dataclasses.replace(self, value=self.value[rows.to(self.value.device)])
+            return part.apply(activation)
+
+        return (self.hook_name, fn)
+
+    def _target_ndim(self) -> int:
+        """Rank of ``activation[:, position, head]`` for this hook (batch axis included)."""
+        full = 4 if _HEAD_AXIS_HOOK.search(self.hook_name) else 3
+        return full - (self.position is not None) - (self.head is not None)
 
     def validate(self, model: HookedTransformer, n_pos: int) -> None:
         """Raise BadInputError if this patch cannot apply to ``model`` on ``n_pos`` positions."""

@@ -1,0 +1,330 @@
+"""Attention sinks and the heads that read them.
+
+- **Sink heads** (:func:`sink_heads`). A head's *sink score* is its mean attention on
+  position 0, ``alpha_0 = mean over prompts and queries i of A[i, 0]`` (queries ``0..T-1``
+  by default, as in Gu et al. 2025, so query 0's ``A[0, 0] = 1`` is included). A head with
+  ``alpha_0 > eps`` (``eps = 0.3``) is a sink head. The model-level **sink rate**
+  (:func:`sink_rate`) is the fraction of heads that are sink heads, in [0, 1] (Gu et al.
+  report it in percent; their setup is ``T = 64``), on natural, random and repeated tokens.
+- **Sink-reading heads** (:func:`sink_reading_heads`). A detector in the spirit of
+  TransformerLens's ``head_detector``: for every head, patch *only its own* key and value at
+  position 0 with a counterfactual fingerprint (the position-0 key/value that another token
+  0, or the text without BOS, produces) and measure (a) the change of the head's output and
+  (b) the change of its residual component ``R`` (``lens_position.decompose``). A head whose
+  output or ``R`` moves reads the position-0 fingerprint. "Only its own" is exact: every
+  block reads the *unpatched* residual stream (``resid_pre`` pinned to the base run), so all
+  heads are measured in one pass without a patch in one layer leaking into the next. Then
+  the top heads are ablated (zero and mean) and the per-layer ``R`` downstream is compared
+  with the unablated model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import pandas as pd
+import torch
+from jaxtyping import Float
+from tqdm.auto import tqdm
+from transformer_lens import HookedTransformer
+
+from lens_position import provenance
+from lens_position.decompose import decompose
+from lens_position.errors import BadInputError
+from lens_position.fingerprint import counterfactual_token0, position0_activations
+from lens_position.models.spec import LoadedModel, as_loaded
+from lens_position.patching import (
+    Patch,
+    as_tokens,
+    cache_activations,
+    head_ablation,
+    run_patches,
+)
+
+SINK_EPS = 0.3
+SINK_CONDITIONS = ("natural", "random", "repeated")
+
+
+def _data_spec(prompts: Any) -> Any:
+    return getattr(prompts, "spec", None) or {"source": "tensor", "shape": list(getattr(prompts, "shape", []))}
+
+
+def _bos_policy(prompts: Any) -> Any:
+    spec = getattr(prompts, "spec", None)
+    return getattr(spec, "bos", None) if spec is not None else "as given (token tensor)"
+
+
+# --------------------------------------------------------------------------- sink heads
+
+
+@dataclass
+class SinkHeads:
+    """Result of :func:`sink_heads`. ``frame``: one row per (layer, head) with ``sink_score``
+    (mean attention on position 0, in [0, 1]) and ``is_sink`` (``sink_score > eps``).
+    ``scores``: ``Float[Tensor, "layer head"]``. ``sink_rate``: fraction of sink heads."""
+
+    frame: pd.DataFrame
+    scores: Float[torch.Tensor, "layer head"]
+    eps: float
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def sink_rate(self) -> float:
+        return float((self.scores > self.eps).to(torch.float64).mean())
+
+
+def sink_scores(
+    model: LoadedModel | HookedTransformer,
+    prompts: Any,
+    *,
+    query_range: tuple[int, int] | None = None,
+    batch_size: int = 8,
+    progress: bool = False,
+) -> Float[torch.Tensor, "layer head"]:
+    """Mean attention on position 0 per head over prompts and queries ``query_range``
+    (default all). Patterns are reduced inside the hook; nothing ``T x T`` is kept."""
+    hooked = as_loaded(model).model
+    tokens = as_tokens(hooked, prompts)
+    n_pos = tokens.shape[1]
+    start, stop = (0, n_pos) if query_range is None else query_range
+    if not 0 <= start < min(stop, n_pos):
+        raise BadInputError(f"query_range {query_range} selects no queries of {n_pos} positions")
+    stop = min(stop, n_pos)
+    totals = torch.zeros(hooked.cfg.n_layers, hooked.cfg.n_heads, dtype=torch.float64)
+
+    def reduce(pattern: torch.Tensor, hook: Any) -> None:
+        layer = int(hook.name.split(".")[1])
+        totals[layer] += pattern[:, :, start:stop, 0].to(torch.float64).sum((0, 2)).cpu()
+
+    hooks = [(f"blocks.{l}.attn.hook_pattern", reduce) for l in range(hooked.cfg.n_layers)]
+    with torch.no_grad(), hooked.hooks(fwd_hooks=hooks):
+        for first in tqdm(range(0, len(tokens), batch_size), disable=not progress, desc="sink scores"):
+            hooked(tokens[first:first + batch_size], return_type=None)
+    return totals / (len(tokens) * (stop - start))
+
+
+def sink_heads(
+    model: LoadedModel | HookedTransformer,
+    prompts: Any,
+    *,
+    eps: float = SINK_EPS,
+    query_range: tuple[int, int] | None = None,
+    batch_size: int = 8,
+    progress: bool = False,
+) -> SinkHeads:
+    """Sink score of every head (mean attention on position 0) and which heads exceed ``eps``."""
+    loaded = as_loaded(model)
+    scores = sink_scores(loaded, prompts, query_range=query_range, batch_size=batch_size,
+                         progress=progress)
+    n_layers, n_heads = scores.shape
+    attn_types = loaded.spec.attn_types or ("global",) * n_layers
+    frame = pd.DataFrame({
+        "layer": [l for l in range(n_layers) for _ in range(n_heads)],
+        "head": [h for _ in range(n_layers) for h in range(n_heads)],
+        "layer_type": [attn_types[l] for l in range(n_layers) for _ in range(n_heads)],
+        "sink_score": scores.reshape(-1).numpy(),
+    })
+    frame["is_sink"] = frame["sink_score"] > eps
+    return SinkHeads(frame=frame, scores=scores, eps=eps, provenance=provenance.collect(
+        model=loaded.spec, data=_data_spec(prompts), seed=getattr(getattr(prompts, "spec", None), "seed", None),
+        eps=eps, query_range=query_range, bos_policy=_bos_policy(prompts),
+        metric="sink_score = mean over prompts and queries of A[i, 0]"))
+
+
+@dataclass
+class SinkRate:
+    """Result of :func:`sink_rate`. ``frame``: one row per condition with ``sink_rate``
+    (fraction of heads whose sink score exceeds ``eps``, in [0, 1]), ``n_sink_heads``,
+    ``n_heads``, ``eps``, ``T``, ``N``, ``bos``. ``heads``: the per-head sink scores of every
+    condition (the :class:`SinkHeads` frames with a ``condition`` column)."""
+
+    frame: pd.DataFrame
+    heads: pd.DataFrame
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+
+def sink_rate(
+    model: LoadedModel | HookedTransformer,
+    *,
+    conditions: Sequence[str] = SINK_CONDITIONS,
+    T: int = 64,
+    N: int = 16,
+    eps: float = SINK_EPS,
+    seed: int = 0,
+    bos: str = "tokenizer",
+    text: str | None = None,
+    batch_size: int = 8,
+    progress: bool = False,
+) -> SinkRate:
+    """The model-level sink rate of Gu et al. 2025 (fraction of heads with ``alpha_0 > eps``)
+    on prompts of ``T`` tokens built with ``lens_position.data.build_prompts`` for each
+    condition (``"natural"``, ``"random"``, ``"repeated"``), with BOS policy ``bos``
+    (default: the tokenizer's own, as a user would run the model)."""
+    from lens_position.data import build_prompts
+
+    loaded = as_loaded(model)
+    rows, frames, specs = [], [], {}
+    for condition in conditions:
+        prompts = build_prompts(loaded, source=condition, T=T, N=N, bos=bos, seed=seed, text=text)
+        result = sink_heads(loaded, prompts, eps=eps, batch_size=batch_size, progress=progress)
+        rows.append({"condition": condition, "sink_rate": result.sink_rate, "eps": eps, "T": T, "N": N,
+                     "bos": bos, "n_sink_heads": int(result.frame["is_sink"].sum()),
+                     "n_heads": len(result.frame)})
+        frames.append(result.frame.assign(condition=condition))
+        specs[condition] = prompts.spec.to_dict()
+    return SinkRate(frame=pd.DataFrame(rows), heads=pd.concat(frames, ignore_index=True),
+                    provenance=provenance.collect(model=loaded.spec, data=specs, seed=seed, eps=eps,
+                                                  T=T, N=N, bos_policy=bos, conditions=list(conditions)))
+
+
+# --------------------------------------------------------------------------- sink-reading heads
+
+
+@dataclass
+class SinkReading:
+    """Result of :func:`sink_reading_heads`.
+
+    ``frame``: one row per (layer, head), ranked. ``output_change``: RMS over prompts and
+    queries in ``query_range`` of ``||z_patched - z_base||`` divided by the RMS of
+    ``||z_base||``, where ``z`` is the head's output before ``W_O`` (dimensionless, 0 = no
+    change). ``R_base``, ``R_patched``: the head's residual component (fraction of
+    Var(log A), ``decompose`` over ``query_range``) without and with its own position-0
+    key/value patched; ``R_change = R_patched - R_base``. ``rank``: 1 = largest
+    ``|R_change|`` (ties broken by ``output_change``).
+
+    ``ablation``: one row per (ablation, layer): ``R_before`` / ``R_after`` = mean over the
+    layer's heads of ``R`` without / with the top heads ablated (``"zero"``: ``z = 0``;
+    ``"mean"``: ``z`` = its mean over prompts and positions), plus ``R_heldout_before`` /
+    ``R_heldout_after``. ``ablation_heads``: the same per head. ``ablated``: the heads ablated.
+    """
+
+    frame: pd.DataFrame
+    ablation: pd.DataFrame
+    ablation_heads: pd.DataFrame
+    ablated: list[tuple[int, int]]
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+
+def own_position0_patches(
+    model: LoadedModel | HookedTransformer,
+    prompts: Any,
+    counterfactual: str,
+) -> list[Patch]:
+    """Patches that give every head its own counterfactual position-0 key and value while
+    every block still reads the base run's residual stream.
+
+    Per block ``l``: ``hook_k`` and ``hook_v`` at position 0 from a one-token run on the
+    counterfactual token 0 (:func:`lens_position.fingerprint.position0_activations`), and,
+    for ``l > 0``, ``resid_pre[l]`` pinned to the base run, so the patches of earlier blocks
+    do not reach block ``l``. All values are per prompt (first axis = prompts).
+    """
+    loaded = as_loaded(model)
+    hooked = loaded.model
+    token0 = counterfactual_token0(loaded, prompts, counterfactual)
+    n_layers = hooked.cfg.n_layers
+    kv_names = [f"blocks.{l}.attn.hook_{p}" for l in range(n_layers) for p in ("k", "v")]
+    counter = position0_activations(loaded, token0, kv_names)
+    base = cache_activations(loaded, prompts, [f"blocks.{l}.hook_resid_pre" for l in range(1, n_layers)])
+    patches = []
+    for layer in range(n_layers):
+        if layer > 0:
+            name = f"blocks.{layer}.hook_resid_pre"
+            patches.append(Patch(name, base[name], label=f"pin resid_pre[{layer}]"))
+        for part in ("k", "v"):
+            name = f"blocks.{layer}.attn.hook_{part}"
+            patches.append(Patch(name, counter[name][:, 0], position=0, label=f"{part}[{layer}][0]"))
+    return patches
+
+
+def _output_change(
+    model: HookedTransformer, prompts: Any, patches: list[Patch], query_range: tuple[int, int]
+) -> Float[torch.Tensor, "layer head"]:
+    n_layers = model.cfg.n_layers
+    names = [f"blocks.{l}.attn.hook_z" for l in range(n_layers)]
+    start, stop = query_range
+
+    def stack(acts: dict[str, torch.Tensor]) -> torch.Tensor:
+        return torch.stack([acts[n][:, start:stop].to(torch.float64) for n in names])
+
+    base, patched = run_patches(model, prompts, [[], patches], stack, read=names)
+    # [layer, batch, query, head, d_head] -> per (layer, head)
+    change = (patched - base).norm(dim=-1).pow(2).mean((1, 2)).sqrt()
+    scale = base.norm(dim=-1).pow(2).mean((1, 2)).sqrt()
+    return torch.where(change == 0, torch.zeros_like(change), change / scale)
+
+
+def _layer_R(heads: pd.DataFrame) -> pd.DataFrame:
+    return heads.groupby("layer", sort=True)[["R", "R_heldout"]].mean().reset_index()
+
+
+def sink_reading_heads(
+    model: LoadedModel | HookedTransformer,
+    prompts: Any,
+    *,
+    counterfactual: str = "no-bos",
+    query_range: tuple[int, int] = (0, 32),
+    n_ablate: int = 3,
+    ablate_heads: Sequence[tuple[int, int]] | None = None,
+    batch_size: int = 8,
+    progress: bool = False,
+) -> SinkReading:
+    """Find the heads that read the position-0 fingerprint, rank them, ablate the top ones.
+
+    Args:
+        prompts: the base run (PromptSet or tokens). For ``counterfactual="no-bos"`` they
+            must start with BOS (``bos="force"`` on SmolLM2).
+        counterfactual: ``"no-bos"`` (position 0's key/value as the text without BOS would
+            make them, i.e. from its first text token) or ``"token:<id>"``.
+        query_range: queries over which output change and ``R`` are measured (clipped to T).
+        n_ablate: ablate the ``n_ablate`` top-ranked heads (ignored if ``ablate_heads``).
+        ablate_heads: explicit ``(layer, head)`` list to ablate instead.
+    """
+    loaded = as_loaded(model)
+    hooked = loaded.model
+    tokens = as_tokens(hooked, prompts)
+    query_range = (query_range[0], min(query_range[1], tokens.shape[1]))
+    patches = own_position0_patches(loaded, prompts, counterfactual)
+    output_change = _output_change(hooked, tokens, patches, query_range)
+    options = dict(query_range=query_range, batch_size=batch_size, progress=progress)
+    base = decompose(loaded, prompts, **options)
+    patched = decompose(loaded, prompts, fwd_hooks=[p.streaming_hook() for p in patches], **options)
+    frame = base.heads[["layer", "head", "layer_type"]].copy()
+    frame["output_change"] = output_change.reshape(-1).numpy()
+    frame["R_base"] = base.heads["R"].to_numpy()
+    frame["R_patched"] = patched.heads["R"].to_numpy()
+    frame["R_change"] = frame["R_patched"] - frame["R_base"]
+    frame["R_heldout_change"] = patched.heads["R_heldout"].to_numpy() - base.heads["R_heldout"].to_numpy()
+    order = frame.assign(abs_change=frame["R_change"].abs()).sort_values(
+        ["abs_change", "output_change"], ascending=False, kind="stable").index
+    frame.loc[order, "rank"] = range(1, len(frame) + 1)
+    frame["rank"] = frame["rank"].astype(int)
+    frame = frame.sort_values("rank").reset_index(drop=True)
+
+    if ablate_heads is None:
+        ablate_heads = [(int(l), int(h)) for l, h in frame[["layer", "head"]].head(n_ablate).to_numpy()]
+    ablate_heads = [(int(l), int(h)) for l, h in ablate_heads]
+    layer_rows, head_rows = [], []
+    before_layers = _layer_R(base.heads)
+    for kind in ("zero", "mean"):
+        ablation = head_ablation(loaded, ablate_heads, kind, reference=tokens)
+        after = decompose(loaded, prompts, fwd_hooks=[p.hook() for p in ablation], **options)
+        after_layers = _layer_R(after.heads)
+        for (_, b), (_, a) in zip(before_layers.iterrows(), after_layers.iterrows()):
+            layer_rows.append({"ablation": kind, "layer": int(b["layer"]), "R_before": b["R"],
+                               "R_after": a["R"], "R_heldout_before": b["R_heldout"],
+                               "R_heldout_after": a["R_heldout"]})
+        heads = base.heads[["layer", "head"]].copy()
+        heads["ablation"] = kind
+        heads["ablated"] = [(l, h) in ablate_heads for l, h in heads[["layer", "head"]].to_numpy()]
+        heads["R_before"], heads["R_after"] = base.heads["R"].to_numpy(), after.heads["R"].to_numpy()
+        head_rows.append(heads)
+    return SinkReading(
+        frame=frame, ablation=pd.DataFrame(layer_rows),
+        ablation_heads=pd.concat(head_rows, ignore_index=True), ablated=ablate_heads,
+        provenance=provenance.collect(
+            model=loaded.spec, data=_data_spec(prompts), seed=getattr(getattr(prompts, "spec", None), "seed", None),
+            counterfactual=counterfactual, query_range=list(query_range), bos_policy=_bos_policy(prompts),
+            ablated=ablate_heads, mean_ablation_reference="the base prompts, mean over prompts and positions",
+            R="decompose(...).heads['R'] over query_range, keys='all'",
+            output_change="RMS ||z_patched - z_base|| / RMS ||z_base|| over prompts and queries"))

@@ -1,0 +1,154 @@
+"""Sink heads and sink-reading heads against a hand-set ground truth.
+
+The ground-truth model (three attention-only layers, two heads each, float64):
+
+- every token embeds to a "content" direction ``e0``; the BOS token also to a "BOS marker"
+  ``e1``;
+- head (1, 0) is the designed **sink-reading head**: its key reads the BOS marker (a fixed
+  bonus ``b`` on the score of key 0 when key 0 is BOS), so it attends to position 0 with
+  the position-dependent weight ``A[i, 0] = e^b / (e^b + i)``; its value reads the BOS
+  marker and ``W_O`` writes the result into a direction ``e2``. After layer 1 the residual
+  stream therefore carries ``e2[i] = A[i, 0]``, an absolute-position signal that came from
+  position 0;
+- head (2, 0) reads ``e2`` into its query, so its scores are ``e2[i] * g(i - j)``: it has a
+  residual component ``R > 0`` carried entirely by head (1, 0);
+- every other head has offset-only scores (random rotated query/key from ``e0``) and
+  writes nothing.
+"""
+
+import math
+
+import pytest
+import torch
+from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+from lens_position import sinks
+from lens_position.decompose import decompose
+from lens_position.errors import BadInputError
+from lens_position.models.spec import LoadedModel, spec_from_config
+from lens_position.toy import BOS_TOKEN_ID, TOY_VOCAB, toy_tokens
+
+BONUS = 3.0
+CONTENT, BOS_MARKER, SINK_SIGNAL = 0, 1, 2
+
+
+def sink_reading_model(*, bonus: float = BONUS, seed: int = 0) -> LoadedModel:
+    d_head, rotary_dim = 4, 2
+    cfg = HookedTransformerConfig(
+        n_layers=3, d_model=6, d_head=d_head, n_heads=2, n_ctx=128, d_vocab=TOY_VOCAB,
+        attn_only=True, normalization_type=None, positional_embedding_type="rotary",
+        rotary_dim=rotary_dim, dtype=torch.float64, default_prepend_bos=False, seed=seed,
+    )
+    model = HookedTransformer(cfg)
+    generator = torch.Generator().manual_seed(seed)
+    scale = math.sqrt(d_head)  # TransformerLens divides scores by sqrt(d_head)
+
+    def rand(n):
+        return 1.5 * torch.randn(n, generator=generator, dtype=torch.float64)
+
+    with torch.no_grad():
+        for param in model.parameters():
+            param.zero_()
+        model.embed.W_E[:, CONTENT] = 1.0
+        model.embed.W_E[BOS_TOKEN_ID, BOS_MARKER] = 1.0
+        for layer, block in enumerate(model.blocks):
+            for head in range(2):
+                block.attn.W_Q[head, CONTENT, :rotary_dim] = rand(rotary_dim)
+                block.attn.W_K[head, CONTENT, :rotary_dim] = rand(rotary_dim)
+        sink_reader = model.blocks[1].attn
+        sink_reader.W_Q[0, CONTENT] = 0.0
+        sink_reader.W_K[0, CONTENT] = 0.0
+        sink_reader.W_Q[0, CONTENT, rotary_dim] = 1.0
+        sink_reader.W_K[0, BOS_MARKER, rotary_dim] = bonus * scale
+        sink_reader.W_V[0, BOS_MARKER, rotary_dim] = 1.0
+        sink_reader.W_O[0, rotary_dim, SINK_SIGNAL] = 1.0
+        downstream = model.blocks[2].attn
+        downstream.W_Q[0, SINK_SIGNAL, :rotary_dim] = downstream.W_Q[0, CONTENT, :rotary_dim] * 4
+        downstream.W_Q[0, CONTENT] = 0.0
+        downstream.W_V[0, CONTENT, rotary_dim + 1] = 1.0
+    spec = spec_from_config(model, name="toy-sink-reading", bos_token_id=BOS_TOKEN_ID)
+    return LoadedModel(model=model, tokenizer=None, spec=spec)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return sink_reading_model()
+
+
+@pytest.fixture(scope="module")
+def tokens():
+    return toy_tokens(6, 32, bos=True, seed=0)
+
+
+def test_the_designed_sink_head_has_the_closed_form_sink_score(model, tokens):
+    result = sinks.sink_heads(model, tokens)
+    expected = sum(math.exp(BONUS) / (math.exp(BONUS) + i) for i in range(32)) / 32
+    assert result.scores[1, 0].item() == pytest.approx(expected, abs=1e-9)
+    assert result.frame.set_index(["layer", "head"]).loc[(1, 0), "is_sink"]
+    assert list(result.frame.columns[:4]) == ["layer", "head", "layer_type", "sink_score"]
+    assert result.sink_rate == pytest.approx(result.frame["is_sink"].mean())
+    assert result.provenance["options"]["eps"] == 0.3
+
+
+def test_uniform_heads_have_sink_score_equal_to_the_mean_of_one_over_i_plus_one(tokens):
+    uniform = sink_reading_model(bonus=0.0)
+    with torch.no_grad():
+        for block in uniform.model.blocks:
+            block.attn.W_Q.zero_()
+    scores = sinks.sink_scores(uniform, tokens, query_range=(4, 20))
+    expected = sum(1 / (i + 1) for i in range(4, 20)) / 16
+    torch.testing.assert_close(scores, torch.full_like(scores, expected))
+
+
+def test_designed_sink_reading_head_is_found_and_ranked_first(model, tokens):
+    result = sinks.sink_reading_heads(model, tokens, query_range=(0, 32), n_ablate=1)
+    first = result.frame.iloc[0]
+    assert (first["layer"], first["head"], first["rank"]) == (1, 0, 1)
+    # with BOS gone from its key and value, the head attends uniformly and outputs nothing
+    assert first["R_base"] > 0.05
+    assert first["R_patched"] == pytest.approx(0.0, abs=1e-10)
+    assert first["output_change"] == pytest.approx(1.0, abs=1e-12)
+    # no other head reads position 0's fingerprint: its own key/value patch changes nothing
+    others = result.frame.iloc[1:]
+    assert others["R_change"].abs().max() < 1e-10
+    assert others["output_change"].abs().max() < 1e-10
+    assert list(result.frame.columns[:3]) == ["layer", "head", "layer_type"]
+    assert {"output_change", "R_change", "rank"} <= set(result.frame.columns)
+
+
+def test_ablating_the_sink_reading_head_removes_the_residual_component_it_carried(model, tokens):
+    result = sinks.sink_reading_heads(model, tokens, query_range=(0, 32), n_ablate=1)
+    assert result.ablated == [(1, 0)]
+    heads = result.ablation_heads.set_index(["ablation", "layer", "head"])
+    for kind in ("zero", "mean"):
+        carried = heads.loc[(kind, 2, 0)]
+        assert carried["R_before"] > 1e-3  # far above float noise (1e-10)
+        assert carried["R_after"] == pytest.approx(0.0, abs=1e-10)
+        # heads that never read e2 keep their R
+        untouched = heads.loc[(kind, 2, 1)]
+        assert untouched["R_after"] == pytest.approx(untouched["R_before"], abs=1e-12)
+    layers = result.ablation.set_index(["ablation", "layer"])
+    assert layers.loc[("zero", 2), "R_after"] < layers.loc[("zero", 2), "R_before"]
+    assert set(result.ablation.columns) >= {"ablation", "layer", "R_before", "R_after"}
+
+
+def test_own_position0_patches_keep_every_block_on_the_base_residual_stream(model, tokens):
+    patches = sinks.own_position0_patches(model, tokens, "no-bos")
+    patched = decompose(model, tokens, fwd_hooks=[p.streaming_hook() for p in patches],
+                        batch_size=4, progress=False)
+    # head (2, 0) reads e2 from the pinned base residual: its R is untouched by the
+    # removal of BOS from layer 1's key/value
+    base = decompose(model, tokens, batch_size=4, progress=False)
+    r = lambda d: d.heads.set_index(["layer", "head"]).loc[(2, 0), "R"]  # noqa: E731
+    assert r(patched) == pytest.approx(r(base), abs=1e-12)
+
+
+def test_counterfactuals_are_checked(model, tokens):
+    with pytest.raises(BadInputError, match="do not start with BOS"):
+        sinks.sink_reading_heads(model, toy_tokens(2, 8, bos=False), query_range=(0, 8))
+    with pytest.raises(BadInputError, match="change nothing"):
+        sinks.sink_reading_heads(model, tokens, counterfactual=f"token:{BOS_TOKEN_ID}")
+    with pytest.raises(BadInputError, match="unknown counterfactual"):
+        sinks.sink_reading_heads(model, tokens, counterfactual="shuffle")
+    with pytest.raises(BadInputError, match="selects no queries"):
+        sinks.sink_scores(model, tokens, query_range=(40, 50))
