@@ -1,0 +1,325 @@
+"""Prompt sets that say exactly what they are.
+
+One call builds ``N`` sequences of ``T`` tokens (``T`` counts every position, position 0
+included) from one of Gu et al.'s three conditions:
+
+- ``"natural"``: windows of real text. The embedded default corpus is the English prose
+  shipped with every CPython (``pydoc_data.topics``, topics joined in sorted order); pass
+  ``text=`` (a string), or ``corpus=`` a text file, a folder of ``.txt/.md/.rst`` files or a
+  ``datasets`` split ``"hf:<name or saved folder>:<split>[:<column>]"`` (local cache only).
+  The corpus is tokenised once (no special tokens) and cut into non-overlapping windows;
+  ``seed`` picks which ``N`` windows.
+- ``"random"``: tokens drawn uniformly from the ordinary vocabulary (special and added
+  tokens excluded).
+- ``"repeated"``: each sequence is one randomly drawn token repeated.
+
+Position 0 follows an explicit BOS policy, recorded in the spec:
+
+- ``"tokenizer"``: whatever the tokenizer does by itself (Gemma-3 prepends ``<bos>``,
+  SmolLM2 does not);
+- ``"force"``: the tokenizer's ``bos_token_id`` at position 0;
+- ``"none"``: no BOS, position 0 holds content like every other position;
+- ``"token:<id>"`` or ``"token:<text>"``: the chosen token at position 0 (the text must be
+  a single token).
+
+Same arguments, same tokens: every random choice comes from ``seed``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from jaxtyping import Int
+from transformer_lens import HookedTransformer
+
+from lens_position.errors import BadInputError, MissingPackageError
+from lens_position.models.spec import LoadedModel
+
+Source = Literal["natural", "random", "repeated"]
+TEXT_SUFFIXES = (".txt", ".md", ".rst")
+DEFAULT_CORPUS = "pydoc_data.topics"
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """Everything needed to rebuild a prompt set, and to report what it was.
+
+    ``position0`` is ``"bos"`` (the tokenizer's BOS token), ``"token"`` (a chosen token),
+    or ``"content"`` (text or random tokens, like any other position); ``first_token_id``
+    is the token placed at position 0 by the policy (None for ``"content"``).
+    ``window_starts`` are the corpus token offsets of the natural-text windows.
+    """
+
+    source: str
+    T: int
+    N: int
+    bos: str
+    seed: int
+    position0: str
+    first_token_id: int | None
+    tokenizer: str
+    vocab_size: int
+    corpus: str | None = None
+    corpus_sha256: str | None = None
+    corpus_tokens: int | None = None
+    window_starts: tuple[int, ...] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["window_starts"] = list(self.window_starts) if self.window_starts is not None else None
+        return d
+
+
+@dataclass
+class PromptSet:
+    """``tokens``: ``Int[Tensor, "N T"]`` (int64); ``spec``: how they were made."""
+
+    tokens: Int[torch.Tensor, "N T"]
+    spec: PromptSpec
+    bos_token_id: int | None = None  # the tokenizer's BOS id (whether or not it is used)
+
+    @property
+    def has_bos(self) -> bool:
+        """Whether position 0 holds the tokenizer's BOS token in every sequence."""
+        return self.spec.position0 == "bos"
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.spec.to_dict()
+
+
+# ---------------------------------------------------------------------------------------
+# Tokenizer access
+# ---------------------------------------------------------------------------------------
+
+
+def _unpack(model_or_tokenizer: Any) -> tuple[Any, int | None, int | None]:
+    """(tokenizer, model vocabulary size or None, BOS id from the model spec or None)."""
+    if isinstance(model_or_tokenizer, LoadedModel):
+        return (model_or_tokenizer.tokenizer, model_or_tokenizer.model.cfg.d_vocab,
+                model_or_tokenizer.spec.bos_token_id)
+    if isinstance(model_or_tokenizer, HookedTransformer):
+        return model_or_tokenizer.tokenizer, model_or_tokenizer.cfg.d_vocab, None
+    return model_or_tokenizer, None, None
+
+
+def _encode(tokenizer: Any, text: str, special: bool = False) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=special, verbose=False)["input_ids"])
+
+
+def tokenizer_prepends_bos(tokenizer: Any) -> bool:
+    """Whether ``tokenizer`` puts its ``bos_token_id`` at position 0 by itself."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        return False
+    with_special = _encode(tokenizer, "a", special=True)
+    return bool(with_special) and with_special[0] == bos and _encode(tokenizer, "a")[:1] != [bos]
+
+
+def _ordinary_ids(tokenizer: Any, vocab: int, exclude: set[int]) -> torch.Tensor:
+    """Ids of ordinary tokens: below ``vocab``, not special, not added."""
+    if tokenizer is not None:
+        exclude = exclude | set(getattr(tokenizer, "all_special_ids", []))
+        exclude |= set(getattr(tokenizer, "added_tokens_decoder", {}).keys())
+    keep = torch.ones(vocab, dtype=torch.bool)
+    keep[[i for i in exclude if 0 <= i < vocab]] = False
+    return keep.nonzero().squeeze(1)
+
+
+def _resolve_bos(policy: str, tokenizer: Any, bos_id: int | None, vocab: int) -> tuple[str, int | None]:
+    """(position0 kind, token id placed at position 0) for a BOS policy."""
+    if policy == "none":
+        return "content", None
+    if policy == "tokenizer":
+        if tokenizer is None:
+            raise BadInputError("bos='tokenizer' needs a tokenizer; this model has none: use "
+                                "bos='force', 'none' or 'token:<id>'")
+        return ("bos", bos_id) if tokenizer_prepends_bos(tokenizer) else ("content", None)
+    if policy == "force":
+        if bos_id is None:
+            raise BadInputError("bos='force' but the tokenizer has no BOS token: use bos='none' "
+                                "or a chosen token, bos='token:<id>'")
+        return "bos", bos_id
+    if policy.startswith("token:"):
+        value = policy[len("token:"):]
+        if value.strip().lstrip("-").isdigit():
+            token = int(value)
+        else:
+            if tokenizer is None:
+                raise BadInputError(f"bos={policy!r}: a token given as text needs a tokenizer; give its id")
+            ids = _encode(tokenizer, value)
+            if len(ids) != 1:
+                raise BadInputError(f"bos={policy!r}: {value!r} is {len(ids)} tokens {ids}, not one; "
+                                    "give a single-token text or the token id, bos='token:<id>'")
+            token = ids[0]
+        if not 0 <= token < vocab:
+            raise BadInputError(f"bos={policy!r}: token id {token} is outside the vocabulary 0..{vocab - 1}")
+        return ("bos" if token == bos_id else "token"), token
+    raise BadInputError(f"unknown BOS policy {policy!r}: use 'tokenizer', 'force', 'none' or 'token:<id or text>'")
+
+
+# ---------------------------------------------------------------------------------------
+# Corpora
+# ---------------------------------------------------------------------------------------
+
+
+def default_corpus() -> str:
+    """CPython's English help text (``pydoc_data.topics``), topics joined in sorted order."""
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics[name].strip() for name in sorted(topics))
+
+
+def _read_text_file(path: Path) -> str:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise BadInputError(f"{path} is not UTF-8 text ({error}); convert it or pass another file") from error
+    if not text.strip():
+        raise BadInputError(f"{path} is empty: pass a file with text in it")
+    return text
+
+
+def _read_datasets_split(spec: str) -> str:
+    parts = spec.split(":")
+    if len(parts) not in (3, 4) or not parts[1] or not parts[2]:
+        raise BadInputError(f"corpus {spec!r}: use 'hf:<name or saved folder>:<split>[:<column>]'")
+    name, split = parts[1], parts[2]
+    column = parts[3] if len(parts) == 4 else "text"
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        import datasets
+    except ImportError as error:
+        raise MissingPackageError("corpus 'hf:...' needs the `datasets` package: pip install datasets") from error
+    try:
+        if Path(name).is_dir():
+            loaded = datasets.load_from_disk(name)
+            table = loaded[split] if isinstance(loaded, datasets.DatasetDict) else loaded
+        else:
+            table = datasets.load_dataset(name, split=split)
+    except Exception as error:  # datasets raises many types for "not available offline"
+        raise BadInputError(f"corpus {spec!r} could not be loaded from the local cache ({error}); lens_position "
+                            "never downloads: fetch it where there is network, or pass a text file") from error
+    if column not in table.column_names:
+        raise BadInputError(f"corpus {spec!r} has no column {column!r}; columns: {table.column_names}")
+    return "\n\n".join(str(row) for row in table[column] if row)
+
+
+def load_corpus(corpus: str | os.PathLike | None) -> tuple[str, str]:
+    """(text, description) for a corpus: None (CPython's help text), a file, a folder or
+    ``"hf:<name>:<split>[:<column>]"``."""
+    if corpus is None or corpus == DEFAULT_CORPUS:
+        return default_corpus(), DEFAULT_CORPUS
+    if isinstance(corpus, str) and corpus.startswith("hf:"):
+        return _read_datasets_split(corpus), corpus
+    path = Path(corpus)
+    if path.is_file():
+        return _read_text_file(path), f"file:{path.resolve()}"
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
+        if not files:
+            raise BadInputError(f"folder {path} has no {'/'.join(TEXT_SUFFIXES)} files")
+        texts = [p.read_text(encoding="utf-8", errors="replace") for p in files]
+        if not any(t.strip() for t in texts):
+            raise BadInputError(f"every text file in {path} is empty")
+        return "\n\n".join(t for t in texts if t.strip()), f"folder:{path.resolve()}"
+    raise BadInputError(f"corpus {str(corpus)!r} is neither a file, a folder nor 'hf:<name>:<split>'")
+
+
+# ---------------------------------------------------------------------------------------
+# The prompt set
+# ---------------------------------------------------------------------------------------
+
+
+def build_prompts(
+    model_or_tokenizer: Any,
+    *,
+    source: Source = "natural",
+    T: int = 128,
+    N: int = 16,
+    bos: str = "tokenizer",
+    seed: int = 0,
+    text: str | None = None,
+    corpus: str | os.PathLike | None = None,
+) -> PromptSet:
+    """Build ``N`` sequences of ``T`` tokens (module docstring: sources and BOS policies).
+
+    Args:
+        model_or_tokenizer: a ``LoadedModel``, a ``HookedTransformer`` or a Hugging Face
+            tokenizer. A model without a tokenizer supports ``"random"``/``"repeated"`` with
+            ``bos="force"``/``"none"``/``"token:<id>"`` (ids from its vocabulary).
+        source: ``"natural"``, ``"random"`` or ``"repeated"``.
+        T: positions per sequence, position 0 included.
+        N: number of sequences.
+        bos: BOS policy for position 0.
+        seed: every random choice (which text windows, which tokens).
+        text: natural text given directly (instead of ``corpus``).
+        corpus: file, folder or ``"hf:<name>:<split>[:<column>]"`` (default: CPython's help text).
+
+    Raises:
+        BadInputError: too little text for ``N`` windows, an empty file, a bad BOS token, ...
+    """
+    tokenizer, model_vocab, spec_bos = _unpack(model_or_tokenizer)
+    if source not in ("natural", "random", "repeated"):
+        raise BadInputError(f"source must be 'natural', 'random' or 'repeated', got {source!r}")
+    if int(N) < 1 or int(T) < 1:
+        raise BadInputError(f"N and T must be positive, got N={N}, T={T}")
+    N, T = int(N), int(T)
+    bos_id = getattr(tokenizer, "bos_token_id", None) if tokenizer is not None else spec_bos
+    vocab = model_vocab if model_vocab is not None else len(tokenizer)
+    if tokenizer is not None and model_vocab is not None:
+        vocab = min(vocab, len(tokenizer))
+    position0, first_token = _resolve_bos(bos, tokenizer, bos_id, vocab)
+    if first_token is not None and T < 2:
+        raise BadInputError(f"T={T} leaves no room after the token at position 0; use T >= 2")
+    length = T - 1 if first_token is not None else T
+    generator = torch.Generator().manual_seed(seed)
+    corpus_fields: dict[str, Any] = {}
+
+    if source == "natural":
+        if tokenizer is None:
+            raise BadInputError("natural text needs a tokenizer; this model has none: pass a model with "
+                                "a tokenizer, or use source='random'/'repeated'")
+        if text is not None and corpus is not None:
+            raise BadInputError("pass either text= or corpus=, not both")
+        if text is not None:
+            if not text.strip():
+                raise BadInputError("text= is empty: pass some text, or leave it out for the default corpus")
+            corpus_text, description = text, "text"
+        else:
+            corpus_text, description = load_corpus(corpus)
+        stream = torch.tensor(_encode(tokenizer, corpus_text), dtype=torch.int64)
+        n_windows = len(stream) // length
+        if n_windows < N:
+            raise BadInputError(
+                f"too little text: {description} has {len(stream)} tokens, {N} windows of {length} need "
+                f"{N * length}; pass more text, or lower N or T")
+        chosen = np.sort(np.random.default_rng(seed).choice(n_windows, size=N, replace=False))
+        starts = tuple(int(c) * length for c in chosen)
+        body = torch.stack([stream[s:s + length] for s in starts])
+        corpus_fields = dict(corpus=description, corpus_sha256=hashlib.sha256(corpus_text.encode()).hexdigest(),
+                             corpus_tokens=len(stream), window_starts=starts)
+    else:
+        exclude = {bos_id} if bos_id is not None else set()
+        allowed = _ordinary_ids(tokenizer, vocab, exclude)
+        if source == "random":
+            body = allowed[torch.randint(len(allowed), (N, length), generator=generator)]
+        else:
+            body = allowed[torch.randint(len(allowed), (N, 1), generator=generator)].expand(N, length).clone()
+
+    tokens = body if first_token is None else torch.cat([torch.full((N, 1), first_token), body], dim=1)
+    tokenizer_name = (getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__) if tokenizer else "none"
+    spec = PromptSpec(source=source, T=T, N=N, bos=bos, seed=seed, position0=position0,
+                      first_token_id=first_token, tokenizer=tokenizer_name, vocab_size=vocab, **corpus_fields)
+    return PromptSet(tokens=tokens.to(torch.int64).contiguous(), spec=spec, bos_token_id=bos_id)
