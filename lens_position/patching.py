@@ -491,12 +491,20 @@ def default_replacement_token(
     model: LoadedModel | HookedTransformer, prompts: Any, *, position: int = 0, seed: int = 0
 ) -> int:
     """A token drawn with ``seed`` from the vocabulary, avoiding every token the prompts hold
-    at ``position`` (so the replacement really changes the input)."""
-    hooked = _hooked(model)
+    at ``position`` (so the replacement really changes the input) and the tokenizer's
+    special tokens (BOS, EOS, padding, chat markers), when there is a tokenizer."""
+    loaded = as_loaded(model)
+    hooked = loaded.model
     tokens = as_tokens(hooked, prompts)
     avoid = set(tokens[:, position].tolist())
+    if loaded.tokenizer is not None:
+        avoid |= set(getattr(loaded.tokenizer, "all_special_ids", []))
+        avoid |= set(getattr(loaded.tokenizer, "added_tokens_decoder", {}).keys())
+        limit = min(hooked.cfg.d_vocab, len(loaded.tokenizer))
+    else:
+        limit = hooked.cfg.d_vocab
     generator = torch.Generator().manual_seed(seed)
-    for candidate in torch.randperm(hooked.cfg.d_vocab, generator=generator).tolist():
+    for candidate in torch.randperm(limit, generator=generator).tolist():
         if candidate not in avoid:
             return candidate
     raise BadInputError("every vocabulary entry occurs at that position; pass token=")

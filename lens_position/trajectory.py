@@ -1,0 +1,136 @@
+"""Position-0 trajectory patching: which heads downstream depend on the position-0 residual.
+
+At block ``l`` (the *patch layer*), ``resid_pre[l][:, 0]`` is replaced by its value from a
+counterfactual run (the text without BOS, or another token 0; by C5 this value depends on
+token 0 only, so it comes from a one-token run) and the model runs on from there. For every
+head in blocks ``>= l`` we measure
+
+- ``pattern_change``: the mean over prompts and queries ``i`` in ``query_range`` of the
+  total-variation distance ``0.5 * sum_j |A_patched[i, j] - A_base[i, j]|``, in [0, 1];
+- ``R_change = R_patched - R_base``, the change in the head's residual component (fraction
+  of Var(log A), ``lens_position.decompose`` over ``query_range``).
+
+Heads in blocks ``< l`` are unaffected by construction and are not listed. Pattern changes
+come from :func:`lens_position.patching.run_patches` (all patch layers batched, each
+resumed from the cached residual at its layer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import pandas as pd
+import torch
+from jaxtyping import Float
+from tqdm.auto import tqdm
+from transformer_lens import HookedTransformer
+
+from lens_position import provenance
+from lens_position.decompose import decompose
+from lens_position.errors import BadInputError
+from lens_position.fingerprint import counterfactual_token0, position0_activations
+from lens_position.models.spec import LoadedModel, as_loaded
+from lens_position.patching import Patch, as_tokens, cache_activations, run_patches
+
+
+@dataclass
+class TrajectoryPatching:
+    """Result of :func:`trajectory_patching` (module docstring: definitions).
+
+    ``frame``: one row per (patch_layer, layer, head) with ``layer >= patch_layer``:
+    ``pattern_change``, ``R_base``, ``R_patched``, ``R_change``, ``layer_type``.
+    ``summary``: one row per patch layer: mean ``pattern_change`` and ``R_change`` over the
+    downstream heads, and ``R_base`` / ``R_patched`` as means over the same heads.
+    """
+
+    frame: pd.DataFrame
+    summary: pd.DataFrame
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+
+def trajectory_patches(
+    model: LoadedModel | HookedTransformer, prompts: Any, counterfactual: str, layers: Sequence[int]
+) -> dict[int, Patch]:
+    """For each patch layer ``l``: the patch of ``resid_pre[l][:, 0]`` with the
+    counterfactual position-0 residual (one value per prompt)."""
+    loaded = as_loaded(model)
+    token0 = counterfactual_token0(loaded, prompts, counterfactual)
+    names = [f"blocks.{l}.hook_resid_pre" for l in layers]
+    counter = position0_activations(loaded, token0, names)
+    return {l: Patch(n, counter[n][:, 0], position=0, label=f"resid_pre[{l}][0]={counterfactual}")
+            for l, n in zip(layers, names)}
+
+
+def _pattern_change(
+    hooked: HookedTransformer, tokens: torch.Tensor, patches: dict[int, Patch],
+    query_range: tuple[int, int], batch_size: int, progress: bool,
+) -> Float[torch.Tensor, "patch_layer layer head"]:
+    n_layers = hooked.cfg.n_layers
+    names = [f"blocks.{l}.attn.hook_pattern" for l in range(n_layers)]
+    start, stop = query_range
+    base = cache_activations(hooked, tokens, names)
+
+    def tv_distance(acts: dict[str, torch.Tensor]) -> torch.Tensor:
+        out = torch.full((n_layers, hooked.cfg.n_heads), float("nan"), dtype=torch.float64)
+        for layer, name in enumerate(names):
+            if name in acts:
+                diff = (acts[name][:, :, start:stop] - base[name][:, :, start:stop]).to(torch.float64)
+                out[layer] = 0.5 * diff.abs().sum(-1).mean((0, 2))
+        return out
+
+    return run_patches(hooked, tokens, [[p] for p in patches.values()], tv_distance, read=names,
+                       batch_size=batch_size * len(tokens), progress=progress)
+
+
+def trajectory_patching(
+    model: LoadedModel | HookedTransformer,
+    prompts: Any,
+    *,
+    counterfactual: str = "no-bos",
+    layers: Sequence[int] | None = None,
+    query_range: tuple[int, int] = (0, 32),
+    batch_size: int = 8,
+    progress: bool = False,
+) -> TrajectoryPatching:
+    """Patch the position-0 residual at each layer in ``layers`` (default: all) with its
+    counterfactual value and measure every downstream head's pattern and ``R`` change.
+
+    ``counterfactual``: ``"no-bos"`` (prompts must start with BOS) or ``"token:<id>"``.
+    ``batch_size``: prompts per decomposition batch; pattern changes run ``batch_size``
+    patch layers per forward pass.
+    """
+    loaded = as_loaded(model)
+    hooked = loaded.model
+    tokens = as_tokens(loaded, prompts)
+    n_layers = hooked.cfg.n_layers
+    layers = list(range(n_layers)) if layers is None else sorted({int(l) for l in layers})
+    if not layers or layers[0] < 0 or layers[-1] >= n_layers:
+        raise BadInputError(f"layers must be a non-empty subset of 0..{n_layers - 1}, got {layers}")
+    query_range = (query_range[0], min(query_range[1], tokens.shape[1]))
+    patches = trajectory_patches(loaded, prompts, counterfactual, layers)
+    pattern = _pattern_change(hooked, tokens, patches, query_range, batch_size, progress)
+    options = dict(query_range=query_range, batch_size=batch_size, progress=False)
+    base = decompose(loaded, prompts, **options).heads
+    frames = []
+    for k, layer in enumerate(tqdm(layers, disable=not progress, desc="trajectory")):
+        downstream = list(range(layer, n_layers))
+        patched = decompose(loaded, prompts, layers=downstream,
+                            fwd_hooks=[patches[layer].streaming_hook()], **options).heads
+        rows = base[base["layer"] >= layer][["layer", "head", "layer_type", "R"]].rename(columns={"R": "R_base"})
+        rows = rows.reset_index(drop=True)
+        rows.insert(0, "patch_layer", layer)
+        rows["R_patched"] = patched["R"].to_numpy()
+        rows["R_change"] = rows["R_patched"] - rows["R_base"]
+        rows["pattern_change"] = pattern[k, layer:].reshape(-1).numpy()
+        frames.append(rows)
+    frame = pd.concat(frames, ignore_index=True)[
+        ["patch_layer", "layer", "head", "layer_type", "pattern_change", "R_base", "R_patched", "R_change"]]
+    summary = frame.groupby("patch_layer", sort=True)[
+        ["pattern_change", "R_change", "R_base", "R_patched"]].mean().reset_index()
+    spec = getattr(prompts, "spec", None)
+    return TrajectoryPatching(frame=frame, summary=summary, provenance=provenance.collect(
+        model=loaded.spec, data=spec if spec is not None else {"source": "tensor", "shape": list(tokens.shape)},
+        seed=getattr(spec, "seed", None), counterfactual=counterfactual, patch_layers=layers,
+        query_range=list(query_range), bos_policy=getattr(spec, "bos", "as given (token tensor)"),
+        pattern_change="mean over prompts and queries of 0.5 * sum_j |A_patched - A_base|"))
