@@ -1,0 +1,191 @@
+"""Position probes: how well a linear read-out of the residual stream recovers position.
+
+After Haviv et al. (2022): per layer ``l``, a ridge regression from ``resid_pre[l]`` at
+position ``i`` to ``log(i + 1)``, scored by R² on held-out sequences. A second view of
+where absolute position lives, independent of the attention decomposition: a RoPE model
+puts no position into its embeddings, so layer 0 should score near 0 (content carries no
+position within random windows of text) and deeper layers show what the network has
+built.
+
+Control: the same probe trained on labels shuffled within each training sequence
+(``log(pi(i) + 1)`` for a seeded permutation ``pi``), scored on the true test labels. Its
+R² is the floor a probe reaches without real positional information (about 0 or below).
+
+Everything is streamed: the hook reduces each batch to ``X'X``, ``X'y``, sums and sums of
+squares (float64, centred on the first batch's mean to avoid cancellation), so memory is
+``O(layers x d_model^2)`` whatever the number of sequences. Features are standardised with
+the training statistics; ``ridge`` is the penalty on the standardised weights (in units of
+training rows: each standardised feature has sum of squares ``n_train``). The intercept is
+not penalised.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float
+from tqdm.auto import tqdm
+from transformer_lens import HookedTransformer
+
+from lens_position import provenance
+from lens_position.decompose import _prompt_tokens
+from lens_position.errors import BadInputError, ContextLengthError
+from lens_position.models.spec import LoadedModel, as_loaded
+
+
+@dataclass
+class _Moments:
+    """Streaming moments of (x - reference, y) for one layer and one split."""
+
+    n: int
+    sum_x: Float[torch.Tensor, "d"]
+    gram: Float[torch.Tensor, "d d"]
+    xty: Float[torch.Tensor, "target d"]  # one row per target (true, shuffled)
+    sum_y: Float[torch.Tensor, "target"]
+    sum_y2: Float[torch.Tensor, "target"]
+
+    @classmethod
+    def zeros(cls, d: int, n_targets: int) -> "_Moments":
+        f = lambda *shape: torch.zeros(*shape, dtype=torch.float64)  # noqa: E731
+        return cls(0, f(d), f(d, d), f(n_targets, d), f(n_targets), f(n_targets))
+
+    def add(self, x: Float[torch.Tensor, "row d"], y: Float[torch.Tensor, "row target"]) -> None:
+        self.n += x.shape[0]
+        self.sum_x += x.sum(0)
+        self.gram += x.T @ x
+        self.xty += y.T @ x
+        self.sum_y += y.sum(0)
+        self.sum_y2 += (y * y).sum(0)
+
+
+def _fit(train: _Moments, target: int, ridge: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ridge weights ``w`` and intercept ``c`` (prediction ``c + x @ w``) from training moments."""
+    n = train.n
+    mean_x = train.sum_x / n
+    mean_y = train.sum_y[target] / n
+    cov = train.gram / n - torch.outer(mean_x, mean_x)
+    std = cov.diagonal().clamp(min=0).sqrt()
+    std = torch.where(std > 1e-12 * std.max().clamp(min=1e-300), std, torch.ones_like(std))
+    cxy = train.xty[target] / n - mean_x * mean_y
+    correlation = cov / torch.outer(std, std)
+    beta = torch.linalg.solve(n * correlation + ridge * torch.eye(len(std), dtype=torch.float64), n * cxy / std)
+    w = beta / std
+    return w, mean_y - mean_x @ w
+
+
+def _r2(test: _Moments, target: int, w: torch.Tensor, c: torch.Tensor) -> float:
+    """R² of ``c + x @ w`` against the test labels ``target``."""
+    n = test.n
+    sse = (test.sum_y2[target] - 2 * (c * test.sum_y[target] + w @ test.xty[target])
+           + n * c * c + 2 * c * (w @ test.sum_x) + w @ test.gram @ w)
+    sst = test.sum_y2[target] - test.sum_y[target] ** 2 / n
+    return float(1 - sse / sst)
+
+
+@dataclass
+class ProbeResult:
+    """``layers``: one row per layer: ``r2_heldout`` (R² of log(i+1) on held-out sequences,
+    at most 1), ``r2_train``, ``r2_shuffled`` (probe trained on shuffled positions, scored on
+    true held-out positions), ``n_train``/``n_test`` (rows: sequences x positions).
+    ``provenance``: model, data, seed, options."""
+
+    layers: pd.DataFrame
+    provenance: dict[str, Any]
+
+
+def position_probe(
+    model: LoadedModel | HookedTransformer,
+    prompts: Any,
+    *,
+    layers: Sequence[int] | None = None,
+    ridge: float = 1.0,
+    seed: int = 0,
+    positions: tuple[int, int | None] = (1, None),
+    batch_size: int = 8,
+    progress: bool = True,
+) -> ProbeResult:
+    """Held-out R² of a ridge probe from ``resid_pre[l]`` to ``log(i + 1)``, per layer.
+
+    Args:
+        model: a ``LoadedModel`` or ``HookedTransformer``.
+        prompts: a ``PromptSet`` or tokens ``Int[Tensor, "N T"]`` (``N >= 2``).
+        layers: layers whose ``resid_pre`` is probed (default all).
+        ridge: penalty on the standardised weights.
+        seed: which sequences are held out (half of them) and the label shuffle.
+        positions: ``(start, stop)`` positions used as rows; the default leaves out
+            position 0, whose activation is a fixed point of the model (DESIGN.md C5)
+            rather than a position to read.
+        batch_size: sequences per forward pass.
+        progress: show a progress bar.
+    """
+    loaded = as_loaded(model)
+    hooked = loaded.model
+    tokens, data = _prompt_tokens(prompts)
+    n_seq, length = tokens.shape
+    n_layers = hooked.cfg.n_layers
+    if length > hooked.cfg.n_ctx:
+        raise ContextLengthError(f"prompts have T={length} positions, the model's context is {hooked.cfg.n_ctx}")
+    if n_seq < 2:
+        raise BadInputError("a held-out probe needs at least 2 sequences")
+    layers = list(range(n_layers)) if layers is None else sorted({int(layer) for layer in layers})
+    if not layers or layers[0] < 0 or layers[-1] >= n_layers:
+        raise BadInputError(f"layers must be a non-empty subset of 0..{n_layers - 1}, got {layers}")
+    start, stop = positions[0], length if positions[1] is None else min(positions[1], length)
+    if not 0 <= start < stop - 1:
+        raise BadInputError(f"positions must cover at least 2 positions within 0..{length - 1}, got {positions}")
+
+    generator = torch.Generator().manual_seed(seed)
+    is_test = torch.zeros(n_seq, dtype=torch.bool)
+    is_test[torch.randperm(n_seq, generator=generator)[: n_seq // 2]] = True
+    pos = torch.arange(start, stop)
+    label = torch.log1p(pos.to(torch.float64))
+    shuffled = torch.stack([label[torch.randperm(len(pos), generator=generator)] for _ in range(n_seq)])
+
+    d_model = hooked.cfg.d_model
+    moments = {layer: (_Moments.zeros(d_model, 2), _Moments.zeros(d_model, 2)) for layer in layers}
+    reference: dict[int, torch.Tensor] = {}
+    batch_rows: list[torch.Tensor] = []
+
+    def make_hook(layer: int):
+        def hook(resid: torch.Tensor, hook: Any) -> None:
+            x = resid[:, start:stop].detach().to(torch.float64)
+            if layer not in reference:
+                reference[layer] = x.reshape(-1, d_model).mean(0)
+            x = x - reference[layer]
+            rows = batch_rows[0]
+            for split, moment in enumerate(moments[layer]):
+                chosen = (is_test[rows] == bool(split)).nonzero().squeeze(1)
+                if len(chosen) == 0:
+                    continue
+                y = torch.stack([label.expand(len(chosen), -1), shuffled[rows[chosen]]], dim=-1)
+                moment.add(x[chosen].reshape(-1, d_model), y.reshape(-1, 2))
+
+        return hook
+
+    hooks = [(f"blocks.{layer}.hook_resid_pre", make_hook(layer)) for layer in layers]
+    device = next(hooked.parameters()).device
+    with torch.no_grad(), hooked.hooks(fwd_hooks=hooks):
+        for first in tqdm(range(0, n_seq, batch_size), disable=not progress, desc="position probe", unit="batch"):
+            rows = torch.arange(first, min(first + batch_size, n_seq))
+            batch_rows[:] = [rows]
+            hooked(tokens[rows].to(device), stop_at_layer=layers[-1] + 1)
+
+    records = []
+    for layer in layers:
+        train, test = moments[layer]
+        w, c = _fit(train, 0, ridge)
+        w_shuffled, c_shuffled = _fit(train, 1, ridge)
+        records.append({
+            "layer": layer, "r2_heldout": _r2(test, 0, w, c), "r2_train": _r2(train, 0, w, c),
+            "r2_shuffled": _r2(test, 0, w_shuffled, c_shuffled), "n_train": train.n, "n_test": test.n,
+        })
+    prov = provenance.collect(model=loaded.spec, data=data, seed=seed, layers=layers, ridge=ridge,
+                              positions=[start, stop], target="log(i+1)", features="resid_pre, standardised",
+                              split="half of the sequences held out (seeded)",
+                              test_sequences=is_test.nonzero().squeeze(1).tolist(),
+                              control="labels permuted within each training sequence")
+    return ProbeResult(layers=pd.DataFrame(records), provenance=prov)

@@ -1,0 +1,69 @@
+"""Position probes: the streamed ridge equals an explicit one, and it finds position
+exactly where a model writes it and nowhere else."""
+
+import numpy as np
+import pytest
+import torch
+from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+from lens_position.errors import BadInputError
+from lens_position.probes import position_probe
+from lens_position.toy import random_model
+
+
+def learned_position_model(length: int) -> HookedTransformer:
+    """Absolute position embedding whose first direction is log(i + 1): linearly readable."""
+    cfg = HookedTransformerConfig(n_layers=1, d_model=8, d_head=4, n_heads=2, n_ctx=length, d_vocab=30,
+                                  attn_only=True, normalization_type=None, positional_embedding_type="standard",
+                                  seed=0)
+    model = HookedTransformer(cfg)
+    with torch.no_grad():
+        model.pos_embed.W_pos.zero_()
+        model.embed.W_E[:, 0] = 0.0  # token content lives in the other directions
+        model.pos_embed.W_pos[:, 0] = torch.log1p(torch.arange(length, dtype=torch.float32))
+    return model
+
+
+def test_probe_reads_position_where_the_model_writes_it():
+    tokens = torch.randint(0, 30, (8, 40), generator=torch.Generator().manual_seed(0))
+    result = position_probe(learned_position_model(40), tokens, ridge=1e-3, progress=False).layers
+    assert result.r2_heldout[0] > 0.999
+    assert result.r2_shuffled[0] < 0.05
+
+
+def test_rope_embeddings_carry_no_position():
+    loaded = random_model(n_layers=2, d_vocab=50)
+    tokens = torch.randint(0, 50, (12, 48), generator=torch.Generator().manual_seed(1))
+    layer0 = position_probe(loaded, tokens, layers=[0], progress=False).layers.iloc[0]
+    assert layer0.r2_heldout < 0.05 and layer0.r2_shuffled < 0.05
+    assert layer0.n_train == layer0.n_test == 6 * 47
+
+
+def test_streamed_probe_equals_explicit_ridge():
+    loaded = random_model(n_layers=2, d_vocab=50)
+    tokens = torch.randint(0, 50, (10, 32), generator=torch.Generator().manual_seed(2))
+    ridge = 3.0
+    result = position_probe(loaded, tokens, ridge=ridge, seed=5, batch_size=3, progress=False)
+    test_rows = result.provenance["options"]["test_sequences"]
+    is_test = np.isin(np.arange(10), test_rows)
+    _, cache = loaded.model.run_with_cache(tokens)
+    label = np.log1p(np.arange(1, 32))
+    for layer in (0, 1):
+        x = cache[f"blocks.{layer}.hook_resid_pre"][:, 1:].double().numpy()
+        train_x, test_x = x[~is_test].reshape(-1, x.shape[-1]), x[is_test].reshape(-1, x.shape[-1])
+        train_y, test_y = np.tile(label, (~is_test).sum()), np.tile(label, is_test.sum())
+        mean, std = train_x.mean(0), train_x.std(0)
+        standard = (train_x - mean) / std
+        beta = np.linalg.solve(standard.T @ standard + ridge * np.eye(x.shape[-1]),
+                               standard.T @ (train_y - train_y.mean()))
+        predicted = train_y.mean() + ((test_x - mean) / std) @ beta
+        r2 = 1 - ((test_y - predicted) ** 2).sum() / ((test_y - test_y.mean()) ** 2).sum()
+        assert result.layers.r2_heldout[layer] == pytest.approx(r2, abs=1e-8)
+
+
+def test_probe_errors():
+    loaded = random_model()
+    with pytest.raises(BadInputError, match="2 sequences"):
+        position_probe(loaded, torch.zeros(1, 16, dtype=torch.long), progress=False)
+    with pytest.raises(BadInputError, match="layers"):
+        position_probe(loaded, torch.zeros(2, 16, dtype=torch.long), layers=[7], progress=False)
