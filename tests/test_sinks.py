@@ -152,3 +152,22 @@ def test_counterfactuals_are_checked(model, tokens):
         sinks.sink_reading_heads(model, tokens, counterfactual="shuffle")
     with pytest.raises(BadInputError, match="selects no queries"):
         sinks.sink_scores(model, tokens, query_range=(40, 50))
+
+
+def test_sink_rate_reports_every_condition(tiny_gemma3):
+    result = sinks.sink_rate(tiny_gemma3, T=16, N=2, seed=0)
+    frame = result.frame
+    assert list(frame["condition"]) == ["natural", "random", "repeated"]
+    assert list(frame.columns[:5]) == ["condition", "sink_rate", "eps", "T", "N"]
+    n_heads = tiny_gemma3.model.cfg.n_layers * tiny_gemma3.model.cfg.n_heads
+    assert (frame["n_heads"] == n_heads).all()
+    assert frame["sink_rate"].to_numpy() == pytest.approx((frame["n_sink_heads"] / n_heads).to_numpy())
+    per_condition = result.heads.groupby("condition")["is_sink"].mean()
+    assert per_condition["random"] == pytest.approx(frame.set_index("condition").loc["random", "sink_rate"])
+    assert set(result.provenance["data"]) == {"natural", "random", "repeated"}
+
+
+@pytest.mark.slow
+def test_smollm2_has_sink_heads_on_natural_text(smollm2):
+    result = sinks.sink_rate(smollm2, conditions=("natural",), T=64, N=4, bos="force")
+    assert 0 < result.frame["sink_rate"].iloc[0] <= 1
