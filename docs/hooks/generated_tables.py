@@ -1,0 +1,48 @@
+"""MkDocs hook: tables that are read off the code at build time, so the docs cannot drift.
+
+- ``<!-- model-registry -->``: every name in ``lens_position.models.registry.REGISTRY`` with
+  its kind, description and default load options.
+- ``<!-- result-tables -->``: the tables a reproduction writes (``lens_position.report.TABLES``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger("mkdocs.hooks.generated_tables")
+
+
+def _escape(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def model_registry() -> str:
+    from lens_position.models.registry import REGISTRY
+
+    rows = ["| name | kind | what it is | load options |", "|---|---|---|---|"]
+    for entry in REGISTRY.values():
+        options = ", ".join(f"`{k}={v!r}`" for k, v in entry.options.items()) or "none"
+        rows.append(f"| `{entry.name}` | {entry.kind} | {_escape(entry.description)} | {options} |")
+    return "\n".join(rows)
+
+
+def result_tables() -> str:
+    from lens_position.report import TABLES
+
+    rows = ["| table | produced by |", "|---|---|"]
+    for name, what in TABLES.items():
+        rows.append(f"| `{name}` | {_escape(what)} |")
+    return "\n".join(rows)
+
+
+GENERATORS = {"<!-- model-registry -->": model_registry, "<!-- result-tables -->": result_tables}
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:
+    for marker, generate in GENERATORS.items():
+        if marker in markdown:
+            try:
+                markdown = markdown.replace(marker, generate())
+            except Exception as exc:  # strict mode turns the logged error into a failed build
+                log.error("cannot generate %s on %s: %s", marker, page.file.src_uri, exc)
+    return markdown

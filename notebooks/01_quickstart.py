@@ -1,0 +1,53 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Quickstart: one model, one decomposition, one figure
+#
+# Load a model, build a prompt set, split the absolute position in every attention head into
+# its **residual** component `R` (carried by the residual stream) and its **mask** component `M`
+# (the causal softmax normaliser), and plot both per layer. The [concepts page](../docs/concepts.md)
+# defines every number.
+#
+# `FAST` (set by the environment variable `LENS_POSITION_FAST=1`, as CI does) swaps the real
+# SmolLM2-135M for a tiny random model built in code, so the notebook runs in seconds.
+
+# %%
+import os
+
+FAST = os.environ.get("LENS_POSITION_FAST", "0") == "1"
+MODEL = "tiny-llama" if FAST else "smollm2-135m"
+T, N = (32, 4) if FAST else (128, 16)
+
+# %%
+import plotly.io as pio
+
+from lens_position import plots
+from lens_position.data import build_prompts
+from lens_position.decompose import decompose
+from lens_position.models import load_model
+
+pio.renderers.default = "plotly_mimetype+notebook_connected"
+
+loaded = load_model(MODEL)  # HookedTransformer + tokenizer + ModelSpec
+prompts = build_prompts(loaded, source="natural", T=T, N=N, bos="force")  # N sequences of T tokens
+result = decompose(loaded, prompts, progress=False)
+result.layers[["layer", "T", "R", "M", "C"]]  # fractions of Var(log A), mean over heads
+
+# %% [markdown]
+# `T = R + M + C` holds exactly in every row: the total absolute-position signal of the
+# log-attention, split into what the scores carry (`R`), what the normaliser adds (`M`), and
+# their interaction (`C`).
+
+# %%
+plots.layer_components(result.layers.assign(architecture=loaded.spec.name))

@@ -1,0 +1,138 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Architectures side by side (claim C3)
+#
+# The balance between the residual and the mask component depends on the architecture:
+#
+# * **standard RoPE** (SmolLM2-135M, θ = 100 000): the reference;
+# * **NTK-scaled RoPE**: the same weights with the rotary base stretched at load, NTK-aware
+#   (θ' = θ·α^(d/(d-2)), α = 4) or Llama-3-style NTK-by-parts. The claim: scaling *suppresses*
+#   the residual component;
+# * **sliding window** (Gemma-3-270M: five local layers of window 512, then one global): the
+#   claim is that the residual component *accumulates with depth*. The window only bites when
+#   the sequence is longer than it, so this model needs `T > 512`; local layers then see exactly
+#   `W` keys for queries `i >= W - 1`, and their mask component vanishes there.
+#
+# A second, independent view is a ridge probe from the residual stream to `log(i + 1)`: if
+# absolute position accumulates with depth, the probe's held-out R² should rise with the layer.
+#
+# `FAST` swaps in tiny random models with the same three mechanisms (the NTK variant is the tiny
+# Llama loaded with `ntk_alpha=4`; the tiny Gemma-3 has window 16), so the numbers then say
+# nothing about the claim: they only exercise the code.
+
+# %%
+import os
+
+FAST = os.environ.get("LENS_POSITION_FAST", "0") == "1"
+if FAST:
+    ARCHITECTURES = {  # label: (registry name, load options, T)
+        "standard RoPE": ("tiny-llama", {}, 32),
+        "NTK-aware RoPE": ("tiny-llama", {"ntk_alpha": 4.0}, 32),
+        "sliding window": ("tiny-gemma3", {}, 40),
+    }
+    N = 4
+else:
+    ARCHITECTURES = {
+        "standard RoPE": ("smollm2-135m", {}, 128),
+        "NTK-aware RoPE": ("smollm2-135m-ntk", {}, 128),
+        "NTK-by-parts RoPE": ("smollm2-135m-ntk-parts", {}, 128),
+        "sliding window": ("gemma3-270m", {}, 640),
+    }
+    N = 8
+
+# %%
+import numpy as np
+import pandas as pd
+import plotly.io as pio
+
+from lens_position import plots
+from lens_position.data import build_prompts
+from lens_position.decompose import decompose
+from lens_position.models import load_model
+from lens_position.probes import position_probe
+
+pio.renderers.default = "plotly_mimetype+notebook_connected"
+
+# %% [markdown]
+# One loop: load, build prompts with an explicit BOS at position 0, decompose, probe. Results are
+# stacked into tidy frames with an `architecture` column, which is what every plot function takes.
+
+# %%
+layer_frames, head_frames, probe_frames, specs = [], [], [], {}
+for label, (name, options, T) in ARCHITECTURES.items():
+    loaded = load_model(name, **options)
+    specs[label] = loaded.spec
+    prompts = build_prompts(loaded, source="natural", T=T, N=N, bos="force")
+    result = decompose(loaded, prompts, progress=not FAST)
+    probe = position_probe(loaded, prompts, progress=False)
+    layer_frames.append(result.layers.assign(architecture=label, depth=result.layers["layer"] / loaded.spec.n_layers))
+    head_frames.append(result.heads.assign(architecture=label))
+    probe_frames.append(probe.layers.assign(architecture=label))
+    del loaded, result
+layers = pd.concat(layer_frames, ignore_index=True)
+heads = pd.concat(head_frames, ignore_index=True)
+probes = pd.concat(probe_frames, ignore_index=True)
+
+pd.DataFrame({label: {"model": s.name, "rope": s.rope_kind, "rotary base": s.rotary_base,
+                      "window": s.window, "layers": s.n_layers} for label, s in specs.items()}).T
+
+# %% [markdown]
+# ## The components, per architecture
+#
+# Mean over all heads of all layers (fractions of Var(log A); held-out values in the last
+# columns):
+
+# %%
+summary = layers.groupby("architecture", sort=False)[["T", "R", "M", "C", "R_heldout", "M_heldout"]].mean()
+summary["R share of T"] = summary["R"] / summary["T"]
+summary
+
+# %%
+plots.layer_components(layers, components=("R", "M"))
+
+# %% [markdown]
+# ## Depth: does the residual component accumulate?
+#
+# `R` in the first and the second half of the network, and the slope of `R` against relative
+# depth (`layer / n_layers`), per architecture:
+
+# %%
+layers["half"] = (layers["depth"] >= 0.5).map({False: "first half", True: "second half"})
+by_half = layers.pivot_table(index="architecture", columns="half", values="R", sort=False)
+by_half["slope of R per unit depth"] = [
+    np.polyfit(g["depth"], g["R"], 1)[0] for _, g in layers.groupby("architecture", sort=False)
+]
+by_half
+
+# %% [markdown]
+# ## Local and global layers of the sliding-window model
+#
+# In local layers, queries past the window all see `W` keys, so their mask component comes only
+# from the first `W - 1` queries; global layers keep the full causal normaliser.
+
+# %%
+layers[layers["architecture"] == "sliding window"][["layer", "layer_type", "T", "R", "M", "C"]]
+
+# %% [markdown]
+# ## The probe view
+#
+# Held-out R² of a ridge probe from `resid_pre[l]` to `log(i + 1)`, and the same probe trained on
+# shuffled positions as a control.
+
+# %%
+plots.probe_r2(probes)
+
+# %%
+probes.pivot_table(index="layer", columns="architecture", values="r2_heldout", sort=False)

@@ -1,0 +1,132 @@
+"""The documentation site builds with warnings as errors, and it covers the whole package.
+
+``mkdocs build --strict`` turns every warning into a failure: a broken link, a page missing from
+the navigation, a docstring mkdocstrings cannot parse, an API page naming a function that no longer
+exists, or a command line reference that cannot be generated from the argument parser.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import pkgutil
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import lens_position
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+
+
+def _modules() -> list[str]:
+    names = [lens_position.__name__]
+    for info in pkgutil.walk_packages(lens_position.__path__, prefix="lens_position."):
+        if not any(part.startswith("_") for part in info.name.split(".")):
+            names.append(info.name)
+    return names
+
+
+def _public_objects(module):
+    """Functions and classes a user is meant to call: ``__all__``, else public names defined here."""
+    names = getattr(module, "__all__", None)
+    if names is None:
+        names = [n for n, obj in vars(module).items()
+                 if not n.startswith("_") and getattr(obj, "__module__", None) == module.__name__]
+    for name in names:
+        obj = getattr(module, name)
+        if inspect.isfunction(obj) or inspect.isclass(obj):
+            yield name, obj
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("site")
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    problems = [line for line in proc.stderr.splitlines() if re.search(r"WARNING|ERROR", line)]
+    assert proc.returncode == 0, "mkdocs build --strict failed:\n" + "\n".join(problems or [proc.stderr])
+    return out
+
+
+def test_docs_build_with_warnings_as_errors(site):
+    for page in ["index.html", "getting-started/index.html", "concepts/index.html",
+                 "cli/index.html", "notebooks/index.html"]:
+        assert (site / page).is_file(), page
+
+
+def test_concepts_page_states_the_exact_decomposition(site):
+    html = (site / "concepts" / "index.html").read_text()
+    for quantity in [r"t_{ij} = s_{ij} - s_{ii}", r"\log A_{ij} = t_{ij} - z_i",
+                     r"\operatorname{abs}(\log A) = \operatorname{abs}(t) - \operatorname{abs}(z)"]:
+        assert quantity in html, quantity
+    for name in ["total signal", "residual component", "mask component", "interaction"]:
+        assert name in html
+
+
+def test_cli_reference_is_generated_from_the_parser(site):
+    from lens_position.cli import build_parser
+
+    html = (site / "cli" / "index.html").read_text()
+    assert "cli-reference" not in html
+    parser = build_parser()
+    subcommands = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
+    assert subcommands, "the CLI has no sub-commands to document"
+    for name, sub in subcommands[0].choices.items():
+        assert f"{parser.prog} {name}" in html, name
+        for action in sub._actions:
+            for option in action.option_strings:
+                if option.startswith("--"):
+                    assert option in html, f"{name} {option} missing from the CLI reference"
+
+
+def test_every_public_module_has_an_api_page():
+    pages = "\n".join(p.read_text() for p in (DOCS / "api").glob("*.md"))
+    documented = set(re.findall(r"^::: (lens_position[\w.]*)", pages, flags=re.M))
+    wanted = {m for m in _modules() if m.count(".") == 1}
+    assert wanted <= documented, f"modules without an API page: {sorted(wanted - documented)}"
+
+
+def test_api_pages_render_the_public_functions(site):
+    rendered = "\n".join(p.read_text() for p in (site / "api").rglob("*.html"))
+    for module_name in _modules():
+        if module_name.count(".") != 1:
+            continue
+        module = importlib.import_module(module_name)
+        for name, _ in _public_objects(module):
+            assert f'id="{module_name}.{name}"' in rendered, f"{module_name}.{name} is not in the API reference"
+
+
+def test_every_public_function_and_class_has_a_docstring():
+    missing = []
+    for module_name in _modules():
+        module = importlib.import_module(module_name)
+        if not (module.__doc__ or "").strip():
+            missing.append(module_name)
+        for name, obj in _public_objects(module):
+            if obj.__module__ != module.__name__:
+                continue  # re-exported: checked where it is defined
+            if not (inspect.getdoc(obj) or "").strip():
+                missing.append(f"{module_name}.{name}")
+    assert not missing, "public names without a docstring:\n" + "\n".join(missing)
+
+
+def test_readme_states_the_two_commands_first_then_links_docs_and_notebooks():
+    readme = (ROOT / "README.md").read_text()
+    first_block = re.search(r"```(?:bash|sh)?\n(.*?)```", readme, flags=re.S)
+    assert first_block, "README has no command block"
+    assert readme.index(first_block.group(0)) < readme.index("\n## ") if "\n## " in readme else True
+    commands = [line.split("#")[0].strip() for line in first_block.group(1).splitlines() if line.strip()]
+    assert commands == ["make reproduce", "make test"]
+    assert "docs/" in readme and "mkdocs" in readme
+    assert "notebooks/" in readme
+    for notebook in sorted((ROOT / "notebooks").glob("[0-9]*.py")):
+        assert notebook.name in readme or notebook.stem in readme, f"README does not link {notebook.name}"

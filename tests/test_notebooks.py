@@ -1,0 +1,98 @@
+"""Every tutorial notebook runs top to bottom, and its stored outputs match its source.
+
+The notebooks live in ``notebooks/`` as Jupytext percent-format ``.py`` files (the reviewed
+source), some paired with an executed ``.ipynb``. Each one reads ``LENS_POSITION_FAST`` in its
+first cell; here it is set to 1, so the notebooks use tiny models and short sequences and the
+whole set runs in about a minute. A cell that raises fails the test with the cell and traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import jupytext
+import nbformat
+import pytest
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+
+NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
+SOURCES = sorted(NOTEBOOK_DIR.glob("[0-9]*.py"))
+PAIRED = sorted(NOTEBOOK_DIR.glob("[0-9]*.ipynb"))
+FAST_SWITCH = 'os.environ.get("LENS_POSITION_FAST"'
+
+
+def execute(notebook: nbformat.NotebookNode, workdir: Path, timeout: int = 900) -> nbformat.NotebookNode:
+    """Run every cell in a fresh kernel of this interpreter, in ``workdir``; raise on the first error."""
+    client = NotebookClient(
+        notebook,
+        timeout=timeout,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(workdir)}},
+    )
+    client.execute()
+    return notebook
+
+
+@pytest.fixture
+def fast_env(monkeypatch):
+    """What CI sets for the notebook kernels: fast mode, and never a hub download."""
+    monkeypatch.setenv("LENS_POSITION_FAST", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+
+
+def test_the_five_tutorials_exist():
+    assert [p.stem.split("_")[0] for p in SOURCES] == ["01", "02", "03", "04", "05"], SOURCES
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.stem)
+def test_notebook_runs_top_to_bottom_in_fast_mode(source, tmp_path, fast_env):
+    notebook = jupytext.read(source)
+    first_code = next(c for c in notebook.cells if c.cell_type == "code")
+    assert FAST_SWITCH in first_code.source, f"{source.name}: the first code cell must read LENS_POSITION_FAST"
+    try:
+        execute(notebook, tmp_path)
+    except CellExecutionError as error:
+        pytest.fail(f"{source.name} failed:\n{error}", pytrace=False)
+    outputs = [o for c in notebook.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    errors = [o for o in outputs if o.get("output_type") == "error"]
+    assert not errors
+    assert outputs, f"{source.name} ran but showed nothing"
+
+
+@pytest.mark.parametrize("paired", PAIRED, ids=lambda p: p.stem)
+def test_stored_ipynb_matches_its_py_source(paired):
+    """An executed .ipynb is only useful if it shows the code in the reviewed .py source."""
+    source = paired.with_suffix(".py")
+    assert source.exists(), f"{paired.name} has no paired .py source"
+    from_py = [(c.cell_type, c.source.strip()) for c in jupytext.read(source).cells]
+    from_ipynb = [(c.cell_type, c.source.strip()) for c in nbformat.read(paired, as_version=4).cells]
+    assert from_ipynb == from_py, f"{paired.name} is out of sync: run `jupytext --sync {source}`"
+    stored = nbformat.read(paired, as_version=4)
+    code_cells = [c for c in stored.cells if c.cell_type == "code"]
+    assert all(c.get("execution_count") for c in code_cells), f"{paired.name} is not fully executed"
+    assert not [o for c in code_cells for o in c.outputs if o.output_type == "error"]
+
+
+def test_harness_fails_on_a_cell_that_raises(tmp_path):
+    notebook = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("x = 1"),
+        nbformat.v4.new_code_cell("raise RuntimeError('boom')"),
+        nbformat.v4.new_code_cell("y = 2"),
+    ])
+    with pytest.raises(CellExecutionError, match="boom"):
+        execute(notebook, tmp_path, timeout=120)
+    assert "execution_count" not in notebook.cells[2] or notebook.cells[2].execution_count is None
+
+
+def test_harness_kernel_is_this_interpreter_with_the_fast_setting(tmp_path, fast_env):
+    notebook = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("import os, sys\nprint(sys.executable)\nprint(os.environ['LENS_POSITION_FAST'])"),
+    ])
+    execute(notebook, tmp_path, timeout=120)
+    printed = notebook.cells[0].outputs[0].text.split()
+    assert Path(printed[0]).resolve() == Path(sys.executable).resolve()
+    assert printed[1] == "1"
