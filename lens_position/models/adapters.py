@@ -48,8 +48,16 @@ def build_hooked(cfg_kwargs: dict[str, Any], state_dict: dict[str, torch.Tensor]
     centering), so every activation equals the HF model's."""
     cfg = HookedTransformerConfig(**{**cfg_kwargs, "device": device})
     model = HookedTransformer(cfg, move_to_device=False)
-    model.load_and_process_state_dict(state_dict, fold_ln=False, center_writing_weights=False,
-                                      center_unembed=False, fold_value_biases=False)
+    # What load_and_process_state_dict does with every processing flag off, in one
+    # load_state_dict call instead of one per tensor (which walks the module tree each time).
+    state_dict = model.fill_missing_keys(dict(state_dict))
+    # assign: the model takes the tensors as they are (no second 0.5-2 GB copy on load).
+    result = model.load_state_dict(state_dict, strict=False, assign=True)
+    buffers = {name for name, _ in model.named_buffers()}
+    missing = [key for key in result.missing_keys if key not in buffers]
+    if missing or result.unexpected_keys:
+        raise RuntimeError(f"state dict does not fit the config: missing {missing[:5]}, "
+                           f"unexpected {result.unexpected_keys[:5]}")
     torch.nn.Module.to(model, device)  # HookedTransformer.to prints a line per call
     model.eval()
     return model
@@ -61,4 +69,5 @@ def convert_state_dict(hf_model: Any, cfg_kwargs: dict[str, Any]) -> dict[str, t
     cfg = HookedTransformerConfig(**cfg_kwargs)
     with torch.no_grad():
         state_dict = adapter.convert_weights(hf_model, cfg)
-    return {k: v.detach().to(torch.float32).contiguous() for k, v in state_dict.items()}
+    # clone: the model takes these tensors as its parameters, and must not share them with HF's.
+    return {k: v.detach().to(torch.float32).contiguous().clone() for k, v in state_dict.items()}
