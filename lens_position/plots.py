@@ -116,7 +116,7 @@ def head_heatmaps(heads: pd.DataFrame, *, by: str = "architecture",
 
     ``heads`` is ``Decomposition.heads`` stacked over models (columns ``layer``, ``head`` and
     the components, fractions of Var(log A)). Colour = fraction, one shared scale from 0 to
-    the largest value shown; z[layer][head].
+    the largest value shown; ``z[layer][head]``.
     """
     _require(heads, ["layer", "head", *components], "head_heatmaps")
     groups = _groups(heads, by)
