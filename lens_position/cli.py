@@ -44,17 +44,20 @@ def _add_common(sub: argparse.ArgumentParser, *, many_models: bool) -> None:
 
     if many_models:
         sub.add_argument("--models", default=",".join(DEFAULT_MODELS), metavar="NAMES",
-                         help="comma-separated registry names or paths (default: the three embedded "
-                              "architectures, %(default)s)")
+                         help="comma-separated registry names or paths, each optionally with load "
+                              "options after '@' (tiny-llama@ntk_alpha=8, x@ntk_by_parts, x@window=64) "
+                              "(default: the three embedded architectures, %(default)s)")
     else:
         sub.add_argument("model", metavar="MODEL",
                          help="a registry name (e.g. smollm2-135m, gemma3-270m, tiny-llama), a .gguf file "
-                              "or a local Hugging Face checkpoint folder")
+                              "or a local Hugging Face checkpoint folder, optionally with load options "
+                              "after '@' (smollm2-135m@ntk_alpha=4)")
     data = sub.add_argument_group("data")
     data.add_argument("--source", choices=("natural", "random", "repeated"), default="natural",
                       help="natural text, random tokens or a repeated token (default: %(default)s)")
-    data.add_argument("--text", metavar="PATH", default=None,
-                      help="text file or folder for --source natural (default: CPython's pydoc topics)")
+    data.add_argument("--text", dest="corpus", metavar="PATH", default=None,
+                      help="natural text: a text file, a folder of .txt/.md/.rst files or "
+                           "hf:<dataset>:<split>[:<column>] from the local cache (default: CPython's pydoc topics)")
     data.add_argument("--bos", default="force", metavar="POLICY",
                       help="token 0: tokenizer (the tokenizer's own), force, none, or token:<id or text> "
                            "(default: %(default)s, so every model has a BOS to study)")
@@ -120,7 +123,7 @@ def _config(args: argparse.Namespace):
         models = (args.model,)
     return RunConfig(
         out=args.out, models=models, steps=COMMAND_STEPS[args.command],
-        data=DataOptions(source=args.source, text=args.text, bos=args.bos, seed=args.seed),
+        data=DataOptions(source=args.source, corpus=args.corpus, bos=args.bos, seed=args.seed),
         T=args.T, N=args.N, quick=args.quick, fmt=args.fmt, use_cache=args.use_cache,
         browser_check=args.browser_check, progress=args.progress,
     )

@@ -94,7 +94,7 @@ class DataOptions:
     """Which prompts every step is run on (see ``lens_position.data.build_prompts``)."""
 
     source: str = "natural"
-    text: str | None = None
+    corpus: str | None = None
     bos: str = "force"
     seed: int = 0
 
@@ -105,8 +105,9 @@ class DataOptions:
                 self.bos.startswith("token:") and len(self.bos) > len("token:")):
             raise BadInputError(f"unknown BOS policy {self.bos!r}; use tokenizer, force, none or "
                                 "token:<id or text>")
-        if self.text is not None and not Path(self.text).exists():
-            raise BadInputError(f"text source {self.text} does not exist; pass a text file or folder")
+        if self.corpus is not None and not self.corpus.startswith("hf:") and not Path(self.corpus).exists():
+            raise BadInputError(f"text source {self.corpus} does not exist; pass a text file, a folder "
+                                "or hf:<name>:<split>[:<column>]")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -232,9 +233,22 @@ def _jsonable(obj: Any) -> Any:
     return repr(obj)
 
 
+# ModelSpec.extra entries that describe one load (how long it took, whether the weight cache was
+# warm), not the model: they must not change a cache key.
+_LOAD_EVENT_KEYS = ("from_cache", "load_seconds", "cache_dir", "cache_path")
+
+
+def _model_identity(model_spec: Any) -> dict[str, Any]:
+    spec = _jsonable(model_spec)
+    if isinstance(spec, dict) and isinstance(spec.get("extra"), dict):
+        spec = {**spec, "extra": {k: v for k, v in spec["extra"].items() if k not in _LOAD_EVENT_KEYS}}
+    return spec
+
+
 def step_key(step: str, model_spec: Any, config: Mapping[str, Any]) -> str:
-    """sha256 of the step's full configuration: step name, model spec, data and experiment options."""
-    payload = {"step": step, "model": _jsonable(model_spec), "config": _jsonable(config),
+    """sha256 of the step's full configuration: step name, model spec (weights hash included;
+    not how the load went), data and experiment options, and the lens_position version."""
+    payload = {"step": step, "model": _model_identity(model_spec), "config": _jsonable(config),
                "lens_position": lens_position.__version__}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
@@ -321,7 +335,7 @@ class StepContext:
         key = (T, N)
         if key not in self._prompts:
             self._prompts[key] = build_prompts(self.loaded, source=self.data.source, T=T, N=N,
-                                               bos=self.data.bos, seed=self.data.seed, text=self.data.text)
+                                               bos=self.data.bos, seed=self.data.seed, corpus=self.data.corpus)
         return self._prompts[key]
 
 
@@ -352,7 +366,8 @@ def _step_probe(ctx: StepContext) -> tuple[dict[str, pd.DataFrame], dict, dict]:
     from lens_position.probes import position_probe
 
     prompts = ctx.prompts()
-    result = position_probe(ctx.loaded, prompts, seed=ctx.data.seed, progress=ctx.progress)
+    result = position_probe(ctx.loaded, prompts, seed=ctx.data.seed, batch_size=ctx.settings.batch_size,
+                            progress=ctx.progress)
     return {"probe_layers": result.layers.reset_index(drop=True)}, result.provenance, {"prompts": prompts.spec}
 
 
@@ -360,7 +375,11 @@ def _step_bos(ctx: StepContext) -> tuple[dict[str, pd.DataFrame], dict, dict]:
     from lens_position.bos import bos_replacement
 
     prompts = ctx.prompts()
-    result = bos_replacement(ctx.loaded, prompts, query_range=ctx.settings.query_range, seed=ctx.data.seed)
+    if not prompts.has_bos:
+        raise BadInputError(f"BOS replacement needs BOS at position 0, but the prompts of {ctx.spec.name} "
+                            f"have none under --bos {ctx.data.bos}; use --bos force")
+    result = bos_replacement(ctx.loaded, prompts, query_range=ctx.settings.query_range, seed=ctx.data.seed,
+                             batch_size=ctx.settings.batch_size, progress=ctx.progress)
     return (_frames(result, ("bos_layers", "bos_overall"), ("frame", "overall")), result.provenance,
             {"prompts": prompts.spec, "query_range": ctx.settings.query_range})
 
@@ -369,7 +388,8 @@ def _step_sink_heads(ctx: StepContext) -> tuple[dict[str, pd.DataFrame], dict, d
     from lens_position.sinks import sink_heads
 
     prompts = ctx.prompts(T=min(ctx.settings.sink_T, ctx.model_T()))
-    result = sink_heads(ctx.loaded, prompts, eps=ctx.settings.eps)
+    result = sink_heads(ctx.loaded, prompts, eps=ctx.settings.eps, batch_size=ctx.settings.batch_size,
+                        progress=ctx.progress)
     return {"sink_heads": result.frame.reset_index(drop=True)}, result.provenance, {
         "prompts": prompts.spec, "eps": ctx.settings.eps}
 
@@ -379,7 +399,8 @@ def _step_sink_rate(ctx: StepContext) -> tuple[dict[str, pd.DataFrame], dict, di
 
     check_context(ctx.spec, ctx.settings.sink_T)
     result = sink_rate(ctx.loaded, T=ctx.settings.sink_T, N=ctx.settings.N, eps=ctx.settings.eps,
-                       seed=ctx.data.seed)
+                       seed=ctx.data.seed, bos=ctx.data.bos, batch_size=ctx.settings.batch_size,
+                       progress=ctx.progress)
     return {"sink_rate": result.frame.reset_index(drop=True)}, result.provenance, {
         "T": ctx.settings.sink_T, "N": ctx.settings.N, "eps": ctx.settings.eps}
 
@@ -388,7 +409,12 @@ def _step_sink_reading(ctx: StepContext) -> tuple[dict[str, pd.DataFrame], dict,
     from lens_position.sinks import sink_reading_heads
 
     prompts = ctx.prompts(T=min(ctx.settings.sink_T, ctx.model_T()))
-    result = sink_reading_heads(ctx.loaded, prompts, query_range=ctx.settings.query_range)
+    if not prompts.has_bos:
+        raise BadInputError(f"sink-reading heads compare position 0 with and without BOS, but the prompts of "
+                            f"{ctx.spec.name} have no BOS under --bos {ctx.data.bos}; use --bos force")
+    result = sink_reading_heads(ctx.loaded, prompts, counterfactual="no-bos",
+                                query_range=ctx.settings.query_range, batch_size=ctx.settings.batch_size,
+                                progress=ctx.progress)
     return (_frames(result, ("sink_reading", "sink_ablation"), ("frame", "ablation")), result.provenance,
             {"prompts": prompts.spec, "query_range": ctx.settings.query_range})
 
@@ -397,7 +423,8 @@ def _step_fingerprint(ctx: StepContext) -> tuple[dict[str, pd.DataFrame], dict, 
     from lens_position.fingerprint import fingerprint
 
     check_context(ctx.spec, ctx.settings.sink_T)
-    result = fingerprint(ctx.loaded, T=ctx.settings.sink_T, N=ctx.settings.N, seed=ctx.data.seed)
+    result = fingerprint(ctx.loaded, T=ctx.settings.sink_T, N=ctx.settings.N, seed=ctx.data.seed,
+                         source=ctx.data.source)
     return {"fingerprint": result.frame.reset_index(drop=True)}, result.provenance, {
         "T": ctx.settings.sink_T, "N": ctx.settings.N}
 
@@ -421,10 +448,10 @@ def step_config(step: str, ctx: StepContext) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the run
 
 
-def architecture_label(spec: Any) -> tuple[str, str]:
+def architecture_label(spec: Any, request: str | None = None) -> tuple[str, str]:
     """(label, role) of a model: e.g. ("NTK-scaled RoPE: smollm2-135m-ntk", "ntk")."""
     role = report_module.role_of(spec)
-    return f"{report_module.ROLE_NAMES[role]}: {spec.name}", role
+    return f"{report_module.ROLE_NAMES[role]}: {request or spec.name}", role
 
 
 def _tag(frame: pd.DataFrame, label: str, role: str, model: str) -> pd.DataFrame:
@@ -436,13 +463,58 @@ def _tag(frame: pd.DataFrame, label: str, role: str, model: str) -> pd.DataFrame
     return frame
 
 
-def check_models(names: Sequence[str]) -> None:
-    """Fail fast (UnknownModelError) on a name that is neither a registry model nor an existing path."""
+# Load options a model request may carry after '@' (see parse_model_request) and their types.
+_LOAD_OPTIONS: dict[str, type] = {"ntk_alpha": float, "ntk_by_parts": dict, "window": int, "n_ctx": int}
+
+
+def parse_model_request(request: str) -> tuple[str, dict[str, Any]]:
+    """Split ``"name@option=value@..."`` into the model name and ``load_model`` options.
+
+    Options: ``ntk_alpha=<float>``, ``ntk_by_parts`` (Llama-3 defaults) or
+    ``ntk_by_parts=<json object>``, ``window=<int>``, ``n_ctx=<int>``; e.g.
+    ``tiny-llama@ntk_alpha=8`` or ``smollm2-135m@ntk_by_parts={"factor":4}``.
+    """
+    name, *parts = request.split("@")
+    options: dict[str, Any] = {}
+    for part in parts:
+        key, _, value = part.partition("=")
+        if key not in _LOAD_OPTIONS:
+            raise BadInputError(f"unknown load option {key!r} in model {request!r}; use "
+                                f"{', '.join(_LOAD_OPTIONS)}")
+        kind = _LOAD_OPTIONS[key]
+        try:
+            if kind is dict:
+                options[key] = json.loads(value) if value else {}
+                if not isinstance(options[key], dict):
+                    raise ValueError("not a JSON object")
+            else:
+                options[key] = kind(value)
+        except ValueError as error:
+            raise BadInputError(f"bad value {value!r} for {key} in model {request!r}: {error}") from None
+    if not name:
+        raise BadInputError(f"model request {request!r} has no model name")
+    return name, options
+
+
+def load_request(request: str) -> Any:
+    """Load the model a request names (offline), with its '@' options."""
+    from lens_position.models import load_model
+
+    name, options = parse_model_request(request)
+    return load_model(name, offline=True, **options)
+
+
+def check_models(requests: Sequence[str]) -> None:
+    """Fail fast on a request whose name is neither a registry model nor an existing path
+    (UnknownModelError) or whose options are malformed (BadInputError)."""
     from lens_position.models.registry import lookup
 
-    if not names:
+    if not requests:
         raise BadInputError("no models given; pass --models with at least one name")
-    for name in names:
+    if len(set(requests)) != len(requests):
+        raise BadInputError(f"a model is listed twice in {', '.join(requests)}")
+    for request in requests:
+        name, _ = parse_model_request(request)
         if not Path(name).exists():
             lookup(name)
 
@@ -503,10 +575,7 @@ def run(config: RunConfig, *, load: Callable[[str], Any] | None = None) -> RunRe
     check_context_free(settings)
     if load is None:
         check_models(config.models)
-        from lens_position.models import load_model
-
-        def load(name: str) -> Any:
-            return load_model(name, offline=True)
+        load = load_request
 
     out = prepare_output(config.out)
     cache = StepCache(out / "cache")
@@ -520,8 +589,8 @@ def run(config: RunConfig, *, load: Callable[[str], Any] | None = None) -> RunRe
             bar.set_postfix_str(f"loading {name}")
             with measure() as cost:
                 loaded = load(name)
-            label, role = architecture_label(loaded.spec)
-            models_info.append({**_jsonable(loaded.spec), "architecture": label, "role": role,
+            label, role = architecture_label(loaded.spec, name)
+            models_info.append({**_jsonable(loaded.spec), "request": name, "architecture": label, "role": role,
                                 "load_wall_s": round(cost["wall_s"], 3)})
             records.append(StepRecord("load", name, "", False, cost["wall_s"], cost["peak_rss_mb"],
                                       {"model": _jsonable(loaded.spec)}))

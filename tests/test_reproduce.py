@@ -1,0 +1,286 @@
+"""The reproduction end to end on tiny models: every output file, the claims table, figures that
+hold exactly the numbers of the tables, a clean render in Chromium, and resume from the cache."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from lens_position import reproduce
+from lens_position.cli import EXIT_INTERRUPTED, main
+from lens_position.errors import BadInputError
+from lens_position.report import TABLES, claims_table, report_figure_specs
+from lens_position.reproduce import StepCache, measure, parse_model_request, step_key
+
+MODELS = "tiny-llama,tiny-llama@ntk_alpha=8,tiny-gemma3"
+ARCHITECTURES = {"standard RoPE: tiny-llama", "NTK-scaled RoPE: tiny-llama@ntk_alpha=8",
+                 "sliding window: tiny-gemma3"}
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reproduce") / "results"
+    status = main(["reproduce", "--quick", "--models", MODELS, "--out", str(out), "--no-progress"])
+    assert status == 0
+    return out
+
+
+def _provenance(out: Path) -> dict:
+    return json.loads((out / "provenance.json").read_text())
+
+
+def test_quick_reproduce_writes_every_output_file(quick_run):
+    for name in TABLES:
+        frame = pd.read_parquet(quick_run / f"{name}.parquet")
+        assert len(frame) > 0, name
+        assert set(frame["architecture"]) == ARCHITECTURES, name
+        assert {"model", "role"} <= set(frame.columns)
+    for name in ("claims.csv", "provenance.json", "report.html", "report.png"):
+        assert (quick_run / name).stat().st_size > 0, name
+    assert (quick_run / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_provenance_names_models_data_seed_versions_and_timings(quick_run):
+    prov = _provenance(quick_run)
+    assert [m["request"] for m in prov["models"]] == MODELS.split(",")
+    for model in prov["models"]:
+        assert len(model["weights_sha256"]) == 64
+        assert model["architecture"] in ARCHITECTURES
+    assert prov["models"][1]["ntk_alpha"] == 8.0 and prov["models"][1]["role"] == "ntk"
+    assert prov["data"] == {"source": "natural", "corpus": None, "bos": "force", "seed": 0}
+    assert prov["seed"] == 0 and prov["quick"] is True
+    assert {"torch", "transformer_lens", "lens_position", "python"} <= set(prov["versions"])
+    steps = [s for s in prov["steps"] if s["step"] != "load"]
+    assert len(steps) == 3 * len(reproduce.STEPS)
+    for step in steps:
+        assert step["wall_s"] > 0 and step["peak_rss_mb"] > 0 and len(step["key"]) == 64
+        assert step["provenance"]["model"]["weights_sha256"]  # each experiment's own provenance
+    assert prov["wall_time_s"] >= sum(s["wall_s"] for s in prov["steps"])
+    assert prov["browser_check"]["ok"] is True
+
+
+def test_claims_table_is_computed_from_the_written_tables(quick_run):
+    claims = pd.read_csv(quick_run / "claims.csv")
+    assert list(dict.fromkeys(claims["claim"])) == ["C1", "C2", "C3", "C4", "C5"]
+    assert set(claims["architecture"]) == ARCHITECTURES | {"overall"}
+    recomputed = claims_table(reproduce.load_tables(quick_run))
+    assert claims["measured"].tolist() == recomputed["measured"].tolist()
+    assert np.allclose(claims["value"].to_numpy(float), recomputed["value"].to_numpy(float), equal_nan=True)
+    # C1 is the held-out total signal averaged over layers, per architecture.
+    layers = pd.read_parquet(quick_run / "decompose_layers.parquet")
+    c1 = claims[(claims["claim"] == "C1") & (claims["architecture"] != "overall")]
+    for row in c1.itertuples():
+        assert row.value == pytest.approx(layers[layers["architecture"] == row.architecture]["T_heldout"].mean())
+    # The report opens with the same table.
+    html = (quick_run / "report.html").read_text()
+    assert html.index('id="claims"') < html.index('class="figure"')
+    for measured in claims["measured"]:
+        assert measured.replace("&", "&amp;") in html
+
+
+def _close(a, b) -> bool:
+    if a is None or b is None or (isinstance(b, float) and math.isnan(b)):
+        return a is None and (b is None or math.isnan(b))
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def _check_lines(traces, frame, quantity_to_column, where=None):
+    """Every line trace ``meta.quantity`` equals its column of ``frame``, by architecture, sorted by layer."""
+    checked = 0
+    for trace in traces:
+        quantity = trace["meta"]["quantity"]
+        if quantity not in quantity_to_column:
+            continue
+        column, condition = quantity_to_column[quantity]
+        part = frame[frame["architecture"] == trace["meta"]["group"]]
+        if condition is not None:
+            part = part[part[condition[0]] == condition[1]]
+        part = part.sort_values("layer")
+        expected = part[column].tolist()
+        if column == "spread":  # zero spread is drawn as a gap on the log axis
+            expected = [None if v == 0 else v for v in expected]
+        assert trace["x"] == part["layer"].tolist()
+        assert all(_close(a, b) for a, b in zip(trace["y"], expected)) and len(trace["y"]) == len(expected)
+        checked += 1
+    return checked
+
+
+def test_every_figure_in_the_report_holds_the_tables_numbers(quick_run):
+    tables = reproduce.load_tables(quick_run)
+    specs = report_figure_specs((quick_run / "report.html").read_text())
+    assert set(specs) == {"layer_components", "head_heatmaps", "probe", "bos", "fingerprint", "sinks",
+                          "sink_rate", "sink_ablation"}
+    n = len(ARCHITECTURES)
+
+    assert _check_lines(specs["layer_components"]["data"], tables["decompose_layers"],
+                        {"R_heldout": ("R_heldout", None), "M_heldout": ("M_heldout", None)}) == 2 * n
+
+    heads = tables["decompose_heads"]
+    for trace in specs["head_heatmaps"]["data"]:
+        part = heads[heads["architecture"] == trace["meta"]["group"]]
+        col = trace["meta"]["quantity"]
+        for row in part.itertuples():
+            value = trace["z"][trace["y"].index(row.layer)][trace["x"].index(row.head)]
+            assert _close(value, getattr(row, col))
+    assert len(specs["head_heatmaps"]["data"]) == 3 * n
+
+    assert _check_lines(specs["probe"]["data"], tables["probe_layers"],
+                        {"r2_heldout": ("r2_heldout", None), "r2_shuffled": ("r2_shuffled", None)}) == 2 * n
+
+    reps = tables["bos_overall"]["replacement"].unique().tolist()
+    assert _check_lines(specs["bos"]["data"], tables["bos_layers"],
+                        {f"fraction_removed ({r})": ("fraction_removed", ("replacement", r)) for r in reps}
+                        ) == len(reps) * n
+    overall = tables["bos_overall"]
+    bars = [t for t in specs["bos"]["data"] if t["type"] == "bar"]
+    assert len(bars) == n
+    for trace in bars:
+        part = overall[overall["architecture"] == trace["meta"]["group"]]
+        assert trace["x"] == part["replacement"].tolist()
+        assert all(_close(a, b) for a, b in zip(trace["y"], part["fraction_removed"]))
+
+    conds = ("auto-bos", "varying-token0")
+    assert _check_lines(specs["fingerprint"]["data"], tables["fingerprint"],
+                        {**{f"spread ({c})": ("spread", ("condition", c)) for c in conds},
+                         **{f"norm ({c})": ("norm", ("condition", c)) for c in conds}}) == 4 * n
+
+    sinks, reading = tables["sink_heads"], tables["sink_reading"]
+    for trace in specs["sinks"]["data"]:
+        arch, quantity = trace["meta"]["group"], trace["meta"]["quantity"]
+        part = sinks[sinks["architecture"] == arch]
+        if quantity == "sink_score":
+            for row in part.itertuples():
+                assert _close(trace["z"][trace["y"].index(row.layer)][trace["x"].index(row.head)], row.sink_score)
+        elif quantity == "is_sink":
+            sink = part[part["is_sink"]]
+            assert sorted(zip(trace["y"], trace["x"])) == sorted(zip(sink["layer"], sink["head"]))
+        else:
+            top = reading[reading["architecture"] == arch].sort_values("rank").head(len(trace["x"]))
+            assert list(zip(trace["y"], trace["x"])) == list(zip(top["layer"], top["head"]))
+
+    rates = tables["sink_rate"]
+    for trace in specs["sink_rate"]["data"]:
+        part = rates[rates["architecture"] == trace["meta"]["group"]]
+        assert trace["x"] == part["condition"].tolist()
+        assert all(_close(a, 100 * b) for a, b in zip(trace["y"], part["sink_rate"]))
+
+    kinds = tables["sink_ablation"]["ablation"].unique().tolist()
+    assert _check_lines(specs["sink_ablation"]["data"], tables["sink_ablation"],
+                        {**{f"R_before ({k})": ("R_before", ("ablation", k)) for k in kinds},
+                         **{f"R_after ({k})": ("R_after", ("ablation", k)) for k in kinds}}) == 2 * len(kinds) * n
+
+
+def test_report_was_drawn_by_chromium_without_errors(quick_run):
+    check = _provenance(quick_run)["browser_check"]
+    assert check["js_errors"] == [] and check["undrawn"] == []
+    assert check["figures_drawn"] == check["figures_expected"] == 8
+    assert Path(check["screenshot"]) == (quick_run / "report.png").resolve()
+
+
+def test_same_command_again_reuses_every_step(quick_run, capsys):
+    before = {name: pd.read_parquet(quick_run / f"{name}.parquet") for name in TABLES}
+    assert main(["reproduce", "--quick", "--models", MODELS, "--out", str(quick_run), "--no-progress",
+                 "--no-browser-check"]) == 0
+    steps = [s for s in _provenance(quick_run)["steps"] if s["step"] != "load"]
+    assert steps and all(s["cached"] for s in steps)
+    for name, frame in before.items():
+        pd.testing.assert_frame_equal(pd.read_parquet(quick_run / f"{name}.parquet"), frame)
+    assert "C1:" in capsys.readouterr().out
+
+
+def test_an_interrupted_run_resumes_from_its_finished_steps(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    argv = ["sinks", "tiny-llama", "--quick", "--out", str(out), "--no-progress"]
+    calls: list[str] = []
+    original = dict(reproduce.STEP_FUNCTIONS)
+
+    def counting(step):
+        def run_step(ctx):
+            calls.append(step)
+            return original[step](ctx)
+        return run_step
+
+    def interrupt(ctx):
+        raise KeyboardInterrupt
+
+    for step in ("sink_heads", "sink_rate", "sink_reading"):
+        monkeypatch.setitem(reproduce.STEP_FUNCTIONS, step, counting(step))
+    monkeypatch.setitem(reproduce.STEP_FUNCTIONS, "sink_reading", interrupt)
+    assert main(argv) == EXIT_INTERRUPTED
+    assert "resume" in capsys.readouterr().err
+    assert calls == ["sink_heads", "sink_rate"]
+
+    monkeypatch.setitem(reproduce.STEP_FUNCTIONS, "sink_reading", counting("sink_reading"))
+    calls.clear()
+    assert main(argv) == 0
+    assert calls == ["sink_reading"]  # the two finished steps came from the cache
+    cached = {s["step"]: s["cached"] for s in _provenance(out)["steps"] if s["step"] != "load"}
+    assert cached == {"sink_heads": True, "sink_rate": True, "sink_reading": False}
+
+    calls.clear()
+    assert main(argv + ["--seed", "1"]) == 0  # another configuration: computed afresh
+    assert calls == ["sink_heads", "sink_rate", "sink_reading"]
+
+
+def test_subcommand_writes_csv_tables_and_a_report(tmp_path):
+    out = tmp_path / "probe"
+    assert main(["probe", "tiny-qwen2", "--quick", "--format", "csv", "--source", "random", "--T", "24",
+                 "--out", str(out), "--no-progress"]) == 0
+    frame = pd.read_csv(out / "probe_layers.csv")
+    assert frame["layer"].tolist() == list(range(len(frame))) and len(frame) >= 3
+    assert (out / "report.html").is_file() and not (out / "report.png").exists()
+    prov = _provenance(out)
+    assert prov["settings"]["T"] == 24 and prov["data"]["source"] == "random"
+    assert [s["step"] for s in prov["steps"]] == ["load", "probe"]
+
+
+def test_step_key_depends_on_the_configuration_not_on_how_the_load_went():
+    spec = {"name": "m", "weights_sha256": "a" * 64, "extra": {"from_cache": False, "load_seconds": 3.0}}
+    warm = {**spec, "extra": {"from_cache": True, "load_seconds": 0.2}}
+    config = {"data": {"seed": 0}, "T_model": 32}
+    assert step_key("decompose", spec, config) == step_key("decompose", warm, config)
+    assert step_key("decompose", spec, config) != step_key("probe", spec, config)
+    assert step_key("decompose", spec, config) != step_key("decompose", {**spec, "weights_sha256": "b" * 64}, config)
+    assert step_key("decompose", spec, config) != step_key("decompose", spec, {**config, "T_model": 33})
+
+
+def test_step_cache_ignores_unfinished_and_corrupt_results(tmp_path):
+    cache = StepCache(tmp_path)
+    key = "k" * 64
+    frame = pd.DataFrame({"layer": [0, 1], "R": [0.1, 0.2]})
+    assert cache.load("decompose", "m", key) is None
+    folder = cache.store("decompose", "m", key, {"decompose_layers": frame}, {"seed": 0})
+    tables, prov = cache.load("decompose", "m", key)
+    pd.testing.assert_frame_equal(tables["decompose_layers"], frame)
+    assert prov == {"seed": 0}
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]  # no temporary left over
+    (folder / "decompose_layers.parquet").write_bytes(b"truncated")
+    assert cache.load("decompose", "m", key) is None
+    assert cache.load("decompose", "m", "j" * 64) is None
+
+
+def test_model_requests_carry_load_options():
+    assert parse_model_request("tiny-llama") == ("tiny-llama", {})
+    assert parse_model_request("tiny-llama@ntk_alpha=8") == ("tiny-llama", {"ntk_alpha": 8.0})
+    assert parse_model_request("x@ntk_by_parts@window=64") == ("x", {"ntk_by_parts": {}, "window": 64})
+    assert parse_model_request('x@ntk_by_parts={"factor": 4}') == ("x", {"ntk_by_parts": {"factor": 4}})
+    for bad in ("x@alpha=2", "x@window=wide", "@window=3", "x@ntk_by_parts=[1]"):
+        with pytest.raises(BadInputError):
+            parse_model_request(bad)
+
+
+def test_measure_reports_wall_time_and_peak_memory():
+    with measure() as small:
+        pass
+    with measure() as big:
+        block = np.ones(200 * 2**20 // 8)  # 200 MB
+        time.sleep(0.3)  # several sampling intervals
+        del block
+    assert big["peak_rss_mb"] >= small["peak_rss_mb"] + 150
+    assert big["wall_s"] > 0
