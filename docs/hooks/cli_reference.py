@@ -9,6 +9,7 @@ up renamed, and a build without a parser fails (strict mode turns the logged err
 from __future__ import annotations
 
 import argparse
+import html
 import logging
 
 MARKER = "<!-- cli-reference -->"
@@ -27,7 +28,8 @@ def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, str, argpar
 
 
 def _escape(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    """Table-cell text: HTML-escaped (help strings hold placeholders like ``<id>``), one line."""
+    return html.escape(text, quote=False).replace("|", "\\|").replace("\n", " ")
 
 
 def _option_table(parser: argparse.ArgumentParser) -> str:
@@ -38,7 +40,9 @@ def _option_table(parser: argparse.ArgumentParser) -> str:
         if action.option_strings:
             name = ", ".join(f"`{s}`" for s in action.option_strings)
             if action.nargs != 0:
-                metavar = action.metavar or action.dest.upper()
+                metavar = action.metavar
+                if metavar is None:
+                    metavar = "{" + ",".join(map(str, action.choices)) + "}" if action.choices else action.dest.upper()
                 name += f" `{metavar}`" if isinstance(metavar, str) else ""
         else:
             name = f"`{action.metavar or action.dest}` (positional)"
@@ -50,10 +54,10 @@ def _option_table(parser: argparse.ArgumentParser) -> str:
         description = action.help or ""
         if description is argparse.SUPPRESS:
             continue
+        description = _escape(description.replace("%(default)s", str(default)))
         if action.choices and not isinstance(action, argparse._SubParsersAction):
             description += " Choices: " + ", ".join(f"`{c}`" for c in action.choices) + "."
-        description = description.replace("%(default)s", str(default))
-        rows.append(f"| {name} | {shown} | {_escape(description)} |")
+        rows.append(f"| {name} | {shown} | {description} |")
     return "\n".join(rows) if len(rows) > 2 else "This command takes no options."
 
 
