@@ -10,25 +10,27 @@ class LensPositionError(Exception):
 
 
 class UnknownModelError(LensPositionError, KeyError):
+    """A model name that is neither in the registry (``KNOWN_MODELS``) nor an existing path."""
+
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
 
 
 class MissingPackageError(LensPositionError, ImportError):
-    pass
+    """An optional package (an embedded model's, ``datasets``, ...) is not installed."""
 
 
 class ContextLengthError(LensPositionError, ValueError):
-    pass
+    """Sequences longer than the model's context ``n_ctx`` (positions, position 0 included)."""
 
 
 class UnsupportedArchitectureError(LensPositionError, ValueError):
-    pass
+    """A model family, layer type or attention mask the adapters or analyses do not handle."""
 
 
 class CorruptFileError(LensPositionError, OSError):
-    pass
+    """A model or cache file that exists but cannot be read (truncated, wrong format)."""
 
 
 class BadInputError(LensPositionError, ValueError):
-    pass
+    """An argument or input that is invalid as given: a bad option, shape, range or file."""
