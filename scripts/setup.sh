@@ -22,7 +22,8 @@ fi
 # (no JavaScript errors, every figure drawn, a screenshot). Debian's package; root only.
 if ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } ||
+      echo "setup: could not install chromium; the report's browser check (and its tests) need it" >&2
   else
     echo "setup: chromium not found; install it (apt-get install chromium) for the report's browser check" >&2
   fi
