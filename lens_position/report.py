@@ -117,6 +117,9 @@ class Criteria:
 
 @dataclass
 class ClaimRow:
+    """One cell of the claims table: ``measured`` (our number, as text), ``value`` (the number
+    the criterion is applied to; NaN when not measured) and ``holds`` (None: not measured)."""
+
     claim: str
     architecture: str
     measured: str
@@ -258,6 +261,9 @@ def _c3_verdict(per_arch: dict[str, tuple[str, float, float]]) -> tuple[bool | N
 
 @dataclass
 class ReportFigure:
+    """One figure of the report: a ``key`` naming it, its ``title``, the ``caption`` saying
+    what is measured and in what units, and the plotly ``figure``."""
+
     key: str
     title: str
     caption: str
