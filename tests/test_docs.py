@@ -124,7 +124,9 @@ def test_readme_states_the_two_commands_first_then_links_docs_and_notebooks():
     readme = (ROOT / "README.md").read_text()
     first_block = re.search(r"```(?:bash|sh)?\n(.*?)```", readme, flags=re.S)
     assert first_block, "README has no command block"
-    assert readme.index(first_block.group(0)) < readme.index("\n## ") if "\n## " in readme else True
+    before = readme[: readme.index(first_block.group(0))]
+    assert [line for line in before.splitlines() if line.strip()] == [readme.splitlines()[0]], \
+        "only the title may come before the two commands"
     commands = [line.split("#")[0].strip() for line in first_block.group(1).splitlines() if line.strip()]
     assert commands == ["make reproduce", "make test"]
     assert "docs/" in readme and "mkdocs" in readme
