@@ -138,14 +138,18 @@ assert ground_truths.loc["key-0 bonus b=2", "R"] > 0.01 and ground_truths.loc["k
 loaded = load_model(MODEL)
 prompts = build_prompts(loaded, source="natural", T=T_REAL, N=N_REAL, bos="force")
 print(loaded.spec.name, "|", prompts.spec.bos, "BOS policy | tokens", tuple(prompts.tokens.shape))
-check_identity(loaded, prompts.tokens[:2])
+identity = check_identity(loaded, prompts.tokens[:2])  # one row per layer
+identity.drop(columns="layer").max().rename("largest error over all layers")
 
 # %%
-real = decompose(loaded, prompts, progress=not FAST)
+real = decompose(loaded, prompts, progress=False)
 real.layers[["layer", "T", "R", "M", "C", "T_heldout", "R_heldout", "M_heldout"]]
 
 # %%
 assert np.allclose(real.heads["T"], real.heads["R"] + real.heads["M"] + real.heads["C"], atol=1e-6)
+R, M = real.layers["R"], real.layers["M"]
+print(f"R > M in {int((R > M).sum())} of {len(R)} layers; over all heads, R/(R+M) = {R.sum() / (R + M).sum():.2f}")
+print(f"layer with the largest M: {int(real.layers.loc[M.idxmax(), 'layer'])} (M = {M.max():.3f})")
 plots.layer_components(real.layers.assign(architecture=loaded.spec.name), components=("T", "R", "M"))
 
 # %%
@@ -166,6 +170,8 @@ comparison = pd.DataFrame({
     "M (all keys)": real.layers["M"],
     "M (keys 1..i)": no_bos.layers["M"],
 })
+share_on_key0 = 1 - comparison["R (keys 1..i)"].sum() / comparison["R (all keys)"].sum()
+print(f"R over keys 1..i is {share_on_key0:.0%} lower than R over all keys (summed over layers)")
 comparison
 
 # %% [markdown]

@@ -75,7 +75,7 @@ for label, (name, options, T) in ARCHITECTURES.items():
     loaded = load_model(name, **options)
     specs[label] = loaded.spec
     prompts = build_prompts(loaded, source="natural", T=T, N=N, bos="force")
-    result = decompose(loaded, prompts, progress=not FAST)
+    result = decompose(loaded, prompts, progress=False)
     probe = position_probe(loaded, prompts, progress=False)
     layer_frames.append(result.layers.assign(architecture=label, depth=result.layers["layer"] / loaded.spec.n_layers))
     head_frames.append(result.heads.assign(architecture=label))
