@@ -71,11 +71,20 @@ COMMAND_STEPS: dict[str, tuple[str, ...]] = {
 @dataclass(frozen=True)
 class Settings:
     """Sizes of a run. ``T`` counts every position including position 0; ``N`` is the
-    number of sequences. Models with sliding-window layers analyse
-    ``max(T, ceil(window_factor · window))`` positions so that their local layers slide."""
+    number of sequences.
+
+    - decompose, probe: ``N`` sequences of ``T`` positions; models with sliding-window
+      layers use ``max(T, ceil(window_factor · window))`` so that their local layers slide;
+    - bos, sink_reading (measured at early queries ``query_range``): ``early_N`` sequences
+      of ``query_range[1]`` positions. Under causal attention a query ``i`` sees keys
+      ``<= i`` only, so longer sequences would not change what is measured, only its cost;
+    - sink_heads, sink_rate, fingerprint: ``N`` sequences of ``sink_T`` positions (Gu et
+      al.'s T = 64 set-up).
+    """
 
     T: int
     N: int
+    early_N: int
     query_range: tuple[int, int] = (0, 32)
     eps: float = 0.3
     sink_T: int = 64
@@ -85,8 +94,8 @@ class Settings:
 
 # The full run is sized to fit 15 min warm on 2 cores with peak memory under 8 GB
 # (measured by benchmarks/reproduce.py); --quick is a smoke run that takes seconds on tiny models.
-FULL = Settings(T=128, N=16, sink_T=64)
-QUICK = Settings(T=40, N=4, query_range=(0, 16), sink_T=32)
+FULL = Settings(T=128, N=8, early_N=16, sink_T=64)
+QUICK = Settings(T=40, N=4, early_N=4, query_range=(0, 16), sink_T=32)
 
 
 @dataclass(frozen=True)
@@ -135,7 +144,7 @@ class RunConfig:
         if self.T is not None:
             changes.update(T=self.T, sink_T=self.T)
         if self.N is not None:
-            changes["N"] = self.N
+            changes.update(N=self.N, early_N=self.N)
         return dataclasses.replace(base, **changes)
 
 
@@ -326,6 +335,10 @@ class StepContext:
             T = max(T, int(-(-self.settings.window_factor * window // 1)))
         return T
 
+    def early_prompts(self) -> Any:
+        """Prompts for the early-query steps: ``early_N`` sequences just long enough for ``query_range``."""
+        return self.prompts(T=min(self.settings.query_range[1], self.model_T()), N=self.settings.early_N)
+
     def prompts(self, T: int | None = None, N: int | None = None) -> Any:
         from lens_position.data import build_prompts
 
@@ -374,7 +387,7 @@ def _step_probe(ctx: StepContext) -> tuple[dict[str, pd.DataFrame], dict, dict]:
 def _step_bos(ctx: StepContext) -> tuple[dict[str, pd.DataFrame], dict, dict]:
     from lens_position.bos import bos_replacement
 
-    prompts = ctx.prompts()
+    prompts = ctx.early_prompts()
     if not prompts.has_bos:
         raise BadInputError(f"BOS replacement needs BOS at position 0, but the prompts of {ctx.spec.name} "
                             f"have none under --bos {ctx.data.bos}; use --bos force")
@@ -408,7 +421,7 @@ def _step_sink_rate(ctx: StepContext) -> tuple[dict[str, pd.DataFrame], dict, di
 def _step_sink_reading(ctx: StepContext) -> tuple[dict[str, pd.DataFrame], dict, dict]:
     from lens_position.sinks import sink_reading_heads
 
-    prompts = ctx.prompts(T=min(ctx.settings.sink_T, ctx.model_T()))
+    prompts = ctx.early_prompts()
     if not prompts.has_bos:
         raise BadInputError(f"sink-reading heads compare position 0 with and without BOS, but the prompts of "
                             f"{ctx.spec.name} have no BOS under --bos {ctx.data.bos}; use --bos force")

@@ -1,0 +1,81 @@
+"""Wall time and peak memory of `lens-position reproduce`, in total and per step.
+
+Runs the reproduction into a fresh output folder (so no step comes from the result cache;
+model weights come from the warm weight cache when it is there), then prints one row per
+(model, step) with its wall time and the peak resident memory reached during it, the totals,
+and the slowest step. Target for the full default run on 2 cores: at most 15 min warm and
+8 GB peak.
+
+    python benchmarks/reproduce.py                         # the full default run
+    python benchmarks/reproduce.py --quick --models tiny-llama,tiny-gemma3
+    python benchmarks/reproduce.py --json benchmark.json   # also save the numbers
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from lens_position.reproduce import DEFAULT_MODELS, RunConfig, run  # noqa: E402
+
+TARGET_WALL_S = 15 * 60
+TARGET_PEAK_MB = 8 * 1024
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(DEFAULT_MODELS))
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--T", type=int, default=None)
+    parser.add_argument("--N", type=int, default=None)
+    parser.add_argument("--out", type=Path, default=None, help="output folder (default: a fresh temporary one)")
+    parser.add_argument("--json", type=Path, default=None, help="write the measurements here as JSON")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="lens-position-bench-") as tmp:
+        out = args.out or Path(tmp) / "results"
+        started = time.perf_counter()
+        result = run(RunConfig(out=out, models=tuple(args.models.split(",")), quick=args.quick, T=args.T,
+                               N=args.N, use_cache=False, progress=True))
+        total_s = time.perf_counter() - started
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+    rows = [{"model": s.model, "step": s.step, "wall_s": round(s.wall_s, 2), "peak_rss_mb": round(s.peak_rss_mb)}
+            for s in result.steps]
+    print(f"\n{'model':<28} {'step':<14} {'wall s':>8} {'peak MB':>9}")
+    for row in rows:
+        print(f"{row['model']:<28} {row['step']:<14} {row['wall_s']:>8.1f} {row['peak_rss_mb']:>9}")
+    by_step: dict[str, float] = {}
+    for row in rows:
+        by_step[row["step"]] = by_step.get(row["step"], 0.0) + row["wall_s"]
+    print("\nper step, summed over models: " + ", ".join(f"{k} {v:.0f} s" for k, v in
+                                                        sorted(by_step.items(), key=lambda kv: -kv[1])))
+    slowest = max(rows, key=lambda r: r["wall_s"])
+    steps_s = sum(r["wall_s"] for r in rows)
+    print(f"slowest step: {slowest['step']} on {slowest['model']} ({slowest['wall_s']:.1f} s)")
+    print(f"total wall time {total_s:.0f} s (steps {steps_s:.0f} s; report, tables and browser check "
+          f"{total_s - steps_s:.0f} s); peak memory {peak_mb:.0f} MB; on {os.cpu_count()} CPUs")
+    within = total_s <= TARGET_WALL_S and peak_mb <= TARGET_PEAK_MB
+    print(f"target ≤ {TARGET_WALL_S / 60:.0f} min and ≤ {TARGET_PEAK_MB / 1024:.0f} GB: "
+          f"{'met' if within else 'NOT met'}")
+    if args.json:
+        args.json.write_text(json.dumps({
+            "models": args.models.split(","), "quick": args.quick, "settings": result.provenance["settings"],
+            "cpus": os.cpu_count(), "total_wall_s": round(total_s, 1), "peak_rss_mb": round(peak_mb),
+            "steps": rows, "per_step_s": by_step, "slowest": slowest,
+            "claims": result.claims[result.claims["architecture"] == "overall"][["claim", "measured", "holds"]]
+            .to_dict("records"),
+        }, indent=1, default=str))
+    return 0 if within else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
