@@ -126,6 +126,10 @@ class PairDesign:
     analysed: torch.Tensor  # bool [query_stop-query_start, length]: (i, j) analysed
     row_features: Float[torch.Tensor, "query feature"]  # per query row: sum of X over its pairs
     flat: Int[torch.Tensor, "pair"]  # (i - query_start) * length + j
+    offset_index: Int[torch.Tensor, "query_key"]  # offset of each (row, key) cell, flattened
+    query_indicator: Float[torch.Tensor, "query feature"]  # row -> its query bin and the intercept
+    key_indicator: Float[torch.Tensor, "key feature"]  # key -> its key bin
+    analysed_per_query: Float[torch.Tensor, "query"]
 
     @property
     def n_pairs(self) -> int:
@@ -165,10 +169,21 @@ class PairDesign:
             row_features.index_put_((rows, columns[:, a]), torch.ones(len(query), dtype=torch.float64),
                                     accumulate=True)
         relative = torch.cat([torch.arange(length), torch.tensor([n_features - 1])])
+        # cells outside the analysed pairs hold zeros when these are used, so any index will do
+        offset_index = (i - j).clamp(min=0).reshape(-1)
+        all_rows = torch.arange(query_stop - query_start)
+        query_indicator = torch.zeros(len(all_rows), n_features, dtype=torch.float64)
+        query_indicator[all_rows, length + torch.from_numpy(bins.assign(all_rows.numpy() + query_start, length))] = 1
+        query_indicator[:, -1] = 1
+        key_indicator = torch.zeros(length, n_features, dtype=torch.float64)
+        key_indicator[torch.arange(length),
+                      length + n_pos_bins + torch.from_numpy(bins.assign(np.arange(length), length))] = 1
         return cls(length=length, window=window, query_start=query_start, query_stop=query_stop,
                    keys=keys, query=query, key=key, columns=columns, n_features=n_features,
                    relative=relative, gram=gram, key_set=key_set, analysed=analysed,
-                   row_features=row_features, flat=rows * length + key)
+                   row_features=row_features, flat=rows * length + key, offset_index=offset_index,
+                   query_indicator=query_indicator, key_indicator=key_indicator,
+                   analysed_per_query=analysed.sum(-1).to(torch.float64))
 
     def dense(self) -> Float[torch.Tensor, "pair feature"]:
         """The explicit design matrix ``X`` of one sequence (float64; for reference code)."""
@@ -212,27 +227,48 @@ def self_referenced_scores(
     return t, torch.logsumexp(t, dim=-1)
 
 
+_CHUNK_BYTES = 8 * 2**20  # heads are reduced in chunks of about this many float64 bytes (cache-sized)
+
+
 def _reduce(scores: Float[torch.Tensor, "batch head query key"], design: PairDesign,
-            halves: torch.Tensor, stats: HeadStatistics) -> None:
-    """Add one batch's statistics to ``stats`` (``halves[b]`` = half of sequence ``b``)."""
-    t, z = self_referenced_scores(scores[:, :, design.query_start:design.query_stop], design.query_start)
-    t = t.masked_fill(~design.analysed, 0.0)
-    count = design.analysed.sum(-1).to(torch.float64)  # analysed keys per query row
-    row_t = t.sum(-1)
-    sum_y = row_t.sum(-1) - (z * count).sum(-1)
-    sum_y2 = (t * t).sum((-1, -2)) - 2 * (z * row_t).sum(-1) + (count * z * z).sum(-1)
-    n_heads = t.shape[1]
+            first_half: int, stats: HeadStatistics) -> None:
+    """Add one batch's statistics to ``stats``; batch row ``b`` belongs to half
+    ``(first_half + b) % 2``.
+
+    Works on the raw scores: with ``lse[i] = logsumexp_j s[i, j]``, ``log A = s - lse``,
+    ``t = s - s[i, i]`` and ``z = lse - s[i, i]``, so the per-feature sums of ``t`` are those
+    of ``s`` minus the diagonal spread over each row's analysed keys. Heads are processed a
+    few at a time so that each float64 copy of the scores stays in cache.
+    """
+    s = scores[:, :, design.query_start:design.query_stop]
+    n_batch, n_heads = s.shape[:2]
+    per_head = n_batch * s.shape[2] * s.shape[3] * 8
+    chunk = max(1, _CHUNK_BYTES // per_head)
+    count = design.analysed_per_query
+    halves = [slice((half - first_half) % 2, None, 2) for half in (0, 1)]
+    sizes = [len(range(n_batch)[rows]) for rows in halves]
+    for first in range(0, n_heads, chunk):
+        heads = slice(first, min(first + chunk, n_heads))
+        s64 = s[:, heads].to(torch.float64)
+        lse = torch.logsumexp(s64, dim=-1)  # [batch, head, query]
+        diagonal = s64.diagonal(offset=design.query_start, dim1=-2, dim2=-1).clone()
+        s64.masked_fill_(~design.analysed, 0.0)
+        row_s = s64.sum(-1)
+        row_s2 = torch.einsum("bhqk,bhqk->bhq", s64, s64)  # a batched matmul: 10x faster than (s*s).sum
+        sum_y = (row_s - count * lse).sum(-1)  # [batch, head]
+        sum_y2 = (row_s2 - 2 * lse * row_s + count * lse * lse).sum(-1)
+        for half, rows in enumerate(halves):
+            if sizes[half] == 0:
+                continue
+            score_sum = s64[rows].sum(0)  # [head, Q, T]
+            xty_s = score_sum.sum(-1) @ design.query_indicator + score_sum.sum(-2) @ design.key_indicator
+            xty_s[:, : design.length].index_add_(1, design.offset_index, score_sum.flatten(1))
+            stats.xty_t[half, heads] += xty_s - diagonal[rows].sum(0) @ design.row_features
+            stats.xty_z[half, heads] += (lse[rows] - diagonal[rows]).sum(0) @ design.row_features
+            stats.sum_y[half, heads] += sum_y[rows].sum(0)
+            stats.sum_y2[half, heads] += sum_y2[rows].sum(0)
     for half in (0, 1):
-        rows = (halves == half).nonzero().squeeze(1)
-        if len(rows) == 0:
-            continue
-        t_pairs = t[rows].sum(0).reshape(n_heads, -1)[:, design.flat]
-        for group in range(4):
-            stats.xty_t[half].index_add_(1, design.columns[:, group], t_pairs)
-        stats.xty_z[half] += z[rows].sum(0) @ design.row_features
-        stats.sum_y[half] += sum_y[rows].sum(0)
-        stats.sum_y2[half] += sum_y2[rows].sum(0)
-        stats.n_sequences[half] += len(rows)
+        stats.n_sequences[half] += sizes[half]
 
 
 # ---------------------------------------------------------------------------------------
@@ -431,7 +467,7 @@ def decompose(
     n_heads = hooked.cfg.n_heads
     stats = {layer: HeadStatistics.zeros(n_heads, designs[windows[layer]].n_features) for layer in layers}
     checked: set[int] = set()
-    current_halves: list[torch.Tensor] = []
+    first_half = [0]
 
     def make_hook(layer: int) -> Callable:
         design = designs[windows[layer]]
@@ -440,7 +476,7 @@ def decompose(
             if layer not in checked:
                 _check_mask(scores, design, layer)
                 checked.add(layer)
-            _reduce(scores.detach(), design, current_halves[0], stats[layer])
+            _reduce(scores.detach(), design, first_half[0], stats[layer])
 
         return hook
 
@@ -450,7 +486,7 @@ def decompose(
     with torch.no_grad(), hooked.hooks(fwd_hooks=list(fwd_hooks) + analysis_hooks):
         for start in tqdm(starts, disable=not progress, desc="decompose", unit="batch"):
             batch = tokens[start:start + batch_size]
-            current_halves[:] = [torch.arange(start, start + len(batch)) % 2]
+            first_half[0] = start % 2
             hooked(batch.to(device), stop_at_layer=layers[-1] + 1)
 
     rows = []
@@ -517,28 +553,29 @@ def decompose_dense(
         x_full = design.dense().repeat(n_seq, 1)
         x_rel = x_full[:, design.relative]
         # targets: per layer and head, t then z, as columns [N * pairs, layers * 2 * heads]
-        targets = []
-        for layer in group:
+        y = torch.empty(n_seq * design.n_pairs, len(group) * 2 * n_heads, dtype=torch.float64)
+        for k, layer in enumerate(group):
             scores = cache[f"blocks.{layer}.attn.hook_attn_scores"][:, :, query_start:query_stop]
             t, z = self_referenced_scores(scores, query_start)
             y_t = t.reshape(n_seq, n_heads, -1)[:, :, design.flat]
             y_z = z[:, :, design.query - query_start]
-            targets += [y_t, y_z]
-        y = torch.cat(targets, dim=1).permute(0, 2, 1).reshape(n_seq * design.n_pairs, -1)
+            y[:, 2 * k * n_heads:(2 * k + 1) * n_heads] = y_t.permute(0, 2, 1).reshape(-1, n_heads)
+            y[:, (2 * k + 1) * n_heads:(2 * k + 2) * n_heads] = y_z.permute(0, 2, 1).reshape(-1, n_heads)
+            del t, z, y_t, y_z
         sequence = torch.arange(n_seq).repeat_interleave(design.n_pairs)
 
-        def absolute_part(mask: torch.Tensor) -> torch.Tensor:
-            """abs(y) on one sequence's pairs ``[pairs, columns]``, fitted on rows ``mask``."""
-            full = torch.linalg.lstsq(x_full[mask], y[mask], driver="gelsd").solution
-            rel = torch.linalg.lstsq(x_rel[mask], y[mask], driver="gelsd").solution
-            return (x_full[: design.n_pairs] @ full - x_rel[: design.n_pairs] @ rel)
+        def absolute_part(rows: torch.Tensor | None) -> torch.Tensor:
+            """abs(y) on one sequence's pairs ``[pairs, columns]``, fitted on ``rows`` (None: all)."""
+            pick = (lambda m: m) if rows is None else (lambda m: m[rows])
+            full = torch.linalg.lstsq(pick(x_full), pick(y), driver="gelsd").solution
+            rel = torch.linalg.lstsq(pick(x_rel), pick(y), driver="gelsd").solution
+            return x_full[: design.n_pairs] @ full - x_rel[: design.n_pairs] @ rel
 
         def centred_cov(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
             return ((a - a.mean(0)) * (b - b.mean(0))).mean(0)
 
-        everything = torch.ones(len(y), dtype=torch.bool)
         halves = [sequence % 2 == 0, sequence % 2 == 1]
-        fits = [absolute_part(everything)] + ([absolute_part(h) for h in halves] if n_seq > 1 else [])
+        fits = [absolute_part(None)] + ([absolute_part(h) for h in halves] if n_seq > 1 else [])
         for k, layer in enumerate(group):
             cols_t = slice(2 * k * n_heads, (2 * k + 1) * n_heads)
             cols_z = slice((2 * k + 1) * n_heads, (2 * k + 2) * n_heads)

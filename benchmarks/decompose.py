@@ -1,0 +1,192 @@
+"""Streamed decomposition vs the dense reference, and its overhead over a bare forward pass.
+
+    python benchmarks/decompose.py                      # smollm2-135m, N=16, T=256
+    python benchmarks/decompose.py --model tiny-llama --N 8 --T 64 --json /tmp/bench.json
+
+Same tokens for every measurement (natural text, the tokenizer's own BOS policy). Each of
+the three runs happens in its own subprocess, one after the other:
+
+- ``bare``: the forward passes alone (``stop_at_layer`` = number of layers, no hooks);
+- ``streamed``: :func:`lens_position.decompose.decompose` (all layers, all queries and keys);
+- ``dense``: :func:`lens_position.decompose.decompose_dense` (every pattern cached, explicit
+  design matrix stacked over sequences, ``torch.linalg.lstsq``).
+
+Time is the wall time of the measured phase only (model loading excluded). Memory is the
+peak resident set size sampled every 5 ms during the phase, minus the resident size just
+before it: the memory the analysis itself needs (the model's weights are not counted). The
+process's lifetime peak (``ru_maxrss``) is printed too. Ratios are printed, never asserted:
+they depend on the machine and on what else runs on it (the load average is printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+MODES = ("bare", "streamed", "dense")
+COMPONENT_COLUMNS = ["T", "R", "M", "C", "T_heldout", "R_heldout", "M_heldout", "C_heldout"]
+
+
+class PeakSampler:
+    """Peak RSS of this process, sampled in a background thread."""
+
+    def __init__(self, interval: float = 0.005) -> None:
+        import psutil
+
+        self.process = psutil.Process()
+        self.interval = interval
+        self.peak = self.process.memory_info().rss
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.process.memory_info().rss)
+            time.sleep(self.interval)
+
+    def __enter__(self) -> "PeakSampler":
+        self.start = self.process.memory_info().rss
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.process.memory_info().rss)
+
+
+def worker(mode: str, model_name: str, tokens_path: str, batch_size: int, out: str) -> None:
+    import gc
+
+    import torch
+
+    from lens_position.decompose import decompose, decompose_dense
+    from lens_position.models import load_model
+
+    loaded = load_model(model_name)
+    tokens = torch.load(tokens_path)
+    gc.collect()
+    with PeakSampler() as memory:
+        start = time.perf_counter()
+        if mode == "bare":
+            with torch.no_grad():
+                for first in range(0, len(tokens), batch_size):
+                    loaded.model(tokens[first:first + batch_size], stop_at_layer=loaded.model.cfg.n_layers)
+            heads = None
+        elif mode == "streamed":
+            heads = decompose(loaded, tokens, batch_size=batch_size, progress=False).heads
+        else:
+            heads = decompose_dense(loaded, tokens).heads
+        seconds = time.perf_counter() - start
+    if heads is not None:
+        heads.to_csv(out + ".csv", index=False)
+    result = {"mode": mode, "seconds": seconds, "analysis_peak_bytes": memory.peak - memory.start,
+              "rss_before_bytes": memory.start,
+              "process_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+              "threads": torch.get_num_threads()}
+    Path(out).write_text(json.dumps(result))
+
+
+def run_all(args: argparse.Namespace) -> dict:
+    import pandas as pd
+    import torch
+
+    from lens_position.data import build_prompts
+    from lens_position.models import load_model
+
+    loaded = load_model(args.model)
+    prompts = build_prompts(loaded, T=args.T, N=args.N, bos=args.bos, seed=args.seed)
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as folder:
+        tokens_path = os.path.join(folder, "tokens.pt")
+        torch.save(prompts.tokens, tokens_path)
+        for mode in MODES:
+            if mode == "dense" and args.skip_dense:
+                continue
+            out = os.path.join(folder, f"{mode}.json")
+            print(f"running {mode} ...", flush=True)
+            subprocess.run([sys.executable, __file__, "--worker", mode, "--model", args.model,
+                            "--tokens", tokens_path, "--batch-size", str(args.batch_size), "--out", out],
+                           check=True)
+            results[mode] = json.loads(Path(out).read_text())
+            if mode != "bare":
+                results[mode]["heads"] = pd.read_csv(out + ".csv")
+    summary = {
+        "model": args.model, "N": args.N, "T": args.T, "bos": args.bos, "batch_size": args.batch_size,
+        "position0": prompts.spec.position0, "load_average": os.getloadavg(),
+        "cpu_count": os.cpu_count(),
+        "runs": {mode: {k: v for k, v in r.items() if k != "heads"} for mode, r in results.items()},
+        "overhead_streamed_over_bare": results["streamed"]["seconds"] / results["bare"]["seconds"],
+    }
+    if "dense" in results:
+        streamed, dense = results["streamed"]["heads"], results["dense"]["heads"]
+        summary["time_ratio_dense_over_streamed"] = results["dense"]["seconds"] / results["streamed"]["seconds"]
+        summary["memory_ratio_dense_over_streamed"] = (
+            results["dense"]["analysis_peak_bytes"] / max(results["streamed"]["analysis_peak_bytes"], 1))
+        summary["process_peak_ratio_dense_over_streamed"] = (
+            results["dense"]["process_peak_bytes"] / results["streamed"]["process_peak_bytes"])
+        summary["max_abs_difference_streamed_vs_dense"] = float(
+            (streamed[COMPONENT_COLUMNS] - dense[COMPONENT_COLUMNS]).abs().max().max())
+    return summary
+
+
+def report(summary: dict) -> str:
+    mib = 2**20
+    lines = [f"model {summary['model']}, N={summary['N']}, T={summary['T']}, bos={summary['bos']} "
+             f"(position 0: {summary['position0']}), batch size {summary['batch_size']}, "
+             f"{summary['cpu_count']} CPUs, load average {tuple(round(x, 1) for x in summary['load_average'])}",
+             f"{'run':<10}{'seconds':>10}{'analysis peak MiB':>20}{'process peak MiB':>18}"]
+    for mode, run in summary["runs"].items():
+        lines.append(f"{mode:<10}{run['seconds']:>10.1f}{run['analysis_peak_bytes'] / mib:>20.0f}"
+                     f"{run['process_peak_bytes'] / mib:>18.0f}")
+    lines.append(f"analysis overhead (streamed / bare forward): {summary['overhead_streamed_over_bare']:.2f}x "
+                 "(target <= 1.5x)")
+    if "time_ratio_dense_over_streamed" in summary:
+        lines += [
+            f"time ratio (dense / streamed): {summary['time_ratio_dense_over_streamed']:.1f}x (target >= 5x)",
+            f"peak-memory ratio (dense / streamed, analysis only): "
+            f"{summary['memory_ratio_dense_over_streamed']:.1f}x (target >= 10x)",
+            f"process peak ratio (dense / streamed, weights included): "
+            f"{summary['process_peak_ratio_dense_over_streamed']:.1f}x",
+            f"max |streamed - dense| over T, R, M, C (+ held-out): "
+            f"{summary['max_abs_difference_streamed_vs_dense']:.2e}",
+        ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--N", type=int, default=16)
+    parser.add_argument("--T", type=int, default=256)
+    parser.add_argument("--bos", default="tokenizer")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--skip-dense", action="store_true", help="only the overhead over a bare forward pass")
+    parser.add_argument("--json", help="also write the summary here")
+    parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--tokens", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.worker, args.model, args.tokens, args.batch_size, args.out)
+        return
+    summary = run_all(args)
+    print(report(summary))
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()
