@@ -301,7 +301,7 @@ def cache_activations(
         store[hook.name] = activation.detach().clone()
 
     with torch.no_grad(), hooked.hooks(fwd_hooks=list(fwd_hooks) + [(n, keep) for n in names]):
-        hooked(tokens, stop_at_layer=_stop_after(hooked, names))
+        hooked(tokens, stop_at_layer=_stop_after(hooked, names), return_type=None)
     return store
 
 
@@ -431,7 +431,8 @@ def run_patches(
             x = tokens.repeat(repeats, 1)
             kwargs = {}
         with torch.no_grad(), hooked.hooks(fwd_hooks=fwd_hooks):
-            output = hooked(x, stop_at_layer=stop, **kwargs)
+            # reading hooks only: skip the unembedding (262k columns on Gemma-3)
+            output = hooked(x, stop_at_layer=stop, return_type=None if read else "logits", **kwargs)
         for k, index in enumerate(indices):
             rows = slice(k * n_rows, (k + 1) * n_rows)
             view = {name: act[rows] for name, act in captured.items()} if read else output[rows]
