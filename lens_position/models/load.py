@@ -24,7 +24,7 @@ from transformer_lens import HookedTransformer
 
 from lens_position.errors import BadInputError, UnknownModelError
 from lens_position.models import sources
-from lens_position.models.adapters import adapter_for, build_hooked, convert_state_dict, hooked_config
+from lens_position.models.adapters import build_hooked, convert_state_dict, hooked_config
 from lens_position.models.cache import CachedModel, cached_convert, file_identity, state_dict_sha256
 from lens_position.models.registry import REGISTRY, lookup, unknown_model_message
 from lens_position.models.rope import apply_position_options
