@@ -28,6 +28,7 @@ Same arguments, same tokens: every random choice comes from ``seed``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import os
 from dataclasses import dataclass, field
@@ -115,6 +116,13 @@ def _unpack(model_or_tokenizer: Any) -> tuple[Any, int | None, int | None]:
 
 def _encode(tokenizer: Any, text: str, special: bool = False) -> list[int]:
     return list(tokenizer(text, add_special_tokens=special, verbose=False)["input_ids"])
+
+
+@functools.lru_cache(maxsize=4)
+def _encode_corpus(tokenizer: Any, text: str) -> torch.Tensor:
+    """The corpus as one token stream (memoised: the default corpus is ~110k tokens, seconds
+    to encode, and experiments build several prompt sets from it). Callers copy, never mutate."""
+    return torch.tensor(_encode(tokenizer, text), dtype=torch.int64)
 
 
 def tokenizer_prepends_bos(tokenizer: Any) -> bool:
@@ -299,7 +307,7 @@ def build_prompts(
             corpus_text, description = text, "text"
         else:
             corpus_text, description = load_corpus(corpus)
-        stream = torch.tensor(_encode(tokenizer, corpus_text), dtype=torch.int64)
+        stream = _encode_corpus(tokenizer, corpus_text)
         n_windows = len(stream) // length
         if n_windows < N:
             raise BadInputError(
@@ -319,7 +327,12 @@ def build_prompts(
             body = allowed[torch.randint(len(allowed), (N, 1), generator=generator)].expand(N, length).clone()
 
     tokens = body if first_token is None else torch.cat([torch.full((N, 1), first_token), body], dim=1)
-    tokenizer_name = (getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__) if tokenizer else "none"
+    if isinstance(model_or_tokenizer, LoadedModel):
+        tokenizer_name = f"{model_or_tokenizer.spec.name} ({model_or_tokenizer.spec.source})"
+    elif tokenizer is not None:
+        tokenizer_name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+    else:
+        tokenizer_name = "none"
     spec = PromptSpec(source=source, T=T, N=N, bos=bos, seed=seed, position0=position0,
                       first_token_id=first_token, tokenizer=tokenizer_name, vocab_size=vocab, **corpus_fields)
     return PromptSet(tokens=tokens.to(torch.int64).contiguous(), spec=spec, bos_token_id=bos_id)

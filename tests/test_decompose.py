@@ -185,3 +185,18 @@ def test_bad_options_raise_actionable_errors():
         decompose(loaded, tokens, layers=[5], progress=False)
     with pytest.raises(BadInputError, match="shape"):
         decompose(loaded, torch.zeros(16, dtype=torch.long), progress=False)
+
+
+def test_registry_gemma3_layout_streamed_equals_dense(tiny_gemma3):
+    """Gemma-3 layout (QK-norm, 4 query heads on 1 key/value head, local window 16, then global)."""
+    from lens_position.data import build_prompts
+
+    prompts = build_prompts(tiny_gemma3, T=40, N=5, seed=1)
+    streamed = decompose(tiny_gemma3, prompts, layers=[3, 4, 5], batch_size=2, progress=False)
+    dense = decompose_dense(tiny_gemma3, prompts, layers=[3, 4, 5])
+    assert list(streamed.layers.layer_type) == ["local", "local", "global"]
+    assert list(streamed.heads.window.dropna().unique()) == [16]
+    numeric = ["T", "R", "M", "C", "T_heldout", "R_heldout", "M_heldout", "C_heldout"]
+    np.testing.assert_allclose(streamed.heads[numeric], dense.heads[numeric], atol=1e-6)
+    assert streamed.provenance["data"]["source"] == "natural"
+    assert streamed.provenance["seed"] == 1
