@@ -429,6 +429,32 @@ def _provenance_html(provenance: Mapping[str, Any] | None) -> str:
             f"<pre>{full}</pre></details>")
 
 
+def _run_summary_html(provenance: Mapping[str, Any] | None) -> str:
+    """One paragraph saying what was run: models, data, BOS policy, sizes, seed."""
+    if not provenance:
+        return ""
+    parts = []
+    models = [m.get("architecture") or m.get("name") for m in provenance.get("models", [])]
+    if models:
+        parts.append("models: " + "; ".join(html.escape(str(m)) for m in models))
+    data = provenance.get("data") or {}
+    if data:
+        parts.append(f"data: {html.escape(str(data.get('source')))} "
+                     f"({html.escape(str(data.get('corpus') or 'default corpus'))}), BOS policy "
+                     f"<code>{html.escape(str(data.get('bos')))}</code>, seed {html.escape(str(data.get('seed')))}")
+    sizes = provenance.get("settings") or {}
+    if sizes:
+        lo, hi = sizes.get("query_range", (None, None))
+        parts.append(f"sizes: decomposition and probes on N = {sizes.get('N')} sequences of T = {sizes.get('T')} "
+                     f"positions (sliding-window models: at least {sizes.get('window_factor')} × their window); "
+                     f"BOS replacement and sink reading at queries {lo} ≤ i &lt; {hi} on {sizes.get('early_N')} "
+                     f"sequences; sinks and fingerprint at T = {sizes.get('sink_T')}; sink threshold "
+                     f"ε = {sizes.get('eps')}")
+    if "wall_time_s" in provenance:
+        parts.append(f"wall time {float(provenance['wall_time_s']):.0f} s")
+    return f'<p id="run-summary">{"<br>".join(parts)}</p>' if parts else ""
+
+
 def build_report(results: Mapping[str, pd.DataFrame], *, provenance: Mapping[str, Any] | None = None,
                  criteria: Criteria = Criteria(), title: str = "lens_position: where does absolute position come from?"
                  ) -> str:
@@ -451,7 +477,7 @@ def build_report(results: Mapping[str, pd.DataFrame], *, provenance: Mapping[str
         f"<h1>{html.escape(title)}</h1>"
         "<p>A reproduction of arXiv 2606.06160's claims C1–C5 with lens_position. Every number below is "
         "measured by this run; the criterion that decides each verdict is stated next to it.</p>"
-        f"<h2>Claims</h2>{claims_html(claims)}"
+        f"{_run_summary_html(provenance)}<h2>Claims</h2>{claims_html(claims)}"
         f"{''.join(sections)}{_provenance_html(provenance)}"
         '<pre id="js-errors"></pre>'
         f"<script>{_RENDER_JS}</script></body></html>\n"

@@ -157,6 +157,7 @@ class StepRecord:
     key: str
     cached: bool
     wall_s: float
+    cpu_s: float
     peak_rss_mb: float
     provenance: dict[str, Any]
 
@@ -189,7 +190,9 @@ def _rss_mb() -> float:
 
 @contextmanager
 def measure(interval_s: float = 0.05) -> Iterator[dict[str, float]]:
-    """Wall time (s) and peak resident memory (MB) of the enclosed block.
+    """Wall time (s), CPU time (s, all threads of this process) and peak resident memory (MB)
+    of the enclosed block. On a shared machine the CPU time is the steadier measure of cost:
+    wall time grows with other processes' load, CPU time much less.
 
     A background thread samples the resident set every ``interval_s``; the process-wide
     ``ru_maxrss`` bounds it from above where the block set a new process peak.
@@ -205,6 +208,7 @@ def measure(interval_s: float = 0.05) -> Iterator[dict[str, float]]:
     thread = threading.Thread(target=sample, daemon=True)
     before_max = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     start = time.perf_counter()
+    cpu_start = time.process_time()
     thread.start()
     try:
         yield stats
@@ -212,6 +216,7 @@ def measure(interval_s: float = 0.05) -> Iterator[dict[str, float]]:
         stop.set()
         thread.join()
         stats["wall_s"] = time.perf_counter() - start
+        stats["cpu_s"] = time.process_time() - cpu_start
         after_max = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         peak_mb = max(peak[0], _rss_mb())
         if after_max > before_max:  # a new process peak was reached inside the block
@@ -605,8 +610,8 @@ def run(config: RunConfig, *, load: Callable[[str], Any] | None = None) -> RunRe
             label, role = architecture_label(loaded.spec, name)
             models_info.append({**_jsonable(loaded.spec), "request": name, "architecture": label, "role": role,
                                 "load_wall_s": round(cost["wall_s"], 3)})
-            records.append(StepRecord("load", name, "", False, cost["wall_s"], cost["peak_rss_mb"],
-                                      {"model": _jsonable(loaded.spec)}))
+            records.append(StepRecord("load", name, "", False, cost["wall_s"], cost["cpu_s"],
+                                      cost["peak_rss_mb"], {"model": _jsonable(loaded.spec)}))
             ctx = StepContext(loaded=loaded, data=config.data, settings=settings, progress=config.progress)
             check_context(loaded.spec, ctx.model_T())
             for step in config.steps:
@@ -620,7 +625,7 @@ def run(config: RunConfig, *, load: Callable[[str], Any] | None = None) -> RunRe
                         tables, prov, extra = STEP_FUNCTIONS[step](ctx)
                         prov = {**_jsonable(prov), "step_options": _jsonable(extra)}
                         cache.store(step, name, key, tables, prov)
-                records.append(StepRecord(step, name, key, hit is not None, cost["wall_s"],
+                records.append(StepRecord(step, name, key, hit is not None, cost["wall_s"], cost["cpu_s"],
                                           cost["peak_rss_mb"], prov))
                 for table, frame in tables.items():
                     collected.setdefault(table, []).append(_tag(frame, label, role, name))

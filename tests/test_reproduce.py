@@ -59,7 +59,7 @@ def test_provenance_names_models_data_seed_versions_and_timings(quick_run):
     steps = [s for s in prov["steps"] if s["step"] != "load"]
     assert len(steps) == 3 * len(reproduce.STEPS)
     for step in steps:
-        assert step["wall_s"] > 0 and step["peak_rss_mb"] > 0 and len(step["key"]) == 64
+        assert step["wall_s"] > 0 and step["cpu_s"] > 0 and step["peak_rss_mb"] > 0 and len(step["key"]) == 64
         assert step["provenance"]["model"]["weights_sha256"]  # each experiment's own provenance
     assert prov["wall_time_s"] >= sum(s["wall_s"] for s in prov["steps"])
     assert prov["browser_check"]["ok"] is True
