@@ -200,3 +200,22 @@ def test_registry_gemma3_layout_streamed_equals_dense(tiny_gemma3):
     np.testing.assert_allclose(streamed.heads[numeric], dense.heads[numeric], atol=1e-6)
     assert streamed.provenance["data"]["source"] == "natural"
     assert streamed.provenance["seed"] == 1
+
+
+def test_streaming_keeps_no_attention_scores():
+    """Every batch's T x T scores are freed once reduced: memory does not grow with N."""
+    import gc
+    import weakref
+
+    seen = []
+
+    def remember(scores, hook):
+        seen.append(weakref.ref(scores))
+
+    loaded = random_model()
+    tokens = torch.randint(0, 50, (12, 32), generator=torch.Generator().manual_seed(6))
+    result = decompose(loaded, tokens, batch_size=2, fwd_hooks=[(lambda name: name.endswith("hook_attn_scores"),
+                                                                 remember)], progress=False)
+    gc.collect()
+    assert len(seen) == 2 * 6 and all(ref() is None for ref in seen)
+    assert len(result.heads) == 2 * 4
