@@ -171,3 +171,20 @@ def test_sink_rate_reports_every_condition(tiny_gemma3):
 def test_smollm2_has_sink_heads_on_natural_text(smollm2):
     result = sinks.sink_rate(smollm2, conditions=("natural",), T=64, N=4, bos="force")
     assert 0 < result.frame["sink_rate"].iloc[0] <= 1
+
+
+def test_decompose_analyses_the_forward_pass_without_changing_it(model, tokens):
+    # Every intervention here reads R off decompose's pass, so that pass must be the model's
+    # own: the analysis hooks may read the scores but never write them (float64 included:
+    # there ``scores.to(torch.float64)`` is the scores tensor itself, not a copy, so an
+    # in-place ``masked_fill_`` on it would rewrite the attention the model then applies).
+    seen = {}
+
+    def record(activation, hook):
+        seen[hook.name] = activation.detach().clone()
+
+    name = "blocks.2.hook_resid_pre"
+    decompose(model, tokens, fwd_hooks=[(name, record)], batch_size=len(tokens), progress=False)
+    with torch.no_grad():
+        _, cache = model.model.run_with_cache(tokens, names_filter=name)
+    torch.testing.assert_close(seen[name], cache[name], atol=1e-12, rtol=0)
