@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -114,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _config(args: argparse.Namespace):
+def _config(args: argparse.Namespace, argv: Sequence[str]):
     from lens_position.reproduce import COMMAND_STEPS, DataOptions, RunConfig
 
     if args.command == "reproduce":
@@ -126,6 +127,7 @@ def _config(args: argparse.Namespace):
         data=DataOptions(source=args.source, corpus=args.corpus, bos=args.bos, seed=args.seed),
         T=args.T, N=args.N, quick=args.quick, fmt=args.fmt, use_cache=args.use_cache,
         browser_check=args.browser_check, progress=args.progress,
+        command=" ".join(["lens-position", *map(shlex.quote, argv)]),
     )
 
 
@@ -152,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         from lens_position.reproduce import run
 
-        result = run(_config(args))
+        result = run(_config(args, sys.argv[1:] if argv is None else argv))
     except (LensPositionError, OSError) as error:
         if args.debug:
             raise

@@ -40,7 +40,7 @@ from tqdm.auto import tqdm
 import lens_position
 from lens_position import provenance as provenance_module
 from lens_position import report as report_module
-from lens_position.errors import BadInputError, ContextLengthError, LensPositionError
+from lens_position.errors import BadInputError, ContextLengthError, LensPositionError, MissingPackageError
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +137,7 @@ class RunConfig:
     use_cache: bool = True
     browser_check: bool = True
     progress: bool = True
+    command: str | None = None  # the command line that started the run, for the provenance
 
     def settings(self) -> Settings:
         base = QUICK if self.quick else FULL
@@ -642,7 +643,7 @@ def run(config: RunConfig, *, load: Callable[[str], Any] | None = None) -> RunRe
     claims = report_module.claims_table(stacked)
     files["claims"] = write_table(claims, out / "claims", "csv")
     prov = {
-        "command": " ".join(sys.argv) if sys.argv else None,
+        "command": config.command,
         "steps_requested": list(config.steps),
         "models": models_info,
         "data": config.data.to_dict(),
@@ -656,13 +657,18 @@ def run(config: RunConfig, *, load: Callable[[str], Any] | None = None) -> RunRe
     files["report"] = out / "report.html"
     prov["wall_time_s"] = round(time.perf_counter() - started, 3)
     report_module.write_report(files["report"], stacked, provenance=prov)
+    check = None
     if config.browser_check:
-        prov["browser_check"] = _browser_check(files["report"], out / "report.png")
-        if prov["browser_check"].get("screenshot"):
-            files["screenshot"] = out / "report.png"
+        check, prov["browser_check"] = _browser_check(files["report"], out / "report.png")
+        if check is not None and check.screenshot is not None:
+            files["screenshot"] = check.screenshot
     prov["wall_time_s"] = round(time.perf_counter() - started, 3)
     files["provenance"] = out / "provenance.json"
     files["provenance"].write_text(json.dumps(_jsonable(prov), indent=1))
+    if check is not None and not check.ok:
+        raise ReportCheckError(
+            f"the report {files['report']} failed its browser check: {len(check.undrawn)} figure(s) not drawn "
+            f"({', '.join(check.undrawn) or 'none'}), JavaScript errors: {check.js_errors or 'none'}")
     return RunResult(tables=stacked, claims=claims, provenance=prov, files=files, steps=records)
 
 
@@ -675,19 +681,15 @@ def check_context_free(settings: Settings) -> None:
         raise BadInputError(f"query range {settings.query_range} is empty")
 
 
-def _browser_check(report: Path, screenshot: Path) -> dict[str, Any]:
-    """Open the report in headless Chromium; a failed check raises, a missing Chromium is recorded."""
+def _browser_check(report: Path, screenshot: Path) -> tuple[Any, dict[str, Any]]:
+    """Open the report in headless Chromium: (the check, its record for the provenance).
+    Without Chromium the check is skipped with a warning, and the record says so."""
     try:
         check = report_module.check_in_browser(report, screenshot=screenshot)
-    except LensPositionError as error:
+    except MissingPackageError as error:
         log.warning("report not checked in a browser: %s", error)
-        return {"ok": None, "skipped": str(error)}
-    if not check.ok:
-        raise ReportCheckError(
-            f"the report {report} failed its browser check: {len(check.undrawn)} figure(s) not drawn "
-            f"({', '.join(check.undrawn) or 'none'}), JavaScript errors: {check.js_errors or 'none'}"
-        )
-    return check.to_dict()
+        return None, {"ok": None, "skipped": str(error)}
+    return check, check.to_dict()
 
 
 class ReportCheckError(LensPositionError, RuntimeError):

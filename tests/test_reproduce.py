@@ -284,3 +284,32 @@ def test_measure_reports_wall_time_and_peak_memory():
         del block
     assert big["peak_rss_mb"] >= small["peak_rss_mb"] + 150
     assert big["wall_s"] > 0
+
+
+def test_a_report_that_fails_the_browser_check_fails_the_run(tmp_path, monkeypatch, capsys):
+    from lens_position import report as report_module
+
+    def broken(path, screenshot=None):
+        return report_module.BrowserCheck(figures_expected=1, figures_drawn=0, undrawn=["probe"],
+                                          js_errors=["Uncaught TypeError: x is undefined"], screenshot=None)
+
+    monkeypatch.setattr(report_module, "check_in_browser", broken)
+    out = tmp_path / "out"
+    status = main(["reproduce", "--quick", "--models", "tiny-llama", "--out", str(out), "--no-progress"])
+    assert status == 1
+    assert "failed its browser check" in capsys.readouterr().err
+    assert _provenance(out)["browser_check"]["ok"] is False  # the record is written all the same
+
+
+def test_without_chromium_the_browser_check_is_skipped_and_recorded(tmp_path, monkeypatch):
+    from lens_position import report as report_module
+    from lens_position.errors import MissingPackageError
+
+    def no_chromium():
+        raise MissingPackageError("no Chromium found")
+
+    monkeypatch.setattr(report_module, "find_chromium", no_chromium)
+    out = tmp_path / "out"
+    assert main(["probe", "tiny-llama", "--quick", "--browser-check", "--out", str(out), "--no-progress"]) == 0
+    assert _provenance(out)["browser_check"] == {"ok": None, "skipped": "no Chromium found"}
+    assert not (out / "report.png").exists()
