@@ -67,6 +67,8 @@ def load_model(
     base = _base_model(loader_kind, target, cache_dir)
     family = adapter_for_cfg(base.cfg)
     cfg, facts = apply_position_options(base.cfg, **options)
+    name = name_or_path if name_or_path in REGISTRY else Path(str(name_or_path)).name or str(name_or_path)
+    cfg["model_name"] = name
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=DeprecationWarning, module="transformer_lens")
         warnings.filterwarnings("ignore", message=".*HookedTransformer is deprecated.*")
@@ -74,7 +76,6 @@ def load_model(
     tokenizer = base.tokenizer
     prepends_bos = tokenizer_prepends_bos(tokenizer)
     attach_tokenizer(model, tokenizer, prepends_bos)
-    name = name_or_path if name_or_path in REGISTRY else Path(str(name_or_path)).name or str(name_or_path)
     attn_types = tuple(cfg.get("attn_types") or ("global",) * cfg["n_layers"])
     spec = ModelSpec(
         name=name, family=family, source=source, n_layers=cfg["n_layers"], n_heads=cfg["n_heads"],
