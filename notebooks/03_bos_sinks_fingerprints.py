@@ -66,6 +66,8 @@ print(label, "| BOS id", prompts.spec.first_token_id, "| tokens", tuple(prompts.
 
 # %%
 bos = bos_replacement(loaded, prompts, query_range=EARLY)
+measured = ", ".join(f"{row.replacement}: {row.fraction_removed:+.1%}" for row in bos.overall.itertuples())
+print(f"fraction of R removed at queries {EARLY[0]}..{EARLY[1] - 1}: paper about 40%; measured {measured}")
 bos.overall[["replacement", "R_base", "R_replaced", "fraction_removed", "fraction_removed_raw"]]
 
 # %%
@@ -85,7 +87,7 @@ sinks.frame.sort_values("sink_score", ascending=False).head(8)
 
 # %%
 rates = sink_rate(loaded, T=T, N=N)
-rates.frame
+rates.frame[["condition", "sink_rate", "n_sink_heads", "n_heads", "eps", "T", "N", "bos"]]
 
 # %%
 plots.sink_rate_bars(rates.frame.assign(architecture=label))
@@ -131,8 +133,13 @@ trajectory.frame.sort_values("pattern_change", ascending=False).head(8)
 
 # %%
 fp = fingerprint(loaded, T=T, N=N)
-fp.frame[["layer", "condition", "spread", "spread_relative", "norm", "cos_to_bos", "is_float_noise"]]
+auto, varying = (fp.frame[fp.frame["condition"] == c].sort_values("layer") for c in ("auto-bos", "varying-token0"))
+print(f"auto-BOS: largest relative spread over layers {auto['spread_relative'].max():.1e} "
+      f"(float noise at every layer: {bool(auto['is_float_noise'].all())})")
+print(f"varying token 0: smallest relative spread {varying['spread_relative'].min():.2f}; cosine to the BOS "
+      f"fingerprint {varying['cos_to_bos'].iloc[0]:+.2f} at the embedding, {varying['cos_to_bos'].iloc[-1]:+.2f} after the last layer")
+fp.frame.pivot_table(index="layer", columns="condition", values=["spread_relative", "norm", "cos_to_bos"])
 
 # %%
-assert fp.frame.loc[fp.frame["condition"] == "auto-bos", "is_float_noise"].all()
+assert auto["is_float_noise"].all()
 plots.fingerprint_layers(fp.frame.assign(architecture=label))
