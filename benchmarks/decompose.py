@@ -16,6 +16,10 @@ peak resident set size sampled every 5 ms during the phase, minus the resident s
 before it: the memory the analysis itself needs (the model's weights are not counted). The
 process's lifetime peak (``ru_maxrss``) is printed too. Ratios are printed, never asserted:
 they depend on the machine and on what else runs on it (the load average is printed).
+
+``--threads`` sets ``torch.set_num_threads`` in every run (default 1: on a small shared
+machine, multi-threaded kernels spin-wait for busy cores and every timing becomes noise;
+``--threads 0`` keeps torch's default).
 """
 
 from __future__ import annotations
@@ -66,11 +70,13 @@ class PeakSampler:
         self.peak = max(self.peak, self.process.memory_info().rss)
 
 
-def worker(mode: str, model_name: str, tokens_path: str, batch_size: int, out: str) -> None:
+def worker(mode: str, model_name: str, tokens_path: str, batch_size: int, threads: int, out: str) -> None:
     import gc
 
     import torch
 
+    if threads > 0:
+        torch.set_num_threads(threads)
     from lens_position.decompose import decompose, decompose_dense
     from lens_position.models import load_model
 
@@ -117,13 +123,15 @@ def run_all(args: argparse.Namespace) -> dict:
             out = os.path.join(folder, f"{mode}.json")
             print(f"running {mode} ...", flush=True)
             subprocess.run([sys.executable, __file__, "--worker", mode, "--model", args.model,
-                            "--tokens", tokens_path, "--batch-size", str(args.batch_size), "--out", out],
+                            "--tokens", tokens_path, "--batch-size", str(args.batch_size),
+                            "--threads", str(args.threads), "--out", out],
                            check=True)
             results[mode] = json.loads(Path(out).read_text())
             if mode != "bare":
                 results[mode]["heads"] = pd.read_csv(out + ".csv")
     summary = {
         "model": args.model, "N": args.N, "T": args.T, "bos": args.bos, "batch_size": args.batch_size,
+        "threads": args.threads,
         "position0": prompts.spec.position0, "load_average": os.getloadavg(),
         "cpu_count": os.cpu_count(),
         "runs": {mode: {k: v for k, v in r.items() if k != "heads"} for mode, r in results.items()},
@@ -145,6 +153,7 @@ def report(summary: dict) -> str:
     mib = 2**20
     lines = [f"model {summary['model']}, N={summary['N']}, T={summary['T']}, bos={summary['bos']} "
              f"(position 0: {summary['position0']}), batch size {summary['batch_size']}, "
+             f"torch threads {summary['threads'] or 'default'}, "
              f"{summary['cpu_count']} CPUs, load average {tuple(round(x, 1) for x in summary['load_average'])}",
              f"{'run':<10}{'seconds':>10}{'analysis peak MiB':>20}{'process peak MiB':>18}"]
     for mode, run in summary["runs"].items():
@@ -173,6 +182,7 @@ def main() -> None:
     parser.add_argument("--bos", default="tokenizer")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per run (0: torch's default)")
     parser.add_argument("--skip-dense", action="store_true", help="only the overhead over a bare forward pass")
     parser.add_argument("--json", help="also write the summary here")
     parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
@@ -180,7 +190,7 @@ def main() -> None:
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(args.worker, args.model, args.tokens, args.batch_size, args.out)
+        worker(args.worker, args.model, args.tokens, args.batch_size, args.threads, args.out)
         return
     summary = run_all(args)
     print(report(summary))

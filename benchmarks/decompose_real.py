@@ -63,8 +63,13 @@ def main() -> None:
     parser.add_argument("--bos", default="tokenizer")
     parser.add_argument("--query-range", type=int, nargs=2)
     parser.add_argument("--keys", default="all", choices=["all", "no-bos"])
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--json", help="also write the per-layer tables here")
     args = parser.parse_args()
+    if args.threads > 0:
+        import torch
+
+        torch.set_num_threads(args.threads)
     everything = {}
     for name in args.models:
         measured = measure(name, args.T or DEFAULT_T.get(name, 256), args.N, args.bos,
