@@ -89,7 +89,9 @@ class Settings:
     eps: float = 0.3
     sink_T: int = 64
     window_factor: float = 1.25
-    batch_size: int = 4
+    # Per-batch costs of the analysis hooks dominate small batches: on SmolLM2 at T = 32,
+    # batches of 16 took 2.6x less CPU time than batches of 4.
+    batch_size: int = 16
 
 
 # The full run is sized to fit 15 min warm on 2 cores with peak memory under 8 GB
