@@ -29,6 +29,7 @@ def execute(notebook: nbformat.NotebookNode, workdir: Path, timeout: int = 900) 
     client = NotebookClient(
         notebook,
         timeout=timeout,
+        startup_timeout=180,  # a loaded machine can take a while to import the kernel
         kernel_name="python3",
         resources={"metadata": {"path": str(workdir)}},
     )
