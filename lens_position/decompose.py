@@ -249,7 +249,8 @@ def _reduce(scores: Float[torch.Tensor, "batch head query key"], design: PairDes
     sizes = [len(range(n_batch)[rows]) for rows in halves]
     for first in range(0, n_heads, chunk):
         heads = slice(first, min(first + chunk, n_heads))
-        s64 = s[:, heads].to(torch.float64)
+        # copy=True: a float64 model's scores would otherwise be masked in place, changing the forward pass
+        s64 = s[:, heads].to(torch.float64, copy=True)
         lse = torch.logsumexp(s64, dim=-1)  # [batch, head, query]
         diagonal = s64.diagonal(offset=design.query_start, dim1=-2, dim2=-1).clone()
         s64.masked_fill_(~design.analysed, 0.0)
