@@ -394,7 +394,12 @@ def _prompt_tokens(prompts: Any) -> tuple[torch.Tensor, Any]:
 
 def _check_options(loaded: LoadedModel, tokens: torch.Tensor, layers: Sequence[int] | None,
                    query_range: tuple[int, int] | None, keys: str) -> tuple[list[int], int, int]:
-    n_layers = loaded.model.cfg.n_layers
+    cfg = loaded.model.cfg
+    if cfg.attention_dir != "causal" or getattr(cfg, "use_attention_sinks", False):
+        raise UnsupportedArchitectureError(
+            "decompose needs plain causal softmax attention (log A = s - logsumexp s); this model has "
+            f"attention_dir={cfg.attention_dir!r}, use_attention_sinks={getattr(cfg, 'use_attention_sinks', False)}")
+    n_layers = cfg.n_layers
     length = tokens.shape[1]
     if length > loaded.model.cfg.n_ctx:
         raise ContextLengthError(f"prompts have T={length} positions but the model's context is "

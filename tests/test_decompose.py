@@ -8,7 +8,7 @@ import torch
 from lens_position.decompose import (
     PairDesign, PositionBins, check_identity, decompose, decompose_dense,
 )
-from lens_position.errors import BadInputError, ContextLengthError
+from lens_position.errors import BadInputError, ContextLengthError, UnsupportedArchitectureError
 from lens_position.toy import BOS_TOKEN_ID, offset_only_model, random_model, toy_tokens
 
 LENGTH = 48
@@ -185,6 +185,9 @@ def test_bad_options_raise_actionable_errors():
         decompose(loaded, tokens, layers=[5], progress=False)
     with pytest.raises(BadInputError, match="shape"):
         decompose(loaded, torch.zeros(16, dtype=torch.long), progress=False)
+    loaded.model.cfg.attention_dir = "bidirectional"
+    with pytest.raises(UnsupportedArchitectureError, match="causal"):
+        decompose(loaded, tokens, progress=False)
 
 
 def test_registry_gemma3_layout_streamed_equals_dense(tiny_gemma3):
