@@ -8,6 +8,8 @@ window of 512, so the local layers slide), N = 8 natural-text windows of CPython
 text, the tokenizer's own BOS policy (SmolLM2: no BOS; Gemma-3: ``<bos>``), all queries and
 all keys. Also checks the exact identity log A = t - z against ``hook_pattern`` on two
 sequences. Columns: fractions of Var(log A); ``_ho`` = held-out (split-half cross-fit).
+With ``--probe`` it also prints the position probe (held-out R² of log(i+1) from
+``resid_pre``, and the shuffled-position control) on the same prompts.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 DEFAULT_T = {"smollm2-135m": 256, "gemma3-270m": 640}
 
 
-def measure(name: str, T: int, N: int, bos: str, query_range: tuple[int, int] | None, keys: str) -> dict:
+def measure(name: str, T: int, N: int, bos: str, query_range: tuple[int, int] | None, keys: str,
+            probe: bool = False) -> dict:
     from lens_position.data import build_prompts
     from lens_position.decompose import check_identity, decompose
     from lens_position.models import load_model
+    from lens_position.probes import position_probe
 
     loaded = load_model(name)
     prompts = build_prompts(loaded, T=T, N=N, bos=bos, seed=0)
@@ -34,7 +38,8 @@ def measure(name: str, T: int, N: int, bos: str, query_range: tuple[int, int] | 
     start = time.perf_counter()
     result = decompose(loaded, prompts, query_range=query_range, keys=keys, progress=True)
     seconds = time.perf_counter() - start
-    return {"name": name, "T": T, "N": N, "bos": bos, "position0": prompts.spec.position0,
+    probes = position_probe(loaded, prompts, progress=False).layers if probe else None
+    return {"probes": probes,"name": name, "T": T, "N": N, "bos": bos, "position0": prompts.spec.position0,
             "query_range": query_range, "keys": keys, "seconds": seconds,
             "identity_max_abs_error_pattern": float(identity.max_abs_error_pattern.max()),
             "identity_max_abs_error_log": float(identity.max_abs_error_log.max()),
@@ -51,8 +56,12 @@ def table(measured: dict) -> str:
               f"keys={measured['keys']}; decompose took {measured['seconds']:.0f} s; identity "
               f"log A = t - z: max |exp(t-z) - A| = {measured['identity_max_abs_error_pattern']:.1e}, "
               f"max |(t-z) - log A| (A > 1e-6) = {measured['identity_max_abs_error_log']:.1e}")
-    return "\n".join([header, layers.to_string(index=False, float_format=lambda x: f"{x:.4f}"),
-                      "mean by layer type:", by_type.to_string(float_format=lambda x: f"{x:.4f}")])
+    lines = [header, layers.to_string(index=False, float_format=lambda x: f"{x:.4f}"),
+             "mean by layer type:", by_type.to_string(float_format=lambda x: f"{x:.4f}")]
+    if measured["probes"] is not None:
+        lines += ["position probe (ridge 1, positions 1..T-1, half of the sequences held out):",
+                  measured["probes"].to_string(index=False, float_format=lambda x: f"{x:.3f}")]
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -63,6 +72,7 @@ def main() -> None:
     parser.add_argument("--bos", default="tokenizer")
     parser.add_argument("--query-range", type=int, nargs=2)
     parser.add_argument("--keys", default="all", choices=["all", "no-bos"])
+    parser.add_argument("--probe", action="store_true", help="also run the position probe")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--json", help="also write the per-layer tables here")
     args = parser.parse_args()
@@ -73,11 +83,13 @@ def main() -> None:
     everything = {}
     for name in args.models:
         measured = measure(name, args.T or DEFAULT_T.get(name, 256), args.N, args.bos,
-                           tuple(args.query_range) if args.query_range else None, args.keys)
+                           tuple(args.query_range) if args.query_range else None, args.keys, args.probe)
         print(table(measured), flush=True)
         print()
-        everything[name] = {k: v for k, v in measured.items() if k not in ("layers", "heads")}
+        everything[name] = {k: v for k, v in measured.items() if k not in ("layers", "heads", "probes")}
         everything[name]["layers"] = measured["layers"].to_dict(orient="records")
+        if measured["probes"] is not None:
+            everything[name]["probes"] = measured["probes"].to_dict(orient="records")
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(everything, handle, indent=1)
