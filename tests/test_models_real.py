@@ -18,7 +18,9 @@ TEXT = "The history of all hitherto existing society is the history of class str
 
 def max_logit_difference(loaded, registry_name: str, n_positions: int) -> float:
     hf_model, tokenizer = read_gguf(REGISTRY[registry_name].locate())
-    tokens = torch.tensor([tokenizer(TEXT)["input_ids"][:n_positions]])
+    reference_ids = tokenizer(TEXT)["input_ids"]
+    assert loaded.tokenizer(TEXT)["input_ids"] == reference_ids  # the cached tokenizer is the GGUF's
+    tokens = torch.tensor([reference_ids[:n_positions]])
     assert tokens.shape[1] == n_positions
     with torch.no_grad():
         reference = hf_model(tokens).logits
