@@ -315,14 +315,18 @@ def test_hub_id_offline_is_refused_without_touching_the_network(monkeypatch):
         load_model("HuggingFaceTB/SmolLM2-135M")  # HF_HUB_OFFLINE=1 in conftest
 
 
-def test_hub_id_online_goes_through_the_same_adapter(monkeypatch):
-    """The online path, with the download replaced by the tiny model (tests never go online)."""
+def test_hub_id_online_is_read_and_cached_like_a_local_folder(monkeypatch, tiny_checkpoint, tmp_path):
+    """The online path, with the download replaced by a local snapshot (tests never go online)."""
     from lens_position.models import sources
 
-    monkeypatch.setattr(sources, "read_hub", lambda hub_id: tiny_hf_model("tiny-qwen2"))
-    loaded = load_model("someone/tiny-qwen2", offline=False)
-    assert loaded.spec.source == "hub:someone/tiny-qwen2" and loaded.spec.family == "qwen2"
-    assert loaded.spec.weights_sha256 == load_model("tiny-qwen2").spec.weights_sha256
+    monkeypatch.setattr(sources, "download_hub", lambda hub_id: tiny_checkpoint)
+    cache_dir = str(tmp_path / "cache")
+    first = load_model("someone/tiny-qwen2", offline=False, cache_dir=cache_dir)
+    second = load_model("someone/tiny-qwen2", offline=False, cache_dir=cache_dir)
+    assert first.spec.source == "hub:someone/tiny-qwen2" and first.spec.name == "someone/tiny-qwen2"
+    assert first.spec.family == "qwen2"
+    assert not first.spec.extra["from_cache"] and second.spec.extra["from_cache"]
+    assert second.spec.weights_sha256 == load_model("tiny-qwen2").spec.weights_sha256
 
 
 def test_missing_paths_are_reported(tmp_path):

@@ -3,9 +3,9 @@
 The path of a load, top to bottom:
 
 1. resolve ``name_or_path``: a registry name, a ``.gguf`` file, a local HF checkpoint
-   folder, or (online only) a hub id;
+   folder, or (online only) a hub id, downloaded to a snapshot folder;
 2. get HookedTransformer config + weights: built in code (tiny models), or converted from
-   the HF model by the family adapter and kept in the weight cache;
+   the HF model by the family adapter and kept in the weight cache (GGUF files, folders);
 3. apply the position options (NTK-aware α, NTK-by-parts, window, n_ctx) to the config;
 4. build the HookedTransformer, load the weights unprocessed (activations equal HF's), attach
    the tokenizer, and describe it all in a ``ModelSpec``.
@@ -67,7 +67,8 @@ def load_model(
     base = _base_model(loader_kind, target, cache_dir)
     family = adapter_for_cfg(base.cfg)
     cfg, facts = apply_position_options(base.cfg, **options)
-    name = name_or_path if name_or_path in REGISTRY else Path(str(name_or_path)).name or str(name_or_path)
+    local = not source.startswith(("registry:", "hub:"))
+    name = Path(str(name_or_path)).name if local else str(name_or_path)
     cfg["model_name"] = name
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=DeprecationWarning, module="transformer_lens")
@@ -123,7 +124,7 @@ def _resolve(name_or_path: str, offline: bool | None) -> tuple[str, str, Any, di
                 "(HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE set, offline=True, or huggingface.co "
                 "unreachable). Pass offline=False with network access to download it, or download "
                 "the checkpoint and pass its folder")
-        return f"hub:{name}", "hub", name, {}
+        return f"hub:{name}", "hf-folder", sources.download_hub(name), {}
     raise UnknownModelError(unknown_model_message(name))
 
 
@@ -134,12 +135,6 @@ def _base_model(kind: str, target: Any, cache_dir: str | None) -> CachedModel:
         cfg = hooked_config(hf_model.config)
         state_dict = convert_state_dict(hf_model, cfg)
         meta = {"model_type": hf_model.config.model_type, "file": None}
-        return CachedModel(cfg, state_dict, tokenizer, state_dict_sha256(state_dict), meta, False)
-    if kind == "hub":
-        hf_model, tokenizer = sources.read_hub(target)
-        cfg = hooked_config(hf_model.config)
-        state_dict = convert_state_dict(hf_model, cfg)
-        meta = {"model_type": hf_model.config.model_type, "file": target}
         return CachedModel(cfg, state_dict, tokenizer, state_dict_sha256(state_dict), meta, False)
     reader = sources.read_gguf if kind == "gguf" else sources.read_hf_folder
     identity = file_identity(target) if kind == "gguf" else sources.folder_identity(target)

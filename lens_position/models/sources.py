@@ -3,8 +3,8 @@
 Each reader returns the Hugging Face model (fp32, eval mode) and its tokenizer; the family
 adapters take it from there. GGUF files are dequantized by ``transformers`` (the
 ``quantization_config`` it leaves on the config is ignored: the tensors are plain floats).
-Only ``read_hub`` may touch the network, and ``load_model`` calls it only when offline is
-off.
+Only ``download_hub`` may touch the network, and ``load_model`` calls it only when offline
+is off.
 """
 
 from __future__ import annotations
@@ -86,16 +86,17 @@ def read_hf_folder(path: Path) -> tuple[Any, Any]:
     return model, tokenizer
 
 
-def read_hub(hub_id: str) -> tuple[Any, Any]:
-    """HF model (fp32) and tokenizer downloaded from the Hugging Face hub."""
-    from transformers import AutoConfig, AutoTokenizer
+def download_hub(hub_id: str) -> Path:
+    """Download a hub checkpoint's config, tokenizer and weights into the Hugging Face cache and
+    return the snapshot folder (then read like any local folder, and cached the same way).
+    Safetensors weights are preferred; ``.bin`` files are fetched only when there are none."""
+    from huggingface_hub import snapshot_download
 
-    config = AutoConfig.from_pretrained(hub_id)
-    adapter_for(config)
-    tokenizer = AutoTokenizer.from_pretrained(hub_id)
-    model = _hf_model_class().from_pretrained(hub_id, dtype=torch.float32)
-    model.eval()
-    return model, tokenizer
+    text_files = ["*.json", "*.model", "*.txt", "*.tiktoken"]
+    folder = Path(snapshot_download(hub_id, allow_patterns=text_files + ["*.safetensors"]))
+    if not any(folder.glob("*.safetensors")):
+        folder = Path(snapshot_download(hub_id, allow_patterns=text_files + ["*.bin"]))
+    return folder
 
 
 def folder_identity(path: Path) -> dict[str, Any]:
