@@ -17,6 +17,8 @@ before it: the memory the analysis itself needs (the model's weights are not cou
 process's lifetime peak (``ru_maxrss``) is printed too. Ratios are printed, never asserted:
 they depend on the machine and on what else runs on it (the load average is printed).
 
+``--repeats k`` runs the bare and streamed phases ``k`` times each (in their processes) and
+keeps the fastest: on a busy machine the minimum is the least disturbed measurement.
 ``--threads`` sets ``torch.set_num_threads`` in every run (default 1: on a small shared
 machine, multi-threaded kernels spin-wait for busy cores and every timing becomes noise;
 ``--threads 0`` keeps torch's default).
@@ -70,7 +72,8 @@ class PeakSampler:
         self.peak = max(self.peak, self.process.memory_info().rss)
 
 
-def worker(mode: str, model_name: str, tokens_path: str, batch_size: int, threads: int, out: str) -> None:
+def worker(mode: str, model_name: str, tokens_path: str, batch_size: int, threads: int, repeats: int,
+           out: str) -> None:
     import gc
 
     import torch
@@ -83,21 +86,24 @@ def worker(mode: str, model_name: str, tokens_path: str, batch_size: int, thread
     loaded = load_model(model_name)
     tokens = torch.load(tokens_path)
     gc.collect()
+    times = []
     with PeakSampler() as memory:
-        start = time.perf_counter()
-        if mode == "bare":
-            with torch.no_grad():
-                for first in range(0, len(tokens), batch_size):
-                    loaded.model(tokens[first:first + batch_size], stop_at_layer=loaded.model.cfg.n_layers)
-            heads = None
-        elif mode == "streamed":
-            heads = decompose(loaded, tokens, batch_size=batch_size, progress=False).heads
-        else:
-            heads = decompose_dense(loaded, tokens).heads
-        seconds = time.perf_counter() - start
+        for _ in range(1 if mode == "dense" else repeats):
+            start = time.perf_counter()
+            if mode == "bare":
+                with torch.no_grad():
+                    for first in range(0, len(tokens), batch_size):
+                        loaded.model(tokens[first:first + batch_size], stop_at_layer=loaded.model.cfg.n_layers)
+                heads = None
+            elif mode == "streamed":
+                heads = decompose(loaded, tokens, batch_size=batch_size, progress=False).heads
+            else:
+                heads = decompose_dense(loaded, tokens).heads
+            times.append(time.perf_counter() - start)
+    seconds = min(times)
     if heads is not None:
         heads.to_csv(out + ".csv", index=False)
-    result = {"mode": mode, "seconds": seconds, "analysis_peak_bytes": memory.peak - memory.start,
+    result = {"mode": mode, "seconds": seconds, "all_seconds": times, "analysis_peak_bytes": memory.peak - memory.start,
               "rss_before_bytes": memory.start,
               "process_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
               "threads": torch.get_num_threads()}
@@ -124,14 +130,14 @@ def run_all(args: argparse.Namespace) -> dict:
             print(f"running {mode} ...", flush=True)
             subprocess.run([sys.executable, __file__, "--worker", mode, "--model", args.model,
                             "--tokens", tokens_path, "--batch-size", str(args.batch_size),
-                            "--threads", str(args.threads), "--out", out],
+                            "--threads", str(args.threads), "--repeats", str(args.repeats), "--out", out],
                            check=True)
             results[mode] = json.loads(Path(out).read_text())
             if mode != "bare":
                 results[mode]["heads"] = pd.read_csv(out + ".csv")
     summary = {
         "model": args.model, "N": args.N, "T": args.T, "bos": args.bos, "batch_size": args.batch_size,
-        "threads": args.threads,
+        "threads": args.threads, "repeats": args.repeats,
         "position0": prompts.spec.position0, "load_average": os.getloadavg(),
         "cpu_count": os.cpu_count(),
         "runs": {mode: {k: v for k, v in r.items() if k != "heads"} for mode, r in results.items()},
@@ -153,12 +159,14 @@ def report(summary: dict) -> str:
     mib = 2**20
     lines = [f"model {summary['model']}, N={summary['N']}, T={summary['T']}, bos={summary['bos']} "
              f"(position 0: {summary['position0']}), batch size {summary['batch_size']}, "
-             f"torch threads {summary['threads'] or 'default'}, "
+             f"torch threads {summary['threads'] or 'default'}, fastest of {summary['repeats']} "
+             "(bare, streamed), "
              f"{summary['cpu_count']} CPUs, load average {tuple(round(x, 1) for x in summary['load_average'])}",
              f"{'run':<10}{'seconds':>10}{'analysis peak MiB':>20}{'process peak MiB':>18}"]
     for mode, run in summary["runs"].items():
         lines.append(f"{mode:<10}{run['seconds']:>10.1f}{run['analysis_peak_bytes'] / mib:>20.0f}"
-                     f"{run['process_peak_bytes'] / mib:>18.0f}")
+                     f"{run['process_peak_bytes'] / mib:>18.0f}   all: "
+                     + ", ".join(f"{t:.1f}" for t in run["all_seconds"]))
     lines.append(f"analysis overhead (streamed / bare forward): {summary['overhead_streamed_over_bare']:.2f}x "
                  "(target <= 1.5x)")
     if "time_ratio_dense_over_streamed" in summary:
@@ -183,6 +191,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run (0: torch's default)")
+    parser.add_argument("--repeats", type=int, default=1, help="bare and streamed runs per process (min kept)")
     parser.add_argument("--skip-dense", action="store_true", help="only the overhead over a bare forward pass")
     parser.add_argument("--json", help="also write the summary here")
     parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
@@ -190,7 +199,7 @@ def main() -> None:
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(args.worker, args.model, args.tokens, args.batch_size, args.threads, args.out)
+        worker(args.worker, args.model, args.tokens, args.batch_size, args.threads, args.repeats, args.out)
         return
     summary = run_all(args)
     print(report(summary))
