@@ -181,6 +181,12 @@ def test_ntk_by_parts_frequencies_follow_the_llama3_formula(tiny_llama):
     assert torch.allclose(rotary_angles(attn), expected_angles(omega_parts, attn.rotary_sin.shape[0]), atol=2e-3)
 
 
+def test_ntk_by_parts_default_original_context_is_the_trained_one(tiny_llama):
+    shortened = load_model("tiny-llama", ntk_by_parts={}, n_ctx=64)
+    assert shortened.spec.n_ctx == 64
+    assert shortened.spec.ntk_by_parts["original_context"] == tiny_llama.spec.n_ctx
+
+
 def test_ntk_by_parts_equals_hugging_face_llama3_rope_scaling():
     parts = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_context": 512}
     scaled = load_model("tiny-llama", ntk_by_parts=parts)

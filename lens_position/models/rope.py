@@ -145,6 +145,7 @@ def apply_position_options(
         raise BadInputError("NTK options need a RoPE model; this one has no rotary embedding")
     if ntk_alpha is not None and wants_parts:
         raise BadInputError("choose one of ntk_alpha and ntk_by_parts, not both")
+    trained_context = cfg["n_ctx"]  # NTK-by-parts' default original context, before any override
     if n_ctx is not None:
         if int(n_ctx) < 1:
             raise BadInputError(f"n_ctx must be a positive number of positions, got {n_ctx}")
@@ -158,7 +159,7 @@ def apply_position_options(
             cfg["rotary_base_local"] = ntk_aware_base(cfg["rotary_base_local"], float(ntk_alpha), d)
         facts["ntk_alpha"] = float(ntk_alpha)
     if wants_parts:
-        parts = normalise_ntk_by_parts(ntk_by_parts, cfg["n_ctx"])
+        parts = normalise_ntk_by_parts(ntk_by_parts, trained_context)
         cfg.update(use_NTK_by_parts_rope=True, NTK_by_parts_factor=parts["factor"],
                    NTK_by_parts_low_freq_factor=parts["low_freq_factor"],
                    NTK_by_parts_high_freq_factor=parts["high_freq_factor"],
