@@ -445,8 +445,9 @@ def _run_summary_html(provenance: Mapping[str, Any] | None) -> str:
     sizes = provenance.get("settings") or {}
     if sizes:
         lo, hi = sizes.get("query_range", (None, None))
-        parts.append(f"sizes: decomposition and probes on N = {sizes.get('N')} sequences of T = {sizes.get('T')} "
-                     f"positions (sliding-window models: at least {sizes.get('window_factor')} × their window); "
+        parts.append(f"sizes: decomposition on N = {sizes.get('N')} sequences of T = {sizes.get('T')} "
+                     f"positions (sliding-window models: at least {sizes.get('window_factor')} × their window), "
+                     f"probes on at least {sizes.get('probe_positions')} positions; "
                      f"BOS replacement and sink reading at queries {lo} ≤ i &lt; {hi} on {sizes.get('early_N')} "
                      f"sequences; sinks and fingerprint at T = {sizes.get('sink_T')}; sink threshold "
                      f"ε = {sizes.get('eps')}")

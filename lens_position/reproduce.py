@@ -73,8 +73,11 @@ class Settings:
     """Sizes of a run. ``T`` counts every position including position 0; ``N`` is the
     number of sequences.
 
-    - decompose, probe: ``N`` sequences of ``T`` positions; models with sliding-window
-      layers use ``max(T, ceil(window_factor · window))`` so that their local layers slide;
+    - decompose: ``N`` sequences of ``T`` positions; models with sliding-window layers use
+      ``max(T, ceil(window_factor · window))`` so that their local layers slide;
+    - probe: the same ``T``, and enough sequences for ``probe_positions`` positions in all
+      (at least ``N``): a ridge probe on a d_model-wide residual stream needs more samples
+      than features on each side of its train/test split;
     - bos, sink_reading (measured at early queries ``query_range``): ``early_N`` sequences
       of ``query_range[1]`` positions. Under causal attention a query ``i`` sees keys
       ``<= i`` only, so longer sequences would not change what is measured, only its cost;
@@ -85,6 +88,7 @@ class Settings:
     T: int
     N: int
     early_N: int
+    probe_positions: int = 2048
     query_range: tuple[int, int] = (0, 32)
     eps: float = 0.3
     sink_T: int = 64
@@ -96,8 +100,8 @@ class Settings:
 
 # The full run is sized to fit 15 min warm on 2 cores with peak memory under 8 GB
 # (measured by benchmarks/reproduce.py); --quick is a smoke run that takes seconds on tiny models.
-FULL = Settings(T=128, N=8, early_N=16, sink_T=64)
-QUICK = Settings(T=40, N=4, early_N=4, query_range=(0, 16), sink_T=32)
+FULL = Settings(T=128, N=8, early_N=16, probe_positions=2048, sink_T=64)
+QUICK = Settings(T=40, N=4, early_N=4, probe_positions=160, query_range=(0, 16), sink_T=32)
 
 
 @dataclass(frozen=True)
@@ -343,15 +347,29 @@ class StepContext:
             T = max(T, int(-(-self.settings.window_factor * window // 1)))
         return T
 
-    def early_prompts(self) -> Any:
-        """Prompts for the early-query steps: ``early_N`` sequences just long enough for ``query_range``."""
-        return self.prompts(T=min(self.settings.query_range[1], self.model_T()), N=self.settings.early_N)
+    def sizes(self, step: str) -> dict[str, Any]:
+        """The sizes ``step`` runs with on this model (see ``Settings``)."""
+        s = self.settings
+        T_model = self.model_T()
+        early_T = min(s.query_range[1], T_model)
+        common = {"batch_size": s.batch_size}
+        if step == "decompose":
+            return {"T": T_model, "N": s.N, **common}
+        if step == "probe":
+            return {"T": T_model, "N": max(s.N, -(-s.probe_positions // T_model)), **common}
+        if step in ("bos", "sink_reading"):
+            return {"T": early_T, "N": s.early_N, "query_range": (s.query_range[0], early_T), **common}
+        if step == "sink_heads":
+            return {"T": min(s.sink_T, T_model), "N": s.N, "eps": s.eps, **common}
+        if step == "sink_rate":
+            return {"T": s.sink_T, "N": s.N, "eps": s.eps, **common}
+        if step == "fingerprint":
+            return {"T": s.sink_T, "N": s.N}
+        raise BadInputError(f"unknown step {step!r}; choose from {', '.join(STEPS)}")
 
-    def prompts(self, T: int | None = None, N: int | None = None) -> Any:
+    def prompts(self, T: int, N: int) -> Any:
         from lens_position.data import build_prompts
 
-        T = self.model_T() if T is None else T
-        N = self.settings.N if N is None else N
         check_context(self.spec, T)
         key = (T, N)
         if key not in self._prompts:
@@ -374,80 +392,85 @@ def _frames(result: Any, names: Sequence[str], attrs: Sequence[str]) -> dict[str
     return {name: getattr(result, attr).reset_index(drop=True) for name, attr in zip(names, attrs)}
 
 
+def _need_bos(ctx: StepContext, prompts: Any, what: str) -> None:
+    if not prompts.has_bos:
+        raise BadInputError(f"{what} needs BOS at position 0, but the prompts of {ctx.spec.name} have none "
+                            f"under --bos {ctx.data.bos}; use --bos force")
+
+
 def _step_decompose(ctx: StepContext) -> tuple[dict[str, pd.DataFrame], dict, dict]:
     from lens_position.decompose import decompose
 
-    prompts = ctx.prompts()
-    result = decompose(ctx.loaded, prompts, batch_size=ctx.settings.batch_size, progress=ctx.progress)
+    sizes = ctx.sizes("decompose")
+    prompts = ctx.prompts(sizes["T"], sizes["N"])
+    result = decompose(ctx.loaded, prompts, batch_size=sizes["batch_size"], progress=ctx.progress)
     return (_frames(result, ("decompose_layers", "decompose_heads"), ("layers", "heads")),
-            result.provenance, {"prompts": prompts.spec})
+            result.provenance, {"prompts": prompts.spec, **sizes})
 
 
 def _step_probe(ctx: StepContext) -> tuple[dict[str, pd.DataFrame], dict, dict]:
     from lens_position.probes import position_probe
 
-    prompts = ctx.prompts()
-    result = position_probe(ctx.loaded, prompts, seed=ctx.data.seed, batch_size=ctx.settings.batch_size,
+    sizes = ctx.sizes("probe")
+    prompts = ctx.prompts(sizes["T"], sizes["N"])
+    result = position_probe(ctx.loaded, prompts, seed=ctx.data.seed, batch_size=sizes["batch_size"],
                             progress=ctx.progress)
-    return {"probe_layers": result.layers.reset_index(drop=True)}, result.provenance, {"prompts": prompts.spec}
+    return {"probe_layers": result.layers.reset_index(drop=True)}, result.provenance, {
+        "prompts": prompts.spec, **sizes}
 
 
 def _step_bos(ctx: StepContext) -> tuple[dict[str, pd.DataFrame], dict, dict]:
     from lens_position.bos import bos_replacement
 
-    prompts = ctx.early_prompts()
-    if not prompts.has_bos:
-        raise BadInputError(f"BOS replacement needs BOS at position 0, but the prompts of {ctx.spec.name} "
-                            f"have none under --bos {ctx.data.bos}; use --bos force")
-    result = bos_replacement(ctx.loaded, prompts, query_range=ctx.settings.query_range, seed=ctx.data.seed,
-                             batch_size=ctx.settings.batch_size, progress=ctx.progress)
+    sizes = ctx.sizes("bos")
+    prompts = ctx.prompts(sizes["T"], sizes["N"])
+    _need_bos(ctx, prompts, "BOS replacement")
+    result = bos_replacement(ctx.loaded, prompts, query_range=sizes["query_range"], seed=ctx.data.seed,
+                             batch_size=sizes["batch_size"], progress=ctx.progress)
     return (_frames(result, ("bos_layers", "bos_overall"), ("frame", "overall")), result.provenance,
-            {"prompts": prompts.spec, "query_range": ctx.settings.query_range})
+            {"prompts": prompts.spec, **sizes})
 
 
 def _step_sink_heads(ctx: StepContext) -> tuple[dict[str, pd.DataFrame], dict, dict]:
     from lens_position.sinks import sink_heads
 
-    prompts = ctx.prompts(T=min(ctx.settings.sink_T, ctx.model_T()))
-    result = sink_heads(ctx.loaded, prompts, eps=ctx.settings.eps, batch_size=ctx.settings.batch_size,
+    sizes = ctx.sizes("sink_heads")
+    prompts = ctx.prompts(sizes["T"], sizes["N"])
+    result = sink_heads(ctx.loaded, prompts, eps=sizes["eps"], batch_size=sizes["batch_size"],
                         progress=ctx.progress)
     return {"sink_heads": result.frame.reset_index(drop=True)}, result.provenance, {
-        "prompts": prompts.spec, "eps": ctx.settings.eps}
+        "prompts": prompts.spec, **sizes}
 
 
 def _step_sink_rate(ctx: StepContext) -> tuple[dict[str, pd.DataFrame], dict, dict]:
     from lens_position.sinks import sink_rate
 
-    check_context(ctx.spec, ctx.settings.sink_T)
-    result = sink_rate(ctx.loaded, T=ctx.settings.sink_T, N=ctx.settings.N, eps=ctx.settings.eps,
-                       seed=ctx.data.seed, bos=ctx.data.bos, batch_size=ctx.settings.batch_size,
-                       progress=ctx.progress)
-    return {"sink_rate": result.frame.reset_index(drop=True)}, result.provenance, {
-        "T": ctx.settings.sink_T, "N": ctx.settings.N, "eps": ctx.settings.eps}
+    sizes = ctx.sizes("sink_rate")
+    check_context(ctx.spec, sizes["T"])
+    result = sink_rate(ctx.loaded, T=sizes["T"], N=sizes["N"], eps=sizes["eps"], seed=ctx.data.seed,
+                       bos=ctx.data.bos, batch_size=sizes["batch_size"], progress=ctx.progress)
+    return {"sink_rate": result.frame.reset_index(drop=True)}, result.provenance, sizes
 
 
 def _step_sink_reading(ctx: StepContext) -> tuple[dict[str, pd.DataFrame], dict, dict]:
     from lens_position.sinks import sink_reading_heads
 
-    prompts = ctx.early_prompts()
-    if not prompts.has_bos:
-        raise BadInputError(f"sink-reading heads compare position 0 with and without BOS, but the prompts of "
-                            f"{ctx.spec.name} have no BOS under --bos {ctx.data.bos}; use --bos force")
-    result = sink_reading_heads(ctx.loaded, prompts, counterfactual="no-bos",
-                                query_range=ctx.settings.query_range, batch_size=ctx.settings.batch_size,
-                                progress=ctx.progress)
+    sizes = ctx.sizes("sink_reading")
+    prompts = ctx.prompts(sizes["T"], sizes["N"])
+    _need_bos(ctx, prompts, "finding sink-reading heads (position 0 with and without BOS)")
+    result = sink_reading_heads(ctx.loaded, prompts, counterfactual="no-bos", query_range=sizes["query_range"],
+                                batch_size=sizes["batch_size"], progress=ctx.progress)
     return (_frames(result, ("sink_reading", "sink_ablation"), ("frame", "ablation")), result.provenance,
-            {"prompts": prompts.spec, "query_range": ctx.settings.query_range})
+            {"prompts": prompts.spec, **sizes})
 
 
 def _step_fingerprint(ctx: StepContext) -> tuple[dict[str, pd.DataFrame], dict, dict]:
     from lens_position.fingerprint import fingerprint
 
-    check_context(ctx.spec, ctx.settings.sink_T)
-    result = fingerprint(ctx.loaded, T=ctx.settings.sink_T, N=ctx.settings.N, seed=ctx.data.seed,
-                         source=ctx.data.source)
-    return {"fingerprint": result.frame.reset_index(drop=True)}, result.provenance, {
-        "T": ctx.settings.sink_T, "N": ctx.settings.N}
+    sizes = ctx.sizes("fingerprint")
+    check_context(ctx.spec, sizes["T"])
+    result = fingerprint(ctx.loaded, T=sizes["T"], N=sizes["N"], seed=ctx.data.seed, source=ctx.data.source)
+    return {"fingerprint": result.frame.reset_index(drop=True)}, result.provenance, sizes
 
 
 STEP_FUNCTIONS: dict[str, Callable[[StepContext], tuple[dict[str, pd.DataFrame], dict, dict]]] = {
@@ -462,8 +485,9 @@ STEP_FUNCTIONS: dict[str, Callable[[StepContext], tuple[dict[str, pd.DataFrame],
 
 
 def step_config(step: str, ctx: StepContext) -> dict[str, Any]:
-    """The configuration a step's cache key is computed from (besides the model spec)."""
-    return {"data": ctx.data.to_dict(), "settings": dataclasses.asdict(ctx.settings), "T_model": ctx.model_T()}
+    """The configuration a step's cache key is computed from (besides the model spec): the
+    data options and the sizes the step runs with, so changing one step's sizes reruns only it."""
+    return {"data": ctx.data.to_dict(), "sizes": ctx.sizes(step)}
 
 
 # --------------------------------------------------------------------------- the run
