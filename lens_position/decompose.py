@@ -304,8 +304,8 @@ class _Fitter:
         return (a @ self.design.gram * b).sum(-1) / n - (a @ self.counts / n) * (b @ self.counts / n)
 
 
-def _components(design: PairDesign, stats: HeadStatistics) -> dict[str, np.ndarray]:
-    fit = _Fitter(design)
+def _components(fit: "_Fitter", stats: HeadStatistics) -> dict[str, np.ndarray]:
+    design = fit.design
     n_seq = torch.tensor(stats.n_sequences, dtype=torch.float64)
     n_total = n_seq.sum()
 
@@ -496,9 +496,10 @@ def decompose(
             hooked(batch.to(device), stop_at_layer=layers[-1] + 1)
 
     rows = []
+    fitters = {window: _Fitter(design) for window, design in designs.items()}  # one pseudo-inverse per key set
     for layer in layers:
         design = designs[windows[layer]]
-        values = _components(design, stats[layer])
+        values = _components(fitters[windows[layer]], stats[layer])
         for head in range(n_heads):
             row = {
                 "layer": layer, "head": head, "layer_type": "global" if windows[layer] is None else "local",
