@@ -95,11 +95,15 @@ def main() -> None:
         "lens_position_s": ours_s, "transformer_lens_s": theirs_s, "speedup": theirs_s / ours_s,
         "target_speedup": TARGET_SPEEDUP, "torch_threads": torch.get_num_threads(),
         "metric_range": [float(theirs.min()), float(theirs.max())],
+        # an oversubscribed CPU slows many small passes (TransformerLens) more than a few
+        # large ones (ours): read the speed-up together with the load
+        "load_average_1min": os.getloadavg()[0], "cpu_count": os.cpu_count(),
     }
     if note:
         print(note)
     print(f"model {name}: {model.cfg.n_layers} layers x {args.T} positions = {result['conditions']} patches, "
-          f"N = {args.N}, {torch.get_num_threads()} threads")
+          f"N = {args.N}, {torch.get_num_threads()} threads, load average {result['load_average_1min']:.1f} "
+          f"on {result['cpu_count']} CPUs")
     print(f"metric over the sweep: {result['metric_range'][0]:.4f} .. {result['metric_range'][1]:.4f}")
     print(f"max |lens_position - transformer_lens| = {diff:.2e}  (must be <= {TOLERANCE:g}): "
           f"{'OK' if diff <= TOLERANCE else 'FAIL'}")
