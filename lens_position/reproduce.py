@@ -151,7 +151,7 @@ class RunConfig:
         if self.T is not None:
             changes.update(T=self.T, sink_T=self.T)
         if self.N is not None:
-            changes.update(N=self.N, early_N=self.N)
+            changes.update(N=self.N, early_N=self.N, probe_positions=1)  # the user's N everywhere
         return dataclasses.replace(base, **changes)
 
 
