@@ -14,9 +14,12 @@ R² is the floor a probe reaches without real positional information (about 0 or
 Everything is streamed: the hook reduces each batch to ``X'X``, ``X'y``, sums and sums of
 squares (float64, centred on the first batch's mean to avoid cancellation), so memory is
 ``O(layers x d_model^2)`` whatever the number of sequences. Features are standardised with
-the training statistics; ``ridge`` is the penalty on the standardised weights (in units of
-training rows: each standardised feature has sum of squares ``n_train``). The intercept is
-not penalised.
+the training statistics; the ridge penalty is ``ridge * n_train * |w|^2`` on the
+standardised weights, so ``ridge`` compares directly with the eigenvalues of the features'
+correlation matrix (1 = an average direction). The intercept is not penalised. By default
+``ridge`` is chosen per layer from ``RIDGE_GRID`` by two-fold cross-validation *within* the
+training sequences (the held-out sequences are never used to choose it); the shuffled
+control uses the same penalty.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from lens_position.decompose import _prompt_tokens
 from lens_position.errors import BadInputError, ContextLengthError
 from lens_position.models.spec import LoadedModel, as_loaded
 
+RIDGE_GRID = tuple(float(x) for x in 10.0 ** np.arange(-4, 3.01, 0.5))
+
 
 @dataclass
 class _Moments:
@@ -47,6 +52,10 @@ class _Moments:
     xty: Float[torch.Tensor, "target d"]  # one row per target (true, shuffled)
     sum_y: Float[torch.Tensor, "target"]
     sum_y2: Float[torch.Tensor, "target"]
+
+    def __add__(self, other: "_Moments") -> "_Moments":
+        return _Moments(self.n + other.n, self.sum_x + other.sum_x, self.gram + other.gram,
+                        self.xty + other.xty, self.sum_y + other.sum_y, self.sum_y2 + other.sum_y2)
 
     @classmethod
     def zeros(cls, d: int, n_targets: int) -> "_Moments":
@@ -62,8 +71,9 @@ class _Moments:
         self.sum_y2 += (y * y).sum(0)
 
 
-def _fit(train: _Moments, target: int, ridge: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ridge weights ``w`` and intercept ``c`` (prediction ``c + x @ w``) from training moments."""
+def _fit(train: _Moments, target: int, ridges: Sequence[float]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Ridge weights ``w`` and intercept ``c`` (prediction ``c + x @ w``) from training
+    moments, one pair per penalty in ``ridges`` (one eigendecomposition for all)."""
     n = train.n
     mean_x = train.sum_x / n
     mean_y = train.sum_y[target] / n
@@ -71,10 +81,22 @@ def _fit(train: _Moments, target: int, ridge: float) -> tuple[torch.Tensor, torc
     std = cov.diagonal().clamp(min=0).sqrt()
     std = torch.where(std > 1e-12 * std.max().clamp(min=1e-300), std, torch.ones_like(std))
     cxy = train.xty[target] / n - mean_x * mean_y
-    correlation = cov / torch.outer(std, std)
-    beta = torch.linalg.solve(n * correlation + ridge * torch.eye(len(std), dtype=torch.float64), n * cxy / std)
-    w = beta / std
-    return w, mean_y - mean_x @ w
+    eigenvalues, eigenvectors = torch.linalg.eigh(cov / torch.outer(std, std))
+    projected = eigenvectors.T @ (cxy / std)
+    fits = []
+    for ridge in ridges:
+        w = (eigenvectors @ (projected / (eigenvalues.clamp(min=0) + ridge))) / std
+        fits.append((w, mean_y - mean_x @ w))
+    return fits
+
+
+def _choose_ridge(fold_a: _Moments, fold_b: _Moments, grid: Sequence[float]) -> float:
+    """The penalty with the best mean R² across the two folds (fit on one, score the other)."""
+    scores = np.zeros(len(grid))
+    for fit_on, score_on in ((fold_a, fold_b), (fold_b, fold_a)):
+        for k, (w, c) in enumerate(_fit(fit_on, 0, grid)):
+            scores[k] += _r2(score_on, 0, w, c)
+    return float(grid[int(np.argmax(scores))])
 
 
 def _r2(test: _Moments, target: int, w: torch.Tensor, c: torch.Tensor) -> float:
@@ -90,7 +112,8 @@ def _r2(test: _Moments, target: int, w: torch.Tensor, c: torch.Tensor) -> float:
 class ProbeResult:
     """``layers``: one row per layer: ``r2_heldout`` (R² of log(i+1) on held-out sequences,
     at most 1), ``r2_train``, ``r2_shuffled`` (probe trained on shuffled positions, scored on
-    true held-out positions), ``n_train``/``n_test`` (rows: sequences x positions).
+    true held-out positions), ``ridge`` (the penalty used), ``n_train``/``n_test`` (rows:
+    sequences x positions).
     ``provenance``: model, data, seed, options."""
 
     layers: pd.DataFrame
@@ -102,7 +125,7 @@ def position_probe(
     prompts: Any,
     *,
     layers: Sequence[int] | None = None,
-    ridge: float = 1.0,
+    ridge: float | None = None,
     seed: int = 0,
     positions: tuple[int, int | None] = (1, None),
     batch_size: int = 8,
@@ -114,7 +137,8 @@ def position_probe(
         model: a ``LoadedModel`` or ``HookedTransformer``.
         prompts: a ``PromptSet`` or tokens ``Int[Tensor, "N T"]`` (``N >= 2``).
         layers: layers whose ``resid_pre`` is probed (default all).
-        ridge: penalty on the standardised weights.
+        ridge: penalty on the standardised weights (module docstring); None chooses it per
+            layer from ``RIDGE_GRID`` by cross-validation within the training sequences.
         seed: which sequences are held out (half of them) and the label shuffle.
         positions: ``(start, stop)`` positions used as rows; the default leaves out
             position 0, whose activation is a fixed point of the model (DESIGN.md C5)
@@ -129,8 +153,9 @@ def position_probe(
     n_layers = hooked.cfg.n_layers
     if length > hooked.cfg.n_ctx:
         raise ContextLengthError(f"prompts have T={length} positions, the model's context is {hooked.cfg.n_ctx}")
-    if n_seq < 2:
-        raise BadInputError("a held-out probe needs at least 2 sequences")
+    if n_seq < (2 if ridge is not None else 3):
+        raise BadInputError("a held-out probe needs at least 2 sequences, and 3 when the penalty is chosen "
+                            "by cross-validation (ridge=None): pass more prompts or a fixed ridge")
     layers = list(range(n_layers)) if layers is None else sorted({int(layer) for layer in layers})
     if not layers or layers[0] < 0 or layers[-1] >= n_layers:
         raise BadInputError(f"layers must be a non-empty subset of 0..{n_layers - 1}, got {layers}")
@@ -139,14 +164,16 @@ def position_probe(
         raise BadInputError(f"positions must cover at least 2 positions within 0..{length - 1}, got {positions}")
 
     generator = torch.Generator().manual_seed(seed)
-    is_test = torch.zeros(n_seq, dtype=torch.bool)
-    is_test[torch.randperm(n_seq, generator=generator)[: n_seq // 2]] = True
+    order = torch.randperm(n_seq, generator=generator)
+    split = torch.zeros(n_seq, dtype=torch.long)  # 0: test, 1 and 2: the two training folds
+    split[order[n_seq // 2:]] = 1 + torch.arange(n_seq - n_seq // 2) % 2
+    is_test = split == 0
     pos = torch.arange(start, stop)
     label = torch.log1p(pos.to(torch.float64))
     shuffled = torch.stack([label[torch.randperm(len(pos), generator=generator)] for _ in range(n_seq)])
 
     d_model = hooked.cfg.d_model
-    moments = {layer: (_Moments.zeros(d_model, 2), _Moments.zeros(d_model, 2)) for layer in layers}
+    moments = {layer: [_Moments.zeros(d_model, 2) for _ in range(3)] for layer in layers}
     reference: dict[int, torch.Tensor] = {}
     batch_rows: list[torch.Tensor] = []
 
@@ -157,8 +184,8 @@ def position_probe(
                 reference[layer] = x.reshape(-1, d_model).mean(0)
             x = x - reference[layer]
             rows = batch_rows[0]
-            for split, moment in enumerate(moments[layer]):
-                chosen = (is_test[rows] == bool(split)).nonzero().squeeze(1)
+            for part, moment in enumerate(moments[layer]):
+                chosen = (split[rows] == part).nonzero().squeeze(1)
                 if len(chosen) == 0:
                     continue
                 y = torch.stack([label.expand(len(chosen), -1), shuffled[rows[chosen]]], dim=-1)
@@ -176,14 +203,19 @@ def position_probe(
 
     records = []
     for layer in layers:
-        train, test = moments[layer]
-        w, c = _fit(train, 0, ridge)
-        w_shuffled, c_shuffled = _fit(train, 1, ridge)
+        test, fold_a, fold_b = moments[layer]
+        train = fold_a + fold_b
+        penalty = ridge if ridge is not None else _choose_ridge(fold_a, fold_b, RIDGE_GRID)
+        (w, c), = _fit(train, 0, [penalty])
+        (w_shuffled, c_shuffled), = _fit(train, 1, [penalty])
         records.append({
             "layer": layer, "r2_heldout": _r2(test, 0, w, c), "r2_train": _r2(train, 0, w, c),
-            "r2_shuffled": _r2(test, 0, w_shuffled, c_shuffled), "n_train": train.n, "n_test": test.n,
+            "r2_shuffled": _r2(test, 0, w_shuffled, c_shuffled), "ridge": penalty,
+            "n_train": train.n, "n_test": test.n,
         })
-    prov = provenance.collect(model=loaded.spec, data=data, seed=seed, layers=layers, ridge=ridge,
+    prov = provenance.collect(model=loaded.spec, data=data, seed=seed, layers=layers,
+                              ridge=ridge if ridge is not None else {"grid": list(RIDGE_GRID),
+                                                                     "chosen_by": "2-fold CV within training"},
                               positions=[start, stop], target="log(i+1)", features="resid_pre, standardised",
                               split="half of the sequences held out (seeded)",
                               test_sequences=is_test.nonzero().squeeze(1).tolist(),

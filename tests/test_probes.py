@@ -42,7 +42,7 @@ def test_rope_embeddings_carry_no_position():
 def test_streamed_probe_equals_explicit_ridge():
     loaded = random_model(n_layers=2, d_vocab=50)
     tokens = torch.randint(0, 50, (10, 32), generator=torch.Generator().manual_seed(2))
-    ridge = 3.0
+    ridge = 0.03
     result = position_probe(loaded, tokens, ridge=ridge, seed=5, batch_size=3, progress=False)
     test_rows = result.provenance["options"]["test_sequences"]
     is_test = np.isin(np.arange(10), test_rows)
@@ -54,7 +54,7 @@ def test_streamed_probe_equals_explicit_ridge():
         train_y, test_y = np.tile(label, (~is_test).sum()), np.tile(label, is_test.sum())
         mean, std = train_x.mean(0), train_x.std(0)
         standard = (train_x - mean) / std
-        beta = np.linalg.solve(standard.T @ standard + ridge * np.eye(x.shape[-1]),
+        beta = np.linalg.solve(standard.T @ standard + ridge * len(train_y) * np.eye(x.shape[-1]),
                                standard.T @ (train_y - train_y.mean()))
         predicted = train_y.mean() + ((test_x - mean) / std) @ beta
         r2 = 1 - ((test_y - predicted) ** 2).sum() / ((test_y - test_y.mean()) ** 2).sum()
@@ -63,7 +63,26 @@ def test_streamed_probe_equals_explicit_ridge():
 
 def test_probe_errors():
     loaded = random_model()
-    with pytest.raises(BadInputError, match="2 sequences"):
-        position_probe(loaded, torch.zeros(1, 16, dtype=torch.long), progress=False)
+    with pytest.raises(BadInputError, match="3 when"):
+        position_probe(loaded, torch.zeros(2, 16, dtype=torch.long), progress=False)
+    with pytest.raises(BadInputError, match="at least 2"):
+        position_probe(loaded, torch.zeros(1, 16, dtype=torch.long), ridge=1.0, progress=False)
     with pytest.raises(BadInputError, match="layers"):
-        position_probe(loaded, torch.zeros(2, 16, dtype=torch.long), layers=[7], progress=False)
+        position_probe(loaded, torch.zeros(4, 16, dtype=torch.long), layers=[7], progress=False)
+
+
+def test_penalty_is_chosen_within_the_training_sequences():
+    """The default penalty comes from the grid by cross-validation on training folds only:
+    changing the held-out sequences' tokens cannot change it."""
+    from lens_position.probes import RIDGE_GRID
+
+    loaded = random_model(n_layers=1, d_vocab=50)
+    tokens = torch.randint(0, 50, (12, 32), generator=torch.Generator().manual_seed(3))
+    first = position_probe(loaded, tokens, layers=[0], seed=1, progress=False)
+    test_rows = first.provenance["options"]["test_sequences"]
+    altered = tokens.clone()
+    altered[test_rows] = torch.randint(0, 50, (len(test_rows), 32), generator=torch.Generator().manual_seed(4))
+    second = position_probe(loaded, altered, layers=[0], seed=1, progress=False)
+    assert first.layers.ridge[0] in RIDGE_GRID
+    assert second.layers.ridge[0] == first.layers.ridge[0]
+    assert second.layers.r2_train[0] == pytest.approx(first.layers.r2_train[0], abs=1e-12)
