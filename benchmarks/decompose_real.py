@@ -59,7 +59,8 @@ def table(measured: dict) -> str:
     lines = [header, layers.to_string(index=False, float_format=lambda x: f"{x:.4f}"),
              "mean by layer type:", by_type.to_string(float_format=lambda x: f"{x:.4f}")]
     if measured["probes"] is not None:
-        lines += ["position probe (penalty by CV within training, positions 1..T-1, half of the sequences held out):",
+        lines += ["position probe (penalty chosen by CV within training; positions 1..T-1; "
+                  "half of the sequences held out):",
                   measured["probes"].to_string(index=False, float_format=lambda x: f"{x:.3f}")]
     return "\n".join(lines)
 
