@@ -357,7 +357,9 @@ class Decomposition:
     ``var_logA`` = Var(log A) over the analysed triples (in-sample ``T`` lies in [0, 1];
     ``T = R + M + C``). ``var_abs_t``, ``var_abs_z``, ``cov_abs_tz`` are in squared nats.
     ``n_pairs`` counts analysed (sequence, query, key) triples. ``layer_type`` is
-    ``"global"`` or ``"local"`` with its ``window``.
+    ``"global"`` or ``"local"`` with its ``window``. ``*_heldout`` are split-half cross-fits
+    (module docstring): free of the in-sample fit's noise, slightly negative when there is
+    no signal, NaN with a single sequence.
     ``layers``: one row per layer, the mean over heads of each component.
     ``provenance``: model spec, data spec, seed, options (bins, query range, keys), versions.
     """
