@@ -38,11 +38,13 @@ def execute(notebook: nbformat.NotebookNode, workdir: Path, timeout: int = 900) 
 
 
 @pytest.fixture
-def fast_env(monkeypatch):
-    """What CI sets for the notebook kernels: fast mode, and never a hub download."""
+def fast_env(monkeypatch, tmp_path):
+    """What CI sets for the notebook kernels: fast mode, never a hub download, and a weight
+    cache of their own (notebook 5 converts a checkpoint it writes to a temporary folder)."""
     monkeypatch.setenv("LENS_POSITION_FAST", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TQDM_DISABLE", "1")
+    monkeypatch.setenv("LENS_POSITION_CACHE", str(tmp_path / "weight-cache"))
 
 
 def test_the_five_tutorials_exist():
