@@ -141,6 +141,7 @@ def head_heatmaps(heads: pd.DataFrame, *, by: str = "architecture",
             fig.update_yaxes(title_text="layer" if ci == 0 else None, row=gi + 1, col=ci + 1)
     fig.update_layout(coloraxis=dict(colorscale="Viridis", cmin=0.0, cmax=zmax,
                                      colorbar=dict(title="fraction of<br>Var(log A)")))
+    fig.update_annotations(font_size=11)
     return _base_layout(fig, "Per-head components T, R, M", height=max(320, 300 * len(groups)))
 
 
@@ -167,6 +168,11 @@ def probe_r2(probe: pd.DataFrame, *, by: str = "architecture") -> go.Figure:
         ))
     fig.update_xaxes(title_text="layer (residual stream before the layer)")
     fig.update_yaxes(title_text="held-out R² of log(position + 1)")
+    values = pd.concat([probe["r2_heldout"], probe["r2_shuffled"]]).astype(float)
+    if len(values) and np.nanmin(values) < -1:
+        # R² below -1 is "worse than predicting the mean" in any case; clipping the axis keeps
+        # the informative range [-1, 1] readable (the traces keep every value, see hover).
+        fig.update_yaxes(range=[-1.05, 1.05])
     return _base_layout(fig, "Position probe on the residual stream")
 
 
@@ -293,6 +299,7 @@ def sink_heads_map(sinks: pd.DataFrame, reading: pd.DataFrame | None = None, *,
     title = "Sink heads (mean attention on position 0)" + (f", ε = {eps}" if eps is not None else "")
     fig.update_layout(coloraxis=dict(colorscale="Cividis", cmin=0.0, cmax=1.0,
                                      colorbar=dict(title="sink score")))
+    fig.update_annotations(font_size=11)  # long architecture names as panel titles
     return _base_layout(fig, title, height=480)
 
 

@@ -292,8 +292,9 @@ def report_figures(results: Mapping[str, pd.DataFrame]) -> list[ReportFigure]:
         lambda f: plots.head_heatmaps(f))
     add("probe", ("probe_layers",), "Position probe on the residual stream",
         "Held-out R² of a ridge probe from resid_pre at each layer to log(position + 1); dotted: the "
-        "same probe fitted to shuffled positions. An independent view of absolute position in the "
-        "residual stream (C3: accumulation with depth).",
+        "same probe fitted to shuffled positions (the axis is clipped at -1 when a value falls below; hover "
+        "shows every value). An independent view of absolute position in the residual stream (C3: "
+        "accumulation with depth).",
         lambda f: plots.probe_r2(f))
     add("bos", ("bos_layers", "bos_overall"), "C4: BOS replacement",
         "Fraction of the residual component R removed at early queries when the embedding at position 0 "
