@@ -97,7 +97,12 @@ pd.DataFrame({label: {"model": s.name, "rope": s.rope_kind, "rotary base": s.rot
 # %%
 summary = layers.groupby("architecture", sort=False)[["T", "R", "M", "C", "R_heldout", "M_heldout"]].mean()
 summary["R share of T"] = summary["R"] / summary["T"]
+summary["R / standard RoPE's R"] = summary["R"] / summary.loc["standard RoPE", "R"]
 summary
+
+# %% [markdown]
+# C3 predicts `R / standard RoPE's R` below 1 for the NTK-scaled variants. The column above is
+# what we measure, whichever way it goes; on a different model or corpus it can differ.
 
 # %%
 plots.layer_components(layers, components=("R", "M"))
@@ -115,6 +120,11 @@ by_half["slope of R per unit depth"] = [
     np.polyfit(g["depth"], g["R"], 1)[0] for _, g in layers.groupby("architecture", sort=False)
 ]
 by_half
+
+# %%
+for label, row in by_half.iterrows():
+    trend = "rises" if row["slope of R per unit depth"] > 0 else "falls"
+    print(f"{label}: R {trend} with depth ({row['first half']:.3f} in the first half, {row['second half']:.3f} in the second)")
 
 # %% [markdown]
 # ## Local and global layers of the sliding-window model
