@@ -453,7 +453,12 @@ def _run_summary_html(provenance: Mapping[str, Any] | None) -> str:
                      f"sequences; sinks and fingerprint at T = {sizes.get('sink_T')}; sink threshold "
                      f"ε = {sizes.get('eps')}")
     if "wall_time_s" in provenance:
-        parts.append(f"wall time {float(provenance['wall_time_s']):.0f} s")
+        text = f"wall time of this run {float(provenance['wall_time_s']):.0f} s"
+        if provenance.get("steps_reused"):
+            text += f", {provenance['steps_reused']} steps reused from the result cache"
+            if "steps_computed_wall_s" in provenance:
+                text += f" (computing every step took {float(provenance['steps_computed_wall_s']):.0f} s)"
+        parts.append(text)
     return f'<p id="run-summary">{"<br>".join(parts)}</p>' if parts else ""
 
 

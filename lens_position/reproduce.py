@@ -650,8 +650,12 @@ def run(config: RunConfig, *, load: Callable[[str], Any] | None = None) -> RunRe
                         tables, prov = hit
                     else:
                         tables, prov, extra = STEP_FUNCTIONS[step](ctx)
-                        prov = {**_jsonable(prov), "step_options": _jsonable(extra)}
-                        cache.store(step, name, key, tables, prov)
+                if hit is None:
+                    # The cost of computing the step travels with its cached result, so a
+                    # resumed run still reports what every step cost.
+                    prov = {**_jsonable(prov), "step_options": _jsonable(extra),
+                            "computed_cost": {k: round(v, 3) for k, v in cost.items()}}
+                    cache.store(step, name, key, tables, prov)
                 records.append(StepRecord(step, name, key, hit is not None, cost["wall_s"], cost["cpu_s"],
                                           cost["peak_rss_mb"], prov))
                 for table, frame in tables.items():
@@ -681,6 +685,10 @@ def run(config: RunConfig, *, load: Callable[[str], Any] | None = None) -> RunRe
         "steps": [r.to_dict() for r in records],
     }
     files["report"] = out / "report.html"
+    computed = [r.provenance.get("computed_cost", {}).get("wall_s") for r in records if r.step != "load"]
+    prov["steps_reused"] = sum(r.cached for r in records)
+    if computed and all(c is not None for c in computed):
+        prov["steps_computed_wall_s"] = round(sum(computed), 3)  # as first computed, cached or not
     prov["wall_time_s"] = round(time.perf_counter() - started, 3)
     report_module.write_report(files["report"], stacked, provenance=prov)
     check = None

@@ -313,3 +313,13 @@ def test_without_chromium_the_browser_check_is_skipped_and_recorded(tmp_path, mo
     assert main(["probe", "tiny-llama", "--quick", "--browser-check", "--out", str(out), "--no-progress"]) == 0
     assert _provenance(out)["browser_check"] == {"ok": None, "skipped": "no Chromium found"}
     assert not (out / "report.png").exists()
+
+
+def test_a_resumed_run_still_reports_what_each_step_cost(quick_run):
+    prov = _provenance(quick_run)  # written by the all-cached rerun above when run in file order
+    steps = [s for s in prov["steps"] if s["step"] != "load"]
+    for step in steps:
+        cost = step["provenance"]["computed_cost"]
+        assert cost["wall_s"] > 0 and cost["cpu_s"] > 0 and cost["peak_rss_mb"] > 0
+    assert prov["steps_computed_wall_s"] == pytest.approx(sum(s["provenance"]["computed_cost"]["wall_s"]
+                                                              for s in steps), abs=1e-2)
