@@ -66,7 +66,7 @@ def _add_common(sub: argparse.ArgumentParser, *, many_models: bool) -> None:
                       help="positions per sequence, position 0 included (default: 128, 40 with --quick; "
                            "sliding-window models use at least 1.25 × their window)")
     data.add_argument("--N", type=_positive_int, default=None, metavar="N",
-                      help="number of sequences, for every step when given (default: 8; BOS replacement and "
+                      help="number of sequences, for every step when given (default: 16; BOS replacement and "
                            "sink reading 16, probes enough for 2048 positions; 4 with --quick)")
     data.add_argument("--seed", type=int, default=0, help="seed for data and random replacements (default: 0)")
     run = sub.add_argument_group("run")

@@ -98,9 +98,10 @@ class Settings:
     batch_size: int = 16
 
 
-# The full run is sized to fit 15 min warm on 2 cores with peak memory under 8 GB
-# (measured by benchmarks/reproduce.py); --quick is a smoke run that takes seconds on tiny models.
-FULL = Settings(T=128, N=8, early_N=16, probe_positions=2048, sink_T=64)
+# The full run is sized to fit 15 min warm on 2 cores with peak memory under 8 GB: measured by
+# benchmarks/reproduce.py on an idle 2-core machine, 298 s and 3.7 GB peak (the slowest steps:
+# Gemma-3's decomposition and probe at T = 640, about 50 s each). --quick is a smoke run on tiny models.
+FULL = Settings(T=128, N=16, early_N=16, probe_positions=2048, sink_T=64)
 QUICK = Settings(T=40, N=4, early_N=4, probe_positions=160, query_range=(0, 16), sink_T=32)
 
 
