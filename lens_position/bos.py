@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import pandas as pd
-import torch
 from transformer_lens import HookedTransformer
 
 from lens_position import provenance

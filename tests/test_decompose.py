@@ -9,7 +9,7 @@ from lens_position.decompose import (
     PairDesign, PositionBins, check_identity, decompose, decompose_dense,
 )
 from lens_position.errors import BadInputError, ContextLengthError, UnsupportedArchitectureError
-from lens_position.toy import BOS_TOKEN_ID, offset_only_model, random_model, toy_tokens
+from lens_position.toy import offset_only_model, random_model, toy_tokens
 
 LENGTH = 48
 

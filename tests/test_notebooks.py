@@ -8,7 +8,6 @@ whole set runs in about a minute. A cell that raises fails the test with the cel
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
