@@ -108,7 +108,7 @@ def bos_replacement(
     layer_rows, overall_rows, head_frames = [], [], []
     for replacement in replacements:
         patch = embedding_patch(loaded, tokens, replacement, position=0, token=token, seed=seed)
-        replaced = decompose(loaded, prompts, fwd_hooks=[patch.streaming_hook()], **options)
+        replaced = decompose(loaded, prompts, patches=[patch], **options)
         for layer, group in base.heads.groupby("layer", sort=True):
             other = replaced.heads[replaced.heads["layer"] == layer]
             layer_rows.append({"replacement": replacement, "layer": int(layer),

@@ -48,18 +48,21 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
-from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from lens_position import provenance
 from lens_position.errors import BadInputError, ContextLengthError, UnsupportedArchitectureError
 from lens_position.models.spec import LoadedModel, as_loaded
+from lens_position.stream import stream
+
+if TYPE_CHECKING:
+    from lens_position.patching import Patch
 
 KeySet = Literal["all", "no-bos"]
 HELDOUT_DEFINITION = (
@@ -230,10 +233,22 @@ def self_referenced_scores(
 _CHUNK_BYTES = 8 * 2**20  # heads are reduced in chunks of about this many float64 bytes (cache-sized)
 
 
+def _as_slice(index: Int[torch.Tensor, "row"]) -> slice | Int[torch.Tensor, "row"]:
+    """``index`` (sorted batch rows) as a slice when evenly spaced, as the halves of a
+    contiguous batch are: slicing a batch is a view, indexing it with a tensor copies it."""
+    values = index.tolist()
+    if not values:
+        return slice(0, 0)
+    step = values[1] - values[0] if len(values) > 1 else 1
+    if step > 0 and values == list(range(values[0], values[-1] + 1, step)):
+        return slice(values[0], values[-1] + 1, step)
+    return index
+
+
 def _reduce(scores: Float[torch.Tensor, "batch head query key"], design: PairDesign,
-            first_half: int, stats: HeadStatistics) -> None:
+            half_of_row: Int[torch.Tensor, "batch"], stats: HeadStatistics) -> None:
     """Add one batch's statistics to ``stats``; batch row ``b`` belongs to half
-    ``(first_half + b) % 2``.
+    ``half_of_row[b]`` (0 or 1).
 
     Works on the raw scores: with ``lse[i] = logsumexp_j s[i, j]``, ``log A = s - lse``,
     ``t = s - s[i, i]`` and ``z = lse - s[i, i]``, so the per-feature sums of ``t`` are those
@@ -245,8 +260,9 @@ def _reduce(scores: Float[torch.Tensor, "batch head query key"], design: PairDes
     per_head = n_batch * s.shape[2] * s.shape[3] * 8
     chunk = max(1, _CHUNK_BYTES // per_head)
     count = design.analysed_per_query
-    halves = [slice((half - first_half) % 2, None, 2) for half in (0, 1)]
-    sizes = [len(range(n_batch)[rows]) for rows in halves]
+    half_of_row = half_of_row.to(s.device)
+    halves = [_as_slice((half_of_row == half).nonzero().squeeze(1)) for half in (0, 1)]
+    sizes = [len(range(n_batch)[rows]) if isinstance(rows, slice) else len(rows) for rows in halves]
     for first in range(0, n_heads, chunk):
         heads = slice(first, min(first + chunk, n_heads))
         # copy=True: a float64 model's scores would otherwise be masked in place, changing the forward pass
@@ -429,6 +445,80 @@ def _check_mask(scores: torch.Tensor, design: PairDesign, layer: int) -> None:
             "unpadded causal or sliding-window attention")
 
 
+class DecompositionReducer:
+    """The decomposition's statistics as a reducer for :func:`lens_position.stream.stream`:
+    it reads ``hook_attn_scores`` of the analysed layers and keeps, per layer, the
+    :class:`HeadStatistics` of the two halves (sequences of even and odd index).
+
+    Build it with the same options as :func:`decompose`, stream the prompts through the
+    model (together with any other reducers), then call :meth:`result`.
+    """
+
+    def __init__(self, model: LoadedModel | HookedTransformer, prompts: Any, *,
+                 layers: Sequence[int] | None = None, query_range: tuple[int, int] | None = None,
+                 keys: KeySet = "all", bins: PositionBins = PositionBins()) -> None:
+        self.loaded = as_loaded(model)
+        tokens, self.data = _prompt_tokens(prompts)
+        self.seed = getattr(getattr(prompts, "spec", None), "seed", None)
+        self.layers, self.query_start, self.query_stop = _check_options(self.loaded, tokens, layers,
+                                                                         query_range, keys)
+        self.length = tokens.shape[1]
+        self.keys, self.bins = keys, bins
+        self.windows = layer_key_windows(self.loaded)
+        self.designs: dict[int | None, PairDesign] = {}
+        for layer in self.layers:
+            window = self.windows[layer]
+            if window not in self.designs:
+                self.designs[window] = PairDesign.build(self.length, window, self.query_start, self.query_stop,
+                                                        keys, bins)
+        n_heads = self.loaded.model.cfg.n_heads
+        self.stats = {layer: HeadStatistics.zeros(n_heads, self.designs[self.windows[layer]].n_features)
+                      for layer in self.layers}
+        self.hook_names = tuple(f"blocks.{layer}.attn.hook_attn_scores" for layer in self.layers)
+        self._layer_of = dict(zip(self.hook_names, self.layers))
+        self._checked: set[int] = set()
+
+    def update(self, hook_name: str, scores: Float[torch.Tensor, "batch head query key"],
+               rows: Int[torch.Tensor, "batch"]) -> None:
+        layer = self._layer_of[hook_name]
+        design = self.designs[self.windows[layer]]
+        if layer not in self._checked:
+            _check_mask(scores, design, layer)
+            self._checked.add(layer)
+        _reduce(scores, design, rows % 2, self.stats[layer])
+
+    def result(self, **options: Any) -> Decomposition:
+        """The :class:`Decomposition` of everything streamed so far; ``options`` (batch
+        size, interventions) are recorded in its provenance."""
+        n_heads = self.loaded.model.cfg.n_heads
+        n_seq = sum(self.stats[self.layers[0]].n_sequences)
+        if n_seq == 0:
+            raise BadInputError("no prompts were streamed through this decomposition")
+        rows = []
+        fitters = {window: _Fitter(design) for window, design in self.designs.items()}  # one pseudo-inverse per key set
+        for layer in self.layers:
+            window = self.windows[layer]
+            design = self.designs[window]
+            values = _components(fitters[window], self.stats[layer])
+            for head in range(n_heads):
+                row = {
+                    "layer": layer, "head": head, "layer_type": "global" if window is None else "local",
+                    "window": window, "query_start": self.query_start, "query_stop": self.query_stop,
+                    "keys": self.keys, "n_pairs": design.n_pairs * n_seq, "n_sequences": n_seq,
+                }
+                row.update({name: float(v[head]) for name, v in values.items()})
+                rows.append(row)
+        heads = pd.DataFrame(rows, columns=HEAD_COLUMNS).astype({"window": "Int64"})
+        per_layer = heads.groupby(["layer", "layer_type"], dropna=False, sort=True)[COMPONENTS].mean().reset_index()
+        prov = provenance.collect(
+            model=self.loaded.spec, data=self.data, seed=self.seed, layers=self.layers,
+            query_range=[self.query_start, self.query_stop], keys=self.keys, **options,
+            bins={**self.bins.to_dict(), "position_edges": self.bins.edges(self.length).tolist(), "offsets": "exact"},
+            heldout=HELDOUT_DEFINITION, mask_windows={str(layer): self.windows[layer] for layer in self.layers},
+        )
+        return Decomposition(heads=heads, layers=per_layer, provenance=prov)
+
+
 def decompose(
     model: LoadedModel | HookedTransformer,
     prompts: Any,
@@ -436,6 +526,7 @@ def decompose(
     layers: Sequence[int] | None = None,
     query_range: tuple[int, int] | None = None,
     keys: KeySet = "all",
+    patches: Sequence[Patch] = (),
     fwd_hooks: Sequence[tuple[str | Callable, Callable]] = (),
     batch_size: int = 8,
     bins: PositionBins = PositionBins(),
@@ -452,74 +543,26 @@ def decompose(
         query_range: ``(start, stop)``, queries ``start <= i < stop`` (default all ``T``).
         keys: ``"all"`` keys of ``K(i)``, or ``"no-bos"`` to leave position 0 out of the
             analysed pairs (the normaliser ``z`` still sums over all of ``K(i)``).
-        fwd_hooks: extra ``(hook name, function)`` pairs active during the forward pass
-            (interventions); they run before the analysis hooks, which read the scores the
-            model actually uses.
+        patches: interventions (:class:`lens_position.patching.Patch`) applied during the
+            pass; the analysis reads the scores the patched model actually uses.
+        fwd_hooks: extra ``(hook name, function)`` pairs active during the forward pass,
+            run after the patches and before the analysis.
         batch_size: sequences per forward pass.
         bins: query/key position bins (offsets always get one bin each).
-        progress: show a progress bar over batches.
+        progress: show a progress bar.
 
     Returns:
-        a :class:`Decomposition`.
+        a :class:`Decomposition`. To compute it in the same pass as other statistics, stream
+        a :class:`DecompositionReducer` with them (:func:`lens_position.stream.stream`).
     """
-    loaded = as_loaded(model)
-    hooked = loaded.model
-    tokens, data = _prompt_tokens(prompts)
-    layers, query_start, query_stop = _check_options(loaded, tokens, layers, query_range, keys)
-    n_seq, length = tokens.shape
-    windows = layer_key_windows(loaded)
-    designs: dict[int | None, PairDesign] = {}
-    for layer in layers:
-        if windows[layer] not in designs:
-            designs[windows[layer]] = PairDesign.build(length, windows[layer], query_start, query_stop, keys, bins)
-    n_heads = hooked.cfg.n_heads
-    stats = {layer: HeadStatistics.zeros(n_heads, designs[windows[layer]].n_features) for layer in layers}
-    checked: set[int] = set()
-    first_half = [0]
-
-    def make_hook(layer: int) -> Callable:
-        design = designs[windows[layer]]
-
-        def hook(scores: torch.Tensor, hook: Any) -> None:
-            if layer not in checked:
-                _check_mask(scores, design, layer)
-                checked.add(layer)
-            _reduce(scores.detach(), design, first_half[0], stats[layer])
-
-        return hook
-
-    analysis_hooks = [(f"blocks.{layer}.attn.hook_attn_scores", make_hook(layer)) for layer in layers]
-    device = next(hooked.parameters()).device
-    starts = range(0, n_seq, batch_size)
-    with torch.no_grad(), hooked.hooks(fwd_hooks=list(fwd_hooks) + analysis_hooks):
-        for start in tqdm(starts, disable=not progress, desc="decompose", unit="batch"):
-            batch = tokens[start:start + batch_size]
-            first_half[0] = start % 2
-            hooked(batch.to(device), stop_at_layer=layers[-1] + 1)
-
-    rows = []
-    fitters = {window: _Fitter(design) for window, design in designs.items()}  # one pseudo-inverse per key set
-    for layer in layers:
-        design = designs[windows[layer]]
-        values = _components(fitters[windows[layer]], stats[layer])
-        for head in range(n_heads):
-            row = {
-                "layer": layer, "head": head, "layer_type": "global" if windows[layer] is None else "local",
-                "window": windows[layer], "query_start": query_start, "query_stop": query_stop, "keys": keys,
-                "n_pairs": design.n_pairs * n_seq, "n_sequences": n_seq,
-            }
-            row.update({name: float(v[head]) for name, v in values.items()})
-            rows.append(row)
-    heads = pd.DataFrame(rows, columns=HEAD_COLUMNS).astype({"window": "Int64"})
-    per_layer = heads.groupby(["layer", "layer_type"], dropna=False, sort=True)[COMPONENTS].mean().reset_index()
-    prov = provenance.collect(
-        model=loaded.spec, data=data, seed=getattr(getattr(prompts, "spec", None), "seed", None),
-        layers=layers, query_range=[query_start, query_stop], keys=keys, batch_size=batch_size,
-        bins={**bins.to_dict(), "position_edges": bins.edges(length).tolist(), "offsets": "exact"},
-        heldout=HELDOUT_DEFINITION, fwd_hooks=[name if isinstance(name, str) else repr(name) for name, _ in fwd_hooks],
-        mask_windows={str(layer): windows[layer] for layer in layers},
+    reducer = DecompositionReducer(model, prompts, layers=layers, query_range=query_range, keys=keys, bins=bins)
+    stream(model, prompts, [reducer], patches=patches, fwd_hooks=fwd_hooks, batch_size=batch_size,
+           progress=progress, desc="decompose")
+    return reducer.result(
+        batch_size=batch_size,
+        patches=[patch.label or patch.hook_name for patch in patches],
+        fwd_hooks=[name if isinstance(name, str) else repr(name) for name, _ in fwd_hooks],
     )
-    return Decomposition(heads=heads, layers=per_layer, provenance=prov)
 
 
 # ---------------------------------------------------------------------------------------

@@ -38,7 +38,6 @@ models; within float round-off where batching changes the matmul shapes).
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -175,6 +174,8 @@ class Patch:
       every row), or a tensor whose first axis is the batch (one value per prompt, in the
       order of the target prompts).
     - ``label``: free-form description that ends up in result tables.
+    - ``rows``: the prompts (indices into the streamed prompts) the patch applies to; None:
+      every prompt. A per-prompt ``value`` then has one entry per element of ``rows``.
     """
 
     hook_name: str
@@ -182,6 +183,11 @@ class Patch:
     position: int | None = None
     head: int | None = None
     label: str = ""
+    rows: Int[torch.Tensor, "row"] | None = None
+
+    def __post_init__(self) -> None:
+        if self.rows is not None:
+            object.__setattr__(self, "rows", torch.as_tensor(self.rows, dtype=torch.int64).reshape(-1).cpu())
 
     @property
     def layer(self) -> int:
@@ -195,12 +201,40 @@ class Patch:
             index += (self.head,)
         return index
 
-    def apply(self, activation: torch.Tensor, rows: slice = slice(None)) -> torch.Tensor:
-        """Write ``value`` into ``activation[rows, position, head]`` in place; return it."""
-        index = (rows,) + self._index()
+    def apply(self, activation: torch.Tensor, sequences: Int[torch.Tensor, "batch"] | None = None) -> torch.Tensor:
+        """Write ``value`` into ``activation[:, position, head]`` in place; return it.
+
+        ``sequences``: the prompt index of each batch row (as :func:`lens_position.stream.stream`
+        hands them). A per-prompt ``value`` is then indexed by it, and a patch with ``rows``
+        writes only the batch rows whose prompt is among its ``rows``. Without
+        ``sequences`` the batch rows are the prompts ``0..batch-1``.
+        """
+        n_batch = activation.shape[0]
+        if sequences is None and self.rows is None:
+            batch: slice | torch.Tensor = slice(None)
+            pick = None  # the value's batch axis, if any, must match the activation's
+        else:
+            sequences = torch.arange(n_batch) if sequences is None else sequences.cpu()
+            if self.rows is None:
+                batch, pick = slice(None), sequences
+            else:
+                # position of each batch row's prompt within self.rows (-1: not patched)
+                matches = sequences[:, None] == self.rows[None, :]
+                found = matches.any(1)
+                if not bool(found.any()):
+                    return activation
+                batch = found.nonzero().squeeze(1)
+                pick = matches.to(torch.int64).argmax(1)[batch]
+        index = (batch,) + self._index()
         target = activation[index]
         value = self.value
         if isinstance(value, torch.Tensor):
+            if pick is not None and self._per_prompt():
+                if int(pick.max()) >= value.shape[0]:
+                    raise BadInputError(
+                        f"patch {self.label or self.hook_name} has values for {value.shape[0]} prompts "
+                        f"but is applied to prompt {int(pick.max())}; give one value per prompt")
+                value = value[pick.to(value.device)]
             value = value.to(device=activation.device, dtype=activation.dtype)
             try:
                 value = torch.broadcast_to(value, target.shape)
@@ -215,32 +249,19 @@ class Patch:
         return activation
 
     def hook(self) -> tuple[str, Callable]:
-        """A ``(hook_name, fn)`` forward hook applying this patch to every row."""
+        """A ``(hook_name, fn)`` forward hook applying this patch to a batch holding the
+        prompts ``0..batch-1`` (a single pass over all prompts); batched passes go through
+        :func:`lens_position.stream.stream`, which tells the patch which prompts it sees."""
 
         def fn(activation: torch.Tensor, hook: Any) -> torch.Tensor:
             return self.apply(activation)
 
         return (self.hook_name, fn)
 
-    def streaming_hook(self) -> tuple[str, Callable]:
-        """A forward hook for passes that feed the prompts in consecutive batches (as
-        ``decompose(batch_size=...)`` does): row ``k`` of a per-prompt ``value`` goes to the
-        ``k``-th prompt the hook sees, wrapping around after the last one. A value without a
-        batch axis, or a float, applies to every row as in :meth:`hook`."""
-        per_prompt = isinstance(self.value, torch.Tensor) and self.value.ndim >= 1 and \
+    def _per_prompt(self) -> bool:
+        """Whether ``value`` has a batch axis (one value per prompt)."""
+        return isinstance(self.value, torch.Tensor) and self.value.ndim >= 1 and \
             self.value.ndim == self._target_ndim()
-        if not per_prompt:
-            return self.hook()
-        n_prompts = self.value.shape[0]
-        state = {"offset": 0}
-
-        def fn(activation: torch.Tensor, hook: Any) -> torch.Tensor:
-            rows = torch.arange(state["offset"], state["offset"] + activation.shape[0]) % n_prompts
-            state["offset"] = int(rows[-1]) + 1
-            part = dataclasses.replace(self, value=self.value[rows.to(self.value.device)])
-            return part.apply(activation)
-
-        return (self.hook_name, fn)
 
     def _target_ndim(self) -> int:
         """Rank of ``activation[:, position, head]`` for this hook (batch axis included)."""
@@ -413,7 +434,7 @@ def run_patches(
 
         def patch_hook(activation: torch.Tensor, hook: Any) -> torch.Tensor:
             for rows, patch in hooks_by_name[hook.name]:
-                patch.apply(activation, rows)
+                patch.apply(activation[rows])
             return activation
 
         captured: dict[str, torch.Tensor] = {}

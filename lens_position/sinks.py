@@ -288,7 +288,7 @@ def sink_reading_heads(
     output_change = _output_change(hooked, tokens, patches, query_range)
     options = dict(query_range=query_range, batch_size=batch_size, progress=progress)
     base = decompose(loaded, prompts, **options)
-    patched = decompose(loaded, prompts, fwd_hooks=[p.streaming_hook() for p in patches], **options)
+    patched = decompose(loaded, prompts, patches=patches, **options)
     frame = base.heads[["layer", "head", "layer_type"]].copy()
     frame["output_change"] = output_change.reshape(-1).numpy()
     frame["R_base"] = base.heads["R"].to_numpy()
@@ -308,7 +308,7 @@ def sink_reading_heads(
     before_layers = _layer_R(base.heads)
     for kind in ("zero", "mean"):
         ablation = head_ablation(loaded, ablate_heads, kind, reference=tokens)
-        after = decompose(loaded, prompts, fwd_hooks=[p.hook() for p in ablation], **options)
+        after = decompose(loaded, prompts, patches=ablation, **options)
         after_layers = _layer_R(after.heads)
         for (_, b), (_, a) in zip(before_layers.iterrows(), after_layers.iterrows()):
             layer_rows.append({"ablation": kind, "layer": int(b["layer"]), "R_before": b["R"],

@@ -116,7 +116,7 @@ def trajectory_patching(
     for k, layer in enumerate(tqdm(layers, disable=not progress, desc="trajectory")):
         downstream = list(range(layer, n_layers))
         patched = decompose(loaded, prompts, layers=downstream,
-                            fwd_hooks=[patches[layer].streaming_hook()], **options).heads
+                            patches=[patches[layer]], **options).heads
         rows = base[base["layer"] >= layer][["layer", "head", "layer_type", "R"]].rename(columns={"R": "R_base"})
         rows = rows.reset_index(drop=True)
         rows.insert(0, "patch_layer", layer)

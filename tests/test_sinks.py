@@ -134,7 +134,7 @@ def test_ablating_the_sink_reading_head_removes_the_residual_component_it_carrie
 
 def test_own_position0_patches_keep_every_block_on_the_base_residual_stream(model, tokens):
     patches = sinks.own_position0_patches(model, tokens, "no-bos")
-    patched = decompose(model, tokens, fwd_hooks=[p.streaming_hook() for p in patches],
+    patched = decompose(model, tokens, patches=patches,
                         batch_size=4, progress=False)
     # head (2, 0) reads e2 from the pinned base residual: its R is untouched by the
     # removal of BOS from layer 1's key/value
