@@ -1,4 +1,4 @@
-"""The ``lens-position`` command line: argument parsing only; the work is in ``lens_position.reproduce``.
+"""The ``lens-position`` command line: argument parsing only; the work is in ``lens_position.pipeline``.
 
 ``lens-position reproduce`` runs claims C1-C5 on the embedded default models and writes an
 output folder (tables, claims, provenance, ``report.html`` and its screenshot). The other
@@ -41,7 +41,7 @@ def _positive_int(text: str) -> int:
 
 
 def _add_common(sub: argparse.ArgumentParser, *, many_models: bool) -> None:
-    from lens_position.reproduce import DEFAULT_MODELS
+    from lens_position.pipeline.config import DEFAULT_MODELS
 
     if many_models:
         sub.add_argument("--models", default=",".join(DEFAULT_MODELS), metavar="NAMES",
@@ -117,14 +117,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _config(args: argparse.Namespace, argv: Sequence[str]):
-    from lens_position.reproduce import COMMAND_STEPS, DataOptions, RunConfig
+    from lens_position.pipeline.config import DataOptions, RunConfig
+    from lens_position.pipeline.steps import commands
 
     if args.command == "reproduce":
         models = tuple(m.strip() for m in args.models.split(",") if m.strip())
     else:
         models = (args.model,)
     return RunConfig(
-        out=args.out, models=models, steps=COMMAND_STEPS[args.command],
+        out=args.out, models=models, steps=commands()[args.command],
         data=DataOptions(source=args.source, corpus=args.corpus, bos=args.bos, seed=args.seed),
         T=args.T, N=args.N, quick=args.quick, fmt=args.fmt, use_cache=args.use_cache,
         browser_check=args.browser_check, progress=args.progress,
@@ -153,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     logging.basicConfig(level=logging.WARNING, format="lens-position: %(levelname)s: %(message)s")
     try:
-        from lens_position.reproduce import run
+        from lens_position.pipeline.run import run
 
         result = run(_config(args, sys.argv[1:] if argv is None else argv))
     except (LensPositionError, OSError) as error:

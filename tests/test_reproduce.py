@@ -3,6 +3,7 @@ hold exactly the numbers of the tables, a clean render in Chromium, and resume f
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -17,6 +18,7 @@ from lens_position import reproduce
 from lens_position.cli import EXIT_INTERRUPTED, main
 from lens_position.errors import BadInputError
 from lens_position.report import TABLES, claims_table, report_figure_specs
+from lens_position.pipeline.steps import STEPS as STEP_REGISTRY
 from lens_position.reproduce import StepCache, parse_model_request, step_key
 
 MODELS = "tiny-llama,tiny-llama@ntk_alpha=8,tiny-gemma3"
@@ -199,25 +201,25 @@ def test_an_interrupted_run_resumes_from_its_finished_steps(tmp_path, monkeypatc
     out = tmp_path / "out"
     argv = ["sinks", "tiny-llama", "--quick", "--out", str(out), "--no-progress"]
     calls: list[str] = []
-    original = dict(reproduce.STEP_FUNCTIONS)
+    original = dict(STEP_REGISTRY)
 
     def counting(step):
-        def run_step(ctx):
+        def run_step(ctx, sizes):
             calls.append(step)
-            return original[step](ctx)
-        return run_step
+            return original[step].run(ctx, sizes)
+        return dataclasses.replace(original[step], run=run_step)
 
-    def interrupt(ctx):
+    def interrupt(ctx, sizes):
         raise KeyboardInterrupt
 
     for step in ("sink_heads", "sink_rate", "sink_reading"):
-        monkeypatch.setitem(reproduce.STEP_FUNCTIONS, step, counting(step))
-    monkeypatch.setitem(reproduce.STEP_FUNCTIONS, "sink_reading", interrupt)
+        monkeypatch.setitem(STEP_REGISTRY, step, counting(step))
+    monkeypatch.setitem(STEP_REGISTRY, "sink_reading", dataclasses.replace(original["sink_reading"], run=interrupt))
     assert main(argv) == EXIT_INTERRUPTED
     assert "resume" in capsys.readouterr().err
     assert calls == ["sink_heads", "sink_rate"]
 
-    monkeypatch.setitem(reproduce.STEP_FUNCTIONS, "sink_reading", counting("sink_reading"))
+    monkeypatch.setitem(STEP_REGISTRY, "sink_reading", counting("sink_reading"))
     calls.clear()
     assert main(argv) == 0
     assert calls == ["sink_reading"]  # the two finished steps came from the cache

@@ -1,0 +1,186 @@
+"""The step cache: every step's result on disk, keyed by everything it depends on.
+
+A key is the sha256 of the step name, the model's ``ModelSpec`` (weights hash included; not
+how the load went), the data condition with the *contents* hash of its corpus, the sizes
+the step runs with, the device and dtype, and the versions of lens_position, torch,
+transformers and transformer_lens. Asking for the same step again reads it back, so an
+interrupted run resumes where it stopped, and changing anything a result depends on
+(an edited corpus file included) reruns what it affects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import pandas as pd
+
+import lens_position
+
+log = logging.getLogger(__name__)
+
+
+def jsonable(obj: Any) -> Any:
+    """``obj`` as plain JSON types (dataclasses, ``to_dict`` objects, paths, numpy/torch scalars)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return jsonable(dataclasses.asdict(obj))
+    if hasattr(obj, "to_dict"):
+        return jsonable(obj.to_dict())
+    if isinstance(obj, Mapping):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, float) and obj != obj:
+        return None
+    if hasattr(obj, "item") and callable(obj.item):  # numpy / torch scalars
+        return obj.item()
+    if obj is None or isinstance(obj, (str, int, float, bool)):
+        return obj
+    return repr(obj)
+
+
+# ModelSpec.extra entries that describe one load (how long it took, whether the weight cache was
+# warm), not the model: they must not change a cache key.
+LOAD_EVENT_KEYS = ("from_cache", "load_seconds", "cache_dir", "cache_path")
+
+# The packages whose versions can change a number (a kernel, a hook's semantics, a tokenizer).
+KEY_PACKAGES = ("torch", "transformers", "transformer_lens")
+
+
+def model_identity(model_spec: Any) -> dict[str, Any]:
+    """The model spec as JSON without the entries that describe one load (not the model)."""
+    spec = jsonable(model_spec)
+    if isinstance(spec, dict) and isinstance(spec.get("extra"), dict):
+        spec = {**spec, "extra": {k: v for k, v in spec["extra"].items() if k not in LOAD_EVENT_KEYS}}
+    return spec
+
+
+def key_versions() -> dict[str, str]:
+    """Versions of the packages a cached result depends on."""
+    import importlib.metadata as md
+
+    out = {"lens_position": lens_position.__version__}
+    for name in KEY_PACKAGES:
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            out[name] = "absent"
+    return out
+
+
+def step_key(step: str, model_spec: Any, config: Mapping[str, Any]) -> str:
+    """sha256 of the step's full configuration: step name, model spec (weights hash included;
+    not how the load went), data and experiment options (``config``), and the versions of
+    lens_position, torch, transformers and transformer_lens."""
+    payload = {"step": step, "model": model_identity(model_spec), "config": jsonable(config),
+               "versions": key_versions()}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+# A temporary entry folder older than this is a killed writer's leftover, not a live write.
+STALE_AFTER_S = 3600.0
+
+
+class StepCache:
+    """Step results on disk: ``<root>/<step>/<model>-<key[:20]>/`` holding one Parquet file per
+    table and ``provenance.json``.
+
+    An entry is written in a temporary folder and renamed into place when complete, so an
+    interrupted write never leaves a result that looks finished. Concurrent writers of the
+    same entry are safe: the results are the same by construction of the key, so the first
+    rename wins and the others discard theirs. Temporary folders left by killed writers
+    (older than ``stale_after_s``) are removed when the cache is opened.
+    """
+
+    def __init__(self, root: Path, *, stale_after_s: float = STALE_AFTER_S):
+        self.root = Path(root)
+        self.stale_after_s = stale_after_s
+        self.removed_leftovers = self._clean_leftovers()
+
+    def _clean_leftovers(self) -> list[Path]:
+        removed = []
+        if not self.root.is_dir():
+            return removed
+        now = time.time()
+        for tmp in self.root.glob("*/.*"):  # entries never start with ".": these are temporaries
+            try:
+                if tmp.is_dir() and now - tmp.stat().st_mtime > self.stale_after_s:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    removed.append(tmp)
+            except OSError:  # another process removed or renamed it meanwhile
+                continue
+        if removed:
+            log.info("removed %d unfinished step-cache entries left by killed writers", len(removed))
+        return removed
+
+    def path(self, step: str, model: str, key: str) -> Path:
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in model)[:60]
+        return self.root / step / f"{safe}-{key[:20]}"
+
+    def load(self, step: str, model: str, key: str) -> tuple[dict[str, pd.DataFrame], dict] | None:
+        folder = self.path(step, model, key)
+        meta = folder / "provenance.json"
+        if not meta.is_file():
+            return None
+        try:
+            record = json.loads(meta.read_text())
+            if record.get("key") != key:
+                return None
+            tables = {name: pd.read_parquet(folder / f"{name}.parquet") for name in record["tables"]}
+        except (OSError, ValueError, KeyError) as error:
+            log.warning("ignoring unreadable cached result %s (%s); recomputing", folder, error)
+            return None
+        return tables, record["provenance"]
+
+    def store(self, step: str, model: str, key: str, tables: Mapping[str, pd.DataFrame],
+              provenance: Mapping[str, Any]) -> Path:
+        folder = self.path(step, model, key)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-tmp", dir=folder.parent))
+        try:
+            for name, frame in tables.items():
+                frame.to_parquet(tmp / f"{name}.parquet", index=False)
+            record = {"key": key, "step": step, "model": model, "tables": list(tables),
+                      "provenance": jsonable(provenance)}
+            (tmp / "provenance.json").write_text(json.dumps(record, indent=1))
+            self._publish(tmp, folder, key)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        return folder
+
+    def _publish(self, tmp: Path, folder: Path, key: str) -> None:
+        """Rename ``tmp`` to ``folder``. A complete entry of the same key already there (another
+        writer won the race) is kept; an incomplete or different one is moved aside first."""
+        for _ in range(5):
+            try:
+                os.rename(tmp, folder)
+                return
+            except OSError:  # the target exists and is not empty
+                if self._complete(folder, key):
+                    return  # another writer stored the same result first: ours is discarded
+                aside = folder.parent / f".{folder.name}-tmp-old-{os.getpid()}-{time.monotonic_ns()}"
+                try:
+                    os.rename(folder, aside)
+                except FileNotFoundError:
+                    continue  # it went away meanwhile: try again
+                shutil.rmtree(aside, ignore_errors=True)
+        raise OSError(f"could not store the step result in {folder}: other writers kept replacing it")
+
+    @staticmethod
+    def _complete(folder: Path, key: str) -> bool:
+        try:
+            record = json.loads((folder / "provenance.json").read_text())
+        except (OSError, ValueError):
+            return False
+        return record.get("key") == key and all((folder / f"{t}.parquet").is_file() for t in record["tables"])

@@ -1,0 +1,156 @@
+"""What a run is asked to do: the models, the data conditions, the sizes and where to write.
+
+Nothing here loads a model or reads data; ``plan`` turns a ``RunConfig`` into cells.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lens_position.errors import BadInputError
+
+DEFAULT_MODELS: tuple[str, ...] = ("smollm2-135m", "smollm2-135m-ntk", "smollm2-135m-ntk-parts", "gemma3-270m")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Sizes of a run. ``T`` counts every position including position 0; ``N`` is the
+    number of sequences.
+
+    - decompose: ``N`` sequences of ``T`` positions; models with sliding-window layers use
+      ``max(T, ceil(window_factor · window))`` so that their local layers slide;
+    - probe: the same ``T``, and enough sequences for ``probe_positions`` positions in all
+      (at least ``N``): a ridge probe on a d_model-wide residual stream needs more samples
+      than features on each side of its train/test split;
+    - bos, sink_reading (measured at early queries ``query_range``): ``early_N`` sequences
+      of ``query_range[1]`` positions. Under causal attention a query ``i`` sees keys
+      ``<= i`` only, so longer sequences would not change what is measured, only its cost;
+    - sink_heads, sink_rate, fingerprint: ``N`` sequences of ``sink_T`` positions (Gu et
+      al.'s T = 64 set-up).
+    """
+
+    T: int
+    N: int
+    early_N: int
+    probe_positions: int = 2048
+    query_range: tuple[int, int] = (0, 32)
+    eps: float = 0.3
+    sink_T: int = 64
+    window_factor: float = 1.25
+    # Per-batch costs of the analysis hooks dominate small batches: on SmolLM2 at T = 32,
+    # batches of 16 took 2.6x less CPU time than batches of 4.
+    batch_size: int = 16
+
+    def check(self) -> None:
+        """Checks of the sizes that need no model (BadInputError)."""
+        if self.N < 2:
+            raise BadInputError(f"N = {self.N} is too small: held-out fits need at least 2 sequences")
+        if self.T < 2:
+            raise BadInputError(f"T = {self.T} is too short: the analyses need at least 2 positions")
+        lo, hi = self.query_range
+        if not 0 <= lo < hi:
+            raise BadInputError(f"query range {self.query_range} is empty")
+
+
+# The full run is sized to fit 15 min warm on 2 cores with peak memory under 8 GB: measured by
+# benchmarks/reproduce.py on an idle 2-core machine, 298 s and 3.7 GB peak (the slowest steps:
+# Gemma-3's decomposition and probe at T = 640, about 50 s each). --quick is a smoke run on tiny models.
+FULL = Settings(T=128, N=16, early_N=16, probe_positions=2048, sink_T=64)
+QUICK = Settings(T=40, N=4, early_N=4, probe_positions=160, query_range=(0, 16), sink_T=32)
+
+
+@dataclass(frozen=True)
+class DataOptions:
+    """Which prompts every step is run on (see ``lens_position.data.build_prompts``): one
+    data condition of a run (a sweep runs several)."""
+
+    source: str = "natural"
+    corpus: str | None = None
+    bos: str = "force"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.source not in ("natural", "random", "repeated"):
+            raise BadInputError(f"unknown data source {self.source!r}; use natural, random or repeated")
+        if self.bos not in ("tokenizer", "force", "none") and not (
+                self.bos.startswith("token:") and len(self.bos) > len("token:")):
+            raise BadInputError(f"unknown BOS policy {self.bos!r}; use tokenizer, force, none or "
+                                "token:<id or text>")
+        if self.corpus is not None and not self.corpus.startswith("hf:") and not Path(self.corpus).exists():
+            raise BadInputError(f"text source {self.corpus} does not exist; pass a text file, a folder "
+                                "or hf:<name>:<split>[:<column>]")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Compute:
+    """Where and in what precision models are loaded and run.
+
+    ``device``: ``"cpu"``, ``"cuda"`` or ``"auto"`` (cuda when available); ``dtype``: the
+    weights' and activations' precision (``float32``, ``bfloat16``, ``float16``); the
+    decomposition's statistics are accumulated in float64 whatever the dtype.
+    ``n_devices``: GPUs a model is split over (TransformerLens pipeline of layers).
+    """
+
+    device: str = "cpu"
+    dtype: str = "float32"
+    n_devices: int = 1
+
+    def __post_init__(self) -> None:
+        if self.device not in ("cpu", "cuda", "auto"):
+            raise BadInputError(f"unknown device {self.device!r}; use cpu, cuda or auto")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise BadInputError(f"unknown dtype {self.dtype!r}; use float32, bfloat16 or float16")
+        if not isinstance(self.n_devices, int) or self.n_devices < 1:
+            raise BadInputError(f"n_devices must be a positive whole number, got {self.n_devices!r}")
+        if self.n_devices > 1 and self.device == "cpu":
+            raise BadInputError(f"n_devices = {self.n_devices} splits a model over GPUs; use --device cuda")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class RunConfig:
+    """Everything a run depends on. ``T`` / ``N`` of None take the mode's defaults.
+
+    ``conditions`` (a sweep's data conditions) defaults to the single condition ``data``.
+    ``executor``: ``"serial"`` (one model after another in this process) or ``"ray"``
+    (an actor per model, cells as tasks; ``ray_address`` joins a running cluster).
+    """
+
+    out: Path
+    models: tuple[str, ...] = DEFAULT_MODELS
+    steps: tuple[str, ...] | None = None  # None: every step of the registry
+    data: DataOptions = field(default_factory=DataOptions)
+    conditions: tuple[DataOptions, ...] | None = None
+    factors: tuple[str, ...] = ()  # DataOptions fields that get a column in every table (a sweep's)
+    T: int | None = None
+    N: int | None = None
+    quick: bool = False
+    fmt: str = "parquet"
+    use_cache: bool = True
+    browser_check: bool = True
+    progress: bool = True
+    command: str | None = None  # the command line that started the run, for the provenance
+    compute: Compute = field(default_factory=Compute)
+    executor: str = "serial"
+    ray_address: str | None = None
+    ray_num_cpus: int | None = None  # CPUs of a local Ray instance (None: all of this machine's)
+
+    def settings(self) -> Settings:
+        base = QUICK if self.quick else FULL
+        changes = {}
+        if self.T is not None:
+            changes.update(T=self.T, sink_T=self.T)
+        if self.N is not None:
+            changes.update(N=self.N, early_N=self.N, probe_positions=1)  # the user's N everywhere
+        return dataclasses.replace(base, **changes)
+
+    def all_conditions(self) -> tuple[DataOptions, ...]:
+        return tuple(self.conditions) if self.conditions else (self.data,)

@@ -1,0 +1,87 @@
+"""Model requests of a run: ``"name@option=value@..."`` strings, checked and loaded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+from lens_position.errors import BadInputError, ContextLengthError
+
+# Load options a model request may carry after '@' (see parse_model_request) and their types.
+_LOAD_OPTIONS: dict[str, type] = {"ntk_alpha": float, "ntk_by_parts": dict, "window": int, "n_ctx": int}
+
+
+def parse_model_request(request: str) -> tuple[str, dict[str, Any]]:
+    """Split ``"name@option=value@..."`` into the model name and ``load_model`` options.
+
+    Options: ``ntk_alpha=<float>``, ``ntk_by_parts`` (Llama-3 defaults) or
+    ``ntk_by_parts=<json object>``, ``window=<int>``, ``n_ctx=<int>``; e.g.
+    ``tiny-llama@ntk_alpha=8`` or ``smollm2-135m@ntk_by_parts={"factor":4}``.
+    """
+    name, *parts = request.split("@")
+    options: dict[str, Any] = {}
+    for part in parts:
+        key, _, value = part.partition("=")
+        if key not in _LOAD_OPTIONS:
+            raise BadInputError(f"unknown load option {key!r} in model {request!r}; use "
+                                f"{', '.join(_LOAD_OPTIONS)}")
+        kind = _LOAD_OPTIONS[key]
+        try:
+            if kind is dict:
+                options[key] = json.loads(value) if value else {}
+                if not isinstance(options[key], dict):
+                    raise ValueError("not a JSON object")
+            else:
+                options[key] = kind(value)
+        except ValueError as error:
+            raise BadInputError(f"bad value {value!r} for {key} in model {request!r}: {error}") from None
+    if not name:
+        raise BadInputError(f"model request {request!r} has no model name")
+    return name, options
+
+
+def load_request(request: str, compute: Any = None) -> Any:
+    """Load the model a request names (offline), with its '@' options, on ``compute``'s
+    device and in its dtype (``lens_position.pipeline.devices``)."""
+    from lens_position.models import load_model
+
+    name, options = parse_model_request(request)
+    if compute is None:
+        return load_model(name, offline=True, **options)
+    from lens_position.pipeline.devices import load_on
+
+    return load_on(lambda **kw: load_model(name, offline=True, **options, **kw), compute)
+
+
+def check_models(requests: Sequence[str]) -> None:
+    """Fail fast on a request whose name is neither a registry model nor an existing path
+    (UnknownModelError) or whose options are malformed (BadInputError)."""
+    from lens_position.models.registry import lookup
+
+    if not requests:
+        raise BadInputError("no models given; pass --models with at least one name")
+    if len(set(requests)) != len(requests):
+        raise BadInputError(f"a model is listed twice in {', '.join(requests)}")
+    for request in requests:
+        name, _ = parse_model_request(request)
+        if not Path(name).exists():
+            lookup(name)
+
+
+def architecture_label(spec: Any, request: str | None = None) -> tuple[str, str]:
+    """(label, role) of a model: e.g. ("NTK-scaled RoPE: smollm2-135m-ntk", "ntk")."""
+    from lens_position import report as report_module
+
+    role = report_module.role_of(spec)
+    return f"{report_module.ROLE_NAMES[role]}: {request or spec.name}", role
+
+
+def check_context(spec: Any, T: int) -> None:
+    """ContextLengthError when ``T`` positions do not fit the model's context."""
+    if T > spec.n_ctx:
+        raise ContextLengthError(
+            f"T = {T} exceeds the context of {spec.name} ({spec.n_ctx} positions); pass a smaller --T"
+        )
+    if T < 2:
+        raise BadInputError(f"T = {T} is too short: the analyses need at least 2 positions")

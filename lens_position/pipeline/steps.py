@@ -1,0 +1,224 @@
+"""The steps of a reproduction, each one value in one registry (``STEPS``).
+
+A ``Step`` says its name, the tables it writes (names as in ``report.TABLES``), the
+sub-command that runs it, how its sizes follow from the run's ``Settings`` and the model's
+``ModelSpec``, and how it runs on a loaded model. The command line, the step cache, the
+report and the executors all read this registry; adding a step is adding one value here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import pandas as pd
+
+from lens_position.errors import BadInputError
+from lens_position.pipeline.config import DataOptions, Settings
+from lens_position.pipeline.models import check_context
+
+
+@dataclass
+class StepOutput:
+    """What running a step returns: its tables, the experiment's provenance, and the
+    options it ran with (prompt spec and sizes) for the run's provenance."""
+
+    tables: dict[str, pd.DataFrame]
+    provenance: dict[str, Any]
+    options: dict[str, Any]
+
+
+@dataclass
+class StepContext:
+    """What a step sees: the loaded model, one data condition with its corpus text (read once
+    by the driver, so workers need no access to the user's files), and a prompt-set memo
+    (most steps share a prompt set)."""
+
+    loaded: Any
+    data: DataOptions
+    progress: bool = False
+    corpus_text: str | None = None
+    corpus_name: str | None = None  # how the corpus is named in prompt specs ("file:/...", ...)
+    _prompts: dict[tuple, Any] = field(default_factory=dict)
+
+    @property
+    def spec(self) -> Any:
+        return self.loaded.spec
+
+    def text(self) -> str | None:
+        """The natural text every step builds its prompts from (None: the default corpus)."""
+        return self.corpus_text if self.data.source == "natural" else None
+
+    def prompts(self, T: int, N: int) -> Any:
+        from lens_position.data import build_prompts
+
+        check_context(self.spec, T)
+        key = (T, N)
+        if key not in self._prompts:
+            prompts = build_prompts(self.loaded, source=self.data.source, T=T, N=N, bos=self.data.bos,
+                                    seed=self.data.seed, text=self.text())
+            if self.text() is not None and self.corpus_name is not None:
+                # The text came from a named corpus: name it, not "text", in the prompt spec.
+                prompts = dataclasses.replace(prompts, spec=dataclasses.replace(prompts.spec,
+                                                                                corpus=self.corpus_name))
+            self._prompts[key] = prompts
+        return self._prompts[key]
+
+    def need_bos(self, prompts: Any, what: str) -> None:
+        if not prompts.has_bos:
+            raise BadInputError(f"{what} needs BOS at position 0, but the prompts of {self.spec.name} have none "
+                                f"under --bos {self.data.bos}; use --bos force")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step: ``sizes(settings, spec)`` gives the sizes it runs with on a model (they are
+    part of its cache key); ``run(ctx, sizes)`` measures and returns a ``StepOutput``.
+    ``needs_bos`` names what needs BOS at position 0 (checked before any forward pass)."""
+
+    name: str
+    tables: tuple[str, ...]
+    command: str
+    sizes: Callable[[Settings, Any], dict[str, Any]]
+    run: Callable[[StepContext, Mapping[str, Any]], StepOutput]
+    needs_bos: str | None = None
+
+
+def model_T(settings: Settings, spec: Any) -> int:
+    """T for this model: raised to ``window_factor · window`` when it has sliding-window layers."""
+    T = settings.T
+    if spec.window and "local" in tuple(spec.attn_types or ()):
+        T = max(T, int(-(-settings.window_factor * spec.window // 1)))
+    return T
+
+
+def _early(s: Settings, spec: Any) -> dict[str, Any]:
+    early_T = min(s.query_range[1], model_T(s, spec))
+    return {"T": early_T, "N": s.early_N, "query_range": (s.query_range[0], early_T), "batch_size": s.batch_size}
+
+
+def _frames(result: Any, **names: str) -> dict[str, pd.DataFrame]:
+    return {table: getattr(result, attr).reset_index(drop=True) for table, attr in names.items()}
+
+
+def _run_decompose(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
+    from lens_position.decompose import decompose
+
+    prompts = ctx.prompts(sizes["T"], sizes["N"])
+    result = decompose(ctx.loaded, prompts, batch_size=sizes["batch_size"], progress=ctx.progress)
+    return StepOutput(_frames(result, decompose_layers="layers", decompose_heads="heads"), result.provenance,
+                      {"prompts": prompts.spec, **sizes})
+
+
+def _run_probe(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
+    from lens_position.probes import position_probe
+
+    prompts = ctx.prompts(sizes["T"], sizes["N"])
+    result = position_probe(ctx.loaded, prompts, seed=ctx.data.seed, batch_size=sizes["batch_size"],
+                            progress=ctx.progress)
+    return StepOutput({"probe_layers": result.layers.reset_index(drop=True)}, result.provenance,
+                      {"prompts": prompts.spec, **sizes})
+
+
+def _run_bos(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
+    from lens_position.bos import bos_replacement
+
+    prompts = ctx.prompts(sizes["T"], sizes["N"])
+    ctx.need_bos(prompts, "BOS replacement")
+    result = bos_replacement(ctx.loaded, prompts, query_range=tuple(sizes["query_range"]), seed=ctx.data.seed,
+                             batch_size=sizes["batch_size"], progress=ctx.progress)
+    return StepOutput(_frames(result, bos_layers="frame", bos_overall="overall"), result.provenance,
+                      {"prompts": prompts.spec, **sizes})
+
+
+def _run_sink_heads(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
+    from lens_position.sinks import sink_heads
+
+    prompts = ctx.prompts(sizes["T"], sizes["N"])
+    result = sink_heads(ctx.loaded, prompts, eps=sizes["eps"], batch_size=sizes["batch_size"],
+                        progress=ctx.progress)
+    return StepOutput({"sink_heads": result.frame.reset_index(drop=True)}, result.provenance,
+                      {"prompts": prompts.spec, **sizes})
+
+
+def _run_sink_rate(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
+    from lens_position.sinks import sink_rate
+
+    check_context(ctx.spec, sizes["T"])
+    # The natural-text condition is built from the run's corpus (--text), like every other step.
+    result = sink_rate(ctx.loaded, T=sizes["T"], N=sizes["N"], eps=sizes["eps"], seed=ctx.data.seed,
+                       bos=ctx.data.bos, text=ctx.corpus_text, batch_size=sizes["batch_size"],
+                       progress=ctx.progress)
+    return StepOutput({"sink_rate": result.frame.reset_index(drop=True)}, result.provenance,
+                      {**sizes, "corpus": ctx.data.corpus})
+
+
+def _run_sink_reading(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
+    from lens_position.sinks import sink_reading_heads
+
+    prompts = ctx.prompts(sizes["T"], sizes["N"])
+    ctx.need_bos(prompts, "finding sink-reading heads (position 0 with and without BOS)")
+    result = sink_reading_heads(ctx.loaded, prompts, counterfactual="no-bos",
+                                query_range=tuple(sizes["query_range"]), batch_size=sizes["batch_size"],
+                                progress=ctx.progress)
+    return StepOutput(_frames(result, sink_reading="frame", sink_ablation="ablation"), result.provenance,
+                      {"prompts": prompts.spec, **sizes})
+
+
+def _run_fingerprint(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
+    from lens_position.fingerprint import fingerprint
+
+    check_context(ctx.spec, sizes["T"])
+    result = fingerprint(ctx.loaded, T=sizes["T"], N=sizes["N"], seed=ctx.data.seed, source=ctx.data.source,
+                         text=ctx.text())
+    return StepOutput({"fingerprint": result.frame.reset_index(drop=True)}, result.provenance,
+                      {**sizes, "corpus": ctx.data.corpus})
+
+
+_STEP_LIST = (
+    Step("decompose", ("decompose_layers", "decompose_heads"), "decompose",
+         lambda s, spec: {"T": model_T(s, spec), "N": s.N, "batch_size": s.batch_size}, _run_decompose),
+    Step("probe", ("probe_layers",), "probe",
+         lambda s, spec: {"T": model_T(s, spec), "N": max(s.N, -(-s.probe_positions // model_T(s, spec))),
+                          "batch_size": s.batch_size}, _run_probe),
+    Step("bos", ("bos_layers", "bos_overall"), "bos", _early, _run_bos, needs_bos="BOS replacement"),
+    Step("sink_heads", ("sink_heads",), "sinks",
+         lambda s, spec: {"T": min(s.sink_T, model_T(s, spec)), "N": s.N, "eps": s.eps,
+                          "batch_size": s.batch_size}, _run_sink_heads),
+    Step("sink_rate", ("sink_rate",), "sinks",
+         lambda s, spec: {"T": s.sink_T, "N": s.N, "eps": s.eps, "batch_size": s.batch_size}, _run_sink_rate),
+    Step("sink_reading", ("sink_reading", "sink_ablation"), "sinks", _early, _run_sink_reading,
+         needs_bos="finding sink-reading heads (position 0 with and without BOS)"),
+    Step("fingerprint", ("fingerprint",), "fingerprint",
+         lambda s, spec: {"T": s.sink_T, "N": s.N}, _run_fingerprint),
+)
+
+# The registry: step name -> Step, in the order a run executes them.
+STEPS: dict[str, Step] = {step.name: step for step in _STEP_LIST}
+
+
+def step_names() -> tuple[str, ...]:
+    """Every step's name, in run order."""
+    return tuple(STEPS)
+
+
+def commands() -> dict[str, tuple[str, ...]]:
+    """Sub-commands of the command line and the steps each runs (``reproduce``: all)."""
+    out: dict[str, tuple[str, ...]] = {"reproduce": step_names()}
+    for step in STEPS.values():
+        out[step.command] = out.get(step.command, ()) + (step.name,)
+    return out
+
+
+def get_step(name: str) -> Step:
+    """The registry's step called ``name`` (BadInputError naming the known steps otherwise)."""
+    try:
+        return STEPS[name]
+    except KeyError:
+        raise BadInputError(f"unknown step {name!r}; choose from {', '.join(STEPS)}") from None
+
+
+def tables_of(steps: tuple[str, ...]) -> tuple[str, ...]:
+    """The tables the given steps write, in order."""
+    return tuple(table for name in steps for table in get_step(name).tables)

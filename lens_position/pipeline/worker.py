@@ -1,0 +1,78 @@
+"""Where cells run: a ``ModelWorker`` holds one loaded model and runs that model's cells.
+
+Both executors use it: the serial executor in this process, the Ray executor inside one
+actor per model. It returns results; it never writes the cache or the outputs.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import pandas as pd
+
+from lens_position.pipeline.cache import jsonable
+from lens_position.pipeline.measure import measure
+from lens_position.pipeline.plan import Cell, Condition
+from lens_position.pipeline.steps import Step, StepContext
+
+
+@dataclass
+class CellResult:
+    """A computed cell: its tables and provenance (the experiment's own, plus the options it ran
+    with and ``computed_cost``: wall s, CPU s and peak MB of computing it)."""
+
+    tables: dict[str, pd.DataFrame]
+    provenance: dict[str, Any]
+    cost: dict[str, float]
+
+
+@dataclass
+class Loaded:
+    """A model's spec and what loading it cost (wall s, CPU s, peak MB)."""
+
+    spec: Any
+    cost: dict[str, float]
+
+
+class ModelWorker:
+    """One loaded model and a step context per data condition (prompt sets are shared
+    between the steps of a condition)."""
+
+    def __init__(self, request: str, steps: Mapping[str, Step], *, compute: Any = None,
+                 load: Callable[[str], Any] | None = None, progress: bool = False):
+        from lens_position.pipeline.models import load_request
+
+        self.request = request
+        self.steps = dict(steps)
+        self.progress = progress
+        with measure() as cost:
+            self.loaded = load(request) if load is not None else load_request(request, compute)
+        self.load_cost = dict(cost)
+        self._contexts: dict[Condition, StepContext] = {}
+
+    def describe(self) -> Loaded:
+        return Loaded(spec=self.loaded.spec, cost=self.load_cost)
+
+    def context(self, condition: Condition) -> StepContext:
+        if condition not in self._contexts:
+            self._contexts[condition] = StepContext(
+                loaded=self.loaded, data=condition.data, progress=self.progress,
+                corpus_text=condition.corpus.text, corpus_name=condition.corpus.name)
+        return self._contexts[condition]
+
+    def run(self, cell: Cell) -> CellResult:
+        ctx = self.context(cell.condition)
+        with measure() as cost:
+            output = self.steps[cell.step].run(ctx, cell.sizes)
+        # The cost of computing the step travels with its cached result, so a resumed run
+        # still reports what every step cost.
+        provenance = {**jsonable(output.provenance), "step_options": jsonable(output.options),
+                      "computed_cost": {k: round(v, 3) for k, v in cost.items()}}
+        return CellResult(tables=output.tables, provenance=provenance, cost=dict(cost))
+
+    def close(self) -> None:
+        self._contexts.clear()
+        self.loaded = None
+        gc.collect()
