@@ -37,7 +37,7 @@ from lens_position.data import build_prompts
 from lens_position.decompose import decompose
 from lens_position.models import load_model
 
-pio.renderers.default = "plotly_mimetype+notebook_connected"
+pio.renderers.default = "plotly_mimetype+notebook"
 
 loaded = load_model(MODEL)  # HookedTransformer + tokenizer + ModelSpec
 prompts = build_prompts(loaded, source="natural", T=T, N=N, bos="force")  # N sequences of T tokens

@@ -47,7 +47,7 @@ from lens_position.decompose import check_identity, decompose, self_referenced_s
 from lens_position.models import load_model
 from lens_position.toy import offset_only_model, toy_tokens
 
-pio.renderers.default = "plotly_mimetype+notebook_connected"
+pio.renderers.default = "plotly_mimetype+notebook"
 COLUMNS = ["layer", "head", "T", "R", "M", "C", "T_heldout", "R_heldout", "M_heldout"]
 
 # %% [markdown]

@@ -49,7 +49,7 @@ from lens_position.models import load_model
 from lens_position.sinks import sink_heads, sink_rate, sink_reading_heads
 from lens_position.trajectory import trajectory_patching
 
-pio.renderers.default = "plotly_mimetype+notebook_connected"
+pio.renderers.default = "plotly_mimetype+notebook"
 
 loaded = load_model(MODEL)
 label = loaded.spec.name

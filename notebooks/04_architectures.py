@@ -63,7 +63,7 @@ from lens_position.decompose import decompose
 from lens_position.models import load_model
 from lens_position.probes import position_probe
 
-pio.renderers.default = "plotly_mimetype+notebook_connected"
+pio.renderers.default = "plotly_mimetype+notebook"
 
 # %% [markdown]
 # One loop: load, build prompts with an explicit BOS at position 0, decompose, probe. Results are

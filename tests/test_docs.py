@@ -133,3 +133,35 @@ def test_readme_states_the_two_commands_first_then_links_docs_and_notebooks():
     assert "notebooks/" in readme
     for notebook in sorted((ROOT / "notebooks").glob("[0-9]*.py")):
         assert notebook.name in readme or notebook.stem in readme, f"README does not link {notebook.name}"
+
+
+def _typeset_equations(dom: str) -> tuple[int, int, int]:
+    """(equations on the page, typeset by MathJax as SVG, MathJax errors) in a dumped DOM."""
+    equations = len(re.findall(r'class="arithmatex"', dom))
+    typeset = len(re.findall(r"<mjx-container[^>]*>\s*<svg", dom))
+    errors = len(re.findall(r"data-mjx-error|<mjx-merror", dom))
+    return equations, typeset, errors
+
+
+def test_equations_render_offline_in_chromium(site):
+    """The concepts page opened from disk without a network: every equation is typeset (SVG)."""
+    from offline_browser import dump_dom_offline
+
+    dom = dump_dom_offline(site / "concepts" / "index.html")
+    equations, typeset, errors = _typeset_equations(dom)
+    assert equations >= 20, "the concepts page lost its equations"
+    assert typeset == equations and errors == 0, f"{typeset} of {equations} equations typeset, {errors} errors"
+    assert "https://" not in " ".join(re.findall(r'<script[^>]+src="([^"]+)"', dom)), "a script still loads from the web"
+
+
+def test_offline_check_fails_for_math_from_a_cdn(site, tmp_path):
+    """Control: the same page with MathJax from a CDN typesets nothing, so the check above can fail."""
+    from offline_browser import dump_dom_offline
+
+    page = tmp_path / "cdn" / "concepts" / "index.html"
+    page.parent.mkdir(parents=True)
+    text = (site / "concepts" / "index.html").read_text()
+    page.write_text(text.replace("../javascripts/vendor/mathjax/tex-svg.js",
+                                 "https://unpkg.com/mathjax@3/es5/tex-svg.js"))
+    equations, typeset, _ = _typeset_equations(dump_dom_offline(page, budget_ms=5000))
+    assert equations >= 20 and typeset == 0

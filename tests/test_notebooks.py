@@ -8,6 +8,7 @@ whole set runs in about a minute. A cell that raises fails the test with the cel
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -98,3 +99,38 @@ def test_harness_kernel_is_this_interpreter_with_the_fast_setting(tmp_path, fast
     printed = notebook.cells[0].outputs[0].text.split()
     assert Path(printed[0]).resolve() == Path(sys.executable).resolve()
     assert printed[1] == "1"
+
+
+def _figure_outputs(notebook: nbformat.NotebookNode) -> int:
+    return sum("application/vnd.plotly.v1+json" in o.get("data", {})
+               for c in notebook.cells if c.cell_type == "code" for o in c.get("outputs", []))
+
+
+WITH_FIGURES = [p for p in PAIRED if _figure_outputs(nbformat.read(p, as_version=4))]
+
+
+def test_stored_notebooks_keep_no_widget_residue():
+    """Progress-bar widgets are dead in a stored notebook (no kernel): none may be stored."""
+    for paired in PAIRED:
+        text = paired.read_text()
+        assert "application/vnd.jupyter.widget" not in text, f"{paired.name} stores widget outputs or state"
+
+
+@pytest.mark.parametrize("paired", WITH_FIGURES, ids=lambda p: p.stem)
+def test_exported_notebook_draws_its_figures_offline_in_chromium(paired, tmp_path):
+    """`jupyter nbconvert --to html` of a stored notebook, opened without a network: every
+    figure is drawn (plotly.js is embedded in the notebook, not loaded from a CDN)."""
+    from nbconvert import HTMLExporter
+    from offline_browser import dump_dom_offline
+
+    notebook = nbformat.read(paired, as_version=4)
+    body, _ = HTMLExporter().from_notebook_node(notebook)
+    page = tmp_path / f"{paired.stem}.html"
+    page.write_text(body, encoding="utf-8")
+    dom = dump_dom_offline(page)
+    expected = _figure_outputs(notebook)
+    figures = len(re.findall(r'class="plotly-graph-div', dom))
+    drawn = len(re.findall(r'class="[^"]*js-plotly-plot', dom))
+    svgs = len(re.findall(r'<svg[^>]*class="main-svg"', dom))
+    assert figures == expected, f"{paired.name}: {figures} figure divs for {expected} figures"
+    assert drawn == expected and svgs >= expected, f"{paired.name}: {drawn} of {expected} figures drawn offline"
