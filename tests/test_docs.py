@@ -165,3 +165,26 @@ def test_offline_check_fails_for_math_from_a_cdn(site, tmp_path):
                                  "https://unpkg.com/mathjax@3/es5/tex-svg.js"))
     equations, typeset, _ = _typeset_equations(dump_dom_offline(page, budget_ms=5000))
     assert equations >= 20 and typeset == 0
+
+
+def test_readme_and_docs_refer_to_nothing_outside_the_repository():
+    """A user has the repository, not the team's design notes: no link may leave it."""
+    pages = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+    for page in pages:
+        text = page.read_text()
+        assert not re.search(r"shared/|DESIGN\.md|STYLE\.md", text), f"{page.relative_to(ROOT)} refers outside the repo"
+        for target in re.findall(r"\]\(([^)#\s]+)", text):
+            if re.match(r"[a-z]+:", target):
+                continue  # a web address, not a file
+            resolved = (page.parent / target).resolve()
+            assert ROOT in resolved.parents or resolved == ROOT, f"{page.relative_to(ROOT)} links {target} outside the repo"
+
+
+def test_concepts_page_carries_the_design(site):
+    """The claims, both splits, the interventions, the models and the data are on the concepts page."""
+    html = (site / "concepts" / "index.html").read_text()
+    for needed in ["C1", "C2", "C3", "C4", "C5", "mask-only counterfactual", "Why the reference matters",
+                   "BOS replacement", "trajectory patching", "Sink-reading heads", "fingerprint",
+                   "SmolLM2-135M", "Gemma-3-270M", "NTK-by-parts", "pydoc_data.topics", "repeated token",
+                   "holds", "inconclusive"]:
+        assert needed in html, needed
