@@ -160,6 +160,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (LensPositionError, OSError) as error:
         if args.debug:
             raise
+        if not getattr(error, "all_input_errors", True):  # a failed step hit a bug, not bad input
+            print(f"lens-position: internal error: {_one_line(error)} (rerun with --debug for the traceback "
+                  "and please report it)", file=sys.stderr)
+            return EXIT_INTERNAL
         print(f"lens-position: error: {_one_line(error)}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
