@@ -36,12 +36,13 @@ from lens_position.decompose import decompose
 from lens_position.errors import BadInputError
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.patching import as_tokens, default_replacement_token, embedding_patch
+from lens_position.results import SavedResult
 
 REPLACEMENTS = ("token", "mean", "random")
 
 
 @dataclass
-class BosReplacement:
+class BosReplacement(SavedResult):
     """Result of :func:`bos_replacement` (module docstring: definitions).
 
     ``frame``: one row per (replacement, layer): ``replacement``, ``layer``, ``layer_type``,

@@ -59,6 +59,7 @@ from transformer_lens import HookedTransformer
 from lens_position import provenance
 from lens_position.errors import BadInputError, ContextLengthError, UnsupportedArchitectureError
 from lens_position.models.spec import LoadedModel, as_loaded
+from lens_position.results import SavedResult
 from lens_position.stream import stream
 
 if TYPE_CHECKING:
@@ -366,7 +367,7 @@ COMPONENTS = ["T", "R", "M", "C", "T_heldout", "R_heldout", "M_heldout", "C_held
 
 
 @dataclass
-class Decomposition:
+class Decomposition(SavedResult):
     """Result of :func:`decompose`.
 
     ``heads``: one row per (layer, head). ``T, R, M, C`` (and ``*_heldout``) are fractions of
@@ -383,6 +384,25 @@ class Decomposition:
     heads: pd.DataFrame
     layers: pd.DataFrame
     provenance: dict[str, Any]
+
+    def to_tensor(self, component: str = "R") -> Float[torch.Tensor, "layer head"]:
+        """One per-head column of ``heads`` (``"R"``, ``"M_heldout"``, ...) as a float64
+        ``[layer, head]`` tensor indexed like the model: ``to_tensor("R")[l, h]`` is layer ``l``,
+        head ``h``. Layers that were not analysed are rows of NaN, so a subset keeps its real
+        layer indices."""
+        if component not in self.heads.columns or component in ("layer", "head") \
+                or not pd.api.types.is_numeric_dtype(self.heads[component]):
+            numeric = [c for c in self.heads.columns
+                       if c not in ("layer", "head") and pd.api.types.is_numeric_dtype(self.heads[c])]
+            raise BadInputError(f"no per-head quantity {component!r}; choose one of {numeric}")
+        model = self.provenance.get("model") or {}
+        n_layers = int(model.get("n_layers") or self.heads["layer"].max() + 1)
+        n_heads = int(model.get("n_heads") or self.heads["head"].max() + 1)
+        out = torch.full((n_layers, n_heads), float("nan"), dtype=torch.float64)
+        layer = torch.from_numpy(self.heads["layer"].to_numpy(dtype=np.int64, copy=True))
+        head = torch.from_numpy(self.heads["head"].to_numpy(dtype=np.int64, copy=True))
+        out[layer, head] = torch.from_numpy(self.heads[component].to_numpy(dtype=np.float64, na_value=np.nan, copy=True))
+        return out
 
 
 def layer_key_windows(model: LoadedModel | HookedTransformer) -> list[int | None]:

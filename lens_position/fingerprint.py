@@ -30,6 +30,7 @@ from lens_position import provenance
 from lens_position.errors import BadInputError
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.patching import as_tokens, cache_activations
+from lens_position.results import SavedResult
 
 
 def auto_bos_policy(model: LoadedModel | HookedTransformer) -> str:
@@ -106,7 +107,7 @@ def residual_names(model: LoadedModel | HookedTransformer) -> list[str]:
 
 
 @dataclass
-class Fingerprint:
+class Fingerprint(SavedResult):
     """Result of :func:`fingerprint`.
 
     ``frame``: one row per (layer, condition); ``layer`` ``l < n_layers`` is

@@ -52,6 +52,7 @@ from transformer_lens import HookedTransformer
 from lens_position import provenance
 from lens_position.errors import BadInputError
 from lens_position.models.spec import LoadedModel, as_loaded
+from lens_position.results import SavedResult
 
 _BLOCK_HOOK = re.compile(r"^blocks\.(\d+)\.")
 # Hooks whose activation is [batch, pos, ...] (position on axis 1, head on axis 2 if any).
@@ -642,7 +643,7 @@ def head_ablation(
 
 
 @dataclass
-class PatchSweep:
+class PatchSweep(SavedResult):
     """A metric per patch condition. ``values`` is indexed like the model (``[layer, pos]``
     for a resid_pre sweep); ``frame`` has one row per condition."""
 

@@ -38,6 +38,7 @@ from lens_position import provenance
 from lens_position.decompose import _prompt_tokens
 from lens_position.errors import BadInputError, ContextLengthError
 from lens_position.models.spec import LoadedModel, as_loaded
+from lens_position.results import SavedResult
 
 RIDGE_GRID = tuple(float(x) for x in 10.0 ** np.arange(-4, 3.01, 0.5))
 
@@ -109,7 +110,7 @@ def _r2(test: _Moments, target: int, w: torch.Tensor, c: torch.Tensor) -> float:
 
 
 @dataclass
-class ProbeResult:
+class ProbeResult(SavedResult):
     """``layers``: one row per layer: ``r2_heldout`` (R² of log(i+1) on held-out sequences,
     at most 1), ``r2_train``, ``r2_shuffled`` (probe trained on shuffled positions, scored on
     true held-out positions), ``ridge`` (the penalty used), ``n_train``/``n_test`` (rows:

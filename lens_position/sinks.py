@@ -41,6 +41,7 @@ from lens_position.patching import (
     head_ablation,
     run_patches,
 )
+from lens_position.results import SavedResult
 
 SINK_EPS = 0.3
 SINK_CONDITIONS = ("natural", "random", "repeated")
@@ -59,7 +60,7 @@ def _bos_policy(prompts: Any) -> Any:
 
 
 @dataclass
-class SinkHeads:
+class SinkHeads(SavedResult):
     """Result of :func:`sink_heads`. ``frame``: one row per (layer, head) with ``sink_score``
     (mean attention on position 0, in [0, 1]) and ``is_sink`` (``sink_score > eps``).
     ``scores``: ``Float[Tensor, "layer head"]``. ``sink_rate``: fraction of sink heads."""
@@ -133,7 +134,7 @@ def sink_heads(
 
 
 @dataclass
-class SinkRate:
+class SinkRate(SavedResult):
     """Result of :func:`sink_rate`. ``frame``: one row per condition with ``sink_rate``
     (fraction of heads whose sink score exceeds ``eps``, in [0, 1]), ``n_sink_heads``,
     ``n_heads``, ``eps``, ``T``, ``N``, ``bos``. ``heads``: the per-head sink scores of every
@@ -182,7 +183,7 @@ def sink_rate(
 
 
 @dataclass
-class SinkReading:
+class SinkReading(SavedResult):
     """Result of :func:`sink_reading_heads`.
 
     ``frame``: one row per (layer, head), ranked. ``output_change``: RMS over prompts and

@@ -32,10 +32,11 @@ from lens_position.errors import BadInputError
 from lens_position.fingerprint import counterfactual_token0, position0_activations
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.patching import Patch, as_tokens, cache_activations, run_patches
+from lens_position.results import SavedResult
 
 
 @dataclass
-class TrajectoryPatching:
+class TrajectoryPatching(SavedResult):
     """Result of :func:`trajectory_patching` (module docstring: definitions).
 
     ``frame``: one row per (patch_layer, layer, head) with ``layer >= patch_layer``:
