@@ -32,7 +32,9 @@ import pandas as pd
 from transformer_lens import HookedTransformer
 
 from lens_position import provenance
+from lens_position.checks import check_count, check_query_range, check_seed
 from lens_position.decompose import decompose
+from lens_position.inputs import checked_prompts
 from lens_position.errors import BadInputError
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.patching import as_tokens, default_replacement_token, embedding_patch
@@ -89,11 +91,15 @@ def bos_replacement(
     embedding is replaced, per layer and overall, for each replacement.
 
     ``prompts`` must hold BOS at position 0 (``build_prompts(..., bos="force")`` on
-    SmolLM2; Gemma-3's tokenizer prepends it); a bare token tensor is taken as given.
+    SmolLM2; Gemma-3's tokenizer prepends it); a bare token tensor must hold the model's
+    BOS id at position 0 of every row (taken as given when the model has no BOS id).
     """
     loaded = as_loaded(model)
+    prompts = checked_prompts(loaded, prompts, min_length=2)
+    seed, batch_size = check_seed(seed), check_count("batch_size", batch_size)
     tokens = as_tokens(loaded, prompts)
-    if getattr(prompts, "has_bos", True) is False:
+    bos_unknown = prompts.spec.source == "tokens" and prompts.bos_token_id is None  # nothing to check against
+    if not prompts.has_bos and not bos_unknown:
         raise BadInputError(
             "BOS replacement needs BOS at position 0, but these prompts have none; build "
             "them with build_prompts(..., bos='force') (or the tokenizer's own BOS on Gemma-3)"
@@ -101,7 +107,7 @@ def bos_replacement(
     unknown = [r for r in replacements if r not in REPLACEMENTS]
     if unknown:
         raise BadInputError(f"unknown replacements {unknown}; choose from {list(REPLACEMENTS)}")
-    query_range = (query_range[0], min(query_range[1], tokens.shape[1]))
+    query_range = check_query_range(query_range, tokens.shape[1])
     if token is None and "token" in replacements:
         token = default_replacement_token(loaded, tokens, position=0, seed=seed)
     options = dict(query_range=query_range, batch_size=batch_size, progress=progress)

@@ -15,12 +15,20 @@ included) from one of Gu et al.'s three conditions:
 
 Position 0 follows an explicit BOS policy, recorded in the spec:
 
+- ``"force"`` (the default, :data:`DEFAULT_BOS`): the tokenizer's ``bos_token_id`` at
+  position 0;
 - ``"tokenizer"``: whatever the tokenizer does by itself (Gemma-3 prepends ``<bos>``,
   SmolLM2 does not);
-- ``"force"``: the tokenizer's ``bos_token_id`` at position 0;
 - ``"none"``: no BOS, position 0 holds content like every other position;
 - ``"token:<id>"`` or ``"token:<text>"``: the chosen token at position 0 (the text must be
   a single token).
+
+Why ``"force"`` is the default everywhere (Python, the command line, the notebooks): the
+claims are about what position 0 does when it holds BOS (sinks, BOS replacement, the
+fingerprint), and the tokenizers disagree on whether to put it there (Gemma-3's does,
+SmolLM2's does not). With ``"tokenizer"`` the same analysis would measure a BOS model on
+Gemma-3 and a no-BOS model on SmolLM2 (a sink rate of 57% against 0% on SmolLM2). Every
+prompt set records its policy and this reason in its spec.
 
 Same arguments, same tokens: every random choice comes from ``seed``.
 """
@@ -40,12 +48,18 @@ import torch
 from jaxtyping import Int
 from transformer_lens import HookedTransformer
 
+from lens_position.checks import check_count, check_seed
 from lens_position.errors import BadInputError, MissingPackageError
 from lens_position.models.spec import LoadedModel
+from lens_position.models.sources import hub_offline
 
 Source = Literal["natural", "random", "repeated"]
 TEXT_SUFFIXES = (".txt", ".md", ".rst")
 DEFAULT_CORPUS = "pydoc_data.topics"
+DEFAULT_BOS = "force"
+BOS_DEFAULT_REASON = ("'force' puts the tokenizer's BOS at position 0 on every model, so sinks, BOS "
+                      "replacement and the fingerprint study the same thing everywhere; the tokenizers "
+                      "disagree on adding BOS themselves (Gemma-3 does, SmolLM2 does not)")
 
 
 @dataclass(frozen=True)
@@ -55,14 +69,15 @@ class PromptSpec:
     ``position0`` is ``"bos"`` (the tokenizer's BOS token), ``"token"`` (a chosen token),
     or ``"content"`` (text or random tokens, like any other position); ``first_token_id``
     is the token placed at position 0 by the policy (None for ``"content"``).
-    ``window_starts`` are the corpus token offsets of the natural-text windows.
+    ``window_starts`` are the corpus token offsets of the natural-text windows. ``seed`` is
+    None where nothing was drawn (token ids or texts handed in as they are).
     """
 
     source: str
     T: int
     N: int
     bos: str
-    seed: int
+    seed: int | None
     position0: str
     first_token_id: int | None
     tokenizer: str
@@ -204,18 +219,17 @@ def _read_datasets_split(spec: str) -> str:
         raise BadInputError(f"corpus {spec!r}: use 'hf:<name or saved folder>:<split>[:<column>]'")
     name, split = parts[1], parts[2]
     column = parts[3] if len(parts) == 4 else "text"
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         import datasets
     except ImportError as error:
         raise MissingPackageError("corpus 'hf:...' needs the `datasets` package: pip install datasets") from error
     try:
-        if Path(name).is_dir():
-            loaded = datasets.load_from_disk(name)
-            table = loaded[split] if isinstance(loaded, datasets.DatasetDict) else loaded
-        else:
-            table = datasets.load_dataset(name, split=split)
+        with hub_offline():  # set where huggingface_hub reads it, not only in os.environ (read at import)
+            if Path(name).is_dir():
+                loaded = datasets.load_from_disk(name)
+                table = loaded[split] if isinstance(loaded, datasets.DatasetDict) else loaded
+            else:
+                table = datasets.load_dataset(name, split=split)
     except Exception as error:  # datasets raises many types for "not available offline"
         raise BadInputError(f"corpus {spec!r} could not be loaded from the local cache ({error}); lens_position "
                             "never downloads: fetch it where there is network, or pass a text file") from error
@@ -238,7 +252,16 @@ def load_corpus(corpus: str | os.PathLike | None) -> tuple[str, str]:
         files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
         if not files:
             raise BadInputError(f"folder {path} has no {'/'.join(TEXT_SUFFIXES)} files")
-        texts = [p.read_text(encoding="utf-8", errors="replace") for p in files]
+        texts, unreadable = [], []
+        for file in files:
+            try:
+                texts.append(file.read_text(encoding="utf-8"))
+            except UnicodeDecodeError:
+                unreadable.append(str(file.relative_to(path)))
+        if unreadable:
+            shown = ", ".join(unreadable[:5]) + (f" and {len(unreadable) - 5} more" if len(unreadable) > 5 else "")
+            raise BadInputError(f"folder {path} holds files that are not UTF-8 text ({shown}); convert or "
+                                "remove them (they would be read with replacement characters)")
         if not any(t.strip() for t in texts):
             raise BadInputError(f"every text file in {path} is empty")
         return "\n\n".join(t for t in texts if t.strip()), f"folder:{path.resolve()}"
@@ -250,13 +273,19 @@ def load_corpus(corpus: str | os.PathLike | None) -> tuple[str, str]:
 # ---------------------------------------------------------------------------------------
 
 
+def _bos_note(bos: str) -> dict[str, Any]:
+    """What a spec records about its BOS policy: the reason, when it is the default."""
+    return {"bos_default": DEFAULT_BOS, "bos_default_reason": BOS_DEFAULT_REASON} if bos == DEFAULT_BOS else {}
+
+
+
 def build_prompts(
     model_or_tokenizer: Any,
     *,
     source: Source = "natural",
     T: int = 128,
     N: int = 16,
-    bos: str = "tokenizer",
+    bos: str = DEFAULT_BOS,
     seed: int = 0,
     text: str | None = None,
     corpus: str | os.PathLike | None = None,
@@ -270,7 +299,7 @@ def build_prompts(
         source: ``"natural"``, ``"random"`` or ``"repeated"``.
         T: positions per sequence, position 0 included.
         N: number of sequences.
-        bos: BOS policy for position 0.
+        bos: BOS policy for position 0 (default ``"force"``: module docstring says why).
         seed: every random choice (which text windows, which tokens).
         text: natural text given directly (instead of ``corpus``).
         corpus: file, folder or ``"hf:<name>:<split>[:<column>]"`` (default: CPython's help text).
@@ -281,9 +310,7 @@ def build_prompts(
     tokenizer, model_vocab, spec_bos = _unpack(model_or_tokenizer)
     if source not in ("natural", "random", "repeated"):
         raise BadInputError(f"source must be 'natural', 'random' or 'repeated', got {source!r}")
-    if int(N) < 1 or int(T) < 1:
-        raise BadInputError(f"N and T must be positive, got N={N}, T={T}")
-    N, T = int(N), int(T)
+    N, T, seed = check_count("N", N), check_count("T", T), check_seed(seed)
     bos_id = getattr(tokenizer, "bos_token_id", None) if tokenizer is not None else spec_bos
     vocab = model_vocab if model_vocab is not None else len(tokenizer)
     if tokenizer is not None and model_vocab is not None:
@@ -334,5 +361,63 @@ def build_prompts(
     else:
         tokenizer_name = "none"
     spec = PromptSpec(source=source, T=T, N=N, bos=bos, seed=seed, position0=position0,
-                      first_token_id=first_token, tokenizer=tokenizer_name, vocab_size=vocab, **corpus_fields)
+                      first_token_id=first_token, tokenizer=tokenizer_name, vocab_size=vocab, **corpus_fields,
+                      extra=_bos_note(bos))
     return PromptSet(tokens=tokens.to(torch.int64).contiguous(), spec=spec, bos_token_id=bos_id)
+
+
+def prompts_from_texts(
+    model_or_tokenizer: Any,
+    texts: list[str],
+    *,
+    bos: str | None = None,
+    T: int | None = None,
+) -> PromptSet:
+    """A researcher's own prompts as one prompt set, **cut to a common length**.
+
+    Each text is tokenised (no special tokens), the BOS policy ``bos`` (default
+    :data:`DEFAULT_BOS`) puts its token at position 0, and every prompt is cut to ``T``
+    positions (default: the shortest prompt's length), so the analyses see equal-length
+    sequences of real text and no padding. The tokens cut off are counted in the spec
+    (``extra["cut_tokens"]``), with each prompt's full length and the texts' SHA-256.
+
+    Raises:
+        BadInputError: no texts, an empty text, a prompt shorter than ``T``, or a common
+            length below 2 positions.
+    """
+    tokenizer, model_vocab, spec_bos = _unpack(model_or_tokenizer)
+    bos = DEFAULT_BOS if bos is None else bos
+    if tokenizer is None:
+        raise BadInputError("prompts given as text need a tokenizer; this model has none: pass token ids")
+    if not texts:
+        raise BadInputError("the list of prompts is empty; pass at least one string")
+    empty = [i for i, text in enumerate(texts) if not isinstance(text, str) or not text.strip()]
+    if empty:
+        raise BadInputError(f"prompts {empty[:5]} are empty or not strings; every prompt needs some text")
+    bos_id = getattr(tokenizer, "bos_token_id", None)
+    vocab = len(tokenizer) if model_vocab is None else min(model_vocab, len(tokenizer))
+    position0, first_token = _resolve_bos(bos, tokenizer, bos_id if bos_id is not None else spec_bos, vocab)
+    bodies = [_encode(tokenizer, text) for text in texts]
+    prefix = [] if first_token is None else [first_token]
+    lengths = [len(prefix) + len(body) for body in bodies]
+    if T is None:
+        T = min(lengths)
+    T = check_count("T", T, minimum=2)
+    short = [i for i, n in enumerate(lengths) if n < T]
+    if short:
+        raise BadInputError(f"prompts {short[:5]} have fewer than T={T} positions ({[lengths[i] for i in short[:5]]}); "
+                            "pass a smaller T or longer prompts")
+    if T < 2:
+        raise BadInputError("the shortest prompt has fewer than 2 positions; pass longer prompts")
+    tokens = torch.tensor([(prefix + body)[:T] for body in bodies], dtype=torch.int64)
+    digest = hashlib.sha256("\x00".join(texts).encode()).hexdigest()
+    if isinstance(model_or_tokenizer, LoadedModel):
+        tokenizer_name = f"{model_or_tokenizer.spec.name} ({model_or_tokenizer.spec.source})"
+    else:
+        tokenizer_name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+    spec = PromptSpec(source="texts", T=T, N=len(texts), bos=bos, seed=None, position0=position0,
+                      first_token_id=first_token, tokenizer=tokenizer_name, vocab_size=vocab,
+                      corpus="texts", corpus_sha256=digest,
+                      extra={"lengths": lengths, "cut_to": T, "cut_tokens": sum(n - T for n in lengths),
+                             **_bos_note(bos)})
+    return PromptSet(tokens=tokens, spec=spec, bos_token_id=bos_id)

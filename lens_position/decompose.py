@@ -46,7 +46,6 @@ when there is no absolute signal at all. With ``N = 1`` they are NaN.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
 
@@ -57,7 +56,9 @@ from jaxtyping import Float, Int
 from transformer_lens import HookedTransformer
 
 from lens_position import provenance
-from lens_position.errors import BadInputError, ContextLengthError, UnsupportedArchitectureError
+from lens_position.checks import check_count, check_layers, check_query_range
+from lens_position.errors import BadInputError, UnsupportedArchitectureError
+from lens_position.inputs import checked_prompts
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.results import SavedResult
 from lens_position.stream import stream
@@ -84,6 +85,11 @@ class PositionBins:
 
     exact_until: int = 16
     per_octave: int = 4
+
+    def __post_init__(self) -> None:
+        # a zero or negative value would make edges() loop forever or divide by zero
+        object.__setattr__(self, "exact_until", check_count("PositionBins exact_until", self.exact_until))
+        object.__setattr__(self, "per_octave", check_count("PositionBins per_octave", self.per_octave))
 
     def edges(self, length: int) -> np.ndarray:
         """Left edges of the position bins covering ``0..length-1``, shape ``[n_bins]``."""
@@ -416,18 +422,10 @@ def layer_key_windows(model: LoadedModel | HookedTransformer) -> list[int | None
     return windows
 
 
-def _prompt_tokens(prompts: Any) -> tuple[torch.Tensor, Any]:
-    if isinstance(prompts, torch.Tensor):
-        tokens = prompts
-        digest = hashlib.sha256(tokens.to(torch.int64).numpy().tobytes()).hexdigest()
-        data = {"source": "tensor", "shape": list(tokens.shape), "tokens_sha256": digest}
-    elif hasattr(prompts, "tokens"):
-        tokens, data = prompts.tokens, prompts.spec
-    else:
-        raise BadInputError(f"prompts must be a PromptSet or an int tensor [N, T], got {type(prompts).__name__}")
-    if tokens.ndim != 2 or tokens.dtype.is_floating_point:
-        raise BadInputError(f"prompts must be integer tokens of shape [N, T], got {tuple(tokens.shape)} {tokens.dtype}")
-    return tokens, data
+def _prompt_tokens(loaded: LoadedModel, prompts: Any) -> tuple[torch.Tensor, Any]:
+    """Tokens and spec of the checked prompt set (T >= 2: a single position has no pairs to fit)."""
+    checked = checked_prompts(loaded, prompts, min_length=2)
+    return checked.tokens, checked.spec
 
 
 def _check_options(loaded: LoadedModel, tokens: torch.Tensor, layers: Sequence[int] | None,
@@ -437,18 +435,9 @@ def _check_options(loaded: LoadedModel, tokens: torch.Tensor, layers: Sequence[i
         raise UnsupportedArchitectureError(
             "decompose needs plain causal softmax attention (log A = s - logsumexp s); this model has "
             f"attention_dir={cfg.attention_dir!r}, use_attention_sinks={getattr(cfg, 'use_attention_sinks', False)}")
-    n_layers = cfg.n_layers
     length = tokens.shape[1]
-    if length > loaded.model.cfg.n_ctx:
-        raise ContextLengthError(f"prompts have T={length} positions but the model's context is "
-                                 f"{loaded.model.cfg.n_ctx}; build shorter prompts or load with a larger n_ctx")
-    layers = list(range(n_layers)) if layers is None else sorted({int(layer) for layer in layers})
-    if not layers or layers[0] < 0 or layers[-1] >= n_layers:
-        raise BadInputError(f"layers must be a non-empty subset of 0..{n_layers - 1}, got {layers}")
-    query_start, query_stop = (0, length) if query_range is None else query_range
-    query_stop = min(query_stop, length)
-    if not 0 <= query_start < query_stop:
-        raise BadInputError(f"query_range must satisfy 0 <= start < stop (stop <= T={length}), got {query_range}")
+    layers = check_layers(layers, cfg.n_layers)
+    query_start, query_stop = check_query_range(query_range, length)
     if keys not in ("all", "no-bos"):
         raise BadInputError(f"keys must be 'all' or 'no-bos', got {keys!r}")
     if keys == "no-bos" and query_stop <= 1:
@@ -478,7 +467,7 @@ class DecompositionReducer:
                  layers: Sequence[int] | None = None, query_range: tuple[int, int] | None = None,
                  keys: KeySet = "all", bins: PositionBins = PositionBins()) -> None:
         self.loaded = as_loaded(model)
-        tokens, self.data = _prompt_tokens(prompts)
+        tokens, self.data = _prompt_tokens(self.loaded, prompts)
         self.seed = getattr(getattr(prompts, "spec", None), "seed", None)
         self.layers, self.query_start, self.query_stop = _check_options(self.loaded, tokens, layers,
                                                                          query_range, keys)
@@ -575,6 +564,8 @@ def decompose(
         a :class:`Decomposition`. To compute it in the same pass as other statistics, stream
         a :class:`DecompositionReducer` with them (:func:`lens_position.stream.stream`).
     """
+    prompts = checked_prompts(model, prompts, min_length=2)
+    batch_size = check_count("batch_size", batch_size)
     reducer = DecompositionReducer(model, prompts, layers=layers, query_range=query_range, keys=keys, bins=bins)
     stream(model, prompts, [reducer], patches=patches, fwd_hooks=fwd_hooks, batch_size=batch_size,
            progress=progress, desc="decompose")
@@ -609,7 +600,7 @@ def decompose_dense(
     """
     loaded = as_loaded(model)
     hooked = loaded.model
-    tokens, data = _prompt_tokens(prompts)
+    tokens, data = _prompt_tokens(loaded, prompts)
     layers, query_start, query_stop = _check_options(loaded, tokens, layers, query_range, keys)
     n_seq, length = tokens.shape
     windows = layer_key_windows(loaded)
@@ -705,7 +696,7 @@ def check_identity(
     """
     loaded = as_loaded(model)
     hooked = loaded.model
-    tokens, _ = _prompt_tokens(prompts)
+    tokens, _ = _prompt_tokens(loaded, prompts)
     layers, _, _ = _check_options(loaded, tokens, layers, None, "all")
     names = {f"blocks.{layer}.attn.{kind}" for layer in layers for kind in ("hook_attn_scores", "hook_pattern")}
     with torch.no_grad():

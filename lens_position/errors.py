@@ -34,3 +34,8 @@ class CorruptFileError(LensPositionError, OSError):
 
 class BadInputError(LensPositionError, ValueError):
     """An argument or input that is invalid as given: a bad option, shape, range or file."""
+
+
+class PaddedPromptsError(BadInputError):
+    """A padded batch (``model.to_tokens(list_of_texts)``): the analyses have no attention mask
+    and would read the pad tokens as text."""

@@ -50,7 +50,9 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from lens_position import provenance
+from lens_position.checks import check_layers, check_position
 from lens_position.errors import BadInputError
+from lens_position.inputs import checked_prompts
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.results import SavedResult
 
@@ -74,34 +76,10 @@ def _hooked(model: LoadedModel | HookedTransformer) -> HookedTransformer:
 
 
 def as_tokens(model: LoadedModel | HookedTransformer, prompts: Any) -> Int[torch.Tensor, "batch pos"]:
-    """The token tensor of ``prompts`` (a PromptSet, anything with ``.tokens``, or a tensor),
-    checked against the model: 2-D, integer, ids below ``d_vocab``, length within ``n_ctx``."""
-    tokens = getattr(prompts, "tokens", prompts)
-    if not isinstance(tokens, torch.Tensor):
-        raise BadInputError(
-            f"expected token ids as a PromptSet or an integer tensor [batch, pos], got "
-            f"{type(prompts).__name__}; build prompts with lens_position.data.build_prompts(...)"
-        )
-    if tokens.ndim == 1:
-        tokens = tokens[None]
-    if tokens.ndim != 2 or tokens.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
-        raise BadInputError(
-            f"token ids must be an integer tensor [batch, pos]; got dtype {tokens.dtype} and "
-            f"shape {tuple(tokens.shape)}"
-        )
-    cfg = _hooked(model).cfg
-    if tokens.numel() and (int(tokens.max()) >= cfg.d_vocab or int(tokens.min()) < 0):
-        raise BadInputError(
-            f"token ids range over [{int(tokens.min())}, {int(tokens.max())}] but the model's "
-            f"vocabulary has {cfg.d_vocab} entries: the prompts were built with another "
-            "tokenizer; rebuild them with this model's tokenizer"
-        )
-    if tokens.shape[1] > cfg.n_ctx:
-        raise BadInputError(
-            f"prompts have {tokens.shape[1]} positions but the model's context is {cfg.n_ctx}; "
-            "use a smaller T"
-        )
-    return tokens.long().to(cfg.device)
+    """The token tensor of ``prompts``, checked by the input door
+    (:func:`lens_position.inputs.checked_prompts`: ids in the vocabulary, length within the
+    context, no padding), on the model's device."""
+    return checked_prompts(model, prompts).tokens.to(_hooked(model).cfg.device)
 
 
 def _tokenizer_id(prompts: Any) -> Any:
@@ -134,19 +112,12 @@ def check_same_layout(target: Any, source: Any, *, what: str = "source") -> None
 
 
 def _check_position(position: int | None, n_pos: int) -> None:
-    if position is not None and not 0 <= position < n_pos:
-        raise BadInputError(
-            f"position {position} is out of range for prompts of {n_pos} positions "
-            f"(valid: 0..{n_pos - 1})"
-        )
+    if position is not None:
+        check_position(position, n_pos)
 
 
 def _check_layer(model: HookedTransformer, layer: int) -> None:
-    if not 0 <= layer < model.cfg.n_layers:
-        raise BadInputError(
-            f"layer {layer} is out of range for a model of {model.cfg.n_layers} layers "
-            f"(valid: 0..{model.cfg.n_layers - 1})"
-        )
+    check_layers([layer], model.cfg.n_layers)
 
 
 def _n_heads_at(model: HookedTransformer, hook_name: str) -> int:

@@ -35,8 +35,9 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from lens_position import provenance
-from lens_position.decompose import _prompt_tokens
-from lens_position.errors import BadInputError, ContextLengthError
+from lens_position.checks import check_count, check_layers, check_query_range, check_seed
+from lens_position.errors import BadInputError
+from lens_position.inputs import checked_prompts
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.results import SavedResult
 
@@ -149,19 +150,17 @@ def position_probe(
     """
     loaded = as_loaded(model)
     hooked = loaded.model
-    tokens, data = _prompt_tokens(prompts)
+    checked = checked_prompts(loaded, prompts, min_length=2)
+    tokens, data = checked.tokens, checked.spec
     n_seq, length = tokens.shape
-    n_layers = hooked.cfg.n_layers
-    if length > hooked.cfg.n_ctx:
-        raise ContextLengthError(f"prompts have T={length} positions, the model's context is {hooked.cfg.n_ctx}")
     if n_seq < (2 if ridge is not None else 3):
         raise BadInputError("a held-out probe needs at least 2 sequences, and 3 when the penalty is chosen "
                             "by cross-validation (ridge=None): pass more prompts or a fixed ridge")
-    layers = list(range(n_layers)) if layers is None else sorted({int(layer) for layer in layers})
-    if not layers or layers[0] < 0 or layers[-1] >= n_layers:
-        raise BadInputError(f"layers must be a non-empty subset of 0..{n_layers - 1}, got {layers}")
-    start, stop = positions[0], length if positions[1] is None else min(positions[1], length)
-    if not 0 <= start < stop - 1:
+    layers = check_layers(layers, hooked.cfg.n_layers)
+    batch_size, seed = check_count("batch_size", batch_size), check_seed(seed)
+    start, stop = check_query_range((positions[0], length if positions[1] is None else positions[1]), length,
+                                    "positions")
+    if stop - start < 2:
         raise BadInputError(f"positions must cover at least 2 positions within 0..{length - 1}, got {positions}")
 
     generator = torch.Generator().manual_seed(seed)

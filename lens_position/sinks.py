@@ -30,7 +30,10 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from lens_position import provenance
+from lens_position.checks import check_count, check_query_range
+from lens_position.data import DEFAULT_BOS
 from lens_position.decompose import decompose
+from lens_position.inputs import checked_prompts
 from lens_position.errors import BadInputError
 from lens_position.fingerprint import counterfactual_token0, position0_activations
 from lens_position.models.spec import LoadedModel, as_loaded
@@ -87,11 +90,8 @@ def sink_scores(
     (default all). Patterns are reduced inside the hook; nothing ``T x T`` is kept."""
     hooked = as_loaded(model).model
     tokens = as_tokens(hooked, prompts)
-    n_pos = tokens.shape[1]
-    start, stop = (0, n_pos) if query_range is None else query_range
-    if not 0 <= start < min(stop, n_pos):
-        raise BadInputError(f"query_range {query_range} selects no queries of {n_pos} positions")
-    stop = min(stop, n_pos)
+    start, stop = check_query_range(query_range, tokens.shape[1])
+    batch_size = check_count("batch_size", batch_size)
     totals = torch.zeros(hooked.cfg.n_layers, hooked.cfg.n_heads, dtype=torch.float64)
 
     def reduce(pattern: torch.Tensor, hook: Any) -> None:
@@ -116,6 +116,7 @@ def sink_heads(
 ) -> SinkHeads:
     """Sink score of every head (mean attention on position 0) and which heads exceed ``eps``."""
     loaded = as_loaded(model)
+    prompts = checked_prompts(loaded, prompts)
     scores = sink_scores(loaded, prompts, query_range=query_range, batch_size=batch_size,
                          progress=progress)
     n_layers, n_heads = scores.shape
@@ -153,7 +154,7 @@ def sink_rate(
     N: int = 16,
     eps: float = SINK_EPS,
     seed: int = 0,
-    bos: str = "tokenizer",
+    bos: str = DEFAULT_BOS,
     text: str | None = None,
     batch_size: int = 8,
     progress: bool = False,
@@ -161,7 +162,7 @@ def sink_rate(
     """The model-level sink rate of Gu et al. 2025 (fraction of heads with ``alpha_0 > eps``)
     on prompts of ``T`` tokens built with ``lens_position.data.build_prompts`` for each
     condition (``"natural"``, ``"random"``, ``"repeated"``), with BOS policy ``bos``
-    (default: the tokenizer's own, as a user would run the model)."""
+    (default ``"force"``, as everywhere: ``lens_position.data`` says why)."""
     from lens_position.data import build_prompts
 
     loaded = as_loaded(model)
@@ -283,8 +284,10 @@ def sink_reading_heads(
     """
     loaded = as_loaded(model)
     hooked = loaded.model
+    prompts = checked_prompts(loaded, prompts, min_length=2)
     tokens = as_tokens(hooked, prompts)
-    query_range = (query_range[0], min(query_range[1], tokens.shape[1]))
+    query_range = check_query_range(query_range, tokens.shape[1])
+    batch_size, n_ablate = check_count("batch_size", batch_size), check_count("n_ablate", n_ablate, minimum=0)
     patches = own_position0_patches(loaded, prompts, counterfactual)
     output_change = _output_change(hooked, tokens, patches, query_range)
     options = dict(query_range=query_range, batch_size=batch_size, progress=progress)

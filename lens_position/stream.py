@@ -44,6 +44,7 @@ from jaxtyping import Int
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
+from lens_position.checks import check_count
 from lens_position.errors import BadInputError
 from lens_position.models.spec import LoadedModel, as_loaded
 
@@ -141,8 +142,7 @@ def stream(
     """
     hooked = as_loaded(model).model
     inputs = stream_inputs(prompts)
-    if batch_size < 1:
-        raise BadInputError(f"batch_size must be at least 1, got {batch_size}")
+    batch_size = check_count("batch_size", batch_size)
     names = [name for reducer in reducers for name in reducer.hook_names]
     missing = sorted({n for n in names if n != LOGITS and n not in hooked.hook_dict})
     if missing:

@@ -27,7 +27,9 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from lens_position import provenance
+from lens_position.checks import check_count, check_layers, check_query_range
 from lens_position.decompose import decompose
+from lens_position.inputs import checked_prompts
 from lens_position.errors import BadInputError
 from lens_position.fingerprint import counterfactual_token0, position0_activations
 from lens_position.models.spec import LoadedModel, as_loaded
@@ -103,12 +105,12 @@ def trajectory_patching(
     """
     loaded = as_loaded(model)
     hooked = loaded.model
+    prompts = checked_prompts(loaded, prompts, min_length=2)
     tokens = as_tokens(loaded, prompts)
     n_layers = hooked.cfg.n_layers
-    layers = list(range(n_layers)) if layers is None else sorted({int(l) for l in layers})
-    if not layers or layers[0] < 0 or layers[-1] >= n_layers:
-        raise BadInputError(f"layers must be a non-empty subset of 0..{n_layers - 1}, got {layers}")
-    query_range = (query_range[0], min(query_range[1], tokens.shape[1]))
+    layers = check_layers(layers, n_layers)
+    query_range = check_query_range(query_range, tokens.shape[1])
+    batch_size = check_count("batch_size", batch_size)
     patches = trajectory_patches(loaded, prompts, counterfactual, layers)
     pattern = _pattern_change(hooked, tokens, patches, query_range, batch_size, progress)
     options = dict(query_range=query_range, batch_size=batch_size, progress=False)

@@ -67,13 +67,8 @@ def test_every_replacement_is_reported_per_layer_and_overall_with_provenance(res
 
 
 def test_prompts_without_bos_are_refused(model):
-    class NoBos:
-        tokens = toy_tokens(2, 8, bos=False)
-        has_bos = False
-        spec = None
-
     with pytest.raises(BadInputError, match="bos='force'"):
-        bos_replacement(model, NoBos())
+        bos_replacement(model, toy_tokens(2, 8, bos=False))
     with pytest.raises(BadInputError, match="unknown replacements"):
         bos_replacement(model, toy_tokens(2, 8), replacements=("zeros",))
 

@@ -1,6 +1,7 @@
 """The mask/residual decomposition against its ground truths (DESIGN.md §2) on hand-set
 tiny models, and the streamed statistics against a dense reference."""
 
+import hashlib
 import numpy as np
 import pytest
 import torch
@@ -158,7 +159,9 @@ def test_layers_frame_and_provenance():
     assert options["query_range"] == [0, 16] and options["keys"] == "all"
     assert options["bins"]["position_edges"][:3] == [0, 1, 2]
     assert result.provenance["model"]["n_layers"] == 3
-    assert result.provenance["data"]["shape"] == [2, 24]
+    data = result.provenance["data"]
+    assert (data["source"], data["N"], data["T"]) == ("tokens", 2, 24)
+    assert data["extra"]["tokens_sha256"] == hashlib.sha256(tokens.numpy().tobytes()).hexdigest()
 
 
 def test_one_sequence_has_no_heldout_values():
@@ -184,7 +187,7 @@ def test_bad_options_raise_actionable_errors():
     with pytest.raises(BadInputError, match="layers"):
         decompose(loaded, tokens, layers=[5], progress=False)
     with pytest.raises(BadInputError, match="shape"):
-        decompose(loaded, torch.zeros(16, dtype=torch.long), progress=False)
+        decompose(loaded, torch.zeros(2, 16, 1, dtype=torch.long), progress=False)
     loaded.model.cfg.attention_dir = "bidirectional"
     with pytest.raises(UnsupportedArchitectureError, match="causal"):
         decompose(loaded, tokens, progress=False)

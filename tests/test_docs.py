@@ -188,3 +188,17 @@ def test_concepts_page_carries_the_design(site):
                    "SmolLM2-135M", "Gemma-3-270M", "NTK-by-parts", "pydoc_data.topics", "repeated token",
                    "holds", "inconclusive"]:
         assert needed in html, needed
+
+def test_fault_table_rows_are_declared_by_existing_tests():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fault_table", ROOT / "docs" / "hooks" / "fault_table.py")
+    fault_table = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = fault_table  # dataclasses look their module up there
+    spec.loader.exec_module(fault_table)
+    rows = fault_table.collect(ROOT / "tests")
+    assert {"prompts", "options"} <= {row.area for row in rows}
+    for row in rows:
+        path, name = row.test.split("::")
+        assert f"def {name}(" in (ROOT / path).read_text()
+    assert "<!-- fault-table -->" in (DOCS / "troubleshooting.md").read_text()

@@ -1,14 +1,16 @@
 """The patching engine: self-patches change nothing, resumed and batched runs equal plain
 TransformerLens runs, hooks never leak, bad input is refused with a clear error."""
 
-from types import SimpleNamespace
+import dataclasses
 
 import pytest
 import torch
 from transformer_lens.patching import get_act_patch_resid_pre
 
 from lens_position import patching
+from lens_position.data import PromptSet
 from lens_position.errors import BadInputError
+from lens_position.inputs import checked_prompts
 from lens_position.toy import random_model
 
 
@@ -178,7 +180,8 @@ def test_bad_input_gets_a_clear_error(model, tokens):
                              last_logit_gap)
     with pytest.raises(BadInputError, match="unknown replacement"):
         patching.replacement_embedding(model, tokens, "noise")
-    target = SimpleNamespace(tokens=tokens, spec=SimpleNamespace(tokenizer="smollm2"))
-    source = SimpleNamespace(tokens=tokens, spec=SimpleNamespace(tokenizer="gemma3"))
+    checked = checked_prompts(model, tokens)
+    target = PromptSet(tokens, dataclasses.replace(checked.spec, tokenizer="smollm2"))
+    source = PromptSet(tokens, dataclasses.replace(checked.spec, tokenizer="gemma3"))
     with pytest.raises(BadInputError, match="tokenized with"):
         patching.resid_pre_sweep(model, target, source, last_logit_gap)

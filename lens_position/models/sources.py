@@ -9,10 +9,12 @@ is off.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -119,3 +121,27 @@ def hub_reachable(timeout: float = 3.0) -> bool:
             return True
     except OSError:
         return False
+
+
+# huggingface_hub (and datasets) read HF_HUB_OFFLINE from the environment once, when first
+# imported; transformers imports them, so setting the variable later changes nothing and a lookup
+# still sends HEAD requests to the hub (with retries) before failing. hub_offline sets the flags
+# the libraries consult at call time.
+@contextlib.contextmanager
+def hub_offline() -> Iterator[None]:
+    """Within the block, ``huggingface_hub`` and ``datasets`` refuse every HTTP request."""
+    import huggingface_hub.constants as hub_constants
+
+    flags = [(hub_constants, "HF_HUB_OFFLINE")]
+    if "datasets" in sys.modules:  # only when loaded: importing it here would cost seconds
+        import datasets.config as datasets_config
+
+        flags += [(datasets_config, "HF_HUB_OFFLINE"), (datasets_config, "HF_DATASETS_OFFLINE")]
+    saved = [(module, name, getattr(module, name)) for module, name in flags if hasattr(module, name)]
+    try:
+        for module, name, _ in saved:
+            setattr(module, name, True)
+        yield
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
