@@ -354,3 +354,93 @@ def sink_ablation(ablation: pd.DataFrame, *, by: str = "architecture") -> go.Fig
 def trace_data(fig: go.Figure) -> list[dict]:
     """The figure's traces as plain dicts (``meta``, ``x``, ``y``, ``z``), for checks and tests."""
     return [t.to_plotly_json() for t in fig.data]
+
+
+# --------------------------------------------------------------------------- layer subsets, sweeps, export
+
+
+def layer_rows(layer_ids: Iterable[int]) -> list[int]:
+    """The rows of a layer axis: every layer from the first to the last analysed one, so a subset
+    such as ``[0, 4, 8, 12]`` is drawn at its real indices, with blank rows between, never as if
+    the layers were contiguous."""
+    ids = sorted({int(layer) for layer in layer_ids})
+    return list(range(ids[0], ids[-1] + 1)) if ids else []
+
+
+def patching_sweep(sweep, *, token_labels: Sequence[str] | None = None,
+                   metric_name: str = "metric", title: str = "Activation patching sweep") -> go.Figure:
+    """Heatmap of a patching sweep: y = layer, x = position, colour = the metric of each condition.
+
+    ``sweep`` is a ``PatchSweep`` (or its ``frame``: columns ``layer``, ``position``, ``metric``,
+    one scalar per patched (layer, position)). ``token_labels``: one string per position of the
+    sequence (e.g. ``model.to_str_tokens(tokens[0])``); each tick reads ``"<position> <token>"``,
+    so repeated tokens stay distinct columns. Layers keep their real indices (blank rows for
+    layers not swept). Diverging colours centred on 0: the metric's sign is kept.
+    """
+    frame = getattr(sweep, "frame", sweep)
+    _require(frame, ["layer", "position", "metric"], "patching_sweep")
+    layer_ids = layer_rows(frame["layer"].tolist())
+    positions = sorted({int(p) for p in frame["position"].tolist()})
+    grid = frame.pivot_table(index="layer", columns="position", values="metric", aggfunc="first")
+    grid = grid.reindex(index=layer_ids, columns=positions)
+    if token_labels is not None:
+        labels = list(token_labels)
+        if max(positions, default=-1) >= len(labels):
+            raise BadInputError(f"token_labels has {len(labels)} entries but the sweep patches position "
+                                f"{max(positions)}: pass one label per position of the sequence")
+        ticktext = [f"{p} {labels[p]!s}" for p in positions]
+    else:
+        ticktext = [str(p) for p in positions]
+    fig = go.Figure(go.Heatmap(
+        z=[_as_list(row) for row in grid.to_numpy(dtype=float)], x=positions, y=layer_ids,
+        colorscale="RdBu", zmid=0.0, colorbar=dict(title=metric_name), text=[ticktext] * len(layer_ids),
+        meta={"group": "sweep", "quantity": "metric"},
+        hovertemplate=f"layer %{{y}}, position %{{text}}<br>{metric_name} = %{{z:.4f}}<extra></extra>",
+    ))
+    fig.update_xaxes(title_text="patched position", tickvals=positions, ticktext=ticktext, tickangle=-60)
+    fig.update_yaxes(title_text="patched layer (resid_pre)", tickmode="array", tickvals=layer_ids, autorange="reversed")
+    return _base_layout(fig, title, height=max(320, 24 * len(layer_ids) + 200))
+
+
+EXPORT_FORMATS = ("png", "pdf", "svg", "html")
+
+
+def save_figure(fig: go.Figure, path, format: str | None = None, *, width: int | None = None,
+                height: int | None = None, scale: float = 2.0):
+    """Write ``fig`` to ``path`` as ``"png"``, ``"pdf"``, ``"svg"`` or ``"html"`` (default: from
+    the file's suffix) and return the path.
+
+    Static formats need the optional ``kaleido`` package (``pip install "lens_position[export]"``)
+    and a Chrome or Chromium on the machine; HTML needs neither and embeds plotly.js, so the file
+    opens offline. ``width``/``height`` in pixels (default: the figure's own size), ``scale``
+    multiplies the PNG resolution.
+    """
+    from pathlib import Path
+
+    path = Path(path)
+    fmt = (format or path.suffix.lstrip(".")).lower()
+    if fmt not in EXPORT_FORMATS:
+        raise BadInputError(f"cannot save a figure as {fmt!r}: choose one of {list(EXPORT_FORMATS)} "
+                            "(as the format argument or the file's suffix)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if fmt == "html":
+        fig.write_html(path, include_plotlyjs=True, full_html=True)
+        return path
+    import importlib.util
+
+    if importlib.util.find_spec("kaleido") is None:
+        from lens_position.errors import MissingPackageError
+
+        raise MissingPackageError(f"saving a figure as {fmt} needs kaleido, the optional 'export' extra: "
+                                  'pip install "lens_position[export]" (or pip install kaleido); '
+                                  "save_figure(fig, path, 'html') needs nothing extra")
+    try:
+        fig.write_image(path, format=fmt, width=width, height=height, scale=scale)
+    except Exception as error:  # kaleido's own errors: most often no browser to render with
+        if "chrome" in str(error).lower() or "browser" in str(error).lower():
+            from lens_position.errors import MissingPackageError
+
+            raise MissingPackageError(f"kaleido found no Chrome/Chromium to render the {fmt}: install one "
+                                      "(apt-get install chromium) or set BROWSER_PATH") from error
+        raise
+    return path
