@@ -9,6 +9,7 @@ non-zero exit status, never a traceback (``--debug`` shows it).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import shlex
@@ -40,7 +41,35 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _add_common(sub: argparse.ArgumentParser, *, many_models: bool) -> None:
+def _layer_list(text: str) -> tuple[int, ...]:
+    """``0,4,8`` or ``2:6`` (layers 2 to 5), or both mixed: ``0,2:4``."""
+    layers: list[int] = []
+    try:
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            if ":" in part:
+                start, stop = (int(x) for x in part.split(":", 1))
+                layers.extend(range(start, stop))
+            else:
+                layers.append(int(part))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected layer indices like 0,4,8 or 2:6, got {text!r}") from None
+    if not layers or min(layers) < 0:
+        raise argparse.ArgumentTypeError(f"expected one or more layer indices >= 0, got {text!r}")
+    return tuple(sorted(set(layers)))
+
+
+def _query_range(text: str) -> tuple[int, int]:
+    """``START:STOP``: queries ``START <= i < STOP``."""
+    try:
+        start, stop = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected START:STOP (e.g. 0:32), got {text!r}") from None
+    if not 0 <= start < stop:
+        raise argparse.ArgumentTypeError(f"expected 0 <= START < STOP, got {text!r}")
+    return start, stop
+
+
+def _add_common(sub: argparse.ArgumentParser, *, many_models: bool, out: Path) -> None:
     from lens_position.pipeline.config import DEFAULT_MODELS
 
     if many_models:
@@ -69,9 +98,23 @@ def _add_common(sub: argparse.ArgumentParser, *, many_models: bool) -> None:
                       help="number of sequences, for every step when given (default: 16; BOS replacement and "
                            "sink reading 16, probes enough for 2048 positions; 4 with --quick)")
     data.add_argument("--seed", type=int, default=0, help="seed for data and random replacements (default: 0)")
+    analysis = sub.add_argument_group("analysis")
+    analysis.add_argument("--layers", type=_layer_list, default=None, metavar="LAYERS",
+                          help="layers to analyse, e.g. 0,4,8 or 2:6 (decomposition and probes; default: all)")
+    analysis.add_argument("--query-range", dest="query_range", type=_query_range, default=None,
+                          metavar="START:STOP",
+                          help="queries START <= i < STOP: the decomposition's (default: all) and the early "
+                               "queries of BOS replacement and sink reading (default: 0:32)")
+    analysis.add_argument("--keys", choices=("all", "no-bos"), default=None,
+                          help="keys in the decomposition's fits: all, or all but position 0 (default: all)")
+    analysis.add_argument("--batch-size", dest="batch_size", type=_positive_int, default=None, metavar="B",
+                          help="sequences per forward pass (default: 16); memory grows with it")
     run = sub.add_argument_group("run")
-    run.add_argument("--out", type=Path, default=Path("results"), metavar="DIR",
-                     help="output folder (default: %(default)s); finished steps cached in DIR/cache are reused")
+    run.add_argument("--out", type=Path, default=out, metavar="DIR",
+                     help="output folder (default: %(default)s; each sub-command has its own, so none rewrites "
+                          "another's report); finished steps cached in DIR/cache are reused")
+    run.add_argument("--json", dest="json", action="store_true",
+                     help="print what was written (files, claims) as one JSON object instead of a summary")
     run.add_argument("--quick", action="store_true", help="a small fast run (smoke test)")
     run.add_argument("--format", dest="fmt", choices=("parquet", "csv"), default="parquet",
                      help="table format (default: %(default)s)")
@@ -97,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       "(smollm2-135m-ntk, smollm2-135m-ntk-parts) and sliding-window "
                                       "attention (gemma3-270m, T > 512) and write tables, provenance, "
                                       "report.html and a browser screenshot of it to --out.")
-    _add_common(rep, many_models=True)
+    _add_common(rep, many_models=True, out=Path("results"))
     rep.add_argument("--no-browser-check", dest="browser_check", action="store_false",
                      help="do not open the report in headless Chromium (no screenshot)")
 
@@ -110,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     }
     for name, text in helps.items():
         sub = subs.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
-        _add_common(sub, many_models=False)
+        _add_common(sub, many_models=False, out=Path(f"results-{name}"))
         sub.add_argument("--browser-check", dest="browser_check", action="store_true",
                          help="also open the report in headless Chromium and save a screenshot")
     return parser
@@ -126,6 +169,7 @@ def _config(args: argparse.Namespace, argv: Sequence[str]):
         models = (args.model,)
     return RunConfig(
         out=args.out, models=models, steps=commands()[args.command],
+        layers=args.layers, query_range=args.query_range, keys=args.keys, batch_size=args.batch_size,
         data=DataOptions(source=args.source, corpus=args.corpus, bos=args.bos, seed=args.seed),
         T=args.T, N=args.N, quick=args.quick, fmt=args.fmt, use_cache=args.use_cache,
         browser_check=args.browser_check, progress=args.progress,
@@ -141,6 +185,14 @@ def _summary(result) -> str:
         lines.append(f"  {row['claim']}: {verdict} ({row['measured']})")
     lines.append(f"report: {result.files['report']}")
     return "\n".join(lines)
+
+
+def _json_summary(command: str, result) -> str:
+    """The files a run wrote and its claims, as one JSON object (for scripts)."""
+    claims = json.loads(result.claims.to_json(orient="records")) if len(result.claims) else []
+    return json.dumps({"command": command, "out": str(result.files["report"].parent),
+                       "files": {name: str(path) for name, path in result.files.items()},
+                       "claims": claims})
 
 
 def _one_line(error: BaseException) -> str:
@@ -176,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"lens-position: internal error: {type(error).__name__}: {_one_line(error)} "
               "(rerun with --debug for the traceback and please report it)", file=sys.stderr)
         return EXIT_INTERNAL
-    print(_summary(result))
+    print(_json_summary(args.command, result) if args.json else _summary(result))
     return 0
 
 

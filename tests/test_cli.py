@@ -107,3 +107,45 @@ def test_console_script_exits_non_zero_without_traceback(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == EXIT_ERROR
     _assert_one_line_error(proc.stderr, "unknown model")
+
+
+def test_decompose_restricted_by_layers_queries_and_keys_writes_only_those(capsys, tmp_path):
+    import json
+
+    import pandas as pd
+
+    out = tmp_path / "dec"
+    status, stdout, err = _run_main(capsys, [
+        "decompose", "tiny-llama", "--quick", "--no-progress", "--T", "24", "--N", "3", "--layers", "0,2",
+        "--query-range", "4:20", "--keys", "no-bos", "--batch-size", "2", "--out", str(out), "--json"])
+    assert status == 0, err
+    summary = json.loads(stdout)
+    assert summary["command"] == "decompose" and Path(summary["out"]) == out
+    heads = pd.read_parquet(summary["files"]["decompose_heads"])
+    assert sorted(heads["layer"].unique().tolist()) == [0, 2]
+    assert set(zip(heads["query_start"], heads["query_stop"])) == {(4, 20)}
+    assert set(heads["keys"]) == {"no-bos"}
+
+
+def test_each_subcommand_writes_to_its_own_folder_by_default(monkeypatch, tmp_path):
+    from lens_position.cli import _config
+
+    monkeypatch.chdir(tmp_path)
+    parser = build_parser()
+    outs = {command: _config(parser.parse_args([command, "tiny-llama"]), []).out
+            for command in ("decompose", "bos", "sinks", "fingerprint", "probe")}
+    outs["reproduce"] = _config(parser.parse_args(["reproduce"]), []).out
+    assert len(set(outs.values())) == len(outs), outs
+    assert outs["reproduce"] == Path("results") and outs["decompose"] == Path("results-decompose")
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["decompose", "tiny-llama", "--layers", "a,b"], "layer indices"),
+    (["decompose", "tiny-llama", "--query-range", "20:4"], "START < STOP"),
+    (["decompose", "tiny-llama", "--keys", "some"], "invalid choice"),
+    (["decompose", "tiny-llama", "--batch-size", "0"], "positive"),
+])
+def test_bad_analysis_options_are_a_one_line_error(capsys, argv, needle):
+    status, _, err = _run_main(capsys, argv)
+    assert status == EXIT_USAGE
+    _assert_one_line_error(err, needle)

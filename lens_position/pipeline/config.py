@@ -43,6 +43,11 @@ class Settings:
     # Per-batch costs of the analysis hooks dominate small batches: on SmolLM2 at T = 32,
     # batches of 16 took 2.6x less CPU time than batches of 4.
     batch_size: int = 16
+    # Restrictions from the command line (--layers, --query-range, --keys): None / "all" analyse
+    # the whole model. ``decompose_queries`` is the decomposition's query range (None: every query).
+    layers: tuple[int, ...] | None = None
+    decompose_queries: tuple[int, int] | None = None
+    keys: str = "all"
 
     def check(self) -> None:
         """Checks of the sizes that need no model (BadInputError)."""
@@ -53,6 +58,12 @@ class Settings:
         lo, hi = self.query_range
         if not 0 <= lo < hi:
             raise BadInputError(f"query range {self.query_range} is empty")
+        if self.layers is not None and (not self.layers or min(self.layers) < 0):
+            raise BadInputError(f"layers {list(self.layers)}: give one or more layer indices >= 0")
+        if self.keys not in ("all", "no-bos"):
+            raise BadInputError(f"unknown key set {self.keys!r}; use all or no-bos")
+        if self.batch_size < 1:
+            raise BadInputError(f"batch size {self.batch_size} must be at least 1")
 
 
 # The full run is sized to fit 15 min warm on 2 cores with peak memory under 8 GB: measured by
@@ -142,6 +153,13 @@ class RunConfig:
     executor: str = "serial"
     ray_address: str | None = None
     ray_num_cpus: int | None = None  # CPUs of a local Ray instance (None: all of this machine's)
+    # Analysis restrictions (None: the mode's defaults): layers analysed, the queries analysed
+    # (the decomposition's, and the early queries of BOS replacement and sink reading), the key
+    # set of the decomposition, sequences per forward pass.
+    layers: tuple[int, ...] | None = None
+    query_range: tuple[int, int] | None = None
+    keys: str | None = None
+    batch_size: int | None = None
 
     def settings(self) -> Settings:
         base = QUICK if self.quick else FULL
@@ -150,6 +168,14 @@ class RunConfig:
             changes.update(T=self.T, sink_T=self.T)
         if self.N is not None:
             changes.update(N=self.N, early_N=self.N, probe_positions=1)  # the user's N everywhere
+        if self.layers is not None:
+            changes.update(layers=tuple(self.layers))
+        if self.query_range is not None:
+            changes.update(query_range=tuple(self.query_range), decompose_queries=tuple(self.query_range))
+        if self.keys is not None:
+            changes.update(keys=self.keys)
+        if self.batch_size is not None:
+            changes.update(batch_size=self.batch_size)
         return dataclasses.replace(base, **changes)
 
     def all_conditions(self) -> tuple[DataOptions, ...]:

@@ -98,6 +98,15 @@ def _early(s: Settings, spec: Any) -> dict[str, Any]:
     return {"T": early_T, "N": s.early_N, "query_range": (s.query_range[0], early_T), "batch_size": s.batch_size}
 
 
+def _restrictions(s: Settings, *names: str) -> dict[str, Any]:
+    """The command line's restrictions a step uses (``layers``, ``query_range``, ``keys``), only
+    where they differ from analysing everything, so an unrestricted step keeps its cache key."""
+    given = {"layers": list(s.layers) if s.layers is not None else None,
+             "query_range": list(s.decompose_queries) if s.decompose_queries is not None else None,
+             "keys": s.keys if s.keys != "all" else None}
+    return {name: given[name] for name in names if given[name] is not None}
+
+
 def _frames(result: Any, **names: str) -> dict[str, pd.DataFrame]:
     return {table: getattr(result, attr).reset_index(drop=True) for table, attr in names.items()}
 
@@ -106,7 +115,10 @@ def _run_decompose(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
     from lens_position.decompose import decompose
 
     prompts = ctx.prompts(sizes["T"], sizes["N"])
-    result = decompose(ctx.loaded, prompts, batch_size=sizes["batch_size"], progress=ctx.progress)
+    query_range = sizes.get("query_range")
+    result = decompose(ctx.loaded, prompts, layers=sizes.get("layers"), keys=sizes.get("keys", "all"),
+                       query_range=tuple(query_range) if query_range is not None else None,
+                       batch_size=sizes["batch_size"], progress=ctx.progress)
     return StepOutput(_frames(result, decompose_layers="layers", decompose_heads="heads"), result.provenance,
                       {"prompts": prompts.spec, **sizes})
 
@@ -115,7 +127,8 @@ def _run_probe(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
     from lens_position.probes import position_probe
 
     prompts = ctx.prompts(sizes["T"], sizes["N"])
-    result = position_probe(ctx.loaded, prompts, seed=ctx.data.seed, batch_size=sizes["batch_size"],
+    result = position_probe(ctx.loaded, prompts, layers=sizes.get("layers"), seed=ctx.data.seed,
+                            batch_size=sizes["batch_size"],
                             progress=ctx.progress)
     return StepOutput({"probe_layers": result.layers.reset_index(drop=True)}, result.provenance,
                       {"prompts": prompts.spec, **sizes})
@@ -178,10 +191,11 @@ def _run_fingerprint(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
 
 _STEP_LIST = (
     Step("decompose", ("decompose_layers", "decompose_heads"), "decompose",
-         lambda s, spec: {"T": model_T(s, spec), "N": s.N, "batch_size": s.batch_size}, _run_decompose),
+         lambda s, spec: {"T": model_T(s, spec), "N": s.N, "batch_size": s.batch_size,
+                          **_restrictions(s, "layers", "query_range", "keys")}, _run_decompose),
     Step("probe", ("probe_layers",), "probe",
          lambda s, spec: {"T": model_T(s, spec), "N": max(s.N, -(-s.probe_positions // model_T(s, spec))),
-                          "batch_size": s.batch_size}, _run_probe),
+                          "batch_size": s.batch_size, **_restrictions(s, "layers")}, _run_probe),
     Step("bos", ("bos_layers", "bos_overall"), "bos", _early, _run_bos, needs_bos="BOS replacement"),
     Step("sink_heads", ("sink_heads",), "sinks",
          lambda s, spec: {"T": min(s.sink_T, model_T(s, spec)), "N": s.N, "eps": s.eps,
