@@ -10,10 +10,23 @@ option is applied (options only change the config, never the weights):
     $LENS_POSITION_CACHE/<key>/meta.json             source identity, format, versions, sha256
 
 ``<key>`` hashes the source's identity (absolute path, size and mtime of its files) and the
-cache format, so a changed source file lands in a new entry. ``meta.json`` records the
-canonical sha256 of the weights (``state_dict_sha256``); a load recomputes it, and an
-entry that fails any check (missing file, unreadable JSON or safetensors, sha256 or
-version mismatch) is deleted and rebuilt from the source with a warning.
+cache format, so a changed source file lands in a new entry.
+
+Everything an entry holds is verified on every load: ``meta.json`` records the canonical
+sha256 of the weights (``state_dict_sha256``), of the hooked config (its JSON, canonical)
+and of every tokenizer file, and the tokenizer's BOS id; a load recomputes them all. An
+entry that fails any check (a missing file, unreadable JSON, safetensors or tokenizer, a
+hash or version mismatch, an edited ``n_heads`` or ``rotary_base``, a changed BOS) is
+removed and rebuilt from the source with a warning, so a damaged entry never gives
+different numbers under the original weights' hash, and never fails every later load.
+(An entry written before the config and tokenizer hashes existed has its weights checked,
+then gets those hashes added.)
+
+Writes are safe under concurrent loads, threads or processes: one lock file per entry
+(``<key>.lock``, `filelock`) makes a single writer build it while the others wait and then
+read it; the writer builds in a temporary folder named with its process id and renames it
+in whole. A temporary folder left by a killed writer (its process gone) is removed at the
+next load of that entry.
 The default location is ``~/.cache/lens_position``.
 """
 
@@ -24,6 +37,7 @@ import json
 import logging
 import os
 import shutil
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -31,6 +45,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from filelock import FileLock
 from safetensors.torch import load_file, save_file
 
 from lens_position.provenance import package_versions
@@ -105,17 +120,43 @@ class StaleEntry(Exception):
     """A cache entry that must be rebuilt (the message says why)."""
 
 
+def _config_sha256(cfg_json: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(cfg_json, sort_keys=True).encode()).hexdigest()
+
+
+def _folder_sha256(folder: Path) -> str:
+    """sha256 over every file of ``folder``: relative names and contents, in sorted order."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        digest.update(f"{path.relative_to(folder).as_posix()}|{path.stat().st_size}|".encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _check(meta: dict[str, Any], key: str, actual: Any, what: str) -> None:
+    if meta.get(key) != actual:
+        raise StaleEntry(f"{what} does not match the one recorded when the entry was written")
+
+
 def read_entry(entry: Path, identity: dict[str, Any], tokenizer_loader: Callable[[Path], Any]) -> CachedModel:
-    """Read and verify one cache entry; StaleEntry if it is missing, corrupt or stale."""
+    """Read and verify one cache entry; StaleEntry if it is missing, corrupt, edited or stale."""
     try:
         meta = json.loads((entry / "meta.json").read_text())
-        cfg = _cfg_from_json(json.loads((entry / "hooked_config.json").read_text()))
-    except (OSError, ValueError) as error:
-        raise StaleEntry(f"unreadable metadata ({error})") from error
-    if meta.get("format") != CACHE_FORMAT or meta.get("identity") != identity:
+        cfg_json = json.loads((entry / "hooked_config.json").read_text())
+        cfg = _cfg_from_json(cfg_json)
+    except (OSError, ValueError, TypeError, AttributeError) as error:
+        raise StaleEntry(f"unreadable metadata ({type(error).__name__}: {error})") from error
+    if not isinstance(meta, dict) or meta.get("format") != CACHE_FORMAT or meta.get("identity") != identity:
         raise StaleEntry("written for another source or cache format")
     if meta.get("versions") != _versions():
         raise StaleEntry(f"written by {meta.get('versions')}, now {_versions()}")
+    legacy = "config_sha256" not in meta  # written before config and tokenizer were hashed
+    if not legacy:
+        _check(meta, "config_sha256", _config_sha256(cfg_json), "hooked_config.json")
+        try:
+            _check(meta, "tokenizer_sha256", _folder_sha256(entry / "tokenizer"), "the tokenizer files")
+        except OSError as error:
+            raise StaleEntry(f"unreadable tokenizer files ({error})") from error
     try:
         state_dict = load_file(entry / "weights.safetensors")
     except Exception as error:  # safetensors raises its own error types for bad headers
@@ -132,29 +173,104 @@ def read_entry(entry: Path, identity: dict[str, Any], tokenizer_loader: Callable
     if sha != meta.get("weights_sha256"):
         raise StaleEntry(f"weights sha256 {sha[:12]}… does not match the recorded "
                          f"{str(meta.get('weights_sha256'))[:12]}…")
+    if legacy:
+        meta.update(config_sha256=_config_sha256(cfg_json), tokenizer_sha256=_folder_sha256(entry / "tokenizer"),
+                    bos_token_id=getattr(tokenizer, "bos_token_id", None))
+        _write_json_atomically(entry / "meta.json", meta)
+        log.info("cache entry %s: recorded the hashes of its config and tokenizer", entry)
+    _check(meta, "bos_token_id", getattr(tokenizer, "bos_token_id", None), "the tokenizer's BOS token id")
     return CachedModel(cfg, state_dict, tokenizer, sha, meta, from_cache=True)
+
+
+def _write_json_atomically(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def _temporary_name(entry: Path) -> Path:
+    """``.<key>.tmp-<pid>-<random>``: the pid tells a later load whether the writer still runs."""
+    return entry.parent / f".{entry.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by someone else
+        return True
+    return True
+
+
+LEFTOVER_AGE_S = 3600  # a temporary folder without a readable pid counts as abandoned after this
+
+
+def remove_leftovers(entry: Path) -> list[Path]:
+    """Remove the temporary folders of ``entry`` whose writer is gone (killed mid-write):
+    those whose process no longer exists, or, without a pid in the name, older than an hour.
+    A live writer's folder carries a running pid (or is recent), so it is never taken."""
+    removed = []
+    for tmp in entry.parent.glob(f".{entry.name}.tmp-*"):
+        fields = tmp.name.rsplit(".tmp-", 1)[1].split("-")
+        if len(fields) == 2 and fields[0].isdigit():
+            abandoned = not _pid_alive(int(fields[0]))
+        else:
+            try:
+                abandoned = time.time() - tmp.stat().st_mtime > LEFTOVER_AGE_S
+            except OSError:
+                continue
+        if abandoned:
+            log.info("removing %s, left by a writer that was stopped", tmp)
+            shutil.rmtree(tmp, ignore_errors=True)
+            removed.append(tmp)
+    return removed
+
+
+def _discard(entry: Path) -> None:
+    """Remove an entry: renamed aside first, so no reader ever sees it half deleted."""
+    if not entry.exists():
+        return
+    trash = entry.parent / f".{entry.name}.trash-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        os.replace(entry, trash)
+    except OSError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def write_entry(entry: Path, identity: dict[str, Any], cfg: dict[str, Any],
                 state_dict: dict[str, torch.Tensor], tokenizer: Any,
                 extra_meta: dict[str, Any]) -> str:
-    """Write an entry atomically (to a temporary folder, then rename); return its sha256."""
+    """Write an entry atomically (to a temporary folder, then rename); return its sha256.
+
+    Callers hold the entry's lock (:func:`cached_convert`). Should another writer (one that
+    does not lock, e.g. an older lens_position) rename its complete entry in first, this
+    one is discarded and theirs kept."""
     entry.parent.mkdir(parents=True, exist_ok=True)
-    tmp = entry.parent / f".{entry.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp = _temporary_name(entry)
     tmp.mkdir()
     try:
         # safetensors refuses tensors that share memory (tied embeddings): store copies.
         tensors = {k: v.detach().cpu().clone().contiguous() for k, v in state_dict.items()}
         save_file(tensors, tmp / "weights.safetensors")
         sha = state_dict_sha256(tensors)
-        (tmp / "hooked_config.json").write_text(json.dumps(_cfg_to_json(cfg), indent=1))
+        cfg_json = _cfg_to_json(cfg)
+        (tmp / "hooked_config.json").write_text(json.dumps(cfg_json, indent=1))
         tokenizer.save_pretrained(tmp / "tokenizer")
         meta = {"format": CACHE_FORMAT, "identity": identity, "versions": _versions(),
-                "weights_sha256": sha, **extra_meta}
+                "weights_sha256": sha, "config_sha256": _config_sha256(cfg_json),
+                "tokenizer_sha256": _folder_sha256(tmp / "tokenizer"),
+                "bos_token_id": getattr(tokenizer, "bos_token_id", None), **extra_meta}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-        if entry.exists():
-            shutil.rmtree(entry)
-        os.replace(tmp, entry)
+        _discard(entry)
+        try:
+            os.replace(tmp, entry)
+        except OSError:  # "Directory not empty": another writer's entry won the rename
+            if not (entry / "meta.json").is_file():
+                raise
+            log.info("cache entry %s was written by another process first; keeping it", entry)
+            shutil.rmtree(tmp, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -170,32 +286,53 @@ def _remove_superseded(cache_dir: Path, identity: dict[str, Any], keep: Path) ->
             continue
         try:
             old = json.loads(meta_path.read_text()).get("identity", {})
-        except (OSError, ValueError):
+        except (OSError, ValueError, AttributeError):
             continue
         if old.get("path") == identity.get("path"):
             log.info("removing superseded cache entry %s", meta_path.parent)
-            shutil.rmtree(meta_path.parent, ignore_errors=True)
+            _discard(meta_path.parent)
 
 
 def cached_convert(
     identity: dict[str, Any], build: Callable[[], tuple[dict[str, Any], dict[str, torch.Tensor], Any, dict[str, Any]]],
     tokenizer_loader: Callable[[Path], Any], cache_dir: str | Path | None = None,
+    verify: Callable[[CachedModel], None] | None = None,
 ) -> CachedModel:
     """Return the cached conversion of a source, building (and caching) it if needed.
 
     ``build()`` returns ``(cfg, state_dict, tokenizer, extra_meta)``; it runs only on a
-    miss or when the entry fails its checks.
+    miss or when the entry fails its checks. ``verify(cached)`` may check an entry read
+    from the cache further (e.g. that its config and weights make a model) and raise
+    anything to have it rebuilt.
     """
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     entry = root / _entry_key(identity)
-    if entry.exists():
+
+    def read() -> CachedModel:
+        cached = read_entry(entry, identity, tokenizer_loader)
+        if verify is not None:
+            try:
+                verify(cached)
+            except Exception as error:  # whatever a damaged config makes the model builder raise
+                raise StaleEntry(f"it does not make a model ({type(error).__name__}: {error})") from error
+        return cached
+
+    remove_leftovers(entry)  # safe without the lock: it only takes folders whose writer is gone
+    if entry.exists():  # the common case: read without waiting for a lock
         try:
-            return read_entry(entry, identity, tokenizer_loader)
-        except StaleEntry as why:
-            log.warning("cache entry %s is corrupt or stale (%s); rebuilding it", entry, why)
-            shutil.rmtree(entry, ignore_errors=True)
-    cfg, state_dict, tokenizer, extra_meta = build()
-    sha = write_entry(entry, identity, cfg, state_dict, tokenizer, extra_meta)
-    _remove_superseded(root, identity, keep=entry)
-    meta = json.loads((entry / "meta.json").read_text())
+            return read()
+        except StaleEntry:
+            pass  # decided again below, under the lock: another process may be rewriting it
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root / f"{entry.name}.lock")):
+        if entry.exists():
+            try:
+                return read()  # another process built it while this one waited
+            except StaleEntry as why:
+                log.warning("cache entry %s is corrupt or stale (%s); rebuilding it", entry, why)
+                _discard(entry)
+        cfg, state_dict, tokenizer, extra_meta = build()
+        sha = write_entry(entry, identity, cfg, state_dict, tokenizer, extra_meta)
+        _remove_superseded(root, identity, keep=entry)
+        meta = json.loads((entry / "meta.json").read_text())
     return CachedModel(cfg, state_dict, tokenizer, sha, meta, from_cache=False)

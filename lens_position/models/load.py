@@ -146,7 +146,31 @@ def _base_model(kind: str, target: Any, cache_dir: str | None) -> CachedModel:
         state_dict = convert_state_dict(hf_model, cfg)
         return cfg, state_dict, tokenizer, {"model_type": hf_model.config.model_type, "file": str(target)}
 
-    return cached_convert(identity, build, _load_tokenizer, cache_dir)
+    return cached_convert(identity, build, _load_tokenizer, cache_dir, verify=check_structure)
+
+
+def check_structure(cached: CachedModel) -> None:
+    """Raise ValueError unless the weights have the shapes the config says (a second line of
+    defence behind the entry's hashes: an entry whose ``n_heads`` or ``d_model`` no longer fits
+    its weights is rebuilt, rather than failing every load with a raw error)."""
+    cfg, weights = cached.cfg, cached.state_dict
+    n_heads, n_kv = cfg["n_heads"], cfg.get("n_key_value_heads") or cfg["n_heads"]
+    d_model, d_head = cfg["d_model"], cfg["d_head"]
+    expected = {"embed.W_E": (cfg["d_vocab"], d_model), "unembed.W_U": (d_model, cfg.get("d_vocab_out") or cfg["d_vocab"])}
+    for layer in range(cfg["n_layers"]):
+        attn = f"blocks.{layer}.attn"
+        expected[f"{attn}.W_Q"] = (n_heads, d_model, d_head)
+        expected[f"{attn}.W_O"] = (n_heads, d_head, d_model)
+        kv_prefix = "_" if f"{attn}._W_K" in weights else ""
+        expected[f"{attn}.{kv_prefix}W_K"] = (n_kv if kv_prefix else n_heads, d_model, d_head)
+        expected[f"{attn}.{kv_prefix}W_V"] = (n_kv if kv_prefix else n_heads, d_model, d_head)
+    if f"blocks.{cfg['n_layers']}.attn.W_Q" in weights:
+        raise ValueError(f"the weights have more than n_layers={cfg['n_layers']} blocks")
+    for name, shape in expected.items():
+        if name not in weights:
+            raise ValueError(f"the weights have no {name}")
+        if tuple(weights[name].shape) != shape:
+            raise ValueError(f"{name} has shape {tuple(weights[name].shape)}, the config says {shape}")
 
 
 def _load_tokenizer(folder: Path) -> Any:
