@@ -156,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
         _add_common(sub, many_models=False, out=Path(f"results-{name}"))
         sub.add_argument("--browser-check", dest="browser_check", action="store_true",
                          help="also open the report in headless Chromium and save a screenshot")
+    from lens_position.zoo.cli import add_parser as add_zoo_parser
+
+    add_zoo_parser(subs)
     return parser
 
 
@@ -206,6 +209,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     logging.basicConfig(level=logging.WARNING, format="lens-position: %(levelname)s: %(message)s")
     try:
+        if args.command == "zoo":
+            from lens_position.zoo.cli import run as run_zoo
+
+            print(run_zoo(args))
+            return 0
         from lens_position.pipeline.run import run
 
         result = run(_config(args, sys.argv[1:] if argv is None else argv))
