@@ -75,7 +75,8 @@ def _add_common(sub: argparse.ArgumentParser, *, many_models: bool, out: Path) -
     if many_models:
         sub.add_argument("--models", default=",".join(DEFAULT_MODELS), metavar="NAMES",
                          help="comma-separated registry names or paths, each optionally with load "
-                              "options after '@' (tiny-llama@ntk_alpha=8, x@ntk_by_parts, x@window=64) "
+                              "options after '@' (tiny-llama@ntk_alpha=8, x@ntk_by_parts, x@window=64), "
+                              "zoo:<variant>[:seed<k>] for a controlled-zoo model, or zoo for all of them "
                               "(default: the three embedded architectures, %(default)s)")
     else:
         sub.add_argument("model", metavar="MODEL",
@@ -167,7 +168,9 @@ def _config(args: argparse.Namespace, argv: Sequence[str]):
     from lens_position.pipeline.steps import commands
 
     if args.command == "reproduce":
-        models = tuple(m.strip() for m in args.models.split(",") if m.strip())
+        from lens_position.pipeline.models import expand_zoo
+
+        models = expand_zoo([m.strip() for m in args.models.split(",") if m.strip()])
     else:
         models = (args.model,)
     return RunConfig(

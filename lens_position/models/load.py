@@ -26,7 +26,7 @@ from lens_position.errors import BadInputError, UnknownModelError
 from lens_position.models import sources
 from lens_position.models.adapters import build_hooked, convert_state_dict, hooked_config
 from lens_position.models.cache import CachedModel, cached_convert, file_identity, state_dict_sha256
-from lens_position.models.registry import REGISTRY, lookup, unknown_model_message
+from lens_position.models.registry import REGISTRY, is_zoo_name, lookup, unknown_model_message
 from lens_position.models.rope import apply_position_options
 from lens_position.models.spec import LoadedModel, ModelSpec, check_length
 from lens_position.models.tiny import tiny_hf_model
@@ -58,6 +58,9 @@ def load_model(
     A forward pass longer than ``n_ctx`` raises ContextLengthError.
     """
     started = time.perf_counter()
+    if is_zoo_name(name_or_path):
+        return _load_zoo(str(name_or_path), ntk_alpha=ntk_alpha, ntk_by_parts=ntk_by_parts, window=window,
+                         n_ctx=n_ctx, device=device)
     source, loader_kind, target, defaults = _resolve(name_or_path, offline)
     given = {"ntk_alpha": ntk_alpha, "ntk_by_parts": ntk_by_parts, "window": window, "n_ctx": n_ctx}
     if ntk_alpha is not None or ntk_by_parts is not None:  # the user's RoPE scaling replaces the entry's
@@ -94,6 +97,18 @@ def load_model(
                "load_seconds": round(time.perf_counter() - started, 3)},
     )
     return LoadedModel(model=model, tokenizer=tokenizer, spec=spec)
+
+
+def _load_zoo(name: str, device: str, **options: Any) -> LoadedModel:
+    """A zoo checkpoint (``zoo:<variant>[:seed<k>]``), exactly as trained: position options
+    would change the very mechanism the zoo controls, so they are refused."""
+    given = [k for k, v in options.items() if v is not None]
+    if given:
+        raise BadInputError(f"{name} loads as trained; position options ({', '.join(given)}) are not "
+                            "applied to zoo models (each variant is its own trained model)")
+    from lens_position.zoo.store import load_zoo_model
+
+    return load_zoo_model(name, device=device)
 
 
 def _resolve(name_or_path: str, offline: bool | None) -> tuple[str, str, Any, dict[str, Any]]:

@@ -108,6 +108,12 @@ DEFAULT_MODELS: tuple[str, ...] = ("smollm2-135m", "smollm2-135m-ntk", "smollm2-
                                    "gemma3-270m")
 
 
+def is_zoo_name(name: object) -> bool:
+    """Whether ``name`` names a controlled-zoo checkpoint (``zoo:<variant>[:seed<k>]``,
+    loaded by ``lens_position.zoo``)."""
+    return isinstance(name, str) and name.startswith("zoo:")
+
+
 def lookup(name: str) -> RegistryEntry:
     """The registry entry for ``name`` (UnknownModelError listing the known names)."""
     if name not in REGISTRY:
@@ -117,5 +123,6 @@ def lookup(name: str) -> RegistryEntry:
 
 def unknown_model_message(name: str) -> str:
     """What to tell a user who asked for a model we do not know."""
-    return (f"unknown model {name!r}. Known names: {', '.join(KNOWN_MODELS)}. Or pass a .gguf file, "
+    return (f"unknown model {name!r}. Known names: {', '.join(KNOWN_MODELS)}, and the controlled zoo's "
+            "zoo:<variant>[:seed<k>] (`lens-position zoo list`). Or pass a .gguf file, "
             "a local Hugging Face checkpoint folder, or a hub id (org/name) with offline=False")

@@ -65,8 +65,25 @@ def check_models(requests: Sequence[str]) -> None:
         raise BadInputError(f"a model is listed twice in {', '.join(requests)}")
     for request in requests:
         name, _ = parse_model_request(request)
-        if not Path(name).exists():
+        if name.startswith("zoo:"):
+            from lens_position.zoo.store import find
+
+            find(name)
+        elif not Path(name).exists():
             lookup(name)
+
+
+def expand_zoo(requests: Sequence[str]) -> tuple[str, ...]:
+    """Replace the request ``zoo`` by every shipped zoo checkpoint (all variants and seeds)."""
+    expanded: list[str] = []
+    for request in requests:
+        if request == "zoo":
+            from lens_position.zoo.store import checkpoints
+
+            expanded.extend(c.name for c in checkpoints())
+        else:
+            expanded.append(request)
+    return tuple(expanded)
 
 
 def architecture_label(spec: Any, request: str | None = None) -> tuple[str, str]:

@@ -31,6 +31,7 @@ from lens_position.pipeline.models import architecture_label
 from lens_position.pipeline.outputs import MANIFEST, OutputFolder
 from lens_position.pipeline.plan import Cell, Plan, plan_run
 from lens_position.pipeline.worker import CellResult, Loaded
+from lens_position.zoo import c3 as zoo_c3
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +192,7 @@ def stack_tables(plan: Plan, collected: Collected, factors: tuple[str, ...] = ()
 
 def known_output_names() -> set[str]:
     """Every file name a run of this package may write in its output folder."""
-    names = {"claims.csv", "report.html", "report.png"}
+    names = {"claims.csv", "report.html", "report.png", *zoo_c3.ZOO_OUTPUTS}
     for table in set(report_module.TABLES) | set(steps_module.tables_of(steps_module.step_names())):
         names |= {f"{table}.parquet", f"{table}.csv"}
     return names
@@ -286,6 +287,7 @@ def run(config: RunConfig, *, load: Callable[[str], Any] | None = None,
     prov = run_provenance(config, plan, collected)
     folder.begin({"command": config.command, "started": prov["created"]})
     files = write_outputs(folder, tables, claims, config.fmt)
+    files.update(zoo_c3.write_outputs(folder, tables))
     prov["wall_time_s"] = round(time.perf_counter() - started, 3)
     report_files, check = write_report(folder, tables, prov, config.browser_check)
     files.update(report_files)

@@ -138,6 +138,12 @@ def load_corpus() -> Corpus:
         partial = cache.with_suffix(f".{os.getpid()}.partial")
         partial.write_text("\x00".join(documents), encoding="utf-8")
         partial.replace(cache)
+    return corpus_of(documents)
+
+
+def corpus_of(documents: list[str]) -> Corpus:
+    """A ``Corpus`` of any list of documents, split and hashed as the zoo corpus is (tests
+    use it to train minute-sized models on a small text)."""
     text = SEPARATOR.join(documents)
     held = [is_held_out(d) for d in documents]
     train = SEPARATOR.join(d for d, h in zip(documents, held) if not h)
