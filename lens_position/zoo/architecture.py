@@ -15,6 +15,7 @@ mechanism of the recipe:
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -51,7 +52,9 @@ def build_model(recipe: Recipe, *, rotary_base: float | None = None, device: str
     """A fresh model for ``recipe``: every matrix ~ N(0, init_std²), output projections
     scaled by ``1/sqrt(2 n_layers)`` (GPT-2), norms 1, biases 0, drawn from ``recipe.seed``
     without touching the global RNG. NoPE's ``W_pos`` is zero and frozen."""
-    model = HookedTransformer(hooked_config(recipe, rotary_base), move_to_device=False)
+    with warnings.catch_warnings():  # TransformerLens 3.9 deprecates HookedTransformer in favour of 4.x
+        warnings.filterwarnings("ignore", message=".*HookedTransformer is deprecated.*")
+        model = HookedTransformer(hooked_config(recipe, rotary_base), move_to_device=False)
     if initialise:
         generator = torch.Generator().manual_seed(recipe.seed)
         with torch.no_grad():
@@ -71,7 +74,7 @@ def build_model(recipe: Recipe, *, rotary_base: float | None = None, device: str
                     parameter.zero_()
     if recipe.position == "none":
         model.pos_embed.W_pos.requires_grad_(False)
-    return model.to(device)
+    return model if device == "cpu" else model.to(device)
 
 
 def parameters_of(model: HookedTransformer) -> dict[str, torch.Tensor]:
