@@ -81,6 +81,7 @@ def _slope(layers: pd.Series, values: pd.Series) -> float:
 
 
 def is_zoo_request(model: str) -> bool:
+    """Whether a run's model request names a zoo checkpoint."""
     return model.startswith("zoo:")
 
 

@@ -67,6 +67,7 @@ def parse_name(name: str) -> tuple[str, int]:
 
 
 def paths(root: Path, variant: str, seed: int) -> tuple[Path, Path]:
+    """``(weights, JSON)`` paths of a checkpoint under ``root``."""
     return root / variant / f"seed{seed}.safetensors", root / variant / f"seed{seed}.json"
 
 

@@ -59,6 +59,7 @@ class TrainResult:
 
 
 def default_device() -> str:
+    """``"cuda"`` when a GPU is present, else ``"cpu"``."""
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
