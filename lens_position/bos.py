@@ -33,7 +33,8 @@ from transformer_lens import HookedTransformer
 
 from lens_position import provenance
 from lens_position.checks import check_count, check_query_range, check_seed
-from lens_position.decompose import decompose
+from lens_position.compare import compare, decompose_conditions
+from lens_position.decompose import Decomposition, decompose
 from lens_position.inputs import checked_prompts
 from lens_position.errors import BadInputError
 from lens_position.models.spec import LoadedModel, as_loaded
@@ -60,22 +61,6 @@ class BosReplacement(SavedResult):
     provenance: dict[str, Any] = field(default_factory=dict)
 
 
-def _fraction(base: float, replaced: float) -> float:
-    return 1.0 - replaced / base if base != 0 else float("nan")
-
-
-def _summary(base: pd.DataFrame, replaced: pd.DataFrame) -> dict[str, float]:
-    r_base, r_repl = float(base["R"].mean()), float(replaced["R"].mean())
-    v_base, v_repl = float(base["var_abs_t"].sum()), float(replaced["var_abs_t"].sum())
-    return {
-        "R_base": r_base, "R_replaced": r_repl, "fraction_removed": _fraction(r_base, r_repl),
-        "R_heldout_base": float(base["R_heldout"].mean()),
-        "R_heldout_replaced": float(replaced["R_heldout"].mean()),
-        "var_abs_t_base": v_base, "var_abs_t_replaced": v_repl,
-        "fraction_removed_raw": _fraction(v_base, v_repl),
-    }
-
-
 def bos_replacement(
     model: LoadedModel | HookedTransformer,
     prompts: Any,
@@ -84,6 +69,7 @@ def bos_replacement(
     query_range: tuple[int, int] = (0, 32),
     seed: int = 0,
     token: int | None = None,
+    base: Decomposition | None = None,
     batch_size: int = 8,
     progress: bool = False,
 ) -> BosReplacement:
@@ -93,6 +79,9 @@ def bos_replacement(
     ``prompts`` must hold BOS at position 0 (``build_prompts(..., bos="force")`` on
     SmolLM2; Gemma-3's tokenizer prepends it); a bare token tensor must hold the model's
     BOS id at position 0 of every row (taken as given when the model has no BOS id).
+    ``base``: the unpatched ``decompose(model, prompts, query_range=query_range)`` when
+    already computed (it is then not recomputed). Each replacement is one condition of
+    :func:`lens_position.compare.compare`.
     """
     loaded = as_loaded(model)
     prompts = checked_prompts(loaded, prompts, min_length=2)
@@ -110,30 +99,26 @@ def bos_replacement(
     query_range = check_query_range(query_range, tokens.shape[1])
     if token is None and "token" in replacements:
         token = default_replacement_token(loaded, tokens, position=0, seed=seed)
-    options = dict(query_range=query_range, batch_size=batch_size, progress=progress)
-    base = decompose(loaded, prompts, **options)
-    layer_rows, overall_rows, head_frames = [], [], []
-    for replacement in replacements:
-        patch = embedding_patch(loaded, tokens, replacement, position=0, token=token, seed=seed)
-        replaced = decompose(loaded, prompts, patches=[patch], **options)
-        for layer, group in base.heads.groupby("layer", sort=True):
-            other = replaced.heads[replaced.heads["layer"] == layer]
-            layer_rows.append({"replacement": replacement, "layer": int(layer),
-                               "layer_type": group["layer_type"].iloc[0], **_summary(group, other)})
-        overall_rows.append({"replacement": replacement, **_summary(base.heads, replaced.heads)})
-        heads = base.heads[["layer", "head", "layer_type"]].copy()
-        heads["replacement"] = replacement
-        heads["R_base"], heads["R_replaced"] = base.heads["R"].to_numpy(), replaced.heads["R"].to_numpy()
-        head_frames.append(heads)
+    if base is None:
+        base = decompose(loaded, prompts, query_range=query_range, batch_size=batch_size, progress=progress)
+    conditions = {replacement: [embedding_patch(loaded, tokens, replacement, position=0, token=token, seed=seed)]
+                  for replacement in replacements}
+    replaced = decompose_conditions(loaded, prompts, conditions, query_range=query_range, batch_size=batch_size,
+                                    progress=progress)
+    comparison = compare(base, replaced)
+    names = {"condition": "replacement", "R_condition": "R_replaced", "R_heldout_condition": "R_heldout_replaced",
+             "var_abs_t_condition": "var_abs_t_replaced"}
+    heads = comparison.heads.rename(columns=names)[["layer", "head", "layer_type", "replacement", "R_base",
+                                                    "R_replaced"]]
     spec = getattr(prompts, "spec", None)
     return BosReplacement(
-        frame=pd.DataFrame(layer_rows), overall=pd.DataFrame(overall_rows),
-        heads=pd.concat(head_frames, ignore_index=True),
+        frame=comparison.layers.rename(columns=names), overall=comparison.overall.rename(columns=names),
+        heads=heads,
         provenance=provenance.collect(
             model=loaded.spec, data=spec if spec is not None else {"source": "tensor", "shape": list(tokens.shape)},
             seed=seed, replacements=list(replacements), replacement_token=token, query_range=list(query_range),
             keys="all", bos_policy=getattr(spec, "bos", "as given (token tensor)"),
             position0_token_ids=sorted(set(tokens[:, 0].tolist())),
-            fraction_removed="1 - R_replaced / R_base, R = mean over heads of Var(abs t)/Var(log A)",
-            fraction_removed_raw="1 - sum_heads var_abs_t_replaced / sum_heads var_abs_t_base",
+            fraction_removed=comparison.provenance["fraction_removed"],
+            fraction_removed_raw=comparison.provenance["fraction_removed_raw"],
         ))

@@ -41,7 +41,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 import pandas as pd
 import torch
@@ -55,6 +55,7 @@ from lens_position.errors import BadInputError
 from lens_position.inputs import checked_prompts
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.results import SavedResult
+from lens_position.stream import ActivationCache, stream
 
 _BLOCK_HOOK = re.compile(r"^blocks\.(\d+)\.")
 # Hooks whose activation is [batch, pos, ...] (position on axis 1, head on axis 2 if any).
@@ -264,7 +265,9 @@ Condition = Sequence[Patch]
 
 
 def patches_as_hooks(patches: Sequence[Patch]) -> list[tuple[str, Callable]]:
-    """Forward hooks applying ``patches`` to every row (for ``decompose(fwd_hooks=...)``)."""
+    """Forward hooks applying ``patches`` to a batch holding all prompts in order (one pass,
+    ``model.hooks(...)``); for batched passes give the patches to
+    :func:`lens_position.stream.stream` (or ``decompose(patches=...)``) instead."""
     return [p.hook() for p in patches]
 
 
@@ -285,17 +288,10 @@ def cache_activations(
     """
     hooked = _hooked(model)
     tokens = as_tokens(hooked, prompts)
-    missing = [n for n in names if n not in hooked.hook_dict]
-    if missing:
-        raise BadInputError(f"the model has no hooks named {missing}")
-    store: dict[str, torch.Tensor] = {}
-
-    def keep(activation: torch.Tensor, hook: Any) -> None:
-        store[hook.name] = activation.detach().clone()
-
-    with torch.no_grad(), hooked.hooks(fwd_hooks=list(fwd_hooks) + [(n, keep) for n in names]):
-        hooked(tokens, stop_at_layer=_stop_after(hooked, names), return_type=None)
-    return store
+    cache = ActivationCache(names)
+    stream(hooked, tokens, [cache], fwd_hooks=fwd_hooks, batch_size=max(1, len(tokens)), progress=False,
+           desc="cache activations")
+    return cache.result()
 
 
 def resid_pre_stack(
@@ -591,7 +587,9 @@ def head_ablation(
 ) -> list[Patch]:
     """Ablate heads by setting their output ``z`` (``blocks.l.attn.hook_z``, before ``W_O``)
     at every position: to zero, or to its mean over the prompts and positions of
-    ``reference`` (a PromptSet or token tensor; required for ``kind="mean"``)."""
+    ``reference`` (a PromptSet or token tensor, or the already cached activations of such a
+    run, ``{"blocks.l.attn.hook_z": Float[Tensor, "batch pos head d_head"]}``; required for
+    ``kind="mean"``)."""
     hooked = _hooked(model)
     for layer, head in heads:
         _check_layer(hooked, layer)
@@ -605,7 +603,13 @@ def head_ablation(
     if reference is None:
         raise BadInputError("mean ablation needs reference prompts to take the mean over")
     names = sorted({f"blocks.{l}.attn.hook_z" for l, _ in heads})
-    store = cache_activations(hooked, reference, names)
+    if isinstance(reference, Mapping):
+        missing = [name for name in names if name not in reference]
+        if missing:
+            raise BadInputError(f"the reference activations lack {missing}; cache them first")
+        store = reference
+    else:
+        store = cache_activations(hooked, reference, names)
     return [Patch(f"blocks.{l}.attn.hook_z", store[f"blocks.{l}.attn.hook_z"][:, :, h].mean((0, 1)),
                   head=h, label=f"mean[{l}.{h}]") for l, h in heads]
 

@@ -31,7 +31,6 @@ import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float
-from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from lens_position import provenance
@@ -40,6 +39,7 @@ from lens_position.errors import BadInputError
 from lens_position.inputs import checked_prompts
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.results import SavedResult
+from lens_position.stream import stream
 
 RIDGE_GRID = tuple(float(x) for x in 10.0 ** np.arange(-4, 3.01, 0.5))
 
@@ -122,6 +122,86 @@ class ProbeResult(SavedResult):
     provenance: dict[str, Any]
 
 
+class ProbeReducer:
+    """The probe's streaming moments as a reducer for :func:`lens_position.stream.stream`:
+    reads ``resid_pre`` of the probed layers and keeps, per layer, the moments of the test
+    sequences and of the two training folds. Options as in :func:`position_probe`; call
+    :meth:`result` after streaming."""
+
+    def __init__(self, model: LoadedModel | HookedTransformer, prompts: Any, *,
+                 layers: Sequence[int] | None = None, ridge: float | None = None, seed: int = 0,
+                 positions: tuple[int, int | None] = (1, None)) -> None:
+        self.loaded = as_loaded(model)
+        hooked = self.loaded.model
+        checked = checked_prompts(self.loaded, prompts, min_length=2)
+        tokens, self.data = checked.tokens, checked.spec
+        n_seq, length = tokens.shape
+        if n_seq < (2 if ridge is not None else 3):
+            raise BadInputError("a held-out probe needs at least 2 sequences, and 3 when the penalty is chosen "
+                                "by cross-validation (ridge=None): pass more prompts or a fixed ridge")
+        layers = check_layers(layers, hooked.cfg.n_layers)
+        seed = check_seed(seed)
+        start, stop = check_query_range((positions[0], length if positions[1] is None else positions[1]), length,
+                                        "positions")
+        if stop - start < 2:
+            raise BadInputError(f"positions must cover at least 2 positions within 0..{length - 1}, got {positions}")
+        self.layers, self.ridge, self.seed, self.start, self.stop = layers, ridge, seed, start, stop
+
+        generator = torch.Generator().manual_seed(seed)
+        order = torch.randperm(n_seq, generator=generator)
+        self.split = torch.zeros(n_seq, dtype=torch.long)  # 0: test, 1 and 2: the two training folds
+        self.split[order[n_seq // 2:]] = 1 + torch.arange(n_seq - n_seq // 2) % 2
+        pos = torch.arange(start, stop)
+        self.label = torch.log1p(pos.to(torch.float64))
+        self.shuffled = torch.stack([self.label[torch.randperm(len(pos), generator=generator)]
+                                     for _ in range(n_seq)])
+        self.d_model = hooked.cfg.d_model
+        self.moments = {layer: [_Moments.zeros(self.d_model, 2) for _ in range(3)] for layer in layers}
+        self.reference: dict[int, torch.Tensor] = {}
+        self.hook_names = tuple(f"blocks.{layer}.hook_resid_pre" for layer in layers)
+        self._layer_of = dict(zip(self.hook_names, layers))
+
+    def update(self, hook_name: str, resid: Float[torch.Tensor, "batch pos d_model"],
+               rows: torch.Tensor) -> None:
+        layer = self._layer_of[hook_name]
+        x = resid[:, self.start:self.stop].to(torch.float64).cpu()
+        if layer not in self.reference:  # centre on the first batch's mean (avoids cancellation)
+            self.reference[layer] = x.reshape(-1, self.d_model).mean(0)
+        x = x - self.reference[layer]
+        for part, moment in enumerate(self.moments[layer]):
+            chosen = (self.split[rows] == part).nonzero().squeeze(1)
+            if len(chosen) == 0:
+                continue
+            y = torch.stack([self.label.expand(len(chosen), -1), self.shuffled[rows[chosen]]], dim=-1)
+            moment.add(x[chosen].reshape(-1, self.d_model), y.reshape(-1, 2))
+
+    def result(self) -> ProbeResult:
+        """Fit the probes from the streamed moments (:class:`ProbeResult`)."""
+        records = []
+        for layer in self.layers:
+            test, fold_a, fold_b = self.moments[layer]
+            if test.n == 0 or fold_a.n == 0:
+                raise BadInputError("the probe's prompts were not streamed (no test or training rows)")
+            train = fold_a + fold_b
+            penalty = self.ridge if self.ridge is not None else _choose_ridge(fold_a, fold_b, RIDGE_GRID)
+            (w, c), = _fit(train, 0, [penalty])
+            (w_shuffled, c_shuffled), = _fit(train, 1, [penalty])
+            records.append({
+                "layer": layer, "r2_heldout": _r2(test, 0, w, c), "r2_train": _r2(train, 0, w, c),
+                "r2_shuffled": _r2(test, 0, w_shuffled, c_shuffled), "ridge": penalty,
+                "n_train": train.n, "n_test": test.n,
+            })
+        ridge = self.ridge if self.ridge is not None else {"grid": list(RIDGE_GRID),
+                                                           "chosen_by": "2-fold CV within training"}
+        prov = provenance.collect(model=self.loaded.spec, data=self.data, seed=self.seed, layers=self.layers,
+                                  ridge=ridge, positions=[self.start, self.stop], target="log(i+1)",
+                                  features="resid_pre, standardised",
+                                  split="half of the sequences held out (seeded)",
+                                  test_sequences=(self.split == 0).nonzero().squeeze(1).tolist(),
+                                  control="labels permuted within each training sequence")
+        return ProbeResult(layers=pd.DataFrame(records), provenance=prov)
+
+
 def position_probe(
     model: LoadedModel | HookedTransformer,
     prompts: Any,
@@ -147,77 +227,11 @@ def position_probe(
             rather than a position to read.
         batch_size: sequences per forward pass.
         progress: show a progress bar.
+
+    To probe in the same pass as other statistics, stream a :class:`ProbeReducer` with them.
     """
-    loaded = as_loaded(model)
-    hooked = loaded.model
-    checked = checked_prompts(loaded, prompts, min_length=2)
-    tokens, data = checked.tokens, checked.spec
-    n_seq, length = tokens.shape
-    if n_seq < (2 if ridge is not None else 3):
-        raise BadInputError("a held-out probe needs at least 2 sequences, and 3 when the penalty is chosen "
-                            "by cross-validation (ridge=None): pass more prompts or a fixed ridge")
-    layers = check_layers(layers, hooked.cfg.n_layers)
-    batch_size, seed = check_count("batch_size", batch_size), check_seed(seed)
-    start, stop = check_query_range((positions[0], length if positions[1] is None else positions[1]), length,
-                                    "positions")
-    if stop - start < 2:
-        raise BadInputError(f"positions must cover at least 2 positions within 0..{length - 1}, got {positions}")
-
-    generator = torch.Generator().manual_seed(seed)
-    order = torch.randperm(n_seq, generator=generator)
-    split = torch.zeros(n_seq, dtype=torch.long)  # 0: test, 1 and 2: the two training folds
-    split[order[n_seq // 2:]] = 1 + torch.arange(n_seq - n_seq // 2) % 2
-    is_test = split == 0
-    pos = torch.arange(start, stop)
-    label = torch.log1p(pos.to(torch.float64))
-    shuffled = torch.stack([label[torch.randperm(len(pos), generator=generator)] for _ in range(n_seq)])
-
-    d_model = hooked.cfg.d_model
-    moments = {layer: [_Moments.zeros(d_model, 2) for _ in range(3)] for layer in layers}
-    reference: dict[int, torch.Tensor] = {}
-    batch_rows: list[torch.Tensor] = []
-
-    def make_hook(layer: int):
-        def hook(resid: torch.Tensor, hook: Any) -> None:
-            x = resid[:, start:stop].detach().to(torch.float64)
-            if layer not in reference:
-                reference[layer] = x.reshape(-1, d_model).mean(0)
-            x = x - reference[layer]
-            rows = batch_rows[0]
-            for part, moment in enumerate(moments[layer]):
-                chosen = (split[rows] == part).nonzero().squeeze(1)
-                if len(chosen) == 0:
-                    continue
-                y = torch.stack([label.expand(len(chosen), -1), shuffled[rows[chosen]]], dim=-1)
-                moment.add(x[chosen].reshape(-1, d_model), y.reshape(-1, 2))
-
-        return hook
-
-    hooks = [(f"blocks.{layer}.hook_resid_pre", make_hook(layer)) for layer in layers]
-    device = next(hooked.parameters()).device
-    with torch.no_grad(), hooked.hooks(fwd_hooks=hooks):
-        for first in tqdm(range(0, n_seq, batch_size), disable=not progress, desc="position probe", unit="batch"):
-            rows = torch.arange(first, min(first + batch_size, n_seq))
-            batch_rows[:] = [rows]
-            hooked(tokens[rows].to(device), stop_at_layer=layers[-1] + 1)
-
-    records = []
-    for layer in layers:
-        test, fold_a, fold_b = moments[layer]
-        train = fold_a + fold_b
-        penalty = ridge if ridge is not None else _choose_ridge(fold_a, fold_b, RIDGE_GRID)
-        (w, c), = _fit(train, 0, [penalty])
-        (w_shuffled, c_shuffled), = _fit(train, 1, [penalty])
-        records.append({
-            "layer": layer, "r2_heldout": _r2(test, 0, w, c), "r2_train": _r2(train, 0, w, c),
-            "r2_shuffled": _r2(test, 0, w_shuffled, c_shuffled), "ridge": penalty,
-            "n_train": train.n, "n_test": test.n,
-        })
-    prov = provenance.collect(model=loaded.spec, data=data, seed=seed, layers=layers,
-                              ridge=ridge if ridge is not None else {"grid": list(RIDGE_GRID),
-                                                                     "chosen_by": "2-fold CV within training"},
-                              positions=[start, stop], target="log(i+1)", features="resid_pre, standardised",
-                              split="half of the sequences held out (seeded)",
-                              test_sequences=is_test.nonzero().squeeze(1).tolist(),
-                              control="labels permuted within each training sequence")
-    return ProbeResult(layers=pd.DataFrame(records), provenance=prov)
+    batch_size = check_count("batch_size", batch_size)
+    prompts = checked_prompts(model, prompts, min_length=2)
+    reducer = ProbeReducer(model, prompts, layers=layers, ridge=ridge, seed=seed, positions=positions)
+    stream(model, prompts, [reducer], batch_size=batch_size, progress=progress, desc="position probe")
+    return reducer.result()

@@ -26,25 +26,20 @@ from typing import Any, Sequence
 import pandas as pd
 import torch
 from jaxtyping import Float
-from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from lens_position import provenance
 from lens_position.checks import check_count, check_query_range
+from lens_position.compare import compare, decompose_conditions
 from lens_position.data import DEFAULT_BOS
-from lens_position.decompose import decompose
-from lens_position.inputs import checked_prompts
+from lens_position.decompose import Decomposition, DecompositionReducer
 from lens_position.errors import BadInputError
 from lens_position.fingerprint import counterfactual_token0, position0_activations
+from lens_position.inputs import checked_prompts
 from lens_position.models.spec import LoadedModel, as_loaded
-from lens_position.patching import (
-    Patch,
-    as_tokens,
-    cache_activations,
-    head_ablation,
-    run_patches,
-)
+from lens_position.patching import Patch, as_tokens, cache_activations, head_ablation
 from lens_position.results import SavedResult
+from lens_position.stream import ActivationCache, stream
 
 SINK_EPS = 0.3
 SINK_CONDITIONS = ("natural", "random", "repeated")
@@ -78,6 +73,36 @@ class SinkHeads(SavedResult):
         return float((self.scores > self.eps).to(torch.float64).mean())
 
 
+class SinkScoreReducer:
+    """Sink scores as a reducer for :func:`lens_position.stream.stream`: per (layer, head),
+    the sum over prompts and queries ``query_range`` of ``A[i, 0]`` (float64), read at
+    ``hook_pattern`` of every layer; :meth:`result` divides by the count."""
+
+    def __init__(self, model: LoadedModel | HookedTransformer, prompts: Any, *,
+                 query_range: tuple[int, int] | None = None) -> None:
+        hooked = as_loaded(model).model
+        n_pos = as_tokens(hooked, prompts).shape[1]
+        self.start, self.stop = check_query_range(query_range, n_pos)
+        n_layers = hooked.cfg.n_layers
+        self.hook_names = tuple(f"blocks.{layer}.attn.hook_pattern" for layer in range(n_layers))
+        self._layer_of = {name: layer for layer, name in enumerate(self.hook_names)}
+        self.totals = torch.zeros(n_layers, hooked.cfg.n_heads, dtype=torch.float64)
+        self.n_prompts = 0
+
+    def update(self, hook_name: str, pattern: Float[torch.Tensor, "batch head query key"],
+               rows: torch.Tensor) -> None:
+        layer = self._layer_of[hook_name]
+        self.totals[layer] += pattern[:, :, self.start:self.stop, 0].to(torch.float64).sum((0, 2)).cpu()
+        if layer == 0:
+            self.n_prompts += len(rows)
+
+    def result(self) -> Float[torch.Tensor, "layer head"]:
+        """Mean attention on position 0 per (layer, head), in [0, 1]."""
+        if self.n_prompts == 0:
+            raise BadInputError("no prompts were streamed through these sink scores")
+        return self.totals / (self.n_prompts * (self.stop - self.start))
+
+
 def sink_scores(
     model: LoadedModel | HookedTransformer,
     prompts: Any,
@@ -87,22 +112,12 @@ def sink_scores(
     progress: bool = False,
 ) -> Float[torch.Tensor, "layer head"]:
     """Mean attention on position 0 per head over prompts and queries ``query_range``
-    (default all). Patterns are reduced inside the hook; nothing ``T x T`` is kept."""
-    hooked = as_loaded(model).model
-    tokens = as_tokens(hooked, prompts)
-    start, stop = check_query_range(query_range, tokens.shape[1])
+    (default all). Patterns are reduced as they stream by; nothing ``T x T`` is kept."""
     batch_size = check_count("batch_size", batch_size)
-    totals = torch.zeros(hooked.cfg.n_layers, hooked.cfg.n_heads, dtype=torch.float64)
-
-    def reduce(pattern: torch.Tensor, hook: Any) -> None:
-        layer = int(hook.name.split(".")[1])
-        totals[layer] += pattern[:, :, start:stop, 0].to(torch.float64).sum((0, 2)).cpu()
-
-    hooks = [(f"blocks.{l}.attn.hook_pattern", reduce) for l in range(hooked.cfg.n_layers)]
-    with torch.no_grad(), hooked.hooks(fwd_hooks=hooks):
-        for first in tqdm(range(0, len(tokens), batch_size), disable=not progress, desc="sink scores"):
-            hooked(tokens[first:first + batch_size], return_type=None)
-    return totals / (len(tokens) * (stop - start))
+    reducer = SinkScoreReducer(model, prompts, query_range=query_range)
+    stream(model, as_tokens(model, prompts), [reducer], batch_size=batch_size, progress=progress,
+           desc="sink scores")
+    return reducer.result()
 
 
 def sink_heads(
@@ -111,14 +126,19 @@ def sink_heads(
     *,
     eps: float = SINK_EPS,
     query_range: tuple[int, int] | None = None,
+    scores: Float[torch.Tensor, "layer head"] | None = None,
     batch_size: int = 8,
     progress: bool = False,
 ) -> SinkHeads:
-    """Sink score of every head (mean attention on position 0) and which heads exceed ``eps``."""
+    """Sink score of every head (mean attention on position 0) and which heads exceed ``eps``.
+
+    ``scores``: the :func:`sink_scores` of these prompts and ``query_range`` when already
+    streamed (e.g. by a :class:`SinkScoreReducer` sharing a pass); then no pass is made."""
     loaded = as_loaded(model)
     prompts = checked_prompts(loaded, prompts)
-    scores = sink_scores(loaded, prompts, query_range=query_range, batch_size=batch_size,
-                         progress=progress)
+    if scores is None:
+        scores = sink_scores(loaded, prompts, query_range=query_range, batch_size=batch_size,
+                             progress=progress)
     n_layers, n_heads = scores.shape
     attn_types = loaded.spec.attn_types or ("global",) * n_layers
     frame = pd.DataFrame({
@@ -208,18 +228,30 @@ class SinkReading(SavedResult):
     provenance: dict[str, Any] = field(default_factory=dict)
 
 
+def base_activation_names(model: LoadedModel | HookedTransformer) -> list[str]:
+    """The unpatched run's activations the sink-reading detector reuses: every block's
+    ``hook_z`` (the base of the output change, and the mean of the mean ablation) and
+    ``resid_pre`` of blocks ``1..L-1`` (pinned by :func:`own_position0_patches`)."""
+    n_layers = as_loaded(model).model.cfg.n_layers
+    return ([f"blocks.{l}.attn.hook_z" for l in range(n_layers)]
+            + [f"blocks.{l}.hook_resid_pre" for l in range(1, n_layers)])
+
+
 def own_position0_patches(
     model: LoadedModel | HookedTransformer,
     prompts: Any,
     counterfactual: str,
+    *,
+    base_activations: dict[str, torch.Tensor] | None = None,
 ) -> list[Patch]:
-    """Patches that give every head its own counterfactual position-0 key and value while
-    every block still reads the base run's residual stream.
+    """The detector's pattern: patches that give every head its own counterfactual
+    position-0 key and value while every block still reads the base run's residual stream.
 
     Per block ``l``: ``hook_k`` and ``hook_v`` at position 0 from a one-token run on the
     counterfactual token 0 (:func:`lens_position.fingerprint.position0_activations`), and,
     for ``l > 0``, ``resid_pre[l]`` pinned to the base run, so the patches of earlier blocks
     do not reach block ``l``. All values are per prompt (first axis = prompts).
+    ``base_activations``: the base run's ``resid_pre`` when already cached (else one pass).
     """
     loaded = as_loaded(model)
     hooked = loaded.model
@@ -227,37 +259,123 @@ def own_position0_patches(
     n_layers = hooked.cfg.n_layers
     kv_names = [f"blocks.{l}.attn.hook_{p}" for l in range(n_layers) for p in ("k", "v")]
     counter = position0_activations(loaded, token0, kv_names)
-    base = cache_activations(loaded, prompts, [f"blocks.{l}.hook_resid_pre" for l in range(1, n_layers)])
+    pinned = [f"blocks.{l}.hook_resid_pre" for l in range(1, n_layers)]
+    if base_activations is None or any(name not in base_activations for name in pinned):
+        base_activations = cache_activations(loaded, prompts, pinned)
     patches = []
     for layer in range(n_layers):
         if layer > 0:
             name = f"blocks.{layer}.hook_resid_pre"
-            patches.append(Patch(name, base[name], label=f"pin resid_pre[{layer}]"))
+            patches.append(Patch(name, base_activations[name], label=f"pin resid_pre[{layer}]"))
         for part in ("k", "v"):
             name = f"blocks.{layer}.attn.hook_{part}"
             patches.append(Patch(name, counter[name][:, 0], position=0, label=f"{part}[{layer}][0]"))
     return patches
 
 
-def _output_change(
-    model: HookedTransformer, prompts: Any, patches: list[Patch], query_range: tuple[int, int]
-) -> Float[torch.Tensor, "layer head"]:
-    n_layers = model.cfg.n_layers
-    names = [f"blocks.{l}.attn.hook_z" for l in range(n_layers)]
+def sink_reading_base(
+    model: LoadedModel | HookedTransformer,
+    prompts: Any,
+    *,
+    query_range: tuple[int, int] = (0, 32),
+    batch_size: int = 8,
+    progress: bool = False,
+) -> tuple[Decomposition, dict[str, torch.Tensor]]:
+    """The unpatched run the detector compares with, in one pass: its decomposition over
+    ``query_range`` and the activations of :func:`base_activation_names`."""
+    tokens = as_tokens(model, prompts)
+    query_range = check_query_range(query_range, tokens.shape[1])
+    decomposition = DecompositionReducer(model, prompts, query_range=query_range)
+    activations = ActivationCache(base_activation_names(model))
+    stream(model, prompts, [decomposition, activations], batch_size=batch_size, progress=progress,
+           desc="sink reading: base")
+    return decomposition.result(batch_size=batch_size), activations.result()
+
+
+def _output_change(base_z: Sequence[torch.Tensor], patched_z: Sequence[torch.Tensor],
+                   query_range: tuple[int, int]) -> Float[torch.Tensor, "layer head"]:
+    """RMS over prompts and queries of ``||z_patched - z_base||`` over the RMS of ``||z_base||``."""
     start, stop = query_range
 
-    def stack(acts: dict[str, torch.Tensor]) -> torch.Tensor:
-        return torch.stack([acts[n][:, start:stop].to(torch.float64) for n in names])
+    def stack(acts: Sequence[torch.Tensor]) -> torch.Tensor:
+        return torch.stack([act[:, start:stop].to(torch.float64) for act in acts])
 
-    base, patched = run_patches(model, prompts, [[], patches], stack, read=names)
+    base, patched = stack(base_z), stack(patched_z)
     # [layer, batch, query, head, d_head] -> per (layer, head)
     change = (patched - base).norm(dim=-1).pow(2).mean((1, 2)).sqrt()
     scale = base.norm(dim=-1).pow(2).mean((1, 2)).sqrt()
-    return torch.where(change == 0, torch.zeros_like(change), change / scale)
+    return torch.where(change == 0, torch.zeros_like(change), change / scale).cpu()
 
 
-def _layer_R(heads: pd.DataFrame) -> pd.DataFrame:
-    return heads.groupby("layer", sort=True)[["R", "R_heldout"]].mean().reset_index()
+def sink_reading_scores(
+    model: LoadedModel | HookedTransformer,
+    prompts: Any,
+    patches: Sequence[Patch],
+    *,
+    base: Decomposition,
+    base_activations: dict[str, torch.Tensor],
+    query_range: tuple[int, int] = (0, 32),
+    batch_size: int = 8,
+    progress: bool = False,
+) -> pd.DataFrame:
+    """The detector's scores for a pattern (``patches``, e.g. :func:`own_position0_patches`):
+    one patched pass gives every head's output change and residual-component change against
+    the base run (:func:`sink_reading_base`). Returns the ranked frame of
+    :class:`SinkReading`."""
+    hooked = as_loaded(model).model
+    tokens = as_tokens(hooked, prompts)
+    query_range = check_query_range(query_range, tokens.shape[1])
+    z_names = [f"blocks.{l}.attn.hook_z" for l in range(hooked.cfg.n_layers)]
+    patched = DecompositionReducer(model, prompts, query_range=query_range)
+    patched_z = ActivationCache(z_names)
+    stream(model, prompts, [patched, patched_z], patches=patches, batch_size=batch_size, progress=progress,
+           desc="sink reading: patched")
+    output_change = _output_change([base_activations[n] for n in z_names],
+                                   [patched_z.result()[n] for n in z_names], query_range)
+    comparison = compare(base, {"patched": patched.result(batch_size=batch_size)})
+    frame = base.heads[["layer", "head", "layer_type"]].copy()
+    frame["output_change"] = output_change.reshape(-1).numpy()
+    frame["R_base"] = comparison.heads["R_base"].to_numpy()
+    frame["R_patched"] = comparison.heads["R_condition"].to_numpy()
+    frame["R_change"] = frame["R_patched"] - frame["R_base"]
+    frame["R_heldout_change"] = comparison.heads["R_heldout_change"].to_numpy()
+    order = frame.assign(abs_change=frame["R_change"].abs()).sort_values(
+        ["abs_change", "output_change"], ascending=False, kind="stable").index
+    frame.loc[order, "rank"] = range(1, len(frame) + 1)
+    frame["rank"] = frame["rank"].astype(int)
+    return frame.sort_values("rank").reset_index(drop=True)
+
+
+def head_ablation_effect(
+    model: LoadedModel | HookedTransformer,
+    prompts: Any,
+    heads: Sequence[tuple[int, int]],
+    *,
+    base: Decomposition,
+    reference: Any,
+    kinds: Sequence[str] = ("zero", "mean"),
+    query_range: tuple[int, int] = (0, 32),
+    batch_size: int = 8,
+    progress: bool = False,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Ablate ``heads`` (each kind one condition, :func:`lens_position.patching.head_ablation`)
+    and compare every layer's ``R`` with the base decomposition. ``reference``: the prompts
+    (or their cached ``hook_z``) the mean ablation averages over. Returns the ``ablation``
+    and ``ablation_heads`` frames of :class:`SinkReading`."""
+    tokens = as_tokens(model, prompts)
+    query_range = check_query_range(query_range, tokens.shape[1])
+    conditions = {kind: head_ablation(model, heads, kind, reference=reference) for kind in kinds}
+    comparison = compare(base, decompose_conditions(model, prompts, conditions, query_range=query_range,
+                                                    batch_size=batch_size, progress=progress))
+    layers = comparison.layers.rename(columns={
+        "condition": "ablation", "R_base": "R_before", "R_condition": "R_after",
+        "R_heldout_base": "R_heldout_before", "R_heldout_condition": "R_heldout_after"})
+    layers = layers[["ablation", "layer", "R_before", "R_after", "R_heldout_before", "R_heldout_after"]]
+    per_head = comparison.heads.rename(columns={"condition": "ablation", "R_base": "R_before",
+                                                "R_condition": "R_after"})
+    per_head["ablated"] = [(l, h) in heads for l, h in per_head[["layer", "head"]].to_numpy()]
+    per_head = per_head[["layer", "head", "ablation", "ablated", "R_before", "R_after"]]
+    return layers, per_head
 
 
 def sink_reading_heads(
@@ -268,6 +386,8 @@ def sink_reading_heads(
     query_range: tuple[int, int] = (0, 32),
     n_ablate: int = 3,
     ablate_heads: Sequence[tuple[int, int]] | None = None,
+    patches: Sequence[Patch] | None = None,
+    base: tuple[Decomposition, dict[str, torch.Tensor]] | None = None,
     batch_size: int = 8,
     progress: bool = False,
 ) -> SinkReading:
@@ -281,54 +401,40 @@ def sink_reading_heads(
         query_range: queries over which output change and ``R`` are measured (clipped to T).
         n_ablate: ablate the ``n_ablate`` top-ranked heads (ignored if ``ablate_heads``).
         ablate_heads: explicit ``(layer, head)`` list to ablate instead.
+        patches: the detector's pattern, when not :func:`own_position0_patches` of
+            ``counterfactual`` (then ``counterfactual`` is only recorded).
+        base: :func:`sink_reading_base` of the same prompts and ``query_range``, when
+            already computed (it is then not recomputed).
+
+    The steps are separate functions: :func:`sink_reading_base` (the unpatched pass),
+    :func:`own_position0_patches` (the pattern), :func:`sink_reading_scores` (the scores
+    and ranking) and :func:`head_ablation_effect` (the ablations).
     """
     loaded = as_loaded(model)
-    hooked = loaded.model
     prompts = checked_prompts(loaded, prompts, min_length=2)
-    tokens = as_tokens(hooked, prompts)
+    tokens = as_tokens(loaded, prompts)
     query_range = check_query_range(query_range, tokens.shape[1])
     batch_size, n_ablate = check_count("batch_size", batch_size), check_count("n_ablate", n_ablate, minimum=0)
-    patches = own_position0_patches(loaded, prompts, counterfactual)
-    output_change = _output_change(hooked, tokens, patches, query_range)
+    pattern = "given patches" if patches is not None else f"own position-0 key/value ({counterfactual})"
+    if patches is None:
+        counterfactual_token0(loaded, prompts, counterfactual)  # refuse a bad counterfactual before any pass
     options = dict(query_range=query_range, batch_size=batch_size, progress=progress)
-    base = decompose(loaded, prompts, **options)
-    patched = decompose(loaded, prompts, patches=patches, **options)
-    frame = base.heads[["layer", "head", "layer_type"]].copy()
-    frame["output_change"] = output_change.reshape(-1).numpy()
-    frame["R_base"] = base.heads["R"].to_numpy()
-    frame["R_patched"] = patched.heads["R"].to_numpy()
-    frame["R_change"] = frame["R_patched"] - frame["R_base"]
-    frame["R_heldout_change"] = patched.heads["R_heldout"].to_numpy() - base.heads["R_heldout"].to_numpy()
-    order = frame.assign(abs_change=frame["R_change"].abs()).sort_values(
-        ["abs_change", "output_change"], ascending=False, kind="stable").index
-    frame.loc[order, "rank"] = range(1, len(frame) + 1)
-    frame["rank"] = frame["rank"].astype(int)
-    frame = frame.sort_values("rank").reset_index(drop=True)
-
+    base_decomposition, base_activations = base if base is not None else sink_reading_base(loaded, prompts, **options)
+    if patches is None:
+        patches = own_position0_patches(loaded, prompts, counterfactual, base_activations=base_activations)
+    frame = sink_reading_scores(loaded, prompts, patches, base=base_decomposition,
+                                base_activations=base_activations, **options)
     if ablate_heads is None:
         ablate_heads = [(int(l), int(h)) for l, h in frame[["layer", "head"]].head(n_ablate).to_numpy()]
     ablate_heads = [(int(l), int(h)) for l, h in ablate_heads]
-    layer_rows, head_rows = [], []
-    before_layers = _layer_R(base.heads)
-    for kind in ("zero", "mean"):
-        ablation = head_ablation(loaded, ablate_heads, kind, reference=tokens)
-        after = decompose(loaded, prompts, patches=ablation, **options)
-        after_layers = _layer_R(after.heads)
-        for (_, b), (_, a) in zip(before_layers.iterrows(), after_layers.iterrows()):
-            layer_rows.append({"ablation": kind, "layer": int(b["layer"]), "R_before": b["R"],
-                               "R_after": a["R"], "R_heldout_before": b["R_heldout"],
-                               "R_heldout_after": a["R_heldout"]})
-        heads = base.heads[["layer", "head"]].copy()
-        heads["ablation"] = kind
-        heads["ablated"] = [(l, h) in ablate_heads for l, h in heads[["layer", "head"]].to_numpy()]
-        heads["R_before"], heads["R_after"] = base.heads["R"].to_numpy(), after.heads["R"].to_numpy()
-        head_rows.append(heads)
+    ablation, ablation_heads = head_ablation_effect(loaded, prompts, ablate_heads, base=base_decomposition,
+                                                    reference=base_activations, **options)
     return SinkReading(
-        frame=frame, ablation=pd.DataFrame(layer_rows),
-        ablation_heads=pd.concat(head_rows, ignore_index=True), ablated=ablate_heads,
+        frame=frame, ablation=ablation, ablation_heads=ablation_heads, ablated=ablate_heads,
         provenance=provenance.collect(
             model=loaded.spec, data=_data_spec(prompts), seed=getattr(getattr(prompts, "spec", None), "seed", None),
             counterfactual=counterfactual, query_range=list(query_range), bos_policy=_bos_policy(prompts),
             ablated=ablate_heads, mean_ablation_reference="the base prompts, mean over prompts and positions",
+            pattern=pattern,
             R="decompose(...).heads['R'] over query_range, keys='all'",
             output_change="RMS ||z_patched - z_base|| / RMS ||z_base|| over prompts and queries"))

@@ -192,3 +192,29 @@ def stream(
     log.info("%s: %d prompts, %d reducer(s), %d patch(es), stop_at_layer=%s, %.1f s", desc, n_prompts,
              len(reducers), len(patches), stop, time.perf_counter() - started)
     return reducers
+
+
+class ActivationCache:
+    """A reducer that keeps whole activations (the exception to "keep sums": for patch
+    sources and small reference runs). ``result()``: ``{hook_name: activation}`` with the
+    prompts in order along the batch axis, on the CPU unless ``device`` says otherwise.
+    ``select`` optionally narrows each activation before it is kept (e.g. to position 0)."""
+
+    def __init__(self, hook_names: Sequence[str], *, select: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 device: torch.device | str | None = None) -> None:
+        self.hook_names = tuple(dict.fromkeys(hook_names))
+        self.select = select
+        self.device = device
+        self._parts: dict[str, list[tuple[int, torch.Tensor]]] = defaultdict(list)
+
+    def update(self, hook_name: str, activation: torch.Tensor, rows: Int[torch.Tensor, "batch"]) -> None:
+        kept = activation if self.select is None else self.select(activation)
+        kept = kept.clone() if self.device is None else kept.to(self.device, copy=True)
+        self._parts[hook_name].append((int(rows[0]), kept))
+
+    def result(self) -> dict[str, torch.Tensor]:
+        out = {}
+        for name in self.hook_names:
+            parts = sorted(self._parts[name], key=lambda part: part[0])
+            out[name] = parts[0][1] if len(parts) == 1 else torch.cat([p for _, p in parts])
+        return out

@@ -23,12 +23,12 @@ from typing import Any, Sequence
 import pandas as pd
 import torch
 from jaxtyping import Float
-from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from lens_position import provenance
 from lens_position.checks import check_count, check_layers, check_query_range
-from lens_position.decompose import decompose
+from lens_position.compare import compare, decompose_conditions
+from lens_position.decompose import Decomposition, decompose
 from lens_position.inputs import checked_prompts
 from lens_position.errors import BadInputError
 from lens_position.fingerprint import counterfactual_token0, position0_activations
@@ -93,6 +93,7 @@ def trajectory_patching(
     counterfactual: str = "no-bos",
     layers: Sequence[int] | None = None,
     query_range: tuple[int, int] = (0, 32),
+    base: Decomposition | None = None,
     batch_size: int = 8,
     progress: bool = False,
 ) -> TrajectoryPatching:
@@ -100,6 +101,9 @@ def trajectory_patching(
     counterfactual value and measure every downstream head's pattern and ``R`` change.
 
     ``counterfactual``: ``"no-bos"`` (prompts must start with BOS) or ``"token:<id>"``.
+    ``base``: the unpatched ``decompose(model, prompts, query_range=query_range)`` when
+    already computed (it is then not recomputed); each patch layer is one condition of
+    :func:`lens_position.compare.compare`.
     ``batch_size``: prompts per decomposition batch; pattern changes run ``batch_size``
     patch layers per forward pass.
     """
@@ -113,17 +117,18 @@ def trajectory_patching(
     batch_size = check_count("batch_size", batch_size)
     patches = trajectory_patches(loaded, prompts, counterfactual, layers)
     pattern = _pattern_change(hooked, tokens, patches, query_range, batch_size, progress)
-    options = dict(query_range=query_range, batch_size=batch_size, progress=False)
-    base = decompose(loaded, prompts, **options).heads
+    if base is None:
+        base = decompose(loaded, prompts, query_range=query_range, batch_size=batch_size, progress=False)
+    # one condition per patch layer, decomposed from that layer down
+    conditions = {layer: [patches[layer]] for layer in layers}
+    patched = decompose_conditions(loaded, prompts, conditions, query_range=query_range, batch_size=batch_size,
+                                   layers={layer: range(layer, n_layers) for layer in layers}, progress=progress)
+    comparison = compare(base, patched).heads
     frames = []
-    for k, layer in enumerate(tqdm(layers, disable=not progress, desc="trajectory")):
-        downstream = list(range(layer, n_layers))
-        patched = decompose(loaded, prompts, layers=downstream,
-                            patches=[patches[layer]], **options).heads
-        rows = base[base["layer"] >= layer][["layer", "head", "layer_type", "R"]].rename(columns={"R": "R_base"})
-        rows = rows.reset_index(drop=True)
+    for k, layer in enumerate(layers):
+        rows = comparison[comparison["condition"] == layer][["layer", "head", "layer_type", "R_base", "R_condition"]]
+        rows = rows.rename(columns={"R_condition": "R_patched"}).reset_index(drop=True)
         rows.insert(0, "patch_layer", layer)
-        rows["R_patched"] = patched["R"].to_numpy()
         rows["R_change"] = rows["R_patched"] - rows["R_base"]
         rows["pattern_change"] = pattern[k, layer:].reshape(-1).numpy()
         frames.append(rows)

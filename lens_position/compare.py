@@ -1,0 +1,131 @@
+"""Experiments as named conditions compared with one base decomposition.
+
+An intervention experiment (BOS replacement, head ablation, trajectory patching, the
+sink-reading detector) is: decompose the prompts once without intervention (the *base*),
+decompose them again under each *condition* (a list of
+:class:`~lens_position.patching.Patch`, one forward pass per batch each, see
+:func:`lens_position.stream.stream`), and compare. :func:`decompose_conditions` runs the
+conditions; :func:`compare` turns a base and the conditions into tables, computing the
+summary every experiment reports in one place:
+
+- per head: ``R_base``, ``R_condition``, ``R_change = R_condition - R_base`` and the same
+  for the held-out ``R``;
+- per layer (means over the layer's heads) and overall (means over every compared head):
+  ``R_base``, ``R_condition``, **``fraction_removed = 1 - R_condition / R_base``** (the
+  fraction of the residual component the intervention removed; negative when it *added*
+  some; NaN when ``R_base = 0``), the held-out means, and the raw version on the
+  unnormalised variance, ``fraction_removed_raw = 1 - sum var_abs_t_condition /
+  sum var_abs_t_base`` (squared nats summed over heads), since an intervention also changes
+  ``Var(log A)``.
+
+The base is an argument, so several experiments on the same prompts share it instead of
+recomputing it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import pandas as pd
+from transformer_lens import HookedTransformer
+
+from lens_position.decompose import Decomposition, decompose
+from lens_position.errors import BadInputError
+from lens_position.models.spec import LoadedModel
+from lens_position.patching import Patch
+
+HEAD_KEYS = ["layer", "head"]
+
+
+@dataclass
+class Comparison:
+    """Result of :func:`compare` (module docstring: definitions).
+
+    ``heads``: one row per (condition, layer, head) present in both base and condition:
+    ``condition``, ``layer``, ``head``, ``layer_type``, ``R_base``, ``R_condition``,
+    ``R_change``, ``R_heldout_base``, ``R_heldout_condition``, ``R_heldout_change``.
+    ``layers``: one row per (condition, layer) with the summary columns; ``overall``: one
+    row per condition with the same columns over all compared heads.
+    """
+
+    heads: pd.DataFrame
+    layers: pd.DataFrame
+    overall: pd.DataFrame
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+
+def fraction_removed(base: float, condition: float) -> float:
+    """``1 - condition / base``; NaN when ``base`` is 0."""
+    return 1.0 - condition / base if base != 0 else float("nan")
+
+
+def _summary(base: pd.DataFrame, condition: pd.DataFrame) -> dict[str, float]:
+    r_base, r_condition = float(base["R"].mean()), float(condition["R"].mean())
+    v_base, v_condition = float(base["var_abs_t"].sum()), float(condition["var_abs_t"].sum())
+    return {
+        "R_base": r_base, "R_condition": r_condition, "fraction_removed": fraction_removed(r_base, r_condition),
+        "R_heldout_base": float(base["R_heldout"].mean()),
+        "R_heldout_condition": float(condition["R_heldout"].mean()),
+        "var_abs_t_base": v_base, "var_abs_t_condition": v_condition,
+        "fraction_removed_raw": fraction_removed(v_base, v_condition),
+    }
+
+
+def compare(base: Decomposition, conditions: Mapping[str, Decomposition]) -> Comparison:
+    """Compare each condition's decomposition with the base, head by head, per layer and
+    overall (module docstring). A condition may cover fewer layers than the base (e.g.
+    only those downstream of a patch); only the heads it covers are compared."""
+    for name, result in conditions.items():
+        for column in ("query_start", "query_stop", "keys"):
+            if set(result.heads[column]) != set(base.heads[column]):
+                raise BadInputError(
+                    f"condition {name!r} was decomposed with {column}={sorted(set(result.heads[column]))} but "
+                    f"the base with {sorted(set(base.heads[column]))}; decompose both with the same options")
+    head_frames, layer_rows, overall_rows = [], [], []
+    for name, result in conditions.items():
+        paired = base.heads.merge(result.heads[HEAD_KEYS + ["R", "R_heldout", "var_abs_t"]], on=HEAD_KEYS,
+                                  suffixes=("_base", "_condition"), validate="one_to_one")
+        if paired.empty:
+            raise BadInputError(f"condition {name!r} shares no (layer, head) with the base")
+        heads = paired[HEAD_KEYS + ["layer_type"]].copy()
+        heads.insert(0, "condition", name)
+        heads["R_base"], heads["R_condition"] = paired["R_base"], paired["R_condition"]
+        heads["R_change"] = heads["R_condition"] - heads["R_base"]
+        heads["R_heldout_base"] = paired["R_heldout_base"]
+        heads["R_heldout_condition"] = paired["R_heldout_condition"]
+        heads["R_heldout_change"] = heads["R_heldout_condition"] - heads["R_heldout_base"]
+        head_frames.append(heads)
+        covered = base.heads.merge(paired[HEAD_KEYS], on=HEAD_KEYS)
+        compared = result.heads.merge(paired[HEAD_KEYS], on=HEAD_KEYS)
+        for layer, group in covered.groupby("layer", sort=True):
+            layer_rows.append({"condition": name, "layer": int(layer), "layer_type": group["layer_type"].iloc[0],
+                               **_summary(group, compared[compared["layer"] == layer])})
+        overall_rows.append({"condition": name, **_summary(covered, compared)})
+    return Comparison(
+        heads=pd.concat(head_frames, ignore_index=True) if head_frames else pd.DataFrame(),
+        layers=pd.DataFrame(layer_rows), overall=pd.DataFrame(overall_rows),
+        provenance={"base": base.provenance, "conditions": {n: r.provenance for n, r in conditions.items()},
+                    "fraction_removed": "1 - R_condition / R_base, R = mean over heads of Var(abs t)/Var(log A)",
+                    "fraction_removed_raw": "1 - sum_heads var_abs_t_condition / sum_heads var_abs_t_base"})
+
+
+def decompose_conditions(
+    model: LoadedModel | HookedTransformer,
+    prompts: Any,
+    conditions: Mapping[str, Sequence[Patch]],
+    *,
+    layers: Mapping[str, Sequence[int]] | Sequence[int] | None = None,
+    query_range: tuple[int, int] | None = None,
+    batch_size: int = 8,
+    progress: bool = False,
+) -> dict[str, Decomposition]:
+    """Decompose ``prompts`` under each named condition (its patches applied; one streamed
+    pass per condition). ``layers``: the layers to analyse, for all conditions or per
+    condition name (default all; the pass stops after the last)."""
+    out = {}
+    for name, patches in conditions.items():
+        chosen = layers.get(name) if isinstance(layers, Mapping) else layers
+        out[name] = decompose(model, prompts, patches=list(patches), layers=chosen, query_range=query_range,
+                              batch_size=batch_size, progress=progress)
+    return out
