@@ -34,12 +34,13 @@ from lens_position.decompose import Decomposition, decompose
 from lens_position.errors import BadInputError
 from lens_position.models.spec import LoadedModel
 from lens_position.patching import Patch
+from lens_position.results import SavedResult
 
 HEAD_KEYS = ["layer", "head"]
 
 
 @dataclass
-class Comparison:
+class Comparison(SavedResult):
     """Result of :func:`compare` (module docstring: definitions).
 
     ``heads``: one row per (condition, layer, head) present in both base and condition:
