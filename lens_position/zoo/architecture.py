@@ -40,7 +40,7 @@ def hooked_config(recipe: Recipe, rotary_base: float | None = None) -> HookedTra
         rotary_dim=recipe.d_head if rope else None,
         rotary_base=(rotary_base if rotary_base is not None else recipe.final_rotary_base) if rope else 10000,
         rotary_adjacent_pairs=False,
-        attn_types=list(recipe.attn_types) if local else None,
+        use_local_attn=local, attn_types=list(recipe.attn_types) if local else None,
         window_size=recipe.window if local else None,
         init_weights=False, default_prepend_bos=recipe.bos, tokenizer_prepends_bos=recipe.bos,
         model_name=f"zoo:{recipe.variant}", original_architecture="zoo", dtype=torch.float32, seed=None,
