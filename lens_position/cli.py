@@ -122,6 +122,26 @@ def _add_common(sub: argparse.ArgumentParser, *, many_models: bool, out: Path) -
     run.add_argument("--no-cache", dest="use_cache", action="store_false",
                      help="recompute every step even if a cached result exists")
     run.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    _add_compute(sub)
+
+
+def _add_compute(sub: argparse.ArgumentParser) -> None:
+    compute = sub.add_argument_group("compute")
+    compute.add_argument("--executor", choices=("serial", "ray"), default="serial",
+                         help="serial: one model after another here; ray: an actor per model, steps as tasks "
+                              "(pip install 'lens_position[ray]') (default: %(default)s)")
+    compute.add_argument("--ray-address", default=None, metavar="ADDRESS",
+                         help="join a running Ray cluster (e.g. auto or ray://head:10001) instead of starting "
+                              "a local one; only the driver writes --out")
+    compute.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
+                         help="where models run (auto: cuda when torch sees a GPU) (default: %(default)s)")
+    compute.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                         help="weights and activations; the decomposition's statistics stay float64 "
+                              "(default: %(default)s)")
+    compute.add_argument("--n-devices", type=_positive_int, default=1, metavar="K",
+                         help="split each model over K GPUs (TransformerLens n_devices; with --device cuda)")
+    compute.add_argument("--threads", type=_positive_int, default=None, metavar="K",
+                         help="torch CPU threads per model (default: torch's own; a Ray actor's CPUs)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -164,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _config(args: argparse.Namespace, argv: Sequence[str]):
-    from lens_position.pipeline.config import DataOptions, RunConfig
+    from lens_position.pipeline.config import Compute, DataOptions, RunConfig
     from lens_position.pipeline.steps import commands
 
     if args.command == "reproduce":
@@ -179,6 +199,8 @@ def _config(args: argparse.Namespace, argv: Sequence[str]):
         data=DataOptions(source=args.source, corpus=args.corpus, bos=args.bos, seed=args.seed),
         T=args.T, N=args.N, quick=args.quick, fmt=args.fmt, use_cache=args.use_cache,
         browser_check=args.browser_check, progress=args.progress,
+        compute=Compute(device=args.device, dtype=args.dtype, n_devices=args.n_devices, threads=args.threads),
+        executor=args.executor, ray_address=args.ray_address,
         command=" ".join(["lens-position", *map(shlex.quote, argv)]),
     )
 

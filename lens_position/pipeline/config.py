@@ -106,11 +106,16 @@ class Compute:
     weights' and activations' precision (``float32``, ``bfloat16``, ``float16``); the
     decomposition's statistics are accumulated in float64 whatever the dtype.
     ``n_devices``: GPUs a model is split over (TransformerLens pipeline of layers).
+    ``threads``: torch's CPU threads per model (None: torch's default in this process, the
+    actor's CPUs under Ray). Results are bitwise identical for the same thread count; another
+    count changes float rounding only (about 1e-13 on the tiny models), so it is not part of
+    a step's cache key.
     """
 
     device: str = "cpu"
     dtype: str = "float32"
     n_devices: int = 1
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda", "auto"):
@@ -119,11 +124,17 @@ class Compute:
             raise BadInputError(f"unknown dtype {self.dtype!r}; use float32, bfloat16 or float16")
         if not isinstance(self.n_devices, int) or self.n_devices < 1:
             raise BadInputError(f"n_devices must be a positive whole number, got {self.n_devices!r}")
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+            raise BadInputError(f"threads must be a positive whole number, got {self.threads!r}")
         if self.n_devices > 1 and self.device == "cpu":
             raise BadInputError(f"n_devices = {self.n_devices} splits a model over GPUs; use --device cuda")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def key_dict(self) -> dict[str, Any]:
+        """What of the compute options a result depends on (its cache key)."""
+        return {"device": self.device, "dtype": self.dtype, "n_devices": self.n_devices}
 
 
 @dataclass

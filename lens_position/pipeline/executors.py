@@ -36,6 +36,17 @@ class SerialExecutor:
         self.progress = progress
 
     def execute(self, plan: Plan, steps: Mapping[str, Step], driver: Driver) -> None:
+        import torch
+
+        threads = torch.get_num_threads()
+        if plan.compute.threads is not None:
+            torch.set_num_threads(plan.compute.threads)
+        try:
+            self._execute(plan, steps, driver)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _execute(self, plan: Plan, steps: Mapping[str, Step], driver: Driver) -> None:
         for index, model in enumerate(plan.models):
             worker = ModelWorker(model, steps, compute=plan.compute, load=self.load, progress=self.progress)
             try:
@@ -51,14 +62,15 @@ class SerialExecutor:
 
 
 def make_executor(name: str, *, load: Callable[[str], Any] | None = None, progress: bool = False,
-                  ray_address: str | None = None, ray_num_cpus: int | None = None) -> Any:
+                  ray_address: str | None = None, ray_num_cpus: int | None = None,
+                  ray_object_store: int | None = None) -> Any:
     """The executor called ``name`` (``"serial"`` or ``"ray"``)."""
     if name == "ray":
         from lens_position.pipeline.ray_executor import RayExecutor
 
         if load is not None:
             raise ValueError("a custom load function runs in this process only; use the serial executor")
-        return RayExecutor(address=ray_address, num_cpus=ray_num_cpus)
+        return RayExecutor(address=ray_address, num_cpus=ray_num_cpus, object_store_memory=ray_object_store)
     return SerialExecutor(load=load, progress=progress)
 
 

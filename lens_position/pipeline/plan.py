@@ -83,7 +83,7 @@ class Plan:
             for s, name in enumerate(self.steps):
                 sizes = steps_module.get_step(name).sizes(self.settings, spec)
                 check_context(spec, sizes["T"])
-                config = {"data": condition.key_dict(), "sizes": sizes, "compute": self.compute.to_dict()}
+                config = {"data": condition.key_dict(), "sizes": sizes, "compute": self.compute.key_dict()}
                 cells.append(Cell(index=model_index * per_model + c * len(self.steps) + s, model=model,
                                   condition=condition, step=name, sizes=sizes,
                                   key=step_key(name, spec, config)))
