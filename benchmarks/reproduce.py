@@ -9,6 +9,9 @@ and the slowest step. Target for the full default run on 2 cores: at most 15 min
     python benchmarks/reproduce.py                         # the full default run
     python benchmarks/reproduce.py --quick --models tiny-llama,tiny-gemma3
     python benchmarks/reproduce.py --json benchmark.json   # also save the numbers
+    python benchmarks/reproduce.py --executor ray --quick --models smollm2-135m,gemma3-270m
+        # the same run serially and on a local Ray instance (all CPUs), one after the other,
+        # each into a fresh folder; prints the wall-time ratio serial / Ray (Ray's start included)
 """
 
 from __future__ import annotations
@@ -28,6 +31,33 @@ import torch  # noqa: E402
 
 from lens_position.reproduce import DEFAULT_MODELS, RunConfig, run  # noqa: E402
 
+# Ray may cost at most this much more wall time than the serial executor on one 2-core machine
+# (its gain is on clusters; here it must not be a loss worth avoiding).
+MAX_RAY_OVER_SERIAL = 1.3
+
+
+def compare_executors(args: argparse.Namespace) -> int:
+    """Serial, then Ray (a local instance started and stopped inside the timed block), same run."""
+    import pandas as pd
+
+    times, results = {}, {}
+    for executor in ("serial", "ray"):
+        with tempfile.TemporaryDirectory(prefix=f"lens-position-bench-{executor}-") as tmp:
+            started = time.perf_counter()
+            results[executor] = run(RunConfig(out=Path(tmp) / "results", models=tuple(args.models.split(",")),
+                                              quick=args.quick, T=args.T, N=args.N, use_cache=False,
+                                              browser_check=False, progress=False, executor=executor))
+            times[executor] = time.perf_counter() - started
+        print(f"{executor:>6}: {times[executor]:.1f} s wall")
+    same = all(pd.DataFrame.equals(results["serial"].tables[k], results["ray"].tables[k])
+               for k in results["serial"].tables)
+    ratio = times["ray"] / times["serial"]
+    print(f"wall time Ray / serial = {ratio:.2f} (serial / Ray = {1 / ratio:.2f}) on {os.cpu_count()} CPUs, "
+          f"1-minute load average {os.getloadavg()[0]:.1f}; tables bitwise identical: {same} "
+          "(torch threads differ: 1 per Ray actor, all cores serially; rounding-level differences expected)")
+    print(f"target Ray <= {MAX_RAY_OVER_SERIAL}x serial: {'met' if ratio <= MAX_RAY_OVER_SERIAL else 'NOT met'}")
+    return 0 if ratio <= MAX_RAY_OVER_SERIAL else 1
+
 TARGET_WALL_S = 15 * 60
 TARGET_PEAK_MB = 8 * 1024
 
@@ -40,7 +70,11 @@ def main() -> int:
     parser.add_argument("--N", type=int, default=None)
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: a fresh temporary one)")
     parser.add_argument("--json", type=Path, default=None, help="write the measurements here as JSON")
+    parser.add_argument("--executor", choices=("serial", "ray"), default="serial",
+                        help="ray: time the same run serially and on Ray and print the ratio")
     args = parser.parse_args()
+    if args.executor == "ray":
+        return compare_executors(args)
 
     with tempfile.TemporaryDirectory(prefix="lens-position-bench-") as tmp:
         out = args.out or Path(tmp) / "results"

@@ -180,6 +180,25 @@ def build_parser() -> argparse.ArgumentParser:
     from lens_position.zoo.cli import add_parser as add_zoo_parser
 
     add_zoo_parser(subs)
+
+    sweep = subs.add_parser(
+        "sweep", help="run models x data sources x BOS policies x seeds x steps from a TOML spec",
+        description="Run the cross product a TOML spec names (models, sources, bos, seeds, steps; optional "
+                    "text, quick, T, N) on either executor; write one table per step table with a column per "
+                    "factor (source, bos, seed), the claims per condition, a report per condition and the "
+                    "sweep's report.html.")
+    sweep.add_argument("spec", type=Path, metavar="SPEC.toml", help="the sweep spec (TOML)")
+    out = sweep.add_argument_group("run")
+    out.add_argument("--out", type=Path, default=Path("sweep"), metavar="DIR",
+                     help="output folder (default: %(default)s); finished steps cached in DIR/cache are reused")
+    out.add_argument("--format", dest="fmt", choices=("parquet", "csv"), default="parquet",
+                     help="table format (default: %(default)s)")
+    out.add_argument("--no-cache", dest="use_cache", action="store_false",
+                     help="recompute every step even if a cached result exists")
+    out.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    out.add_argument("--browser-check", dest="browser_check", action="store_true",
+                     help="also open each condition's report in headless Chromium")
+    _add_compute(sweep)
     return parser
 
 
@@ -187,6 +206,14 @@ def _config(args: argparse.Namespace, argv: Sequence[str]):
     from lens_position.pipeline.config import Compute, DataOptions, RunConfig
     from lens_position.pipeline.steps import commands
 
+    compute = Compute(device=args.device, dtype=args.dtype, n_devices=args.n_devices, threads=args.threads)
+    command = " ".join(["lens-position", *map(shlex.quote, argv)])
+    if args.command == "sweep":
+        from lens_position.pipeline.sweep import read_spec, sweep_config
+
+        return sweep_config(read_spec(args.spec), out=args.out, compute=compute, executor=args.executor,
+                            ray_address=args.ray_address, fmt=args.fmt, use_cache=args.use_cache,
+                            browser_check=args.browser_check, progress=args.progress, command=command)
     if args.command == "reproduce":
         from lens_position.pipeline.models import expand_zoo
 
@@ -199,15 +226,17 @@ def _config(args: argparse.Namespace, argv: Sequence[str]):
         data=DataOptions(source=args.source, corpus=args.corpus, bos=args.bos, seed=args.seed),
         T=args.T, N=args.N, quick=args.quick, fmt=args.fmt, use_cache=args.use_cache,
         browser_check=args.browser_check, progress=args.progress,
-        compute=Compute(device=args.device, dtype=args.dtype, n_devices=args.n_devices, threads=args.threads),
-        executor=args.executor, ray_address=args.ray_address,
-        command=" ".join(["lens-position", *map(shlex.quote, argv)]),
+        compute=compute, executor=args.executor, ray_address=args.ray_address, command=command,
     )
 
 
 def _summary(result) -> str:
     overall = result.claims[result.claims["architecture"] == "overall"]
     lines = [f"wrote {len(result.files)} files to {result.files['report'].parent}"]
+    if "seed" in overall.columns:  # a sweep: one verdict per condition would be too long here
+        lines.append(f"  {len(overall)} verdicts over {overall[['source', 'bos', 'seed']].drop_duplicates().shape[0]} "
+                     "conditions in claims.csv")
+        overall = overall.iloc[:0]
     for _, row in overall.iterrows():
         verdict = {True: "holds", False: "does not hold"}.get(row["holds"], "undecided")
         lines.append(f"  {row['claim']}: {verdict} ({row['measured']})")

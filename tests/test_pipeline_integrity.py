@@ -36,6 +36,8 @@ def _steps(out: Path) -> dict[str, dict]:
 # --------------------------------------------------------------------------- item 1: keys by content
 
 
+@pytest.mark.fault(area='step cache', given='a corpus file edited in place, then the same command into the same --out',
+                   happens="the steps on that text are recomputed: the cache key holds the corpus contents' sha256, not its path")
 def test_an_edited_corpus_file_is_not_served_from_the_step_cache(tmp_path):
     corpus, out = tmp_path / "corpus.txt", tmp_path / "out"
     corpus.write_text(TEXT_A)
@@ -50,6 +52,8 @@ def test_an_edited_corpus_file_is_not_served_from_the_step_cache(tmp_path):
     assert not first.equals(pd.read_parquet(out / "decompose_layers.parquet"))
 
 
+@pytest.mark.fault(area='step cache', given='a file added to a corpus folder, then the same command',
+                   happens="recomputed (the key hashes the folder's text as read)")
 def test_a_file_added_to_a_corpus_folder_is_not_served_from_the_step_cache(tmp_path):
     folder, out = tmp_path / "texts", tmp_path / "out"
     folder.mkdir()
@@ -61,6 +65,8 @@ def test_a_file_added_to_a_corpus_folder_is_not_served_from_the_step_cache(tmp_p
     assert _steps(out)["decompose"]["cached"] is False
 
 
+@pytest.mark.fault(area='step cache', given='the same relative --text path run from another folder',
+                   happens='recomputed when the contents differ; served from the cache when they are the same')
 def test_the_same_relative_corpus_path_in_another_folder_is_not_served_from_the_step_cache(tmp_path, monkeypatch):
     out = tmp_path / "out"
     for name, text in (("one", TEXT_A), ("two", TEXT_B)):
@@ -77,6 +83,8 @@ def test_the_same_relative_corpus_path_in_another_folder_is_not_served_from_the_
     assert _steps(out)["decompose"]["cached"] is True
 
 
+@pytest.mark.fault(area='step cache', given='another torch, transformers or transformer_lens version',
+                   happens='every step is recomputed (the versions are part of each cache key)')
 def test_step_keys_change_with_the_torch_transformers_and_transformer_lens_versions(monkeypatch):
     import importlib.metadata as md
 
@@ -94,6 +102,8 @@ def test_step_keys_change_with_the_torch_transformers_and_transformer_lens_versi
 # --------------------------------------------------------------------------- item 2: --text everywhere
 
 
+@pytest.mark.fault(area='reproduction', given='--text with the fingerprint command',
+                   happens="the fingerprint is measured on that text (its sha256 in the step's provenance)")
 def test_text_reaches_the_fingerprint_step(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(TEXT_B)
@@ -107,6 +117,8 @@ def test_text_reaches_the_fingerprint_step(tmp_path):
     assert not a["norm"].equals(b["norm"])  # different text, different position-0 states without BOS
 
 
+@pytest.mark.fault(area='reproduction', given='--text with the sinks command',
+                   happens="sink_rate's natural condition is built from that text, like every other step")
 def test_text_reaches_the_sink_rate_step(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(TEXT_B)
@@ -119,6 +131,8 @@ def test_text_reaches_the_sink_rate_step(tmp_path):
 # --------------------------------------------------------------------------- item 8: outputs whole
 
 
+@pytest.mark.fault(area='outputs', given='a one-step command (or another --format) into a folder holding another run',
+                   happens="the other run's tables and report files are removed; the manifest lists exactly this run's files")
 def test_a_one_step_command_into_a_reproduction_folder_leaves_no_other_runs_tables(tmp_path):
     out = tmp_path / "out"
     assert main(["sinks", "tiny-llama", "--out", str(out), *SMALL]) == 0
@@ -132,6 +146,8 @@ def test_a_one_step_command_into_a_reproduction_folder_leaves_no_other_runs_tabl
     assert set(load_tables(out)) == {"probe_layers"}
 
 
+@pytest.mark.fault(area='outputs', given='a run killed while it writes its outputs',
+                   happens='provenance.json says complete: false; load_tables refuses the folder with BadInputError')
 def test_a_run_killed_while_writing_leaves_a_folder_that_says_it_is_incomplete(tmp_path, monkeypatch):
     from lens_position import report
 
@@ -150,6 +166,8 @@ def test_a_run_killed_while_writing_leaves_a_folder_that_says_it_is_incomplete(t
         load_tables(out)
 
 
+@pytest.mark.fault(area='outputs', given='a full disk while a table is written',
+                   happens='the error is reported; the previous file stays whole and no temporary file is left')
 def test_a_table_write_that_fails_midway_keeps_the_previous_file_whole(tmp_path, monkeypatch):
     out = tmp_path / "out"
     assert main(["probe", "tiny-llama", "--out", str(out), *SMALL]) == 0
@@ -184,6 +202,8 @@ def _store_many(root: str, barrier, errors) -> None:
             errors.put(f"{type(error).__name__}: {error}")
 
 
+@pytest.mark.fault(area='step cache', given='several processes storing the same step-cache entry at once',
+                   happens='no error; the first complete entry wins and stays readable')
 def test_concurrent_writers_of_one_step_cache_entry_do_not_crash(tmp_path):
     ctx = multiprocessing.get_context("fork")
     barrier, errors = ctx.Barrier(4), ctx.Queue()
@@ -201,6 +221,8 @@ def test_concurrent_writers_of_one_step_cache_entry_do_not_crash(tmp_path):
     assert not [p for p in (tmp_path / "decompose").iterdir() if p.name.startswith(".")]
 
 
+@pytest.mark.fault(area='step cache', given="a step-cache entry's temporary folder left by a killed writer",
+                   happens='removed when a run opens the cache (if older than an hour; a younger one may be a live writer and is kept)')
 def test_a_killed_writers_leftover_is_removed_and_a_live_one_is_kept(tmp_path):
     out = tmp_path / "out"
     assert main(["probe", "tiny-llama", "--out", str(out), *SMALL]) == 0

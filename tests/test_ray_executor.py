@@ -82,6 +82,8 @@ def _dies_once(marker: str):
     return {**STEPS, "decompose": dataclasses.replace(original, run=run_step)}
 
 
+@pytest.mark.fault(area='executor', given='a Ray worker process killed while it runs a step',
+                   happens="the actor is restarted (model reloaded) and the step rerun; the run finishes with every table, equal to the serial run's")
 def test_a_killed_ray_worker_is_restarted_and_nothing_is_lost(serial_run, tmp_path):
     marker = tmp_path / "killed-once"
     result = run(_config(tmp_path / "out", "ray"), steps=_dies_once(str(marker)))
@@ -102,6 +104,8 @@ def _fails_on(model: str):
     return {**STEPS, "probe": dataclasses.replace(original, run=run_step)}
 
 
+@pytest.mark.fault(area='executor', given='one step of one model raising an error on Ray',
+                   happens='the other steps finish and are cached; CellsFailedError names each failed step with its model and condition; nothing is written to --out; the same command again computes only the failed steps')
 def test_a_failing_cell_is_reported_with_its_cell_the_rest_finish_and_a_rerun_resumes(serial_run, tmp_path):
     out = tmp_path / "out"
     with pytest.raises(CellsFailedError) as failed:
@@ -115,3 +119,46 @@ def test_a_failing_cell_is_reported_with_its_cell_the_rest_finish_and_a_rerun_re
     assert computed == [("tiny-gemma3", "probe")]  # every other cell came back from the cache
     for name, frame in serial_run.tables.items():
         pd.testing.assert_frame_equal(rerun.tables[name], frame, check_exact=True, obj=name)
+
+
+SWEEP_SPEC = """
+models = ["tiny-llama", "tiny-gemma3"]
+bos = ["force", "tokenizer"]
+seeds = [0, 1]
+steps = ["decompose", "probe", "sink_rate", "fingerprint"]
+quick = true
+T = 20
+N = 3
+"""
+
+
+def test_a_sweep_on_ray_writes_one_table_per_step_with_a_column_per_factor(tmp_path, capsys):
+    from lens_position.cli import main
+    from lens_position.pipeline.steps import tables_of
+
+    spec = tmp_path / "sweep.toml"
+    spec.write_text(SWEEP_SPEC)
+    out = tmp_path / "sweep"
+    assert main(["sweep", str(spec), "--out", str(out), "--executor", "ray", "--threads", "1",
+                 "--no-progress"]) == 0
+    expected = tables_of(("decompose", "probe", "sink_rate", "fingerprint"))
+    conditions = {(b, s) for b in ("force", "tokenizer") for s in (0, 1)}
+    for name in expected:
+        frame = pd.read_parquet(out / f"{name}.parquet")
+        assert {"model", "source", "bos", "seed"} <= set(frame.columns), name
+        cells = set(zip(frame["model"], frame["bos"], frame["seed"]))
+        assert cells == {(m, b, s) for m in MODELS for b, s in conditions}, name
+    # a factor changes what is measured: the seed picks other text windows
+    layers = pd.read_parquet(out / "decompose_layers.parquet")
+    by_seed = [part["T_heldout"].to_numpy() for _, part in
+               layers[(layers["model"] == "tiny-llama") & (layers["bos"] == "force")].groupby("seed")]
+    assert not (by_seed[0] == by_seed[1]).all()
+    claims = pd.read_csv(out / "claims.csv")
+    assert set(zip(claims["bos"], claims["seed"])) == conditions
+    manifest = json.loads((out / "provenance.json").read_text())
+    assert manifest["complete"] is True and len(manifest["conditions"]) == 4
+    index = (out / "report.html").read_text()
+    for bos, seed in conditions:
+        report = out / f"report-natural-{bos}-seed{seed}.html"
+        assert report.is_file() and report.name in index
+    assert "4 conditions" in capsys.readouterr().out

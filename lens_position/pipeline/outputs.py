@@ -66,9 +66,10 @@ class OutputFolder:
     names any run of this package may write there; those not written by this run are removed
     before its manifest is completed."""
 
-    def __init__(self, out: Path, known_names: Iterable[str]):
+    def __init__(self, out: Path, known_names: Iterable[str], known_patterns: Iterable[str] = ()):
         self.out = prepare_output(out)
         self.known = set(known_names)
+        self.patterns = tuple(known_patterns)  # glob patterns of names a run may write (per-condition reports)
         self.written: dict[str, Path] = {}
         for leftover in self.out.glob(f".*{_TMP_MARK}*"):  # a killed run's temporaries
             if leftover.is_file():
@@ -99,7 +100,8 @@ class OutputFolder:
         """Remove earlier runs' outputs this run did not write, then rename the manifest into
         place (the last write of a run)."""
         mine = {p.name for p in self.written.values()}
-        for name in self.known - mine:
+        matching = {p.name for pattern in self.patterns for p in self.out.glob(pattern) if p.is_file()}
+        for name in (self.known | matching) - mine:
             (self.out / name).unlink(missing_ok=True)
         record = {**jsonable(provenance), "complete": True, "files": sorted(mine)}
         path = atomic_write(self.out / MANIFEST, lambda tmp: tmp.write_text(json.dumps(record, indent=1)))

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 
 def import_ray() -> Any:
+    """The ``ray`` module (MissingPackageError naming the extra to install when it is absent)."""
     try:
         import ray
     except ImportError as error:

@@ -198,6 +198,10 @@ def known_output_names() -> set[str]:
     return names
 
 
+# Per-condition reports of a sweep.
+KNOWN_PATTERNS = ("report-*.html",)
+
+
 def run_provenance(config: RunConfig, plan: Plan, collected: Collected) -> dict[str, Any]:
     records = [collected.records[k] for k in sorted(collected.records)]
     prov: dict[str, Any] = {
@@ -275,7 +279,7 @@ def run(config: RunConfig, *, load: Callable[[str], Any] | None = None,
     """
     started = time.perf_counter()
     plan = plan_run(config, check_model_names=load is None)
-    folder = OutputFolder(config.out, known_output_names())
+    folder = OutputFolder(config.out, known_output_names(), KNOWN_PATTERNS)
     cache = StepCache(folder.out / "cache")
     collected = execute(plan, config, cache, load=load, steps=steps)
     if collected.failures:
@@ -289,34 +293,60 @@ def run(config: RunConfig, *, load: Callable[[str], Any] | None = None,
     files = write_outputs(folder, tables, claims, config.fmt)
     files.update(zoo_c3.write_outputs(folder, tables))
     prov["wall_time_s"] = round(time.perf_counter() - started, 3)
-    report_files, check = write_report(folder, tables, prov, config.browser_check)
+    if factors:
+        report_files, checks = write_sweep_reports(folder, tables, claims, prov, config.browser_check)
+    else:
+        report_files, check = write_report(folder, tables, prov, config.browser_check)
+        checks = {"report.html": check} if check is not None else {}
     files.update(report_files)
     prov["wall_time_s"] = round(time.perf_counter() - started, 3)
     files["provenance"] = folder.finish(prov)
-    if check is not None and not check.ok:
-        raise ReportCheckError(
-            f"the report {files['report']} failed its browser check: {len(check.undrawn)} figure(s) not drawn "
-            f"({', '.join(check.undrawn) or 'none'}), JavaScript errors: {check.js_errors or 'none'}")
+    for name, check in checks.items():
+        if not check.ok:
+            raise ReportCheckError(
+                f"the report {folder.out / name} failed its browser check: {len(check.undrawn)} figure(s) not "
+                f"drawn ({', '.join(check.undrawn) or 'none'}), JavaScript errors: {check.js_errors or 'none'}")
     records = [collected.records[k] for k in sorted(collected.records)]
     return RunResult(tables=tables, claims=claims, provenance=prov, files=files, steps=records)
 
 
 def claims_for(tables: Mapping[str, pd.DataFrame], factors: tuple[str, ...]) -> pd.DataFrame:
-    """The claims table; in a sweep, one per combination of factor values, stacked."""
+    """The claims table; in a sweep, one per condition (factor values in front), stacked."""
     if not factors:
         return report_module.claims_table(tables)
-    first = next(iter(tables.values()))
-    parts = []
-    for values, _ in first.groupby(list(factors), sort=False):
-        values = values if isinstance(values, tuple) else (values,)
-        subset = {}
-        for name, frame in tables.items():
-            mask = pd.Series(True, index=frame.index)
-            for f, v in zip(factors, values):
-                mask &= frame[f] == v
-            subset[name] = frame[mask].drop(columns=list(factors)).reset_index(drop=True)
-        parts.append(_tag(report_module.claims_table(subset), dict(zip(factors, values))))
-    return pd.concat(parts, ignore_index=True)
+    from lens_position.pipeline.sweep import split_by_condition
+
+    return pd.concat([_tag(report_module.claims_table(subset), values)
+                      for values, subset in split_by_condition(tables)], ignore_index=True)
+
+
+def write_sweep_reports(folder: OutputFolder, tables: Mapping[str, pd.DataFrame], claims: pd.DataFrame,
+                        prov: dict[str, Any], browser_check: bool) -> tuple[dict[str, Path], dict[str, Any]]:
+    """A report per condition and the sweep's ``report.html`` linking them, each written whole;
+    with ``browser_check``, each condition's report is opened in Chromium."""
+    from lens_position.pipeline.sweep import condition_slug, split_by_condition, sweep_index_html
+
+    files: dict[str, Path] = {}
+    reports: dict[str, str] = {}
+    checks: dict[str, Any] = {}
+    for values, subset in split_by_condition(tables):
+        slug = condition_slug(values)
+        name = f"report-{slug}.html"
+        reports[slug] = name
+        files[f"report-{slug}"] = folder.text(f"report-{slug}", name, report_module.build_report(
+            subset, provenance={**prov, "condition": values},
+            title=f"lens_position: {values['source']} text, BOS {values['bos']}, seed {values['seed']}"))
+        if browser_check:
+            try:
+                checks[name] = report_module.check_in_browser(files[f"report-{slug}"])
+            except MissingPackageError as error:
+                log.warning("reports not checked in a browser: %s", error)
+                prov["browser_check"] = {"ok": None, "skipped": str(error)}
+                browser_check = False
+    if checks:
+        prov["browser_check"] = {name: check.to_dict() for name, check in checks.items()}
+    files["report"] = folder.text("report", "report.html", sweep_index_html(claims, reports, prov))
+    return files, checks
 
 
 __all__ = ["CellsFailedError", "ReportCheckError", "RunResult", "StepRecord", "run", "MANIFEST"]

@@ -1,0 +1,103 @@
+"""Throughput per model on a GPU, and the decomposition's cost over a bare forward pass.
+
+One command on a GPU machine (after ``pip install -e .`` with a CUDA build of torch)::
+
+    python benchmarks/gpu.py                                   # embedded models, cuda, float32
+    python benchmarks/gpu.py --dtype bfloat16 --T 1024 --N 32
+    python benchmarks/gpu.py --models tiny-llama --device cpu  # the same code path on a CPU
+
+For each model it loads the weights on the device in the dtype, builds N random-token prompts
+of T positions, and measures (after one warm-up batch, with the device synchronised):
+
+- the bare forward pass (no hooks): tokens per second;
+- ``decompose`` (attention scores hooked and reduced to float64 statistics on the device,
+  then the held-out fits): tokens per second, and its wall time over the bare forward's;
+- the peak device memory of each (CUDA only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from lens_position.data import build_prompts  # noqa: E402
+from lens_position.decompose import decompose  # noqa: E402
+from lens_position.pipeline.config import Compute  # noqa: E402
+from lens_position.pipeline.devices import resolve_device  # noqa: E402
+from lens_position.pipeline.models import load_request  # noqa: E402
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _peak_mb(device: str) -> float | None:
+    return torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else None
+
+
+def _reset(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+
+
+def bare_forward_s(model, tokens: torch.Tensor, batch_size: int, device: str) -> float:
+    """Wall seconds of forward passes over ``tokens`` in batches (no hooks, no grad)."""
+    with torch.inference_mode():
+        model(tokens[:batch_size].to(device))  # warm-up: kernels, allocator
+        _sync(device)
+        started = time.perf_counter()
+        for i in range(0, len(tokens), batch_size):
+            model(tokens[i:i + batch_size].to(device))
+        _sync(device)
+    return time.perf_counter() - started
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="smollm2-135m,gemma3-270m")
+    parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cuda")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    parser.add_argument("--T", type=int, default=512)
+    parser.add_argument("--N", type=int, default=16)
+    parser.add_argument("--batch-size", type=int, default=8)
+    args = parser.parse_args()
+    device = resolve_device(args.device)
+    compute = Compute(device=device, dtype=args.dtype)
+    name = torch.cuda.get_device_name() if device == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
+    print(f"device {name}, dtype {args.dtype}, T {args.T}, N {args.N}, batch {args.batch_size}")
+    print(f"{'model':<18} {'forward tok/s':>14} {'decompose tok/s':>16} {'decompose/forward':>18} "
+          f"{'peak MB fwd':>12} {'peak MB dec':>12}")
+    for request in args.models.split(","):
+        loaded = load_request(request, compute)
+        T = min(args.T, loaded.spec.n_ctx)
+        prompts = build_prompts(loaded, source="random", T=T, N=args.N, bos="force", seed=0)
+        tokens = args.N * T
+        _reset(device)
+        forward = bare_forward_s(loaded.model, prompts.tokens, args.batch_size, device)
+        peak_forward = _peak_mb(device)
+        warm = build_prompts(loaded, source="random", T=T, N=max(2, min(args.batch_size, args.N)), bos="force",
+                             seed=1)
+        decompose(loaded, warm, batch_size=args.batch_size)  # warm-up
+        _reset(device)
+        _sync(device)
+        started = time.perf_counter()
+        decompose(loaded, prompts, batch_size=args.batch_size)
+        _sync(device)
+        dec = time.perf_counter() - started
+        peak_dec = _peak_mb(device)
+        fmt = lambda v: f"{v:>12.0f}" if v is not None else f"{'-':>12}"  # noqa: E731
+        print(f"{request:<18} {tokens / forward:>14.0f} {tokens / dec:>16.0f} {dec / forward:>18.1f} "
+              f"{fmt(peak_forward)} {fmt(peak_dec)}")
+        del loaded
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""Sweeps: models x data sources x BOS policies x seeds x steps from one TOML file.
+
+A sweep spec::
+
+    models = ["tiny-llama", "tiny-gemma3"]      # model requests, as --models takes them
+    sources = ["natural"]                       # natural, random, repeated (default: natural)
+    bos = ["force", "tokenizer"]                # BOS policies (default: force)
+    seeds = [0, 1]                              # (default: [0])
+    steps = ["decompose", "probe"]              # (default: every step)
+    text = "my_corpus/"                         # optional: the natural text (file, folder, hf:...)
+    quick = true                                # optional sizes: quick, T, N
+    T = 64
+    N = 8
+
+runs every (model, source, BOS policy, seed, step) cell on the chosen executor, one step
+cache for all of them, and writes one tidy table per step table with a column per factor
+(``source``, ``bos``, ``seed``; ``model``, ``architecture`` and ``role`` as in a run), the
+claims per condition (``claims.csv``, with the factor columns), a report per condition
+(``report-<source>-<bos>-seed<seed>.html``) and the sweep's ``report.html`` that links them.
+"""
+
+from __future__ import annotations
+
+import html
+import itertools
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Mapping
+
+import pandas as pd
+
+from lens_position.errors import BadInputError
+from lens_position.pipeline.config import Compute, DataOptions, RunConfig
+
+FACTORS: tuple[str, ...] = ("source", "bos", "seed")
+_KEYS = {"models", "sources", "bos", "seeds", "steps", "text", "quick", "T", "N"}
+
+
+def _strings(spec: Mapping[str, Any], key: str, default: list[Any], kind: type) -> list[Any]:
+    value = spec.get(key, default)
+    if not isinstance(value, list) or not value or not all(isinstance(v, kind) and not isinstance(v, bool)
+                                                           for v in value):
+        raise BadInputError(f"sweep spec: {key} must be a non-empty list of {kind.__name__}s, got {value!r}")
+    if len(set(value)) != len(value):
+        raise BadInputError(f"sweep spec: {key} lists a value twice: {value!r}")
+    return value
+
+
+def read_spec(path: Path) -> dict[str, Any]:
+    """Read and check a sweep spec (BadInputError naming the problem)."""
+    path = Path(path)
+    try:
+        spec = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BadInputError(f"sweep spec {path} does not exist") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise BadInputError(f"sweep spec {path} is not valid TOML: {error}") from None
+    unknown = set(spec) - _KEYS
+    if unknown:
+        raise BadInputError(f"sweep spec {path}: unknown keys {sorted(unknown)}; use {sorted(_KEYS)}")
+    if "models" not in spec:
+        raise BadInputError(f"sweep spec {path} names no models: add models = [\"...\"]")
+    checked = {
+        "models": _strings(spec, "models", [], str),
+        "sources": _strings(spec, "sources", ["natural"], str),
+        "bos": _strings(spec, "bos", ["force"], str),
+        "seeds": _strings(spec, "seeds", [0], int),
+        "steps": _strings(spec, "steps", [], str) if "steps" in spec else None,
+        "text": spec.get("text"),
+        "quick": spec.get("quick", False),
+        "T": spec.get("T"),
+        "N": spec.get("N"),
+    }
+    for key in ("T", "N"):
+        if checked[key] is not None and (not isinstance(checked[key], int) or checked[key] < 1):
+            raise BadInputError(f"sweep spec: {key} must be a positive whole number, got {checked[key]!r}")
+    if not isinstance(checked["quick"], bool):
+        raise BadInputError(f"sweep spec: quick must be true or false, got {checked['quick']!r}")
+    if checked["text"] is not None:
+        if not isinstance(checked["text"], str):
+            raise BadInputError(f"sweep spec: text must be a path string, got {checked['text']!r}")
+        if not checked["text"].startswith("hf:") and not Path(checked["text"]).is_absolute():
+            checked["text"] = str((path.parent / checked["text"]).resolve())  # relative to the spec
+    return checked
+
+
+def sweep_config(spec: Mapping[str, Any], *, out: Path, compute: Compute = Compute(), executor: str = "serial",
+                 **options: Any) -> RunConfig:
+    """The ``RunConfig`` of a checked sweep spec: one data condition per (source, BOS, seed)."""
+    conditions = tuple(DataOptions(source=source, corpus=spec["text"], bos=bos, seed=seed)
+                       for source, bos, seed in itertools.product(spec["sources"], spec["bos"], spec["seeds"]))
+    return RunConfig(out=out, models=tuple(spec["models"]), steps=tuple(spec["steps"]) if spec["steps"] else None,
+                     data=conditions[0], conditions=conditions, factors=FACTORS, T=spec["T"], N=spec["N"],
+                     quick=spec["quick"], compute=compute, executor=executor, **options)
+
+
+def condition_slug(values: Mapping[str, Any]) -> str:
+    """``natural-force-seed0``: a file-name-safe name of a condition."""
+    text = f"{values['source']}-{values['bos']}-seed{values['seed']}"
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
+
+
+def split_by_condition(tables: Mapping[str, pd.DataFrame]) -> list[tuple[dict[str, Any], dict[str, pd.DataFrame]]]:
+    """(factor values, the tables of that condition without the factor columns), in sweep order."""
+    first = next(iter(tables.values()))
+    out = []
+    for values, _ in first.groupby(list(FACTORS), sort=False):
+        named = dict(zip(FACTORS, values))
+        subset = {}
+        for name, frame in tables.items():
+            mask = pd.Series(True, index=frame.index)
+            for factor, value in named.items():
+                mask &= frame[factor] == value
+            subset[name] = frame[mask].drop(columns=list(FACTORS)).reset_index(drop=True)
+        out.append((named, subset))
+    return out
+
+
+def sweep_index_html(claims: pd.DataFrame, reports: Mapping[str, str], provenance: Mapping[str, Any]) -> str:
+    """The sweep's ``report.html``: per condition, its claims table and a link to its report."""
+    from lens_position import report as report_module
+
+    sections = []
+    for values, part in claims.groupby(list(FACTORS), sort=False):
+        named = dict(zip(FACTORS, values))
+        slug = condition_slug(named)
+        title = f"source {named['source']} · BOS {named['bos']} · seed {named['seed']}"
+        sections.append(
+            f'<section class="condition" id="condition-{html.escape(slug)}"><h2>{html.escape(title)}</h2>'
+            f'<p><a href="{html.escape(reports[slug])}">the report of this condition (figures)</a></p>'
+            f'{report_module.claims_html(part.drop(columns=list(FACTORS)))}</section>')
+    models = ", ".join(html.escape(m["request"]) for m in provenance.get("models", []))
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>lens_position sweep</title>"
+            "<style>body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse}"
+            "td,th{border:1px solid #ccc;padding:4px 8px;vertical-align:top}.yes{background:#e6f4e6}"
+            ".no{background:#fbe9e9}.na{color:#777}</style></head><body>"
+            "<h1>lens_position sweep</h1>"
+            f"<p>Models: {models}. Factors: {', '.join(FACTORS)}; {len(sections)} conditions. Every table in "
+            "this folder has a column per factor; the claims below are decided per condition.</p>"
+            f"{''.join(sections)}</body></html>\n")
