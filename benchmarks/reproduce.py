@@ -62,6 +62,14 @@ TARGET_WALL_S = 15 * 60
 TARGET_PEAK_MB = 8 * 1024
 
 
+def _tokens(record) -> int | None:
+    """Prompt tokens a step ran on (N x T of its sizes; None for a model load)."""
+    options = record.provenance.get("step_options") or {}
+    if "N" in options and "T" in options:
+        return int(options["N"]) * int(options["T"])
+    return None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS))
@@ -87,11 +95,12 @@ def main() -> int:
     load_1min = os.getloadavg()[0]
 
     rows = [{"model": s.model, "step": s.step, "wall_s": round(s.wall_s, 2), "cpu_s": round(s.cpu_s, 2),
-             "peak_rss_mb": round(s.peak_rss_mb)} for s in result.steps]
-    print(f"\n{'model':<28} {'step':<14} {'wall s':>8} {'CPU s':>8} {'peak MB':>9}")
+             "peak_rss_mb": round(s.peak_rss_mb), "tokens": _tokens(s)} for s in result.steps]
+    print(f"\n{'model':<28} {'step':<14} {'wall s':>8} {'CPU s':>8} {'peak MB':>9} {'N x T':>7} {'CPU ms/token':>13}")
     for row in rows:
+        per_token = f"{1000 * row['cpu_s'] / row['tokens']:>13.2f}" if row["tokens"] else f"{'':>13}"
         print(f"{row['model']:<28} {row['step']:<14} {row['wall_s']:>8.1f} {row['cpu_s']:>8.1f} "
-              f"{row['peak_rss_mb']:>9}")
+              f"{row['peak_rss_mb']:>9} {row['tokens'] or '':>7} {per_token}")
     by_step: dict[str, float] = {}
     for row in rows:
         by_step[row["step"]] = by_step.get(row["step"], 0.0) + row["wall_s"]

@@ -191,6 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
     out = sweep.add_argument_group("run")
     out.add_argument("--out", type=Path, default=Path("sweep"), metavar="DIR",
                      help="output folder (default: %(default)s); finished steps cached in DIR/cache are reused")
+    out.add_argument("--json", dest="json", action="store_true",
+                     help="print what was written (files, claims) as one JSON object instead of a summary")
     out.add_argument("--format", dest="fmt", choices=("parquet", "csv"), default="parquet",
                      help="table format (default: %(default)s)")
     out.add_argument("--no-cache", dest="use_cache", action="store_false",
