@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from lens_position.errors import LensPositionError
+from lens_position.checks import check_seed
+from lens_position.errors import BadInputError, LensPositionError, is_input_error
 
 # Exit statuses: 1 = a problem with the input or environment, 2 = bad options (argparse's),
 # 3 = an internal error (a bug: please report it), 130 = interrupted.
@@ -39,6 +40,13 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
     return value
+
+
+def _seed(text: str) -> int:
+    try:
+        return check_seed(int(text))
+    except (ValueError, BadInputError) as error:
+        raise argparse.ArgumentTypeError(f"expected a whole number in 0..2**63-1, got {text!r}") from error
 
 
 def _layer_list(text: str) -> tuple[int, ...]:
@@ -98,7 +106,8 @@ def _add_common(sub: argparse.ArgumentParser, *, many_models: bool, out: Path) -
     data.add_argument("--N", type=_positive_int, default=None, metavar="N",
                       help="number of sequences, for every step when given (default: 16; BOS replacement and "
                            "sink reading 16, probes enough for 2048 positions; 4 with --quick)")
-    data.add_argument("--seed", type=int, default=0, help="seed for data and random replacements (default: 0)")
+    data.add_argument("--seed", type=_seed, default=0,
+                      help="seed for data and random replacements, 0..2**63-1 (default: 0)")
     analysis = sub.add_argument_group("analysis")
     analysis.add_argument("--layers", type=_layer_list, default=None, metavar="LAYERS",
                           help="layers to analyse, e.g. 0,4,8 or 2:6 (decomposition and probes; default: all)")
@@ -201,7 +210,30 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--browser-check", dest="browser_check", action="store_true",
                      help="also open each condition's report in headless Chromium")
     _add_compute(sweep)
+    for sub in subs.choices.values():  # also after the sub-command, where users put it
+        sub.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                         help="show the full traceback of an error")
     return parser
+
+
+def preflight(args: argparse.Namespace) -> None:
+    """Refuse, before any model is loaded, a run that a step would refuse after minutes of
+    work: BOS-dependent steps under ``--bos none``, probes with ``--N`` below 3."""
+    from lens_position.pipeline.steps import commands, get_step
+    from lens_position.probes import PROBE_MIN_N
+
+    if args.command not in commands():  # a sweep checks its own spec
+        return
+    steps = commands()[args.command]
+    if args.bos == "none":
+        needing = [get_step(name).needs_bos for name in steps if get_step(name).needs_bos]
+        if needing:
+            raise BadInputError(f"{needing[0]} needs BOS at position 0, which --bos none removes; use --bos force "
+                                f"(the default) or run a command without that step")
+    if "probe" in steps and args.N is not None and args.N < PROBE_MIN_N:
+        raise BadInputError(f"--N {args.N} is too few for the position probes: a held-out probe whose penalty is "
+                            f"chosen by cross-validation needs at least {PROBE_MIN_N} sequences; use --N {PROBE_MIN_N} "
+                            "or more")
 
 
 def _config(args: argparse.Namespace, argv: Sequence[str]):
@@ -272,6 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         from lens_position.pipeline.run import run
 
+        preflight(args)
         result = run(_config(args, sys.argv[1:] if argv is None else argv))
     except (LensPositionError, OSError) as error:
         if args.debug:
@@ -289,6 +322,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as error:  # a bug, not bad input: one line, the traceback only with --debug
         if args.debug:
             raise
+        if is_input_error(error):  # out of memory: the run asked for more than this machine has
+            print(f"lens-position: error: out of memory ({type(error).__name__}: {_one_line(error)}); lower --N, "
+                  "--T or --batch-size", file=sys.stderr)
+            return EXIT_ERROR
         print(f"lens-position: internal error: {type(error).__name__}: {_one_line(error)} "
               "(rerun with --debug for the traceback and please report it)", file=sys.stderr)
         return EXIT_INTERNAL

@@ -39,3 +39,10 @@ class BadInputError(LensPositionError, ValueError):
 class PaddedPromptsError(BadInputError):
     """A padded batch (``model.to_tokens(list_of_texts)``): the analyses have no attention mask
     and would read the pad tokens as text."""
+
+
+def is_input_error(error: BaseException) -> bool:
+    """Whether ``error`` is the user's to act on (bad input, missing memory), not a bug:
+    a LensPositionError, or running out of memory (``MemoryError``, torch's
+    ``OutOfMemoryError``), which asks for smaller N, T or batch size."""
+    return isinstance(error, (LensPositionError, MemoryError)) or type(error).__name__ == "OutOfMemoryError"

@@ -44,6 +44,10 @@ from lens_position.stream import stream
 RIDGE_GRID = tuple(float(x) for x in 10.0 ** np.arange(-4, 3.01, 0.5))
 
 
+# Sequences a held-out probe needs when its penalty is chosen by cross-validation: one test
+# half and two training folds.
+PROBE_MIN_N = 3
+
 @dataclass
 class _Moments:
     """Streaming moments of (x - reference, y) for one layer and one split."""
@@ -136,7 +140,7 @@ class ProbeReducer:
         checked = checked_prompts(self.loaded, prompts, min_length=2)
         tokens, self.data = checked.tokens, checked.spec
         n_seq, length = tokens.shape
-        if n_seq < (2 if ridge is not None else 3):
+        if n_seq < (2 if ridge is not None else PROBE_MIN_N):
             raise BadInputError("a held-out probe needs at least 2 sequences, and 3 when the penalty is chosen "
                                 "by cross-validation (ridge=None): pass more prompts or a fixed ridge")
         layers = check_layers(layers, hooked.cfg.n_layers)

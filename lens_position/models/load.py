@@ -130,8 +130,7 @@ def _resolve(name_or_path: str, offline: bool | None) -> tuple[str, str, Any, di
         return f"gguf:{path.resolve()}", "gguf", path.resolve(), {}
     if path.is_dir():
         return f"hf-folder:{path.resolve()}", "hf-folder", path.resolve(), {}
-    if name.lower().endswith(".gguf") or name.startswith(("/", ".", "~")) or "\\" in name:
-        raise BadInputError(f"no such file or folder: {path}")
+    check_model_name(name, allow_hub=True)
     if "/" in name and not name.startswith("/"):
         if offline is not False:  # downloading is an explicit request, never a fallback
             raise BadInputError(
@@ -140,6 +139,21 @@ def _resolve(name_or_path: str, offline: bool | None) -> tuple[str, str, Any, di
                 "network access), or download it yourself and pass its folder")
         return f"hub:{name}", "hf-folder", sources.download_hub(name), {}
     raise UnknownModelError(unknown_model_message(name))
+
+
+def check_model_name(name: str, *, allow_hub: bool = False) -> None:
+    """Refuse, without loading anything, a name ``load_model`` cannot resolve: a path that
+    does not exist (BadInputError "no such file": a ``.gguf`` name or one that starts like a
+    path) or a name that is neither registered nor a path (UnknownModelError); a hub id
+    ``org/name`` passes with ``allow_hub`` (the command line never downloads, so not there)."""
+    path = Path(name).expanduser()
+    if name in REGISTRY or name.startswith("zoo:") or path.exists():
+        return
+    if name.lower().endswith(".gguf") or name.startswith(("/", ".", "~")) or "\\" in name:
+        raise BadInputError(f"no such file or folder: {path}; check the path (a .gguf file or a "
+                            "checkpoint folder)")
+    if not (allow_hub and "/" in name):
+        raise UnknownModelError(unknown_model_message(name))
 
 
 def _base_model(kind: str, target: Any, cache_dir: str | None) -> CachedModel:

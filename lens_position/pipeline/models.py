@@ -57,7 +57,7 @@ def load_request(request: str, compute: Any = None) -> Any:
 def check_models(requests: Sequence[str]) -> None:
     """Fail fast on a request whose name is neither a registry model nor an existing path
     (UnknownModelError) or whose options are malformed (BadInputError)."""
-    from lens_position.models.registry import lookup
+    from lens_position.models.load import check_model_name
 
     if not requests:
         raise BadInputError("no models given; pass --models with at least one name")
@@ -69,8 +69,8 @@ def check_models(requests: Sequence[str]) -> None:
             from lens_position.zoo.store import find
 
             find(name)
-        elif not Path(name).exists():
-            lookup(name)
+        else:
+            check_model_name(name)  # a missing path is a missing file, not an unknown model
 
 
 def expand_zoo(requests: Sequence[str]) -> tuple[str, ...]:

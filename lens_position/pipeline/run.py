@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from lens_position import provenance as provenance_module
 from lens_position import report as report_module
-from lens_position.errors import LensPositionError, MissingPackageError
+from lens_position.errors import LensPositionError, MissingPackageError, is_input_error
 from lens_position.pipeline import steps as steps_module
 from lens_position.pipeline.cache import StepCache, jsonable
 from lens_position.pipeline.config import RunConfig
@@ -79,7 +79,7 @@ class CellsFailedError(LensPositionError, RuntimeError):
 
     @property
     def all_input_errors(self) -> bool:
-        return all(isinstance(error, LensPositionError) for _, error in self.failures)
+        return all(is_input_error(error) for _, error in self.failures)
 
 
 class ReportCheckError(LensPositionError, RuntimeError):
