@@ -19,7 +19,7 @@ BOS fingerprint.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import pandas as pd
 import torch
@@ -30,6 +30,7 @@ from lens_position import provenance
 from lens_position.errors import BadInputError
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.patching import as_tokens, cache_activations
+from lens_position.stream import ActivationCache, stream
 from lens_position.results import SavedResult
 
 
@@ -139,6 +140,33 @@ def _summarise(x: Float[torch.Tensor, "batch d_model"], bos_mean: Float[torch.Te
     }
 
 
+def fingerprint_prompts(
+    model: LoadedModel | HookedTransformer,
+    *,
+    T: int = 64,
+    N: int = 16,
+    seed: int = 0,
+    source: str = "natural",
+    text: str | None = None,
+) -> dict[str, Any]:
+    """The two prompt sets of :func:`fingerprint`: ``"auto-bos"`` (policy
+    :func:`auto_bos_policy`) and ``"varying-token0"`` (``bos="none"``)."""
+    from lens_position.data import build_prompts
+
+    loaded = as_loaded(model)
+    policy = auto_bos_policy(loaded)
+    return {
+        "auto-bos": build_prompts(loaded, source=source, T=T, N=N, bos=policy, seed=seed, text=text),
+        "varying-token0": build_prompts(loaded, source=source, T=T, N=N, bos="none", seed=seed, text=text),
+    }
+
+
+def position0_reducer(model: LoadedModel | HookedTransformer) -> ActivationCache:
+    """A reducer keeping position 0 of every residual in :func:`residual_names`
+    (``result()``: ``{name: Float[Tensor, "batch d_model"]}``), for :func:`fingerprint`."""
+    return ActivationCache(residual_names(model), select=lambda activation: activation[:, 0])
+
+
 def fingerprint(
     model: LoadedModel | HookedTransformer,
     *,
@@ -148,6 +176,7 @@ def fingerprint(
     source: str = "natural",
     text: str | None = None,
     noise_tolerance: float = 1e-5,
+    position0: Mapping[str, Mapping[str, torch.Tensor]] | None = None,
 ) -> Fingerprint:
     """Measure the position-0 fingerprint per layer under two conditions:
 
@@ -158,24 +187,27 @@ def fingerprint(
       varies across inputs, and so should the fingerprint.
 
     The whole ``T``-token prompts are run (not one-token runs), so the check that the rest
-    of the input does not reach position 0 is part of the measurement.
+    of the input does not reach position 0 is part of the measurement. ``position0``: per
+    condition, the :func:`position0_reducer` results of :func:`fingerprint_prompts` when
+    already streamed (each prompt set in one batch; then no pass is made).
     """
-    from lens_position.data import build_prompts
-
     loaded = as_loaded(model)
     policy = auto_bos_policy(loaded)
     names = residual_names(loaded)
-    sets = {
-        "auto-bos": build_prompts(loaded, source=source, T=T, N=N, bos=policy, seed=seed, text=text),
-        "varying-token0": build_prompts(loaded, source=source, T=T, N=N, bos="none", seed=seed, text=text),
-    }
-    residuals = {c: cache_activations(loaded, p, names) for c, p in sets.items()}
+    sets = fingerprint_prompts(loaded, T=T, N=N, seed=seed, source=source, text=text)
+    residuals = dict(position0 or {})
+    for condition, prompts in sets.items():
+        if condition not in residuals:
+            reducer = position0_reducer(loaded)
+            stream(loaded, as_tokens(loaded, prompts), [reducer], batch_size=len(prompts.tokens), progress=False,
+                   desc=f"fingerprint ({condition})")
+            residuals[condition] = reducer.result()
     rows = []
     for layer, name in enumerate(names):
-        bos_mean = residuals["auto-bos"][name][:, 0].mean(0)
+        bos_mean = residuals["auto-bos"][name].mean(0)
         for condition, prompts in sets.items():
             row = {"layer": layer, "condition": condition}
-            row.update(_summarise(residuals[condition][name][:, 0], bos_mean))
+            row.update(_summarise(residuals[condition][name], bos_mean))
             row["is_float_noise"] = bool(row["spread_relative"] <= noise_tolerance)
             row["n_distinct_token0"] = int(prompts.tokens[:, 0].unique().numel())
             rows.append(row)

@@ -21,7 +21,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import pandas as pd
 import torch
@@ -166,6 +166,25 @@ class SinkRate(SavedResult):
     provenance: dict[str, Any] = field(default_factory=dict)
 
 
+def sink_rate_prompts(
+    model: LoadedModel | HookedTransformer,
+    *,
+    conditions: Sequence[str] = SINK_CONDITIONS,
+    T: int = 64,
+    N: int = 16,
+    seed: int = 0,
+    bos: str = DEFAULT_BOS,
+    text: str | None = None,
+) -> dict[str, Any]:
+    """The prompt set of each condition of :func:`sink_rate` (``build_prompts`` with that
+    source), so a caller can stream their sink scores together with other statistics."""
+    from lens_position.data import build_prompts
+
+    loaded = as_loaded(model)
+    return {condition: build_prompts(loaded, source=condition, T=T, N=N, bos=bos, seed=seed, text=text)
+            for condition in conditions}
+
+
 def sink_rate(
     model: LoadedModel | HookedTransformer,
     *,
@@ -176,20 +195,21 @@ def sink_rate(
     seed: int = 0,
     bos: str = DEFAULT_BOS,
     text: str | None = None,
+    scores: Mapping[str, torch.Tensor] | None = None,
     batch_size: int = 8,
     progress: bool = False,
 ) -> SinkRate:
     """The model-level sink rate of Gu et al. 2025 (fraction of heads with ``alpha_0 > eps``)
     on prompts of ``T`` tokens built with ``lens_position.data.build_prompts`` for each
-    condition (``"natural"``, ``"random"``, ``"repeated"``), with BOS policy ``bos``
-    (default ``"force"``, as everywhere: ``lens_position.data`` says why)."""
-    from lens_position.data import build_prompts
-
+    condition (``"natural"``, ``"random"``, ``"repeated"``; :func:`sink_rate_prompts`), with
+    BOS policy ``bos`` (default ``"force"``, as everywhere: ``lens_position.data`` says why).
+    ``scores``: the :func:`sink_scores` of some conditions' prompts when already streamed."""
     loaded = as_loaded(model)
+    prompt_sets = sink_rate_prompts(loaded, conditions=conditions, T=T, N=N, seed=seed, bos=bos, text=text)
     rows, frames, specs = [], [], {}
-    for condition in conditions:
-        prompts = build_prompts(loaded, source=condition, T=T, N=N, bos=bos, seed=seed, text=text)
-        result = sink_heads(loaded, prompts, eps=eps, batch_size=batch_size, progress=progress)
+    for condition, prompts in prompt_sets.items():
+        given = None if scores is None else scores.get(condition)
+        result = sink_heads(loaded, prompts, eps=eps, scores=given, batch_size=batch_size, progress=progress)
         rows.append({"condition": condition, "sink_rate": result.sink_rate, "eps": eps, "T": T, "N": N,
                      "bos": bos, "n_sink_heads": int(result.frame["is_sink"].sum()),
                      "n_heads": len(result.frame)})

@@ -337,6 +337,8 @@ def test_a_resumed_run_still_reports_what_each_step_cost(quick_run):
     steps = [s for s in prov["steps"] if s["step"] != "load"]
     for step in steps:
         cost = step["provenance"]["computed_cost"]
-        assert cost["wall_s"] > 0 and cost["cpu_s"] > 0 and cost["peak_rss_mb"] > 0
+        # a step fed by a forward pass an earlier step made (pipeline.passes) may use less CPU
+        # than the process clock resolves, so its CPU time can read 0
+        assert cost["wall_s"] > 0 and cost["cpu_s"] >= 0 and cost["peak_rss_mb"] > 0
     assert prov["steps_computed_wall_s"] == pytest.approx(sum(s["provenance"]["computed_cost"]["wall_s"]
                                                               for s in steps), abs=1e-2)

@@ -50,7 +50,9 @@ class SerialExecutor:
         for index, model in enumerate(plan.models):
             worker = ModelWorker(model, steps, compute=plan.compute, load=self.load, progress=self.progress)
             try:
-                for cell in driver.on_loaded(model, index, worker.describe()):
+                cells = driver.on_loaded(model, index, worker.describe())
+                worker.expect(cells)
+                for cell in cells:
                     try:
                         result = worker.run(cell)
                     except Exception as error:  # reported with its cell; the rest still run

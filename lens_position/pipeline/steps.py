@@ -17,6 +17,7 @@ import pandas as pd
 from lens_position.errors import BadInputError
 from lens_position.pipeline.config import DataOptions, Settings
 from lens_position.pipeline.models import check_context
+from lens_position.pipeline.passes import Request, SharedPasses
 
 
 @dataclass
@@ -41,6 +42,14 @@ class StepContext:
     corpus_text: str | None = None
     corpus_name: str | None = None  # how the corpus is named in prompt specs ("file:/...", ...)
     _prompts: dict[tuple, Any] = field(default_factory=dict)
+    _passes: SharedPasses | None = None
+
+    @property
+    def passes(self) -> SharedPasses:
+        """The forward passes shared between this model's steps (``pipeline.passes``)."""
+        if self._passes is None:
+            self._passes = SharedPasses(self.loaded, progress=self.progress)
+        return self._passes
 
     @property
     def spec(self) -> Any:
@@ -75,7 +84,9 @@ class StepContext:
 class Step:
     """One step: ``sizes(settings, spec)`` gives the sizes it runs with on a model (they are
     part of its cache key); ``run(ctx, sizes)`` measures and returns a ``StepOutput``.
-    ``needs_bos`` names what needs BOS at position 0 (checked before any forward pass)."""
+    ``needs_bos`` names what needs BOS at position 0 (checked before any forward pass).
+    ``requests(ctx, sizes)``: the reducers it reads from shared passes (``pipeline.passes``),
+    announced before the model's steps run so that one pass feeds them all."""
 
     name: str
     tables: tuple[str, ...]
@@ -83,6 +94,7 @@ class Step:
     sizes: Callable[[Settings, Any], dict[str, Any]]
     run: Callable[[StepContext, Mapping[str, Any]], StepOutput]
     needs_bos: str | None = None
+    requests: Callable[[StepContext, Mapping[str, Any]], list[Request]] = lambda ctx, sizes: []
 
 
 def model_T(settings: Settings, spec: Any) -> int:
@@ -111,27 +123,55 @@ def _frames(result: Any, **names: str) -> dict[str, pd.DataFrame]:
     return {table: getattr(result, attr).reset_index(drop=True) for table, attr in names.items()}
 
 
-def _run_decompose(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
-    from lens_position.decompose import decompose
+def _decompose_requests(ctx: StepContext, sizes: Mapping[str, Any]) -> list[Request]:
+    from lens_position.decompose import DecompositionReducer
 
     prompts = ctx.prompts(sizes["T"], sizes["N"])
-    query_range = sizes.get("query_range")
-    result = decompose(ctx.loaded, prompts, layers=sizes.get("layers"), keys=sizes.get("keys", "all"),
-                       query_range=tuple(query_range) if query_range is not None else None,
-                       batch_size=sizes["batch_size"], progress=ctx.progress)
+    query_range = tuple(sizes["query_range"]) if sizes.get("query_range") is not None else None
+    options = dict(layers=sizes.get("layers"), query_range=query_range, keys=sizes.get("keys", "all"))
+    return [Request(f"decompose {options}", prompts, lambda: DecompositionReducer(ctx.loaded, prompts, **options),
+                    sizes["batch_size"])]
+
+
+def _run_decompose(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
+    prompts = ctx.prompts(sizes["T"], sizes["N"])
+    result, = [ctx.passes.get(request) for request in _decompose_requests(ctx, sizes)]
     return StepOutput(_frames(result, decompose_layers="layers", decompose_heads="heads"), result.provenance,
                       {"prompts": prompts.spec, **sizes})
 
 
-def _run_probe(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
-    from lens_position.probes import position_probe
+def _probe_requests(ctx: StepContext, sizes: Mapping[str, Any]) -> list[Request]:
+    from lens_position.probes import ProbeReducer
 
     prompts = ctx.prompts(sizes["T"], sizes["N"])
-    result = position_probe(ctx.loaded, prompts, layers=sizes.get("layers"), seed=ctx.data.seed,
-                            batch_size=sizes["batch_size"],
-                            progress=ctx.progress)
+    options = dict(layers=sizes.get("layers"), seed=ctx.data.seed)
+    return [Request(f"probe {options}", prompts, lambda: ProbeReducer(ctx.loaded, prompts, **options),
+                    sizes["batch_size"])]
+
+
+def _run_probe(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
+    prompts = ctx.prompts(sizes["T"], sizes["N"])
+    result, = [ctx.passes.get(request) for request in _probe_requests(ctx, sizes)]
     return StepOutput({"probe_layers": result.layers.reset_index(drop=True)}, result.provenance,
                       {"prompts": prompts.spec, **sizes})
+
+
+def _early_requests(ctx: StepContext, sizes: Mapping[str, Any], *, activations: bool) -> list[Request]:
+    """The un-intervened early-query pass that BOS replacement and the sink-reading detector
+    compare with: its decomposition and (for the detector) the activations it reuses."""
+    from lens_position.decompose import DecompositionReducer
+    from lens_position.sinks import base_activation_names
+    from lens_position.stream import ActivationCache
+
+    prompts = ctx.prompts(sizes["T"], sizes["N"])
+    query_range = tuple(sizes["query_range"])
+    requests = [Request(f"decompose query_range={query_range}", prompts,
+                        lambda: DecompositionReducer(ctx.loaded, prompts, query_range=query_range),
+                        sizes["batch_size"])]
+    if activations:
+        requests.append(Request("sink-reading base activations", prompts,
+                                lambda: ActivationCache(base_activation_names(ctx.loaded)), sizes["batch_size"]))
+    return requests
 
 
 def _run_bos(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
@@ -139,29 +179,57 @@ def _run_bos(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
 
     prompts = ctx.prompts(sizes["T"], sizes["N"])
     ctx.need_bos(prompts, "BOS replacement")
+    base, = [ctx.passes.get(request) for request in _early_requests(ctx, sizes, activations=False)]
     result = bos_replacement(ctx.loaded, prompts, query_range=tuple(sizes["query_range"]), seed=ctx.data.seed,
-                             batch_size=sizes["batch_size"], progress=ctx.progress)
+                             base=base, batch_size=sizes["batch_size"], progress=ctx.progress)
     return StepOutput(_frames(result, bos_layers="frame", bos_overall="overall"), result.provenance,
                       {"prompts": prompts.spec, **sizes})
+
+
+def _sink_heads_requests(ctx: StepContext, sizes: Mapping[str, Any]) -> list[Request]:
+    from lens_position.sinks import SinkScoreReducer
+
+    prompts = ctx.prompts(sizes["T"], sizes["N"])
+    return [Request("sink scores", prompts, lambda: SinkScoreReducer(ctx.loaded, prompts), sizes["batch_size"])]
 
 
 def _run_sink_heads(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
     from lens_position.sinks import sink_heads
 
     prompts = ctx.prompts(sizes["T"], sizes["N"])
-    result = sink_heads(ctx.loaded, prompts, eps=sizes["eps"], batch_size=sizes["batch_size"],
+    scores, = [ctx.passes.get(request) for request in _sink_heads_requests(ctx, sizes)]
+    result = sink_heads(ctx.loaded, prompts, eps=sizes["eps"], scores=scores, batch_size=sizes["batch_size"],
                         progress=ctx.progress)
     return StepOutput({"sink_heads": result.frame.reset_index(drop=True)}, result.provenance,
                       {"prompts": prompts.spec, **sizes})
 
 
-def _run_sink_rate(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
-    from lens_position.sinks import sink_rate
+def _sink_rate_prompts(ctx: StepContext, sizes: Mapping[str, Any]) -> dict[str, Any]:
+    from lens_position.sinks import sink_rate_prompts
 
     check_context(ctx.spec, sizes["T"])
     # The natural-text condition is built from the run's corpus (--text), like every other step.
+    key = ("sink_rate", sizes["T"], sizes["N"])
+    if key not in ctx._prompts:
+        ctx._prompts[key] = sink_rate_prompts(ctx.loaded, T=sizes["T"], N=sizes["N"], seed=ctx.data.seed,
+                                              bos=ctx.data.bos, text=ctx.corpus_text)
+    return ctx._prompts[key]
+
+
+def _sink_rate_requests(ctx: StepContext, sizes: Mapping[str, Any]) -> list[Request]:
+    from lens_position.sinks import SinkScoreReducer
+
+    return [Request("sink scores", prompts, lambda prompts=prompts: SinkScoreReducer(ctx.loaded, prompts),
+                    sizes["batch_size"]) for prompts in _sink_rate_prompts(ctx, sizes).values()]
+
+
+def _run_sink_rate(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
+    from lens_position.sinks import sink_rate
+
+    conditions = list(_sink_rate_prompts(ctx, sizes))
+    scores = dict(zip(conditions, (ctx.passes.get(request) for request in _sink_rate_requests(ctx, sizes))))
     result = sink_rate(ctx.loaded, T=sizes["T"], N=sizes["N"], eps=sizes["eps"], seed=ctx.data.seed,
-                       bos=ctx.data.bos, text=ctx.corpus_text, batch_size=sizes["batch_size"],
+                       bos=ctx.data.bos, text=ctx.corpus_text, scores=scores, batch_size=sizes["batch_size"],
                        progress=ctx.progress)
     return StepOutput({"sink_rate": result.frame.reset_index(drop=True)}, result.provenance,
                       {**sizes, "corpus": ctx.data.corpus})
@@ -172,19 +240,40 @@ def _run_sink_reading(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
 
     prompts = ctx.prompts(sizes["T"], sizes["N"])
     ctx.need_bos(prompts, "finding sink-reading heads (position 0 with and without BOS)")
+    base = tuple(ctx.passes.get(request) for request in _early_requests(ctx, sizes, activations=True))
     result = sink_reading_heads(ctx.loaded, prompts, counterfactual="no-bos",
-                                query_range=tuple(sizes["query_range"]), batch_size=sizes["batch_size"],
+                                query_range=tuple(sizes["query_range"]), base=base, batch_size=sizes["batch_size"],
                                 progress=ctx.progress)
     return StepOutput(_frames(result, sink_reading="frame", sink_ablation="ablation"), result.provenance,
                       {"prompts": prompts.spec, **sizes})
 
 
+def _fingerprint_prompts(ctx: StepContext, sizes: Mapping[str, Any]) -> dict[str, Any]:
+    from lens_position.fingerprint import fingerprint_prompts
+
+    check_context(ctx.spec, sizes["T"])
+    key = ("fingerprint", sizes["T"], sizes["N"])
+    if key not in ctx._prompts:
+        ctx._prompts[key] = fingerprint_prompts(ctx.loaded, T=sizes["T"], N=sizes["N"], seed=ctx.data.seed,
+                                                source=ctx.data.source, text=ctx.text())
+    return ctx._prompts[key]
+
+
+def _fingerprint_requests(ctx: StepContext, sizes: Mapping[str, Any]) -> list[Request]:
+    from lens_position.fingerprint import position0_reducer
+
+    # each prompt set in one batch, as fingerprint() runs it
+    return [Request("position-0 residuals", prompts, lambda: position0_reducer(ctx.loaded), len(prompts.tokens))
+            for prompts in _fingerprint_prompts(ctx, sizes).values()]
+
+
 def _run_fingerprint(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
     from lens_position.fingerprint import fingerprint
 
-    check_context(ctx.spec, sizes["T"])
+    conditions = list(_fingerprint_prompts(ctx, sizes))
+    position0 = dict(zip(conditions, (ctx.passes.get(request) for request in _fingerprint_requests(ctx, sizes))))
     result = fingerprint(ctx.loaded, T=sizes["T"], N=sizes["N"], seed=ctx.data.seed, source=ctx.data.source,
-                         text=ctx.text())
+                         text=ctx.text(), position0=position0)
     return StepOutput({"fingerprint": result.frame.reset_index(drop=True)}, result.provenance,
                       {**sizes, "corpus": ctx.data.corpus})
 
@@ -192,20 +281,25 @@ def _run_fingerprint(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
 _STEP_LIST = (
     Step("decompose", ("decompose_layers", "decompose_heads"), "decompose",
          lambda s, spec: {"T": model_T(s, spec), "N": s.N, "batch_size": s.batch_size,
-                          **_restrictions(s, "layers", "query_range", "keys")}, _run_decompose),
+                          **_restrictions(s, "layers", "query_range", "keys")}, _run_decompose,
+         requests=_decompose_requests),
     Step("probe", ("probe_layers",), "probe",
          lambda s, spec: {"T": model_T(s, spec), "N": max(s.N, -(-s.probe_positions // model_T(s, spec))),
-                          "batch_size": s.batch_size, **_restrictions(s, "layers")}, _run_probe),
-    Step("bos", ("bos_layers", "bos_overall"), "bos", _early, _run_bos, needs_bos="BOS replacement"),
+                          "batch_size": s.batch_size, **_restrictions(s, "layers")}, _run_probe,
+         requests=_probe_requests),
+    Step("bos", ("bos_layers", "bos_overall"), "bos", _early, _run_bos, needs_bos="BOS replacement",
+         requests=lambda ctx, sizes: _early_requests(ctx, sizes, activations=False)),
     Step("sink_heads", ("sink_heads",), "sinks",
          lambda s, spec: {"T": min(s.sink_T, model_T(s, spec)), "N": s.N, "eps": s.eps,
-                          "batch_size": s.batch_size}, _run_sink_heads),
+                          "batch_size": s.batch_size}, _run_sink_heads, requests=_sink_heads_requests),
     Step("sink_rate", ("sink_rate",), "sinks",
-         lambda s, spec: {"T": s.sink_T, "N": s.N, "eps": s.eps, "batch_size": s.batch_size}, _run_sink_rate),
+         lambda s, spec: {"T": s.sink_T, "N": s.N, "eps": s.eps, "batch_size": s.batch_size}, _run_sink_rate,
+         requests=_sink_rate_requests),
     Step("sink_reading", ("sink_reading", "sink_ablation"), "sinks", _early, _run_sink_reading,
-         needs_bos="finding sink-reading heads (position 0 with and without BOS)"),
+         needs_bos="finding sink-reading heads (position 0 with and without BOS)",
+         requests=lambda ctx, sizes: _early_requests(ctx, sizes, activations=True)),
     Step("fingerprint", ("fingerprint",), "fingerprint",
-         lambda s, spec: {"T": s.sink_T, "N": s.N}, _run_fingerprint),
+         lambda s, spec: {"T": s.sink_T, "N": s.N}, _run_fingerprint, requests=_fingerprint_requests),
 )
 
 # The registry: step name -> Step, in the order a run executes them.

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import gc
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import pandas as pd
 
+from lens_position.errors import LensPositionError
 from lens_position.pipeline.cache import jsonable
 from lens_position.pipeline.measure import measure
 from lens_position.pipeline.plan import Cell, Condition
@@ -61,6 +62,17 @@ class ModelWorker:
                 loaded=self.loaded, data=condition.data, progress=self.progress,
                 corpus_text=condition.corpus.text, corpus_name=condition.corpus.name)
         return self._contexts[condition]
+
+    def expect(self, cells: Sequence[Cell]) -> None:
+        """Announce the cells about to run, so that steps reading the same prompts share one
+        forward pass (``pipeline.passes``); a request that cannot be formed here (a bad
+        input) is left for the step itself to report."""
+        for cell in cells:
+            ctx = self.context(cell.condition)
+            try:
+                ctx.passes.expect(self.steps[cell.step].requests(ctx, cell.sizes))
+            except LensPositionError:
+                continue
 
     def run(self, cell: Cell) -> CellResult:
         ctx = self.context(cell.condition)

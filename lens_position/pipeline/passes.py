@@ -1,0 +1,74 @@
+"""Shared forward passes: one pass per (model, prompt set, intervention) feeds every step.
+
+Several steps of a reproduction read the same prompts through the same, un-intervened
+model: the decomposition and the probe (same ``T`` and ``N``), BOS replacement and the
+sink-reading detector (the same base decomposition), the sink heads, the natural-text sink
+rate and the fingerprint (the same ``T = 64`` prompts). Each step states what it reads as
+:class:`Request` values (a named reducer on a prompt set); before a model's steps run, the
+worker hands every pending step's requests to :meth:`SharedPasses.expect`, and the first
+step that asks for a result streams *all* reducers expected on that prompt set in one pass
+(:func:`lens_position.stream.stream`). A step asked for without ``expect`` still works: it
+then gets a pass of its own.
+
+Prompt sets are matched by their tokens and by the batches they are cut into (a float32
+forward pass may round differently with a different batch shape), so sharing never changes
+a number.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from lens_position.stream import Reducer, stream
+
+
+@dataclass(frozen=True)
+class Request:
+    """A step's need: the ``result()`` of the reducer ``make()`` builds, streamed over
+    ``prompts`` in batches of ``batch_size``. ``name`` identifies the analysis and its options:
+    two requests with the same name on the same prompt set are the same result."""
+
+    name: str
+    prompts: Any
+    make: Callable[[], Reducer]
+    batch_size: int
+
+    def key(self) -> tuple[str, int]:
+        tokens = self.prompts.tokens
+        digest = hashlib.sha256(tokens.cpu().numpy().tobytes() + str(tuple(tokens.shape)).encode()).hexdigest()
+        return digest, min(self.batch_size, int(tokens.shape[0]))
+
+
+class SharedPasses:
+    """The results of the passes made for one model's steps (module docstring)."""
+
+    def __init__(self, loaded: Any, *, progress: bool = False) -> None:
+        self.loaded = loaded
+        self.progress = progress
+        self._expected: dict[tuple[str, int], dict[str, Request]] = {}
+        self._results: dict[tuple[tuple[str, int], str], Any] = {}
+        self.n_passes = 0
+
+    def expect(self, requests: Iterable[Request]) -> None:
+        """Announce what the steps still to run will ask for."""
+        for request in requests:
+            key = request.key()
+            if (key, request.name) not in self._results:
+                self._expected.setdefault(key, {}).setdefault(request.name, request)
+
+    def get(self, request: Request) -> Any:
+        """The result ``request`` asks for, streaming (once) every reducer expected on its
+        prompt set."""
+        key = request.key()
+        if (key, request.name) not in self._results:
+            wanted = self._expected.pop(key, {})
+            wanted.setdefault(request.name, request)
+            reducers = {name: expected.make() for name, expected in wanted.items()}
+            stream(self.loaded, request.prompts, list(reducers.values()), batch_size=key[1],
+                   progress=self.progress, desc=" + ".join(reducers))
+            self.n_passes += 1
+            for name, reducer in reducers.items():
+                self._results[(key, name)] = reducer.result()
+        return self._results[(key, request.name)]
