@@ -73,6 +73,9 @@ class ModelActor:
     def describe(self) -> Loaded:
         return self.worker.describe()
 
+    def expect(self, cells: list[Cell]) -> None:
+        self.worker.expect(cells)
+
     def run(self, cell: Cell) -> CellResult:
         return self.worker.run(cell)
 
@@ -154,6 +157,7 @@ class RayExecutor:
                 if kind == "describe":
                     cells = driver.on_loaded(model, index, value)
                     remaining[index] = len(cells)
+                    self.actors[index].expect.remote(cells)  # an actor runs its calls in order: before the cells
                     for c in cells:
                         waiting[self.actors[index].run.remote(c)] = ("run", index, c)
                 else:
