@@ -4,6 +4,7 @@ position mechanisms (RoPE kind and bases, NTK parameters, window, BOS policy).""
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -106,11 +107,63 @@ def spec_from_config(model: HookedTransformer, *, name: str = "custom", family: 
     return ModelSpec(**fields)
 
 
+# Bare models wrapped so far: model -> (weights version, tokenizer, LoadedModel). Hashing the
+# weights costs a pass over them, so it is done once per model and redone only when a parameter
+# has been written to since (torch counts in-place writes in ``tensor._version``).
+_BARE: "weakref.WeakKeyDictionary[HookedTransformer, tuple[tuple[int, ...], Any, LoadedModel]]" = \
+    weakref.WeakKeyDictionary()
+
+
+def _weights_version(model: HookedTransformer) -> tuple[int, ...]:
+    return tuple(t._version for t in model.state_dict(keep_vars=True).values())
+
+
+def _bare_spec(model: HookedTransformer, tokenizer: Any) -> ModelSpec:
+    """The spec of a model built outside ``load_model``: its config, its weights' hash, its
+    tokenizer and BOS policy, so its results carry the same provenance as a loaded model's."""
+    from lens_position.models.cache import state_dict_sha256
+
+    prepends_bos, bos_id, tokenizer_name = False, None, None
+    if tokenizer is not None:
+        bos_id = getattr(tokenizer, "bos_token_id", None)
+        tokenizer_name = getattr(tokenizer, "name_or_path", None) or type(tokenizer).__name__
+        if bos_id is not None:
+            try:
+                ids = tokenizer("a")["input_ids"]
+                prepends_bos = len(ids) > 0 and ids[0] == bos_id
+            except Exception:  # a tokenizer that cannot encode text: say nothing it did not show
+                prepends_bos = bool(getattr(model.cfg, "default_prepend_bos", False))
+    name = getattr(model.cfg, "model_name", None) or "custom"
+    return spec_from_config(
+        model, name=name, source=f"custom:{type(model).__module__}.{type(model).__qualname__}",
+        tokenizer_prepends_bos=prepends_bos, bos_token_id=bos_id,
+        weights_sha256=state_dict_sha256(model.state_dict()),
+        extra={"tokenizer": tokenizer_name, "class": f"{type(model).__module__}.{type(model).__qualname__}",
+               "ungrouped_kv_hooks": bool(model.cfg.ungroup_grouped_query_attention)},
+    )
+
+
 def as_loaded(model: "LoadedModel | HookedTransformer", tokenizer: Any = None) -> LoadedModel:
-    """Accept a LoadedModel or a bare HookedTransformer (wrapped with a spec read off its config)."""
+    """Accept a LoadedModel, or a bare ``HookedTransformer`` or any subclass of it
+    (``HookedSAETransformer``, your own), wrapped with a spec read off its config: the weights'
+    sha256, the tokenizer and its BOS policy, the class (cached per model until a weight changes).
+
+    A grouped-query model is switched to ungrouped key/value hooks
+    (``model.set_ungroup_grouped_query_attention(True)``, the setting ``load_model`` uses: the
+    same numbers, one key/value entry per query head at ``hook_k``/``hook_v``), so a head index
+    means the same query head for every model, whoever built it.
+    """
     if isinstance(model, LoadedModel):
         return model
-    if isinstance(model, HookedTransformer):
-        return LoadedModel(model=model, tokenizer=tokenizer or model.tokenizer,
-                           spec=spec_from_config(model))
-    raise TypeError(f"expected a LoadedModel or HookedTransformer, got {type(model).__name__}")
+    if not isinstance(model, HookedTransformer):
+        raise TypeError(f"expected a LoadedModel or a HookedTransformer (or a subclass), got {type(model).__name__}")
+    if model.cfg.n_key_value_heads and not model.cfg.ungroup_grouped_query_attention:
+        model.set_ungroup_grouped_query_attention(True)
+    tokenizer = tokenizer if tokenizer is not None else model.tokenizer
+    version = _weights_version(model)
+    known = _BARE.get(model)
+    if known is not None and known[0] == version and known[1] is tokenizer:
+        return known[2]
+    loaded = LoadedModel(model=model, tokenizer=tokenizer, spec=_bare_spec(model, tokenizer))
+    _BARE[model] = (version, tokenizer, loaded)
+    return loaded
