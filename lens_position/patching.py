@@ -49,6 +49,11 @@ from jaxtyping import Float, Int
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
+try:  # TransformerLens 3.9 moved get_act_name to utilities (utils still works, with a warning)
+    from transformer_lens.utilities import get_act_name as _get_act_name
+except ImportError:  # pragma: no cover - older 3.x
+    from transformer_lens.utils import get_act_name as _get_act_name
+
 from lens_position import provenance
 from lens_position.checks import check_layers, check_position
 from lens_position.errors import BadInputError
@@ -121,6 +126,35 @@ def _check_layer(model: HookedTransformer, layer: int) -> None:
     check_layers([layer], model.cfg.n_layers)
 
 
+def act_name(name: str | tuple) -> str:
+    """A full hook name from any name TransformerLens accepts: the name itself
+    (``"blocks.3.hook_resid_pre"``), ``utils.get_act_name`` shorthand (``"resid_pre3"``,
+    ``"k0"``) or the tuple an ``ActivationCache`` is indexed with (``("resid_pre", 3)``,
+    ``("pattern", 1, "attn")``)."""
+    if isinstance(name, str) and (name.startswith(("blocks.", "hook_", "ln_final.", "unembed.")) or "." in name):
+        return name
+    try:
+        args = (name,) if isinstance(name, str) else tuple(name)
+        return _get_act_name(*args)
+    except Exception as exc:  # get_act_name's own errors are assertions and KeyErrors
+        raise BadInputError(f"{name!r} is not a hook name TransformerLens knows; use a name like "
+                            "'blocks.3.hook_resid_pre', get_act_name('resid_pre', 3) or ('resid_pre', 3)") from exc
+
+
+def source_activation(source: Any, name: str) -> torch.Tensor:
+    """The activation ``name`` of a source run held in a dict or a TransformerLens
+    ``ActivationCache`` (from ``model.run_with_cache`` or :func:`cache_activations`)."""
+    try:
+        keys = list(source.keys())
+    except AttributeError:
+        raise BadInputError(f"a source run must be a dict or an ActivationCache of activations by hook name, "
+                            f"got {type(source).__name__}") from None
+    if name not in keys:
+        raise BadInputError(f"the source run has no {name}; cache it first "
+                            f"(model.run_with_cache(tokens, names_filter=[{name!r}]) or cache_activations)")
+    return source[name]
+
+
 def _n_heads_at(model: HookedTransformer, hook_name: str) -> int:
     kv = re.search(r"attn\.hook_(k|v)$", hook_name)
     if kv and model.cfg.n_key_value_heads and not model.cfg.ungroup_grouped_query_attention:
@@ -137,11 +171,15 @@ class Patch:
 
     - ``hook_name``: a TransformerLens hook whose activation has the position on axis 1
       (``hook_embed``, ``blocks.l.hook_resid_pre``, ``blocks.l.attn.hook_k`` /
-      ``hook_v`` / ``hook_z`` / ``hook_result``, ...).
+      ``hook_v`` / ``hook_z`` / ``hook_result``, ...); ``get_act_name`` shorthand and
+      ``("resid_pre", 3)`` tuples are accepted (:func:`act_name`).
     - ``position``: index on the position axis (None: every position).
-    - ``head``: index on the head axis of ``[batch pos head d_head]`` activations (None: all
-      heads). For ``hook_k`` / ``hook_v`` of a grouped-query model this is the *key/value
-      head* (see :func:`kv_head_of`).
+    - ``head``: a **query head**, for every hook with a head axis (``[batch pos head d_head]``;
+      None: all heads), ``hook_k`` / ``hook_v`` included, and for every model: lens_position
+      runs grouped-query models with ungrouped key/value hooks (``load_model`` builds them so;
+      a bare ``HookedTransformer`` is switched by :func:`~lens_position.models.spec.as_loaded`),
+      so ``hook_k`` has one entry per query head and a key patch on head ``h`` reaches head
+      ``h`` only. :func:`kv_head_of` says which key/value head of the checkpoint it copies.
     - ``value``: the replacement, broadcast against ``activation[rows, position, head]``: a
       float (``0.0`` is zero ablation), a tensor without a batch axis (the same vector for
       every row), or a tensor whose first axis is the batch (one value per prompt, in the
@@ -159,6 +197,7 @@ class Patch:
     rows: Int[torch.Tensor, "row"] | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "hook_name", act_name(self.hook_name))
         if self.rows is not None:
             object.__setattr__(self, "rows", torch.as_tensor(self.rows, dtype=torch.int64).reshape(-1).cpu())
 
@@ -433,9 +472,11 @@ def run_patches(
 
 
 def kv_head_of(model: LoadedModel | HookedTransformer, head: int) -> int:
-    """The key/value head that query head ``head`` reads (itself without grouped-query attention)."""
-    cfg = _hooked(model).cfg
-    if not cfg.n_key_value_heads or cfg.ungroup_grouped_query_attention:
+    """The checkpoint's key/value head that query head ``head`` reads: ``head // (n_heads /
+    n_key_value_heads)`` with grouped-query attention, ``head`` itself without. (The hooks carry
+    one ungrouped copy per query head; this names the weights the copy comes from.)"""
+    cfg = model.model.cfg if isinstance(model, LoadedModel) else model.cfg
+    if not cfg.n_key_value_heads:
         return head
     return head // (cfg.n_heads // cfg.n_key_value_heads)
 
@@ -526,17 +567,17 @@ def embedding_patch(
 
 
 def resid_pre_patch(
-    source: dict[str, torch.Tensor] | Float[torch.Tensor, "layer batch pos d_model"],
+    source: Any,
     layer: int,
     position: int,
 ) -> Patch:
-    """``resid_pre[layer][:, position]`` from a source run (a :func:`resid_pre_stack` or a
-    :func:`cache_activations` dict holding ``blocks.{layer}.hook_resid_pre``)."""
+    """``resid_pre[layer][:, position]`` from a source run: a TransformerLens
+    ``ActivationCache`` (``model.run_with_cache``, :func:`cache_activations`) or a dict holding
+    ``blocks.{layer}.hook_resid_pre``, or a :func:`resid_pre_stack`
+    ``Float[Tensor, "layer batch pos d_model"]``."""
     name = f"blocks.{layer}.hook_resid_pre"
-    if isinstance(source, dict):
-        if name not in source:
-            raise BadInputError(f"the source cache has no {name}; cache it first")
-        activation = source[name]
+    if not isinstance(source, torch.Tensor):
+        activation = source_activation(source, name)
     else:
         if not 0 <= layer < source.shape[0]:
             raise BadInputError(f"layer {layer} is out of range (source has {source.shape[0]})")
@@ -557,24 +598,32 @@ def head_kv_patches(
 ) -> list[Patch]:
     """One head's key and/or value at ``position`` from a source run.
 
-    ``source`` holds ``blocks.{layer}.attn.hook_k`` / ``hook_v`` (:func:`cache_activations`).
-    ``head`` is a query head; with grouped-query attention its key/value head
-    (:func:`kv_head_of`) is shared by the other query heads of its group, which then see the
-    same patch: read the effect on ``head`` only.
+    ``source`` holds ``blocks.{layer}.attn.hook_k`` / ``hook_v``: a TransformerLens
+    ``ActivationCache`` or a dict (:func:`cache_activations`). ``head`` is a query head, for
+    every model (:class:`Patch`): the patch reaches that head only, whatever the loader. A
+    source cached from a grouped-query model before lens_position ungrouped it (``hook_k``
+    with one entry per key/value head) is read at the key/value head of ``head``
+    (:func:`kv_head_of`): the same vector.
     """
-    hooked = _hooked(model)
+    hooked = as_loaded(model).model  # ungroups a bare grouped-query model's hooks
     _check_layer(hooked, layer)
     if not 0 <= head < hooked.cfg.n_heads:
         raise BadInputError(f"head {head} is out of range ({hooked.cfg.n_heads} heads)")
-    kv_head = kv_head_of(hooked, head)
     patches = []
     for part in parts:
         name = f"blocks.{layer}.attn.hook_{part}"
-        if name not in source:
-            raise BadInputError(f"the source cache has no {name}; cache it first")
-        _check_position(position, source[name].shape[1])
-        patches.append(Patch(name, source[name][:, position, kv_head], position=position,
-                             head=kv_head, label=f"{part}[{layer}.{head}][{position}]"))
+        activation = source_activation(source, name)
+        _check_position(position, activation.shape[1])
+        n_source_heads = activation.shape[2]
+        if n_source_heads == hooked.cfg.n_heads:
+            index = head
+        elif n_source_heads == (hooked.cfg.n_key_value_heads or hooked.cfg.n_heads):
+            index = kv_head_of(hooked, head)
+        else:
+            raise BadInputError(f"the source's {name} has {n_source_heads} heads; the model has "
+                                f"{hooked.cfg.n_heads} query heads and {hooked.cfg.n_key_value_heads} key/value heads")
+        patches.append(Patch(name, activation[:, position, index], position=position,
+                             head=head, label=f"{part}[{layer}.{head}][{position}]"))
     return patches
 
 
@@ -641,14 +690,21 @@ def resid_pre_sweep(
     """Patch ``resid_pre[layer][:, pos]`` from the ``source`` run into the ``target`` run,
     for every layer x position; ``metric(logits)`` (a scalar per condition) of each.
 
+    ``source``: the source prompts (PromptSet or tokens, run here), or the source run's
+    activations already cached, a TransformerLens ``ActivationCache`` (``model.run_with_cache``)
+    or a dict, holding ``blocks.{l}.hook_resid_pre`` of the swept layers.
+
     The same computation as ``transformer_lens.patching.get_act_patch_resid_pre(model,
     target_tokens, source_cache, metric)`` (there "corrupted" = our target, "clean" = our
-    source), resumed at each layer and batched over positions.
-    ``values``: ``Float[Tensor, "layer pos"]``.
+    source; :func:`get_act_patch_resid_pre` takes those arguments), resumed at each layer and
+    batched over positions. ``values``: ``Float[Tensor, "layer pos"]``, row ``i`` for
+    ``layers[i]``.
     """
     hooked = _hooked(model)
-    target_tokens, source_tokens = as_tokens(hooked, target), as_tokens(hooked, source)
-    check_same_layout(target, source)
+    target_tokens = as_tokens(hooked, target)
+    cached = not isinstance(source, torch.Tensor) and hasattr(source, "keys")
+    if not cached:
+        check_same_layout(target, source)
     n_pos = target_tokens.shape[1]
     layers = list(range(hooked.cfg.n_layers)) if layers is None else list(layers)
     positions = list(range(n_pos)) if positions is None else list(positions)
@@ -656,8 +712,16 @@ def resid_pre_sweep(
         _check_layer(hooked, layer)
     for position in positions:
         _check_position(position, n_pos)
-    source_stack = resid_pre_stack(hooked, source_tokens)
-    conditions = [[resid_pre_patch(source_stack, l, p)] for l in layers for p in positions]
+    if cached:
+        for layer in layers:
+            shape = tuple(source_activation(source, f"blocks.{layer}.hook_resid_pre").shape[:2])
+            if shape != tuple(target_tokens.shape):
+                raise BadInputError(f"the source cache holds batch x pos {shape} at layer {layer} but the target "
+                                    f"tokens are {tuple(target_tokens.shape)}; cache a run of the same shape")
+        source_run = source
+    else:
+        source_run = resid_pre_stack(hooked, as_tokens(hooked, source))
+    conditions = [[resid_pre_patch(source_run, l, p)] for l in layers for p in positions]
     flat = run_patches(hooked, target_tokens, conditions, metric, batch_size=batch_size,
                        progress=progress)
     values = flat.reshape(len(layers), len(positions), *flat.shape[1:])
@@ -669,5 +733,21 @@ def resid_pre_sweep(
     return PatchSweep(values=values, frame=frame, provenance=provenance.collect(
         model=model if isinstance(model, LoadedModel) else None,
         data=getattr(target, "spec", None), activation="resid_pre",
-        source=getattr(getattr(source, "spec", None), "to_dict", lambda: None)(),
+        source=("cached activations" if cached else getattr(getattr(source, "spec", None), "to_dict", lambda: None)()),
         batch_size=batch_size))
+
+
+def get_act_patch_resid_pre(
+    model: LoadedModel | HookedTransformer,
+    corrupted_tokens: Int[torch.Tensor, "batch pos"],
+    clean_cache: Any,
+    patching_metric: Callable[[Float[torch.Tensor, "batch pos d_vocab"]], torch.Tensor],
+    *,
+    batch_size: int = 64,
+) -> Float[torch.Tensor, "layer pos"]:
+    """``transformer_lens.patching.get_act_patch_resid_pre`` with its arguments and result: for
+    every layer and position, the corrupted run with ``resid_pre`` there taken from
+    ``clean_cache`` (an ``ActivationCache`` from ``model.run_with_cache(clean_tokens)``), scored
+    by ``patching_metric(logits)``. The same numbers, computed by :func:`resid_pre_sweep`
+    (resumed at each layer, batched over positions)."""
+    return resid_pre_sweep(model, corrupted_tokens, clean_cache, patching_metric, batch_size=batch_size).values

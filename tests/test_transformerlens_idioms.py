@@ -55,3 +55,84 @@ def test_grouped_query_model_is_run_ungrouped_with_the_same_numbers():
     assert cache["blocks.0.attn.hook_k"].shape[2] == 4  # one key per query head, as load_model's
     torch.testing.assert_close(logits, grouped_logits, rtol=0, atol=1e-5)
     torch.testing.assert_close(cache["blocks.1.attn.hook_pattern"], grouped["blocks.1.attn.hook_pattern"])
+
+
+def _metric(logits):
+    return logits[:, -1, 3].mean() - logits[:, -1, 7].mean()
+
+
+def _pair():
+    clean = torch.randint(1, 60, (2, 9), generator=torch.Generator().manual_seed(3))
+    corrupted = clean.clone()
+    corrupted[:, 2] = 5
+    return clean, corrupted
+
+
+def test_get_act_patch_resid_pre_takes_transformerlens_arguments_and_gives_its_numbers():
+    from transformer_lens.patching import get_act_patch_resid_pre as tl_get_act_patch_resid_pre
+
+    from lens_position.patching import get_act_patch_resid_pre
+
+    model = _grouped_model(seed=4)
+    clean, corrupted = _pair()
+    _, clean_cache = model.run_with_cache(clean)
+    ours = get_act_patch_resid_pre(model, corrupted_tokens=corrupted, clean_cache=clean_cache,
+                                   patching_metric=_metric)
+    reference = tl_get_act_patch_resid_pre(model, corrupted, clean_cache, _metric)
+    assert ours.shape == (2, 9)
+    torch.testing.assert_close(ours, reference, atol=1e-5, rtol=0)
+    assert (ours[0, 2] - ours[0, 0]).abs() > 1e-4  # the patch at the corrupted position matters
+
+
+def test_activation_cache_is_a_source_for_every_patch_constructor():
+    from lens_position import patching
+
+    model = _grouped_model(seed=5)
+    clean, corrupted = _pair()
+    _, cache = model.run_with_cache(clean)
+    from_cache = patching.resid_pre_patch(cache, 1, 2)
+    from_stack = patching.resid_pre_patch(patching.resid_pre_stack(model, clean), 1, 2)
+    torch.testing.assert_close(from_cache.value, from_stack.value)
+    (k,) = patching.head_kv_patches(model, cache, layer=0, head=1, position=0, parts=("k",))
+    # the cache was taken on the grouped model: query head 1 reads its key/value head 0
+    assert cache["blocks.0.attn.hook_k"].shape[2] == 2 and patching.kv_head_of(model, 1) == 0
+    torch.testing.assert_close(k.value, cache["blocks.0.attn.hook_k"][:, 0, 0])
+    sweep = patching.resid_pre_sweep(model, corrupted, cache, _metric, layers=[1])
+    assert sweep.values.shape == (1, 9)
+
+
+def test_a_grouped_cache_taken_before_ungrouping_patches_the_same_query_head():
+    from lens_position import patching
+
+    model = _grouped_model(seed=6)
+    clean, _ = _pair()
+    _, grouped = model.run_with_cache(clean)  # hook_k: 2 key/value heads
+    assert grouped["blocks.1.attn.hook_k"].shape[2] == 2
+    from_grouped = patching.head_kv_patches(model, grouped, layer=1, head=3, position=4)
+    _, ungrouped = model.run_with_cache(clean)  # lens_position has ungrouped it: 4 heads
+    from_ungrouped = patching.head_kv_patches(model, ungrouped, layer=1, head=3, position=4)
+    for a, b in zip(from_grouped, from_ungrouped):
+        assert a.head == b.head == 3
+        torch.testing.assert_close(a.value, b.value)
+
+
+@pytest.mark.parametrize("name,full", [
+    ("blocks.1.hook_resid_pre", "blocks.1.hook_resid_pre"), (("resid_pre", 1), "blocks.1.hook_resid_pre"),
+    ("k0", "blocks.0.attn.hook_k"), (("pattern", 1, "attn"), "blocks.1.attn.hook_pattern")])
+def test_get_act_name_names_are_accepted_by_patches(name, full):
+    from transformer_lens.utilities import get_act_name
+
+    from lens_position import patching
+
+    assert patching.Patch(name, 0.0, position=0).hook_name == full
+    assert patching.act_name(get_act_name("resid_pre", 1)) == "blocks.1.hook_resid_pre"
+
+
+def test_an_unknown_hook_name_is_a_clear_error():
+    from lens_position import patching
+    from lens_position.errors import BadInputError
+
+    model = _grouped_model(seed=7)
+    clean, _ = _pair()
+    with pytest.raises(BadInputError, match="no hook named"):
+        patching.run_patches(model, clean, [[patching.Patch("no_such_thing", 0.0)]], _metric)

@@ -143,22 +143,27 @@ def _bare_spec(model: HookedTransformer, tokenizer: Any) -> ModelSpec:
     )
 
 
+def _ungroup_kv_hooks(model: HookedTransformer) -> None:
+    if model.cfg.n_key_value_heads and not model.cfg.ungroup_grouped_query_attention:
+        model.set_ungroup_grouped_query_attention(True)
+
+
 def as_loaded(model: "LoadedModel | HookedTransformer", tokenizer: Any = None) -> LoadedModel:
     """Accept a LoadedModel, or a bare ``HookedTransformer`` or any subclass of it
     (``HookedSAETransformer``, your own), wrapped with a spec read off its config: the weights'
     sha256, the tokenizer and its BOS policy, the class (cached per model until a weight changes).
 
-    A grouped-query model is switched to ungrouped key/value hooks
+    A grouped-query model (bare or loaded) is switched to ungrouped key/value hooks
     (``model.set_ungroup_grouped_query_attention(True)``, the setting ``load_model`` uses: the
     same numbers, one key/value entry per query head at ``hook_k``/``hook_v``), so a head index
     means the same query head for every model, whoever built it.
     """
     if isinstance(model, LoadedModel):
+        _ungroup_kv_hooks(model.model)
         return model
     if not isinstance(model, HookedTransformer):
         raise TypeError(f"expected a LoadedModel or a HookedTransformer (or a subclass), got {type(model).__name__}")
-    if model.cfg.n_key_value_heads and not model.cfg.ungroup_grouped_query_attention:
-        model.set_ungroup_grouped_query_attention(True)
+    _ungroup_kv_hooks(model)
     tokenizer = tokenizer if tokenizer is not None else model.tokenizer
     version = _weights_version(model)
     known = _BARE.get(model)
