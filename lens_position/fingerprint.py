@@ -92,9 +92,9 @@ def counterfactual_token0(
 
 def position0_activations(
     model: LoadedModel | HookedTransformer, token0: Int[torch.Tensor, "batch"], names: Sequence[str]
-) -> dict[str, torch.Tensor]:
-    """Activations at position 0 (``[batch, 1, ...]``) of one-token runs on ``token0``: the
-    fingerprint of that token 0 at the hooks in ``names``. Equal to position 0 of any
+) -> Any:
+    """Activations at position 0 (``[batch, 1, ...]``, in an ``ActivationCache``) of one-token runs on
+    ``token0``: the fingerprint of that token 0 at the hooks in ``names``. Equal to position 0 of any
     longer run with the same token 0 (causal attention), up to float round-off."""
     return cache_activations(model, token0.reshape(-1, 1), names)
 

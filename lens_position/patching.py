@@ -48,6 +48,7 @@ import torch
 from jaxtyping import Float, Int
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
+from transformer_lens.ActivationCache import ActivationCache as TransformerLensCache
 
 try:  # TransformerLens 3.9 moved get_act_name to utilities (utils still works, with a warning)
     from transformer_lens.utilities import get_act_name as _get_act_name
@@ -319,18 +320,22 @@ def cache_activations(
     names: Sequence[str],
     *,
     fwd_hooks: Sequence[tuple[str, Callable]] = (),
-) -> dict[str, torch.Tensor]:
-    """Run once and keep only the activations named in ``names`` (the whole batch).
+) -> TransformerLensCache:
+    """Run once and keep only the activations named in ``names`` (the whole batch), as a
+    TransformerLens ``ActivationCache``: index it by name, ``get_act_name`` or tuple
+    (``cache["resid_pre", 3]``), use its helpers (``accumulated_resid``, ...), pass it as the
+    source of a patch. ``names`` may be written in any form :func:`act_name` accepts.
 
     ``fwd_hooks`` (e.g. ``Patch.hook()``) apply during the run; they are removed after it.
     The forward pass stops after the last block that is read.
     """
     hooked = _hooked(model)
     tokens = as_tokens(hooked, prompts)
+    names = [act_name(name) for name in names]
     cache = ActivationCache(names)
     stream(hooked, tokens, [cache], fwd_hooks=fwd_hooks, batch_size=max(1, len(tokens)), progress=False,
            desc="cache activations")
-    return cache.result()
+    return TransformerLensCache(cache.result(), hooked)
 
 
 def resid_pre_stack(
@@ -652,7 +657,7 @@ def head_ablation(
     if reference is None:
         raise BadInputError("mean ablation needs reference prompts to take the mean over")
     names = sorted({f"blocks.{l}.attn.hook_z" for l, _ in heads})
-    if isinstance(reference, Mapping):
+    if isinstance(reference, Mapping) or isinstance(reference, TransformerLensCache):
         missing = [name for name in names if name not in reference]
         if missing:
             raise BadInputError(f"the reference activations lack {missing}; cache them first")

@@ -136,3 +136,22 @@ def test_an_unknown_hook_name_is_a_clear_error():
     clean, _ = _pair()
     with pytest.raises(BadInputError, match="no hook named"):
         patching.run_patches(model, clean, [[patching.Patch("no_such_thing", 0.0)]], _metric)
+
+
+def test_cache_activations_returns_an_activation_cache_with_its_helpers():
+    from transformer_lens import ActivationCache
+
+    from lens_position import patching
+
+    model = _grouped_model(seed=8)
+    clean, _ = _pair()
+    names = [("resid_pre", layer) for layer in range(2)] + ["ln_final.hook_normalized", "blocks.1.hook_resid_post"]
+    cache = patching.cache_activations(model, clean, names)
+    assert isinstance(cache, ActivationCache)
+    _, reference = model.run_with_cache(clean)
+    torch.testing.assert_close(cache["resid_pre", 1], reference["resid_pre", 1])
+    torch.testing.assert_close(cache["resid_post", -1], reference["resid_post", -1])
+    assert sorted(cache.keys()) == sorted(["blocks.0.hook_resid_pre", "blocks.1.hook_resid_pre",
+                                           "ln_final.hook_normalized", "blocks.1.hook_resid_post"])
+    stacked = cache.stack_activation("resid_pre")
+    assert stacked.shape[0] == 2
