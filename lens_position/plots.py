@@ -47,9 +47,10 @@ def _require(frame: pd.DataFrame, columns: Iterable[str], what: str) -> None:
 
 
 def _groups(frame: pd.DataFrame, by: str) -> list[tuple[str, pd.DataFrame]]:
-    """Split ``frame`` by ``by`` in order of first appearance (one group if the column is absent)."""
+    """Split ``frame`` by ``by`` in order of first appearance. Without that column the frame is
+    one unnamed group (name ``""``): its traces are named by what they show, not "all"."""
     if by not in frame.columns:
-        return [("all", frame)]
+        return [("", frame)]
     order = list(dict.fromkeys(frame[by].tolist()))
     return [(str(name), frame[frame[by] == name]) for name in order]
 
@@ -73,7 +74,22 @@ def _color(i: int) -> str:
     return _PALETTE[i % len(_PALETTE)]
 
 
+def _drop_unnamed_group(fig: go.Figure) -> None:
+    """Names and titles built as ``"<group>: <what>"`` for the unnamed single group (a frame
+    without the ``by`` column) read ``"<what>"``; a trace named by its group alone leaves the legend."""
+    for trace in fig.data:
+        if (trace.meta or {}).get("group") == "":
+            label = (trace.name or "").removeprefix(": ")
+            trace.name = label or None
+            if not label:
+                trace.showlegend = False
+    for annotation in fig.layout.annotations:
+        if annotation.text and annotation.text.startswith(": "):
+            annotation.text = annotation.text[2:]
+
+
 def _base_layout(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
+    _drop_unnamed_group(fig)
     fig.update_layout(
         title=title, height=height, template="plotly_white",
         legend=dict(orientation="h", yanchor="top", y=-0.18, xanchor="left", x=0),
@@ -126,7 +142,7 @@ def head_heatmaps(heads: pd.DataFrame, *, by: str = "architecture",
     zmax = float(np.nanmax(heads[list(components)].to_numpy(dtype=float))) if len(heads) else 1.0
     zmax = zmax if np.isfinite(zmax) and zmax > 0 else 1.0
     for gi, (name, frame) in enumerate(groups):
-        layer_ids = sorted(frame["layer"].unique().tolist())
+        layer_ids = layer_rows(frame["layer"])  # a layer subset keeps its real indices (blank rows between)
         head_ids = sorted(frame["head"].unique().tolist())
         for ci, col in enumerate(components):
             grid = frame.pivot_table(index="layer", columns="head", values=col, aggfunc="first")

@@ -78,3 +78,64 @@ def test_save_figure_without_kaleido_names_the_extra(tmp_path, monkeypatch):
         plots.save_figure(plots.patching_sweep(_sweep_frame([0], range(2))), tmp_path / "f.pdf")
     with pytest.raises(BadInputError, match="choose one of"):
         plots.save_figure(plots.patching_sweep(_sweep_frame([0], range(2))), tmp_path / "f.jpeg2000")
+
+
+# ---------------------------------------------------------------- the traces each figure draws
+
+from fake_results import ARCHS, fake_results  # noqa: E402
+
+GROUPS = {arch for arch, _, _ in ARCHS}
+
+# figure -> (how to draw it from the fake results, the quantities its traces carry). Renaming a
+# quantity in plots.py, or dropping a trace, fails here: the per-value tests below look traces
+# up by these names, so without this check they could pass on a figure that lacks them.
+FIGURES = {
+    "layer_components": (lambda t: plots.layer_components(t["decompose_layers"]), {"R", "M"}),
+    "layer_components_heldout": (lambda t: plots.layer_components(t["decompose_layers"], heldout=True),
+                                 {"R_heldout", "M_heldout"}),
+    "head_heatmaps": (lambda t: plots.head_heatmaps(t["decompose_heads"]), {"T", "R", "M"}),
+    "probe_r2": (lambda t: plots.probe_r2(t["probe_layers"]), {"r2_heldout", "r2_shuffled"}),
+    "bos_fraction_removed": (lambda t: plots.bos_fraction_removed(t["bos_layers"], t["bos_overall"]),
+                             {"fraction_removed (overall)", "fraction_removed (token)",
+                              "fraction_removed (mean)", "fraction_removed (random)"}),
+    "fingerprint_layers": (lambda t: plots.fingerprint_layers(t["fingerprint"]),
+                           {"spread (auto-bos)", "spread (varying-token0)", "norm (auto-bos)",
+                            "norm (varying-token0)"}),
+    "sink_heads_map": (lambda t: plots.sink_heads_map(t["sink_heads"], t["sink_reading"]),
+                       {"sink_score", "is_sink", "sink_reading_top"}),
+    "sink_rate_bars": (lambda t: plots.sink_rate_bars(t["sink_rate"]), {"sink_rate_percent"}),
+    "sink_ablation": (lambda t: plots.sink_ablation(t["sink_ablation"]),
+                      {"R_before (zero)", "R_after (zero)", "R_before (mean)", "R_after (mean)"}),
+}
+
+
+@pytest.mark.parametrize("name", list(FIGURES))
+def test_each_figure_draws_exactly_its_traces_for_every_architecture(name):
+    draw, quantities = FIGURES[name]
+    fig = draw(fake_results())
+    drawn = {(t.meta["group"], t.meta["quantity"]) for t in fig.data}
+    assert drawn == {(g, q) for g in GROUPS for q in quantities}, sorted(drawn)
+
+
+@pytest.mark.parametrize("name", list(FIGURES))
+def test_a_frame_without_an_architecture_column_has_no_all_in_its_legend(name):
+    draw, quantities = FIGURES[name]
+    tables = {k: v[v["architecture"] == ARCHS[0][0]].drop(columns="architecture") for k, v in fake_results().items()}
+    fig = draw(tables)
+    assert {t.meta["quantity"] for t in fig.data} == quantities
+    texts = [t.name or "" for t in fig.data if t.showlegend is not False] + \
+            [a.text or "" for a in fig.layout.annotations]
+    assert not [x for x in texts if x == "all" or x.startswith(("all:", ": "))], texts
+
+
+def test_head_heatmap_of_a_layer_subset_keeps_real_layer_indices():
+    heads = fake_results(n_layers=13)["decompose_heads"]
+    heads = heads[heads["layer"].isin([0, 4, 8, 12])]
+    fig = plots.head_heatmaps(heads)
+    for trace in fig.data:
+        assert list(trace.y) == list(range(13))
+        part = heads[heads["architecture"] == trace.meta["group"]]
+        rows = dict(zip(trace.y, trace.z))
+        for row in part.itertuples():
+            assert rows[row.layer][list(trace.x).index(row.head)] == pytest.approx(getattr(row, trace.meta["quantity"]))
+        assert all(v is None for layer in (1, 2, 3, 5, 9, 11) for v in rows[layer])

@@ -20,7 +20,9 @@ def tables():
 
 
 def _traces(fig: go.Figure, quantity: str) -> dict[str, dict]:
-    return {t["meta"]["group"]: t for t in plots.trace_data(fig) if t["meta"]["quantity"] == quantity}
+    found = {t["meta"]["group"]: t for t in plots.trace_data(fig) if t["meta"]["quantity"] == quantity}
+    assert found, f"no trace draws {quantity!r}: a test looping over these traces would check nothing"
+    return found
 
 
 def _same(values, expected) -> bool:
@@ -126,7 +128,7 @@ def test_a_frame_without_architecture_column_is_one_group(tables):
     frame = tables["probe_layers"]
     single = frame[frame["architecture"] == frame["architecture"].iloc[0]].drop(columns="architecture")
     fig = plots.probe_r2(single)
-    assert [t.meta["group"] for t in fig.data] == ["all", "all"]
+    assert [t.meta["group"] for t in fig.data] == ["", ""]  # one unnamed group, no "all" in the legend
 
 
 def test_figures_serialise_numbers_literally(tables):
