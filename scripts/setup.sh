@@ -12,7 +12,9 @@ fi
 stamp=.venv/.lens_position-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ] ||
    [ scripts/setup.sh -nt "$stamp" ]; then
-  python -m pip install -q --upgrade pip
+  # setuptools too: Python 3.11's venv brings 65.5, older than the build backend pyproject.toml
+  # needs (>= 77); tests/test_install.py builds the package without build isolation.
+  python -m pip install -q -c constraints.txt --upgrade pip setuptools
   # Every install goes through constraints.txt: pyproject.toml states ranges, this file the
   # exact versions tested. torch first: constraints.txt pins the CPU build that lies on disk here.
   python -m pip install -q -c constraints.txt torch
