@@ -202,3 +202,17 @@ def test_fault_table_rows_are_declared_by_existing_tests():
         path, name = row.test.split("::")
         assert f"def {name}(" in (ROOT / path).read_text()
     assert "<!-- fault-table -->" in (DOCS / "troubleshooting.md").read_text()
+
+
+def test_readme_says_why_each_dependency_is_there():
+    """Every requirement of pyproject.toml (extras included) has a row in the README's table."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    requirements = list(project["dependencies"]) + [r for extra in project["optional-dependencies"].values()
+                                                    for r in extra]
+    names = {re.match(r"[A-Za-z0-9_.\-]+", r).group(0).lower().replace("_", "-") for r in requirements}
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("## Dependencies"):]
+    rows = {m.lower().replace("_", "-") for m in re.findall(r"`([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?`", table)}
+    assert names <= rows, f"dependencies without a README row: {sorted(names - rows)}"
