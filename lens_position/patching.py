@@ -673,8 +673,10 @@ def head_ablation(
 
 @dataclass
 class PatchSweep(SavedResult):
-    """A metric per patch condition. ``values`` is indexed like the model (``[layer, pos]``
-    for a resid_pre sweep); ``frame`` has one row per condition."""
+    """A metric per patch condition. ``values``: ``[layer, pos]`` for a resid_pre sweep, in the
+    order of the swept layers and positions (row ``i`` is ``layers[i]``: like the model when
+    every layer is swept); ``frame`` has one row per condition with the real ``layer`` and
+    ``position`` (what :func:`lens_position.plots.patching_sweep` draws)."""
 
     values: torch.Tensor
     frame: pd.DataFrame
