@@ -390,8 +390,8 @@ def run_patches(
             ``{hook_name: activation}`` of the hooks in ``read`` that ran in this condition's
             pass (blocks before the condition's first patch are not rerun, so their hooks
             are absent: read them from an unpatched run).
-        read: hook names to hand to ``metric`` instead of the logits; the pass then stops
-            after the last block read.
+        read: hook names (any :func:`act_name` form) to hand to ``metric`` instead of the
+            logits, keyed by full hook name; the pass then stops after the last block read.
         resid_pre: the target run's ``resid_pre`` stack (:func:`resid_pre_stack`); computed
             here when some condition can resume from it and it is not given.
         batch_size: most rows per forward pass (conditions x B); at least one condition.
@@ -410,6 +410,7 @@ def run_patches(
             if not isinstance(patch, Patch):
                 raise BadInputError(f"a condition holds {type(patch).__name__}, expected Patch")
             patch.validate(hooked, n_pos)
+    read = [act_name(n) for n in read]
     missing = [n for n in read if n not in hooked.hook_dict]
     if missing:
         raise BadInputError(f"the model has no hooks named {missing}")

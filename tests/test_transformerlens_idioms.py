@@ -155,3 +155,14 @@ def test_cache_activations_returns_an_activation_cache_with_its_helpers():
                                            "ln_final.hook_normalized", "blocks.1.hook_resid_post"])
     stacked = cache.stack_activation("resid_pre")
     assert stacked.shape[0] == 2
+
+
+def test_run_patches_reads_hooks_named_as_transformerlens_names_them():
+    from lens_position import patching
+
+    model = _grouped_model(seed=9)
+    clean, _ = _pair()
+    (pattern,) = patching.run_patches(model, clean, [[]], lambda acts: acts["blocks.1.attn.hook_pattern"],
+                                      read=[("pattern", 1, "attn")])
+    _, cache = model.run_with_cache(clean)
+    torch.testing.assert_close(pattern, cache["pattern", 1])
