@@ -12,6 +12,11 @@ and the slowest step. Target for the full default run on 2 cores: at most 15 min
     python benchmarks/reproduce.py --executor ray --quick --models smollm2-135m,gemma3-270m
         # the same run serially and on a local Ray instance (all CPUs), one after the other,
         # each into a fresh folder; prints the wall-time ratio serial / Ray (Ray's start included)
+    python benchmarks/reproduce.py --baseline /tmp/base   # this version vs an earlier commit
+        # (git worktree add /tmp/base 0b39ad5): the same command line run by each, one after
+        # the other in a fresh process and output folder; prints both wall and CPU times, their
+        # ratio (target <= 0.6x) and the max |difference| over every numeric column of every
+        # table both write (target <= 1e-10). --fast: smollm2-135m only.
 """
 
 from __future__ import annotations
@@ -62,6 +67,94 @@ TARGET_WALL_S = 15 * 60
 TARGET_PEAK_MB = 8 * 1024
 
 
+MAX_RATIO_OVER_BASELINE = 0.6
+MAX_TABLE_DIFFERENCE = 1e-10
+FAST_MODELS = ("smollm2-135m",)
+
+
+def _timed_cli(pythonpath: Path, args: argparse.Namespace, models: str, out: Path) -> dict:
+    """Run ``lens-position reproduce`` from the package at ``pythonpath`` in a fresh process:
+    wall time of the whole command, CPU time of the child (all its threads)."""
+    import subprocess
+
+    command = [sys.executable, "-m", "lens_position.cli", "reproduce", "--models", models, "--out", str(out),
+               "--no-progress", "--no-cache"]
+    command += ["--quick"] if args.quick else []
+    command += ["--T", str(args.T)] if args.T else []
+    command += ["--N", str(args.N)] if args.N else []
+    env = {**os.environ, "PYTHONPATH": str(pythonpath)}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    completed = subprocess.run(command, env=env, cwd=str(pythonpath), capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if completed.returncode not in (0,):
+        tail = (completed.stdout + completed.stderr)[-2000:]
+        raise SystemExit(f"reproduce from {pythonpath} exited with {completed.returncode}:\n{tail}")
+    return {"wall_s": wall, "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+            "load_average_1min": os.getloadavg()[0]}
+
+
+def _table_differences(base: Path, new: Path) -> dict[str, float]:
+    """Max |new - base| over the numeric columns two output folders' tables share (inf when a
+    shared table's rows or a non-numeric column differ)."""
+    import numpy as np
+    import pandas as pd
+
+    out = {}
+    for path in sorted(base.glob("*.parquet")):
+        other = new / path.name
+        if not other.is_file():
+            continue
+        a, b = pd.read_parquet(path), pd.read_parquet(other)
+        columns = [c for c in a.columns if c in b.columns]
+        if len(a) != len(b):
+            out[path.stem] = float("inf")
+            continue
+        worst = 0.0
+        for column in columns:
+            x, y = a[column], b[column]
+            if pd.api.types.is_numeric_dtype(x) and pd.api.types.is_numeric_dtype(y) \
+                    and not pd.api.types.is_bool_dtype(x):
+                x, y = x.to_numpy(dtype=float), y.to_numpy(dtype=float)
+                both_nan = np.isnan(x) & np.isnan(y)
+                diff = np.where(both_nan, 0.0, np.abs(x - y))
+                worst = max(worst, float(np.nanmax(diff)) if len(diff) else 0.0)
+                if np.isnan(diff).any():
+                    worst = float("inf")
+            elif not x.astype(str).equals(y.astype(str)):
+                worst = float("inf")
+        out[path.stem] = worst
+    return out
+
+
+def compare_with_baseline(args: argparse.Namespace) -> int:
+    """This version and the baseline, the same reproduction each (module docstring)."""
+    here = Path(__file__).resolve().parent.parent
+    models = ",".join(FAST_MODELS) if args.fast else args.models
+    print(f"load before: {os.getloadavg()}, {os.cpu_count()} CPUs; models {models}", flush=True)
+    runs = {}
+    with tempfile.TemporaryDirectory(prefix="lens-position-bench-baseline-") as tmp:
+        for name, path in (("baseline", args.baseline.resolve()), ("this version", here)):
+            runs[name] = _timed_cli(path, args, models, Path(tmp) / name.replace(" ", "_"))
+            print(f"{name:>13}: {runs[name]['wall_s']:.1f} s wall, {runs[name]['cpu_s']:.1f} s CPU "
+                  f"(1-minute load at the end {runs[name]['load_average_1min']:.1f})", flush=True)
+        differences = _table_differences(Path(tmp) / "baseline", Path(tmp) / "this_version")
+    wall_ratio = runs["this version"]["wall_s"] / runs["baseline"]["wall_s"]
+    cpu_ratio = runs["this version"]["cpu_s"] / runs["baseline"]["cpu_s"]
+    worst = max(differences.values()) if differences else float("inf")
+    for table, diff in differences.items():
+        print(f"  max |difference| {table:<18} {diff:.2e}")
+    print(f"wall time this version / baseline = {wall_ratio:.2f}x, CPU time = {cpu_ratio:.2f}x "
+          f"(target <= {MAX_RATIO_OVER_BASELINE}x); max |difference| over every table: {worst:.2e} "
+          f"(target <= {MAX_TABLE_DIFFERENCE:g})")
+    met = min(wall_ratio, cpu_ratio) <= MAX_RATIO_OVER_BASELINE and worst <= MAX_TABLE_DIFFERENCE
+    if args.json:
+        args.json.write_text(json.dumps({"models": models, "runs": runs, "wall_ratio": wall_ratio,
+                                         "cpu_ratio": cpu_ratio, "max_difference": differences}, indent=1))
+    return 0 if met else 1
+
+
 def _tokens(record) -> int | None:
     """Prompt tokens a step ran on (N x T of its sizes; None for a model load)."""
     options = record.provenance.get("step_options") or {}
@@ -80,7 +173,12 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=None, help="write the measurements here as JSON")
     parser.add_argument("--executor", choices=("serial", "ray"), default="serial",
                         help="ray: time the same run serially and on Ray and print the ratio")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="a checkout of an earlier commit: time both versions and compare their tables")
+    parser.add_argument("--fast", action="store_true", help="with --baseline: smollm2-135m only")
     args = parser.parse_args()
+    if args.baseline is not None:
+        return compare_with_baseline(args)
     if args.executor == "ray":
         return compare_executors(args)
 
