@@ -50,7 +50,7 @@ from transformer_lens import HookedTransformer
 
 from lens_position.checks import check_count, check_seed
 from lens_position.errors import BadInputError, MissingPackageError
-from lens_position.models.spec import LoadedModel
+from lens_position.models.spec import LoadedModel, tokenizer_prepends_bos
 from lens_position.models.sources import hub_offline
 
 Source = Literal["natural", "random", "repeated"]
@@ -138,15 +138,6 @@ def _encode_corpus(tokenizer: Any, text: str) -> torch.Tensor:
     """The corpus as one token stream (memoised: the default corpus is ~110k tokens, seconds
     to encode, and experiments build several prompt sets from it). Callers copy, never mutate."""
     return torch.tensor(_encode(tokenizer, text), dtype=torch.int64)
-
-
-def tokenizer_prepends_bos(tokenizer: Any) -> bool:
-    """Whether ``tokenizer`` puts its ``bos_token_id`` at position 0 by itself."""
-    bos = getattr(tokenizer, "bos_token_id", None)
-    if bos is None:
-        return False
-    with_special = _encode(tokenizer, "a", special=True)
-    return bool(with_special) and with_special[0] == bos and _encode(tokenizer, "a")[:1] != [bos]
 
 
 def _ordinary_ids(tokenizer: Any, vocab: int, exclude: set[int]) -> torch.Tensor:

@@ -412,14 +412,10 @@ class Decomposition(SavedResult):
 
 
 def layer_key_windows(model: LoadedModel | HookedTransformer) -> list[int | None]:
-    """Window of each layer's attention mask, read off the model's own attention modules
-    (``None`` for a causal layer over all earlier keys)."""
-    hooked = as_loaded(model).model
-    windows = []
-    for block in hooked.blocks:
-        local = getattr(block.attn, "attn_type", "global") == "local"
-        windows.append(int(hooked.cfg.window_size) if local else None)
-    return windows
+    """Window of each layer's attention mask (``None`` for a causal layer over all earlier
+    keys): ``ModelSpec.layer_windows``, which the spec builder reads off the model's own
+    attention modules."""
+    return list(as_loaded(model).spec.layer_windows)
 
 
 def _prompt_tokens(loaded: LoadedModel, prompts: Any) -> tuple[torch.Tensor, Any]:

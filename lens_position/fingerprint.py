@@ -38,7 +38,7 @@ def auto_bos_policy(model: LoadedModel | HookedTransformer) -> str:
     """The ``bos=`` policy that puts the model's BOS token at position 0 of every prompt:
     the tokenizer's own where it prepends BOS (Gemma-3), ``"force"`` where it does not
     (SmolLM2)."""
-    return "tokenizer" if as_loaded(model).spec.tokenizer_prepends_bos else "force"
+    return as_loaded(model).spec.auto_bos_policy
 
 
 def counterfactual_token0(

@@ -74,11 +74,7 @@ def role_of(spec: Any) -> str:
     ``"sliding"`` if any layer is local (a sliding window), else ``"ntk"`` if its RoPE is
     NTK-scaled (aware or by-parts), else ``"standard"``.
     """
-    if getattr(spec, "window", None) and "local" in tuple(getattr(spec, "attn_types", ()) or ()):
-        return "sliding"
-    if getattr(spec, "rope_kind", None) in ("ntk-aware", "ntk-by-parts"):
-        return "ntk"
-    return "standard"
+    return spec.role
 
 
 @dataclass(frozen=True)

@@ -140,7 +140,7 @@ def sink_heads(
         scores = sink_scores(loaded, prompts, query_range=query_range, batch_size=batch_size,
                              progress=progress)
     n_layers, n_heads = scores.shape
-    attn_types = loaded.spec.attn_types or ("global",) * n_layers
+    attn_types = loaded.spec.layer_types
     frame = pd.DataFrame({
         "layer": [l for l in range(n_layers) for _ in range(n_heads)],
         "head": [h for _ in range(n_layers) for h in range(n_heads)],

@@ -19,6 +19,8 @@ from lens_position.models import gemma3, llama, mistral, qwen2
 ADAPTERS: dict[str, ModuleType] = {
     model_type: module for module in (llama, mistral, qwen2, gemma3) for model_type in module.MODEL_TYPES
 }
+# The family of each HF architecture class (TransformerLens's ``original_architecture``).
+FAMILY_OF_ARCHITECTURE: dict[str, str] = {module.ARCHITECTURE: module.FAMILY for module in ADAPTERS.values()}
 
 
 def adapter_for(hf_config: Any) -> ModuleType:

@@ -21,6 +21,7 @@ from lens_position.errors import UnsupportedArchitectureError
 from lens_position.models.rope import hf_rope_scaling_to_cfg, rope_theta
 
 FAMILY = "gemma3"
+ARCHITECTURE = "Gemma3ForCausalLM"  # the HF class, TransformerLens's original_architecture
 MODEL_TYPES = ("gemma3_text",)
 
 
@@ -33,8 +34,8 @@ def hooked_config(hf_config: Any) -> dict[str, Any]:
                 "(as released). Remove it from the config or open an issue")
     layer_types = list(hf_config.layer_types)
     cfg = {
-        "model_name": getattr(hf_config, "_name_or_path", "") or "Gemma3ForCausalLM",
-        "original_architecture": "Gemma3ForCausalLM",
+        "model_name": getattr(hf_config, "_name_or_path", "") or ARCHITECTURE,
+        "original_architecture": ARCHITECTURE,
         "d_model": hf_config.hidden_size,
         "d_head": hf_config.head_dim,
         "n_heads": hf_config.num_attention_heads,

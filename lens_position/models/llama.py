@@ -17,6 +17,7 @@ from lens_position.errors import UnsupportedArchitectureError
 from lens_position.models.rope import hf_rope_scaling_to_cfg, rope_theta
 
 FAMILY = "llama"
+ARCHITECTURE = "LlamaForCausalLM"  # the HF class, TransformerLens's original_architecture
 MODEL_TYPES = ("llama",)
 
 
@@ -57,7 +58,7 @@ def hooked_config(hf_config: Any) -> dict[str, Any]:
         raise UnsupportedArchitectureError(
             "Llama checkpoints with attention_bias or mlp_bias are not supported (TransformerLens's "
             "Llama converter drops biases); use a checkpoint without biases or open an issue")
-    cfg = llama_like_config(hf_config, "LlamaForCausalLM")
+    cfg = llama_like_config(hf_config, ARCHITECTURE)
     cfg.update(hf_rope_scaling_to_cfg(hf_config))
     return cfg
 

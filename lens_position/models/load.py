@@ -24,11 +24,11 @@ from transformer_lens import HookedTransformer
 
 from lens_position.errors import BadInputError, UnknownModelError
 from lens_position.models import sources
-from lens_position.models.adapters import build_hooked, convert_state_dict, hooked_config
+from lens_position.models.adapters import FAMILY_OF_ARCHITECTURE, build_hooked, convert_state_dict, hooked_config
 from lens_position.models.cache import CachedModel, cached_convert, file_identity, state_dict_sha256
 from lens_position.models.registry import REGISTRY, is_zoo_name, lookup, unknown_model_message
 from lens_position.models.rope import apply_position_options
-from lens_position.models.spec import LoadedModel, ModelSpec, check_length
+from lens_position.models.spec import LoadedModel, check_length, spec_from_config, tokenizer_prepends_bos
 from lens_position.models.tiny import tiny_hf_model
 
 log = logging.getLogger(__name__)
@@ -82,16 +82,9 @@ def load_model(
     tokenizer = base.tokenizer
     prepends_bos = tokenizer_prepends_bos(tokenizer)
     attach_tokenizer(model, tokenizer, prepends_bos)
-    attn_types = tuple(cfg.get("attn_types") or ("global",) * cfg["n_layers"])
-    spec = ModelSpec(
-        name=name, family=family, source=source, n_layers=cfg["n_layers"], n_heads=cfg["n_heads"],
-        n_kv_heads=cfg.get("n_key_value_heads") or cfg["n_heads"], d_model=cfg["d_model"],
-        d_head=cfg["d_head"], n_ctx=cfg["n_ctx"], rope_kind=facts["rope_kind"],
-        rotary_base=float(cfg["rotary_base"]),
-        rotary_base_local=(float(cfg["rotary_base_local"]) if cfg.get("rotary_base_local") is not None
-                           else None),
+    spec = spec_from_config(
+        model, name=name, family=family, source=source, rope_kind=facts["rope_kind"],
         ntk_alpha=facts["ntk_alpha"], ntk_by_parts=facts["ntk_by_parts"],
-        window=cfg.get("window_size") if "local" in attn_types else None, attn_types=attn_types,
         tokenizer_prepends_bos=prepends_bos, bos_token_id=tokenizer.bos_token_id,
         weights_sha256=base.weights_sha256,
         extra={"hf_model_type": base.meta.get("model_type"), "file": base.meta.get("file"),
@@ -210,16 +203,7 @@ def _load_tokenizer(folder: Path) -> Any:
 
 def adapter_for_cfg(cfg: dict[str, Any]) -> str:
     """Family name from a HookedTransformerConfig dict's ``original_architecture``."""
-    return {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
-            "Qwen2ForCausalLM": "qwen2", "Gemma3ForCausalLM": "gemma3"}[cfg["original_architecture"]]
-
-
-def tokenizer_prepends_bos(tokenizer: Any) -> bool:
-    """Whether the tokenizer itself puts ``bos_token_id`` at position 0 of an encoding."""
-    if tokenizer.bos_token_id is None:
-        return False
-    ids = tokenizer("a")["input_ids"]
-    return len(ids) > 0 and ids[0] == tokenizer.bos_token_id
+    return FAMILY_OF_ARCHITECTURE[cfg["original_architecture"]]
 
 
 def attach_tokenizer(model: HookedTransformer, tokenizer: Any, prepends_bos: bool) -> None:

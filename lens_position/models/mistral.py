@@ -16,12 +16,13 @@ from lens_position.models.llama import llama_like_config
 from lens_position.models.rope import hf_rope_scaling_to_cfg
 
 FAMILY = "mistral"
+ARCHITECTURE = "MistralForCausalLM"  # the HF class, TransformerLens's original_architecture
 MODEL_TYPES = ("mistral",)
 
 
 def hooked_config(hf_config: Any) -> dict[str, Any]:
     """HookedTransformerConfig kwargs for a ``MistralConfig``."""
-    cfg = llama_like_config(hf_config, "MistralForCausalLM")
+    cfg = llama_like_config(hf_config, ARCHITECTURE)
     cfg.update(hf_rope_scaling_to_cfg(hf_config))
     window = getattr(hf_config, "sliding_window", None)
     if window is not None:

@@ -14,12 +14,13 @@ from lens_position.models.llama import llama_like_config
 from lens_position.models.rope import hf_rope_scaling_to_cfg
 
 FAMILY = "qwen2"
+ARCHITECTURE = "Qwen2ForCausalLM"  # the HF class, TransformerLens's original_architecture
 MODEL_TYPES = ("qwen2",)
 
 
 def hooked_config(hf_config: Any) -> dict[str, Any]:
     """HookedTransformerConfig kwargs for a ``Qwen2Config``."""
-    cfg = llama_like_config(hf_config, "Qwen2ForCausalLM")
+    cfg = llama_like_config(hf_config, ARCHITECTURE)
     cfg.update(hf_rope_scaling_to_cfg(hf_config))
     layer_types = list(getattr(hf_config, "layer_types", None) or [])
     if "sliding_attention" in layer_types and getattr(hf_config, "sliding_window", None):

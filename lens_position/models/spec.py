@@ -14,6 +14,7 @@ from lens_position.errors import ContextLengthError
 
 RopeKind = Literal["standard", "ntk-aware", "ntk-by-parts", "none"]
 Family = Literal["llama", "mistral", "qwen2", "gemma3", "custom"]
+Role = Literal["standard", "ntk", "sliding"]
 
 
 @dataclass(frozen=True)
@@ -52,11 +53,52 @@ class ModelSpec:
         d["attn_types"] = list(self.attn_types)
         return d
 
+    # -- derived facts: every module asks these, none re-derives them --------------------
+
+    @property
+    def layer_types(self) -> tuple[str, ...]:
+        """``"global"`` or ``"local"`` for every layer (global where ``attn_types`` is empty)."""
+        return tuple(self.attn_types) if self.attn_types else ("global",) * self.n_layers
+
+    @property
+    def layer_windows(self) -> tuple[int | None, ...]:
+        """Keys a query of each layer sees: ``window`` for a local layer, None (every earlier
+        key) for a global one."""
+        return tuple(self.window if kind == "local" else None for kind in self.layer_types)
+
     def layer_window(self, layer: int) -> int | None:
         """Window size of ``layer`` (None for a global causal layer)."""
-        if self.attn_types and self.attn_types[layer] == "local":
-            return self.window
-        return None
+        return self.layer_windows[layer]
+
+    def is_local(self, layer: int) -> bool:
+        """Whether ``layer`` attends over a sliding window."""
+        return self.layer_windows[layer] is not None
+
+    @property
+    def has_sliding_window(self) -> bool:
+        """Whether any layer attends over a sliding window."""
+        return any(window is not None for window in self.layer_windows)
+
+    @property
+    def role(self) -> Role:
+        """The architecture role in a reproduction: ``"sliding"`` if any layer is local, else
+        ``"ntk"`` if its RoPE is NTK-scaled (aware or by-parts), else ``"standard"``."""
+        if self.has_sliding_window:
+            return "sliding"
+        if self.rope_kind in ("ntk-aware", "ntk-by-parts"):
+            return "ntk"
+        return "standard"
+
+    @property
+    def auto_bos_policy(self) -> str:
+        """The ``bos=`` policy of ``build_prompts`` that puts this model's BOS at position 0:
+        the tokenizer's own where it prepends BOS (Gemma-3), ``"force"`` where it does not
+        (SmolLM2)."""
+        return "tokenizer" if self.tokenizer_prepends_bos else "force"
+
+    def check_context(self, T: int) -> None:
+        """Raise ContextLengthError if ``T`` positions (position 0 included) exceed the context."""
+        check_length(self.n_ctx, T, self.name)
 
 
 @dataclass
@@ -85,9 +127,26 @@ def check_length(n_ctx: int, T: int, name: str = "the model") -> None:
             "(positions beyond the trained context are extrapolation)")
 
 
+def tokenizer_prepends_bos(tokenizer: Any) -> bool:
+    """Whether ``tokenizer`` puts its ``bos_token_id`` at position 0 by itself (and only when
+    asked for special tokens)."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if tokenizer is None or bos is None:
+        return False
+
+    def encode(special: bool) -> list[int]:
+        return list(tokenizer("a", add_special_tokens=special, verbose=False)["input_ids"])
+
+    with_special = encode(True)
+    return bool(with_special) and with_special[0] == bos and encode(False)[:1] != [bos]
+
+
 def spec_from_config(model: HookedTransformer, *, name: str = "custom", family: Family = "custom",
                      source: str = "custom", **overrides: Any) -> ModelSpec:
-    """Read a ModelSpec off a HookedTransformer's config (for models built in code)."""
+    """The one ModelSpec builder: the facts read off a built HookedTransformer (layer types
+    from its attention modules, so they say what the masks do; ``window`` only when some
+    layer is local), then ``overrides`` for what the config cannot tell (RoPE scaling, BOS
+    behaviour, weight hash, ...)."""
     cfg = model.cfg
     rotary = cfg.positional_embedding_type == "rotary"
     if not rotary:
@@ -96,12 +155,14 @@ def spec_from_config(model: HookedTransformer, *, name: str = "custom", family: 
         rope_kind = "ntk-by-parts"
     else:
         rope_kind = "standard"
-    attn_types = tuple(cfg.attn_types) if cfg.attn_types else ("global",) * cfg.n_layers
+    attn_types = tuple(getattr(block.attn, "attn_type", "global") for block in model.blocks)
+    local = "local" in attn_types
     fields = dict(
         name=name, family=family, source=source, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
         n_kv_heads=cfg.n_key_value_heads or cfg.n_heads, d_model=cfg.d_model, d_head=cfg.d_head,
         n_ctx=cfg.n_ctx, rope_kind=rope_kind, rotary_base=float(cfg.rotary_base) if rotary else None,
-        rotary_base_local=cfg.rotary_base_local, window=cfg.window_size, attn_types=attn_types,
+        rotary_base_local=float(cfg.rotary_base_local) if cfg.rotary_base_local is not None else None,
+        window=int(cfg.window_size) if local and cfg.window_size else None, attn_types=attn_types,
     )
     fields.update(overrides)
     return ModelSpec(**fields)

@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from lens_position.errors import BadInputError
-
-DEFAULT_MODELS: tuple[str, ...] = ("smollm2-135m", "smollm2-135m-ntk", "smollm2-135m-ntk-parts", "gemma3-270m")
+from lens_position.models.registry import DEFAULT_MODELS
 
 
 @dataclass(frozen=True)

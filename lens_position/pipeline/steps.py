@@ -100,7 +100,7 @@ class Step:
 def model_T(settings: Settings, spec: Any) -> int:
     """T for this model: raised to ``window_factor · window`` when it has sliding-window layers."""
     T = settings.T
-    if spec.window and "local" in tuple(spec.attn_types or ()):
+    if spec.has_sliding_window:
         T = max(T, int(-(-settings.window_factor * spec.window // 1)))
     return T
 
