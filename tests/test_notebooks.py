@@ -50,7 +50,7 @@ def fast_env(monkeypatch, tmp_path):
 def test_the_tutorials_exist():
     numbers = [p.stem.split("_")[0] for p in SOURCES]
     assert len(set(numbers)) == len(numbers), SOURCES
-    assert {"01", "02", "03", "04", "05", "07"} <= set(numbers), SOURCES
+    assert {"01", "02", "03", "04", "05", "06", "07"} <= set(numbers), SOURCES
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.stem)

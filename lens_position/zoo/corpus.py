@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 from jaxtyping import Int, UInt8
 
+from lens_position.errors import BadInputError
 from lens_position.models.tiny import BOS_ID, N_SPECIAL
 
 MIN_DOCSTRING_CHARS = 40
@@ -173,7 +174,8 @@ def evaluation_batch(stream: UInt8[torch.Tensor, "n"], *, n: int, context: int,
     """``n`` windows of ``stream`` at evenly spaced offsets (deterministic, no RNG)."""
     length = context - 1 if bos else context
     if len(stream) < n * length:
-        raise ValueError(f"held-out text of {len(stream)} bytes is too short for {n} windows of {length}")
+        raise BadInputError(f"held-out text of {len(stream)} bytes is too short for {n} windows of "
+                            f"{length}; lower the recipe's n_eval_sequences or context, or use more text")
     starts = torch.linspace(0, len(stream) - length - 1, n).long()
     tokens = stream[starts[:, None] + torch.arange(length)].to(torch.int64) + N_SPECIAL
     if bos:

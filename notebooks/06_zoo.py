@@ -1,0 +1,130 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # The controlled zoo: models that differ only in how they encode position
+#
+# SmolLM2 and Gemma-3 differ in data, size, tokenizer and training, so comparing their attention
+# cannot say what the *position mechanism* does. The zoo can: small byte-level decoders trained
+# under one recipe that varies only the position mechanism (standard RoPE, NTK-extended RoPE and
+# its unscaled control, sliding windows, NoPE, learned absolute embeddings, RoPE without BOS),
+# three seeds each, shipped in the package.
+#
+# 1. a recipe is a frozen dataclass; training one takes a minute;
+# 2. the shipped checkpoints load by name, like any other model;
+# 3. C3 read off them: paired differences between variants, with intervals over seeds.
+#
+# `FAST` trains fewer steps on a smaller text and decomposes fewer, shorter sequences.
+
+# %%
+import os
+import tempfile
+from pathlib import Path
+
+FAST = os.environ.get("LENS_POSITION_FAST", "0") == "1"
+T, N = (64, 4) if FAST else (128, 16)
+WORKDIR = Path(tempfile.mkdtemp(prefix="lens_position_zoo_"))
+
+# %%
+import dataclasses
+
+import pandas as pd
+
+from lens_position.data import build_prompts
+from lens_position.decompose import decompose
+from lens_position.models import load_model
+from lens_position.zoo import c3
+from lens_position.zoo.commands import list_table
+from lens_position.zoo.recipe import VARIANTS, recipe_for
+from lens_position.zoo.store import checkpoints
+
+# %% [markdown]
+# ## 1. Recipes
+#
+# Every variant shares sizes, optimiser, schedule, token budget and data; the table shows the
+# fields that differ from standard RoPE (the recipe hash goes into every checkpoint).
+
+# %%
+base = VARIANTS["rope"].to_dict()
+pd.DataFrame([{"variant": name, **{k: v for k, v in recipe.to_dict().items() if base[k] != v and k != "variant"},
+               "sha256": recipe.sha256()[:12]} for name, recipe in VARIANTS.items()]).fillna("")
+
+# %% [markdown]
+# ## 2. Train a tiny variant in a minute
+#
+# `dataclasses.replace` makes a smaller recipe; `train` runs it (CPU by default, a GPU when one
+# is present), with a progress bar, checkpoints and resume. The same recipe and seed give the
+# same weights bit for bit on the same machine. In `FAST` mode the text is CPython's pydoc topics
+# (a recipe names its corpus by hash, so the tiny recipe names that one).
+
+# %%
+from lens_position.zoo.corpus import corpus_of, load_corpus, unigram_bits_per_byte
+from lens_position.zoo.store import load_zoo_model, save_checkpoint
+from lens_position.zoo.train import train
+
+if FAST:
+    import pydoc_data.topics
+
+    corpus = corpus_of([pydoc_data.topics.topics[k] for k in sorted(pydoc_data.topics.topics)])
+else:
+    corpus = load_corpus()
+tiny = dataclasses.replace(recipe_for("ntk"), variant="my-ntk", n_layers=2, attn_types=("global",) * 2,
+                           d_model=32, n_heads=2, d_mlp=64,
+                           steps=40 if FAST else 200, extend_at=20 if FAST else 100, eval_every=10,
+                           n_eval_sequences=8, corpus_sha256=corpus.sha256)
+result = train(tiny, work_dir=WORKDIR / "work", corpus=corpus, progress=False)
+again = train(tiny, work_dir=WORKDIR / "work-again", corpus=corpus, progress=False)
+print("bit-identical retrain:", all((result.parameters[k] == again.parameters[k]).all() for k in result.parameters))
+print(f"held-out {result.held_out_bits:.3f} bits/byte vs unigram {unigram_bits_per_byte(corpus):.3f}; "
+      f"{result.tokens_per_second:.0f} tokens/s on {result.device}")
+saved = save_checkpoint(WORKDIR / "zoo", result, corpus, unigram_bits_per_byte(corpus))
+mine = load_zoo_model(saved.name, root=WORKDIR / "zoo")
+print(mine.spec.name, mine.spec.rope_kind, "rotary base", mine.spec.rotary_base)
+
+# %% [markdown]
+# ## 3. The shipped zoo
+#
+# `lens-position zoo list` prints this table: held-out loss against the unigram baseline (bits
+# per byte) and the sink rate of Gu et al. (fraction of heads whose mean attention on position 0
+# exceeds 0.3).
+
+# %%
+table = list_table()
+table
+
+# %%
+c3.loss_figure(checkpoints())
+
+# %% [markdown]
+# ## 4. C3 from the zoo
+#
+# Decompose every shipped model (`load_model("zoo:ntk:seed1")` loads one by name), then answer
+# each question by the per-seed paired difference between two variants: at the same seed they
+# start from the same weights and see the same batches. `lens-position reproduce --models zoo`
+# does the same inside the full reproduction (and runs C1–C5 on each model).
+
+# %%
+wanted = ["rope", "ntk", "ntk-control", "window", "nope", "learned"] if FAST else list(VARIANTS)
+names = [c.name for c in checkpoints() if c.variant in wanted and (not FAST or c.seed < 2)]
+frames = []
+for name in names:
+    loaded = load_model(name)
+    prompts = build_prompts(loaded, T=T, N=N, bos="force", seed=0)
+    frames.append(decompose(loaded, prompts, progress=False).layers.assign(model=name))
+tables = {"decompose_layers": pd.concat(frames, ignore_index=True)}
+models = c3.models_table(tables)
+answer = c3.answers(models)
+answer[["question", "a", "b", "metric", "a_mean", "b_mean", "difference", "low", "high", "n_seeds", "verdict"]]
+
+# %%
+c3.depth_figure(tables)
