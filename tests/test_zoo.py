@@ -1,0 +1,230 @@
+"""The controlled zoo: recipes reproduce weights bit for bit, shipped checkpoints are what
+their recipes say and load offline, and the C3 answer is computed from paired seeds."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from lens_position.errors import BadInputError, CorruptFileError, UnknownModelError
+from lens_position.models import load_model
+from lens_position.zoo import c3
+from lens_position.zoo.corpus import corpus_of, is_held_out, unigram_bits_per_byte
+from lens_position.zoo.recipe import DEFAULT_SEEDS, VARIANTS, Recipe, recipe_for
+from lens_position.zoo.store import checkpoints, find, load_zoo_model, model_name, parse_name, verify
+from lens_position.zoo.train import train
+
+
+@pytest.fixture(scope="module")
+def small_corpus():
+    """CPython's pydoc topics as a zoo-style corpus (small: a test trains on it in seconds)."""
+    import pydoc_data.topics
+
+    return corpus_of([pydoc_data.topics.topics[k] for k in sorted(pydoc_data.topics.topics)])
+
+
+def minute_recipe(corpus, variant: str = "tiny-test", **changes) -> Recipe:
+    """A minute-sized recipe (seconds on 2 cores): 2 layers, d_model 32, context 32,
+    with a context extension half way so the NTK rebuild is covered too."""
+    fields = dict(variant=variant, n_layers=2, d_model=32, n_heads=2, d_mlp=64, context=32, batch=4,
+                  steps=12, warmup=2, extend_at=6, ntk_alpha=2.0, attn_types=("global",) * 2,
+                  corpus_sha256=corpus.sha256, eval_every=6, checkpoint_every=4, n_eval_sequences=8)
+    fields.update(changes)
+    return Recipe(**fields)
+
+
+def test_same_recipe_and_seed_train_bit_identical_weights(small_corpus, tmp_path):
+    recipe = minute_recipe(small_corpus)
+    first = train(recipe, work_dir=tmp_path / "a", progress=False, corpus=small_corpus)
+    second = train(recipe, work_dir=tmp_path / "b", progress=False, corpus=small_corpus)
+    assert first.parameters.keys() == second.parameters.keys()
+    for name in first.parameters:
+        assert torch.equal(first.parameters[name], second.parameters[name]), name
+    assert first.curve == [dict(c, seconds=f["seconds"]) for c, f in zip(second.curve, first.curve)]
+
+
+def test_interrupted_training_resumes_to_the_same_weights(small_corpus, tmp_path):
+    recipe = minute_recipe(small_corpus)
+    whole = train(recipe, work_dir=tmp_path / "whole", progress=False, corpus=small_corpus)
+    partial = train(recipe, work_dir=tmp_path / "split", progress=False, corpus=small_corpus, stop_after=5)
+    assert partial.resumed_from == 0 and partial.held_out_bits != partial.held_out_bits  # NaN: unfinished
+    resumed = train(recipe, work_dir=tmp_path / "split", progress=False, corpus=small_corpus)
+    assert resumed.resumed_from == 5
+    for name in whole.parameters:
+        assert torch.equal(whole.parameters[name], resumed.parameters[name]), name
+
+
+def test_another_seed_trains_other_weights(small_corpus, tmp_path):
+    a = train(minute_recipe(small_corpus, steps=4, extend_at=0), work_dir=tmp_path, progress=False,
+              corpus=small_corpus)
+    b = train(minute_recipe(small_corpus, steps=4, extend_at=0, seed=1), work_dir=tmp_path, progress=False,
+              corpus=small_corpus)
+    assert not torch.equal(a.parameters["blocks.0.attn.W_Q"], b.parameters["blocks.0.attn.W_Q"])
+
+
+def test_training_refuses_a_corpus_that_is_not_the_recipes(small_corpus, tmp_path):
+    recipe = minute_recipe(small_corpus, corpus_sha256="0" * 64)
+    with pytest.raises(BadInputError, match="sha256"):
+        train(recipe, work_dir=tmp_path, progress=False, corpus=small_corpus)
+
+
+def test_recipe_hash_changes_with_every_field():
+    base = VARIANTS["rope"]
+    changed = {"seed": 1, "lr": 1e-3, "steps": 301, "context": 64, "bos": False, "window": 16,
+               "ntk_alpha": 2.0, "corpus_sha256": "x"}
+    for field, value in changed.items():
+        assert dataclasses.replace(base, **{field: value}).sha256() != base.sha256(), field
+    assert Recipe.from_dict(base.to_dict()) == base
+
+
+def test_variants_differ_only_in_their_position_fields():
+    position_fields = {"variant", "position", "rotary_base", "attn_types", "window", "bos", "extend_at", "ntk_alpha"}
+    base = VARIANTS["rope"].to_dict()
+    for recipe in VARIANTS.values():
+        differing = {k for k, v in recipe.to_dict().items() if base[k] != v}
+        assert differing <= position_fields, (recipe.variant, differing - position_fields)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_each_variant_builds_the_position_mechanism_it_names(variant):
+    from lens_position.zoo.architecture import build_model
+
+    recipe = VARIANTS[variant]
+    model = build_model(recipe)
+    tokens = torch.randint(3, 259, (1, recipe.context))
+    _, cache = model.run_with_cache(tokens)
+    query = recipe.context - 1
+    for layer, kind in enumerate(recipe.attn_types):
+        pattern = cache[f"blocks.{layer}.attn.hook_pattern"][0, :, query]
+        visible = (pattern > 0).sum(-1)
+        expected = recipe.window if kind == "local" else query + 1
+        assert (visible == expected).all(), (layer, kind, visible.tolist())
+    if recipe.position == "rope":
+        assert model.cfg.positional_embedding_type == "rotary"
+        assert model.cfg.rotary_base == pytest.approx(recipe.rotary_base * recipe.ntk_alpha ** (16 / 14))
+    elif recipe.position == "none":
+        assert torch.count_nonzero(cache["hook_pos_embed"]) == 0
+        assert not model.pos_embed.W_pos.requires_grad
+    else:
+        assert model.pos_embed.W_pos.requires_grad and model.pos_embed.W_pos.abs().sum() > 0
+
+
+def test_held_out_split_is_by_document_hash_and_the_unigram_baseline_is_an_entropy(small_corpus):
+    assert 0 < small_corpus.n_held_out_documents < small_corpus.n_documents
+    assert is_held_out("x") == is_held_out("x")
+    assert 0 < unigram_bits_per_byte(small_corpus) < 8
+
+
+def test_zoo_names_parse_and_unknown_names_say_what_is_there():
+    assert parse_name("zoo:rope") == ("rope", 0)
+    assert parse_name("zoo:window-mix:seed2") == ("window-mix", 2)
+    assert model_name("ntk", 0) == "zoo:ntk" and model_name("ntk", 1) == "zoo:ntk:seed1"
+    with pytest.raises(BadInputError):
+        parse_name("zoo:rope@seed1")
+    with pytest.raises(UnknownModelError, match="lens-position zoo train"):
+        find("zoo:rope:seed99")
+    with pytest.raises(BadInputError):
+        recipe_for("alibi")
+
+
+SHIPPED = checkpoints()
+
+
+def test_the_zoo_ships_every_variant():
+    shipped = {c.variant for c in SHIPPED}
+    assert shipped == set(VARIANTS), f"missing: {set(VARIANTS) - shipped}"
+
+
+@pytest.mark.parametrize("checkpoint", SHIPPED, ids=[c.name for c in SHIPPED])
+def test_shipped_checkpoint_matches_its_recipe_hash_and_loads_offline(checkpoint):
+    recipe = verify(checkpoint)
+    assert recipe == recipe_for(checkpoint.variant, checkpoint.seed)
+    assert checkpoint.seed in DEFAULT_SEEDS
+    loaded = load_model(checkpoint.name)
+    assert loaded.spec.extra["recipe_sha256"] == recipe.sha256()
+    assert loaded.spec.tokenizer_prepends_bos == recipe.bos
+    meta = checkpoint.meta
+    assert meta["held_out_bits_per_byte"] < meta["unigram_bits_per_byte"]
+    assert "sink_rate" in meta["sinks"]
+    # the loaded model computes what training measured: same held-out loss
+    from lens_position.zoo.corpus import evaluation_batch, load_corpus
+    from lens_position.zoo.train import LN2, next_byte_loss
+
+    corpus = load_corpus()
+    tokens = evaluation_batch(corpus.held_out, n=recipe.n_eval_sequences, context=recipe.context, bos=recipe.bos)
+    with torch.no_grad():
+        bits = float(next_byte_loss(loaded.model, tokens)) / LN2
+    assert bits == pytest.approx(meta["held_out_bits_per_byte"], abs=1e-4)
+
+
+def test_shipped_variants_of_one_seed_have_distinct_weights():
+    by_seed: dict[int, dict[str, str]] = {}
+    for c in SHIPPED:
+        by_seed.setdefault(c.seed, {})[c.variant] = c.meta["weights_sha256"]
+    for seed, weights in by_seed.items():
+        assert len(set(weights.values())) == len(weights), (seed, weights)
+
+
+def test_a_checkpoint_whose_recipe_was_edited_is_refused(tmp_path):
+    source = SHIPPED[0]
+    root = tmp_path / "zoo"
+    (root / source.variant).mkdir(parents=True)
+    shutil.copy(source.weights, root / source.variant / source.weights.name)
+    meta = dict(source.meta)
+    meta["recipe"] = dict(meta["recipe"], lr=1.0)
+    (root / source.variant / f"seed{source.seed}.json").write_text(json.dumps(meta))
+    with pytest.raises(CorruptFileError, match="hashes to"):
+        load_zoo_model(source.name, root=root)
+
+
+def test_position_options_are_refused_on_zoo_models():
+    with pytest.raises(BadInputError, match="as trained"):
+        load_model(SHIPPED[0].name, ntk_alpha=2.0)
+
+
+def _layers(variant: str, seed: int, per_layer: list[float]) -> pd.DataFrame:
+    return pd.DataFrame({"model": model_name(variant, seed), "layer": range(len(per_layer)), "keys": "all",
+                         "R_heldout": per_layer, "M_heldout": 0.1, "T_heldout": 0.2})
+
+
+def test_c3_answers_come_from_paired_seed_differences():
+    frames = []
+    for seed in range(3):
+        frames.append(_layers("ntk-control", seed, [0.10 + 0.01 * seed] * 4))
+        frames.append(_layers("ntk", seed, [0.05 + 0.01 * seed + 0.001 * seed ** 2] * 4))
+        frames.append(_layers("rope", seed, [0.1, 0.1, 0.1, 0.1]))
+        frames.append(_layers("window", seed, [0.1, 0.1 + 0.1, 0.1 + 0.2 + 0.01 * seed, 0.4]))
+    answer = c3.answers(c3.models_table({"decompose_layers": pd.concat(frames)})).set_index(["a", "b", "metric"])
+    ntk = answer.loc[("ntk", "ntk-control", "R")]
+    assert ntk["verdict"] == "lower" and ntk["n_seeds"] == 3
+    assert ntk["difference"] == pytest.approx(-0.05 + 0.001 * (0 + 1 + 4) / 3)
+    assert answer.loc[("window", "rope", "R_slope")]["verdict"] == "higher"
+    assert answer.loc[("nope", "rope", "R")]["verdict"].startswith("not resolved")
+
+
+def test_t_interval_uses_student_t_quantiles():
+    assert c3.t_quantile(0.975, 2) == pytest.approx(4.3027, abs=1e-3)
+    assert c3.t_quantile(0.975, 30) == pytest.approx(2.0423, abs=1e-3)
+    mean, sd, low, high, n = c3.interval([1.0, 2.0, 3.0])
+    assert (mean, sd, n) == (2.0, 1.0, 3) and high - mean == pytest.approx(4.3027 / 3 ** 0.5, abs=1e-3)
+
+
+def test_reproduce_on_zoo_models_writes_the_c3_answer(tmp_path):
+    from lens_position.pipeline.config import DataOptions, RunConfig
+    from lens_position.pipeline.run import run
+
+    seeds = sorted({c.seed for c in SHIPPED if c.variant == "ntk"} & {c.seed for c in SHIPPED if c.variant == "ntk-control"})[:2]
+    names = [model_name(v, s) for s in seeds for v in ("ntk", "ntk-control")]
+    config = RunConfig(out=tmp_path / "out", models=tuple(names), steps=("decompose",), data=DataOptions(),
+                       quick=True, browser_check=False, progress=False)
+    result = run(config)
+    answer = pd.read_csv(result.files["zoo_c3"])
+    row = answer[(answer["a"] == "ntk") & (answer["metric"] == "R")].iloc[0]
+    assert row["n_seeds"] == len(names) // 2
+    assert (tmp_path / "out" / "zoo.html").is_file()
