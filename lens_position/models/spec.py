@@ -188,12 +188,7 @@ def _bare_spec(model: HookedTransformer, tokenizer: Any) -> ModelSpec:
     if tokenizer is not None:
         bos_id = getattr(tokenizer, "bos_token_id", None)
         tokenizer_name = getattr(tokenizer, "name_or_path", None) or type(tokenizer).__name__
-        if bos_id is not None:
-            try:
-                ids = tokenizer("a")["input_ids"]
-                prepends_bos = len(ids) > 0 and ids[0] == bos_id
-            except Exception:  # a tokenizer that cannot encode text: say nothing it did not show
-                prepends_bos = bool(getattr(model.cfg, "default_prepend_bos", False))
+        prepends_bos = tokenizer_prepends_bos(tokenizer)
     name = getattr(model.cfg, "model_name", None) or "custom"
     return spec_from_config(
         model, name=name, source=f"custom:{type(model).__module__}.{type(model).__qualname__}",
