@@ -54,6 +54,8 @@ def compare_executors(args: argparse.Namespace) -> int:
                                               browser_check=False, progress=False, executor=executor))
             times[executor] = time.perf_counter() - started
         print(f"{executor:>6}: {times[executor]:.1f} s wall")
+        if executor == "serial":
+            print_steps(results[executor])
     same = all(pd.DataFrame.equals(results["serial"].tables[k], results["ray"].tables[k])
                for k in results["serial"].tables)
     ratio = times["ray"] / times["serial"]
@@ -163,6 +165,18 @@ def _tokens(record) -> int | None:
     return None
 
 
+def print_steps(result) -> list[dict]:
+    """Print (and return) one row per (model, step): wall, CPU, peak memory, tokens, CPU per token."""
+    rows = [{"model": s.model, "step": s.step, "wall_s": round(s.wall_s, 2), "cpu_s": round(s.cpu_s, 2),
+             "peak_rss_mb": round(s.peak_rss_mb), "tokens": _tokens(s)} for s in result.steps]
+    print(f"\n{'model':<28} {'step':<14} {'wall s':>8} {'CPU s':>8} {'peak MB':>9} {'N x T':>7} {'CPU ms/token':>13}")
+    for row in rows:
+        per_token = f"{1000 * row['cpu_s'] / row['tokens']:>13.2f}" if row["tokens"] else f"{'':>13}"
+        print(f"{row['model']:<28} {row['step']:<14} {row['wall_s']:>8.1f} {row['cpu_s']:>8.1f} "
+              f"{row['peak_rss_mb']:>9} {row['tokens'] or '':>7} {per_token}")
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS))
@@ -192,13 +206,7 @@ def main() -> int:
     cpu_total_s = time.process_time()
     load_1min = os.getloadavg()[0]
 
-    rows = [{"model": s.model, "step": s.step, "wall_s": round(s.wall_s, 2), "cpu_s": round(s.cpu_s, 2),
-             "peak_rss_mb": round(s.peak_rss_mb), "tokens": _tokens(s)} for s in result.steps]
-    print(f"\n{'model':<28} {'step':<14} {'wall s':>8} {'CPU s':>8} {'peak MB':>9} {'N x T':>7} {'CPU ms/token':>13}")
-    for row in rows:
-        per_token = f"{1000 * row['cpu_s'] / row['tokens']:>13.2f}" if row["tokens"] else f"{'':>13}"
-        print(f"{row['model']:<28} {row['step']:<14} {row['wall_s']:>8.1f} {row['cpu_s']:>8.1f} "
-              f"{row['peak_rss_mb']:>9} {row['tokens'] or '':>7} {per_token}")
+    rows = print_steps(result)
     by_step: dict[str, float] = {}
     for row in rows:
         by_step[row["step"]] = by_step.get(row["step"], 0.0) + row["wall_s"]
