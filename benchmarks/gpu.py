@@ -84,11 +84,11 @@ def main() -> int:
         peak_forward = _peak_mb(device)
         warm = build_prompts(loaded, source="random", T=T, N=max(2, min(args.batch_size, args.N)), bos="force",
                              seed=1)
-        decompose(loaded, warm, batch_size=args.batch_size)  # warm-up
+        decompose(loaded, warm, batch_size=args.batch_size, progress=False)  # warm-up
         _reset(device)
         _sync(device)
         started = time.perf_counter()
-        decompose(loaded, prompts, batch_size=args.batch_size)
+        decompose(loaded, prompts, batch_size=args.batch_size, progress=False)
         _sync(device)
         dec = time.perf_counter() - started
         peak_dec = _peak_mb(device)

@@ -135,11 +135,13 @@ class RayExecutor:
         actor_class = ray.remote(ModelActor).options(
             num_cpus=self.cpus_per_model, num_gpus=gpus, max_restarts=self.max_restarts,
             max_task_retries=self.max_restarts)
-        steps_ref = ray.put(dict(steps))
+        # The registry travels by value with each actor's constructor (small: functions by reference),
+        # so a restarted actor never depends on an object-store entry that may be gone.
+        steps_value = dict(steps)
         waiting: dict[Any, tuple[str, int, Cell | None]] = {}
         remaining: dict[int, int] = {}
         for index, model in enumerate(plan.models):
-            actor = actor_class.remote(model, steps_ref, plan.compute)
+            actor = actor_class.remote(model, steps_value, plan.compute)
             self.actors[index] = actor
             waiting[actor.describe.remote()] = ("describe", index, None)
         while waiting:
