@@ -237,3 +237,14 @@ def test_a_killed_writers_leftover_is_removed_and_a_live_one_is_kept(tmp_path):
     assert main(["probe", "tiny-llama", "--out", str(out), *SMALL]) == 0
     assert not stale.exists()
     assert live.exists()  # possibly another process writing right now
+
+
+def test_the_step_registry_names_every_table_the_report_reads_and_every_sub_command():
+    from lens_position import report
+    from lens_position.cli import build_parser
+    from lens_position.pipeline.steps import STEPS, commands, tables_of
+
+    assert set(tables_of(tuple(STEPS))) == set(report.TABLES)
+    subs = next(a for a in build_parser()._actions if a.dest == "command").choices
+    assert set(commands()) <= set(subs)
+    assert set(commands()["reproduce"]) == set(STEPS)

@@ -81,7 +81,7 @@ class ModelWorker:
         # The cost of computing the step travels with its cached result, so a resumed run
         # still reports what every step cost.
         provenance = {**jsonable(output.provenance), "step_options": jsonable(output.options),
-                      "computed_cost": {k: round(v, 3) for k, v in cost.items()}}
+                      "computed_cost": {k: round(v, 6) for k, v in cost.items()}}
         return CellResult(tables=output.tables, provenance=provenance, cost=dict(cost))
 
     def close(self) -> None:
