@@ -174,10 +174,11 @@ def checked_prompts(
     if isinstance(prompts, PromptSet):
         if bos is not None or T is not None:
             raise BadInputError("bos= and T= apply to a list of strings; a PromptSet already has both")
-        tokens = _check_dtype_and_shape(prompts.tokens)
-        if tokens.ndim != 2 or tokens is not prompts.tokens:
-            raise BadInputError(f"a PromptSet's tokens must be [N, T], got {tuple(prompts.tokens.shape)}")
-        _check_tokens(loaded, tokens, min_length, what)
+        tokens = prompts.tokens
+        if not isinstance(tokens, torch.Tensor) or tokens.ndim != 2:
+            raise BadInputError(f"a PromptSet's tokens must be a tensor [N, T], got {type(tokens).__name__} "
+                                f"{tuple(getattr(tokens, 'shape', ()))}")
+        _check_tokens(loaded, _check_dtype_and_shape(tokens), min_length, what)
         return prompts
     if isinstance(prompts, str):
         raise BadInputError(f"{what} is one string; pass a list of strings (or build_prompts(model, text=...))")
