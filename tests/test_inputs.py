@@ -222,3 +222,22 @@ def test_bad_seeds_are_refused(tiny_llama, seed):
 def test_bad_position_bins_are_refused(args):
     with pytest.raises(BadInputError, match="PositionBins"):
         PositionBins(*args)
+
+
+@pytest.mark.fault(area="BOS", given="the same model analysed with default options from Python and from the "
+                                     "command line",
+                   happens="the same BOS policy, 'force', recorded with its reason in every prompt spec (the "
+                           "defaults used to differ: 'tokenizer' in Python, 'force' on the command line)")
+def test_one_bos_default_in_python_the_command_line_and_the_pipeline(tiny_llama):
+    import inspect
+
+    from lens_position.cli import build_parser
+    from lens_position.pipeline.config import DataOptions
+
+    assert inspect.signature(build_prompts).parameters["bos"].default == DEFAULT_BOS == "force"
+    assert inspect.signature(sinks.sink_rate).parameters["bos"].default == DEFAULT_BOS
+    assert build_parser().parse_args(["decompose", "tiny-llama"]).bos == DEFAULT_BOS
+    assert DataOptions().bos == DEFAULT_BOS
+    spec = build_prompts(tiny_llama, source="random", T=8, N=2).spec
+    assert spec.bos == DEFAULT_BOS and spec.position0 == "bos" and "Gemma-3" in spec.extra["bos_default_reason"]
+    assert prompts_from_texts(tiny_llama, TEXTS).spec.extra["bos_default"] == DEFAULT_BOS
