@@ -109,7 +109,7 @@ def _check_not_padded(loaded: LoadedModel, tokens: torch.Tensor, mask: torch.Ten
                 f"analyse the pad tokens as text; {_HOW_TO_BUILD}")
         return
     pad = getattr(loaded.tokenizer, "pad_token_id", None)
-    if pad is None or len(tokens) < 2:
+    if pad is None or len(tokens) < 2 or tokens.shape[1] < 2:  # one row or one position: nothing padded
         return
     for side, from_end in (("right", True), ("left", False)):
         runs = _run_lengths(tokens, int(pad), from_end=from_end)
