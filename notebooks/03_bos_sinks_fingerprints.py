@@ -78,7 +78,8 @@ plots.bos_fraction_removed(bos.frame.assign(architecture=label), bos.overall.ass
 #
 # A head's sink score is its mean attention on position 0 over prompts and queries. Gu et al.
 # measure the sink rate (percentage of heads above ε = 0.3) with `T = 64` tokens; we do the same
-# on the three data conditions, with the tokenizer's own BOS policy (as a user would run it).
+# on the three data conditions, with the default BOS policy, `"force"` (BOS at position 0 on every
+# model, as everywhere in lens_position: the tokenizers disagree on whether to add it themselves).
 
 # %%
 sinks = sink_heads(loaded, prompts)
