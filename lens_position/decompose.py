@@ -195,6 +195,11 @@ class PairDesign:
                    query_indicator=query_indicator, key_indicator=key_indicator,
                    analysed_per_query=analysed.sum(-1).to(torch.float64))
 
+    def to(self, device: torch.device | str) -> "PairDesign":
+        """This design with its tensors on ``device`` (the scores' device)."""
+        return dataclasses.replace(self, **{f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)
+                                            if isinstance(getattr(self, f.name), torch.Tensor)})
+
     def dense(self) -> Float[torch.Tensor, "pair feature"]:
         """The explicit design matrix ``X`` of one sequence (float64; for reference code)."""
         x = torch.zeros(self.n_pairs, self.n_features, dtype=torch.float64)
@@ -219,6 +224,10 @@ class HeadStatistics:
     sum_y: Float[torch.Tensor, "half head"]
     sum_y2: Float[torch.Tensor, "half head"]
     n_sequences: list[int]
+
+    def to(self, device: torch.device | str) -> "HeadStatistics":
+        return HeadStatistics(self.xty_t.to(device), self.xty_z.to(device), self.sum_y.to(device),
+                              self.sum_y2.to(device), self.n_sequences)
 
     @classmethod
     def zeros(cls, n_heads: int, n_features: int) -> "HeadStatistics":
@@ -482,11 +491,18 @@ class DecompositionReducer:
         self.hook_names = tuple(f"blocks.{layer}.attn.hook_attn_scores" for layer in self.layers)
         self._layer_of = dict(zip(self.hook_names, self.layers))
         self._checked: set[int] = set()
+        self._on_device: dict[int | None, PairDesign] = {}
 
     def update(self, hook_name: str, scores: Float[torch.Tensor, "batch head query key"],
                rows: Int[torch.Tensor, "batch"]) -> None:
         layer = self._layer_of[hook_name]
-        design = self.designs[self.windows[layer]]
+        if scores.device.type != "cpu":  # reduce where the scores are; sums come back in result()
+            if self.windows[layer] not in self._on_device:
+                self._on_device[self.windows[layer]] = self.designs[self.windows[layer]].to(scores.device)
+            self.stats[layer] = self.stats[layer].to(scores.device)
+            design = self._on_device[self.windows[layer]]
+        else:
+            design = self.designs[self.windows[layer]]
         if layer not in self._checked:
             _check_mask(scores, design, layer)
             self._checked.add(layer)
@@ -499,6 +515,7 @@ class DecompositionReducer:
         n_seq = sum(self.stats[self.layers[0]].n_sequences)
         if n_seq == 0:
             raise BadInputError("no prompts were streamed through this decomposition")
+        self.stats = {layer: stats.to("cpu") for layer, stats in self.stats.items()}
         rows = []
         fitters = {window: _Fitter(design) for window, design in self.designs.items()}  # one pseudo-inverse per key set
         for layer in self.layers:

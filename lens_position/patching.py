@@ -38,6 +38,7 @@ models; within float round-off where batching changes the matmul shapes).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -61,7 +62,7 @@ from lens_position.errors import BadInputError
 from lens_position.inputs import checked_prompts
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.results import SavedResult
-from lens_position.stream import ActivationCache, stream
+from lens_position.stream import LOGITS, ActivationCache, stream
 
 _BLOCK_HOOK = re.compile(r"^blocks\.(\d+)\.")
 # Hooks whose activation is [batch, pos, ...] (position on axis 1, head on axis 2 if any).
@@ -271,6 +272,20 @@ class Patch:
 
         return (self.hook_name, fn)
 
+    def check_prompts(self, n_prompts: int) -> None:
+        """Raise BadInputError unless a per-prompt ``value`` has one entry per prompt it
+        covers (``len(rows)``, or ``n_prompts`` streamed prompts without ``rows``)."""
+        if self.rows is not None and len(self.rows) and (int(self.rows.min()) < 0 or int(self.rows.max()) >= n_prompts):
+            raise BadInputError(f"patch {self.label or self.hook_name} names rows outside the {n_prompts} prompts")
+        if not self._per_prompt():
+            return
+        expected = len(self.rows) if self.rows is not None else n_prompts
+        if self.value.shape[0] != expected:
+            raise BadInputError(
+                f"patch value of shape {tuple(self.value.shape)} does not fit {self.hook_name}"
+                f"[position={self.position}, head={self.head}]: its first axis holds one value per prompt, "
+                f"but the patch covers {expected} prompts; give one value per prompt or one for all")
+
     def _per_prompt(self) -> bool:
         """Whether ``value`` has a batch axis (one value per prompt)."""
         return isinstance(self.value, torch.Tensor) and self.value.ndim >= 1 and \
@@ -348,22 +363,6 @@ def resid_pre_stack(
     return torch.stack([store[n] for n in names])
 
 
-def _stop_after(model: HookedTransformer, names: Sequence[str]) -> int | None:
-    """Smallest ``stop_at_layer`` that still fires every hook in ``names`` (None: run to the end)."""
-    layers = []
-    for name in names:
-        match = _BLOCK_HOOK.match(name)
-        if match is None:
-            if name in ("hook_embed", "hook_pos_embed", "hook_tokens"):
-                layers.append(-1)
-                continue
-            return None
-        layers.append(int(match.group(1)))
-    if not layers:
-        return None
-    return max(layers) + 1 if max(layers) + 1 < model.cfg.n_layers else None
-
-
 # --------------------------------------------------------------------------- the engine
 
 
@@ -436,40 +435,22 @@ def run_patches(
         for start, indices in sorted(by_start.items())
         for i in range(0, len(indices), per_pass)
     ]
-    stop = _stop_after(hooked, read) if read else None
     results: list[torch.Tensor | None] = [None] * len(conditions)
-    for start, indices in tqdm(passes, disable=not progress, desc="patching"):
-        hooks_by_name: dict[str, list[tuple[slice, Patch]]] = defaultdict(list)
-        for k, index in enumerate(indices):
-            rows = slice(k * n_rows, (k + 1) * n_rows)
-            for patch in conditions[index]:
-                hooks_by_name[patch.hook_name].append((rows, patch))
-
-        def patch_hook(activation: torch.Tensor, hook: Any) -> torch.Tensor:
-            for rows, patch in hooks_by_name[hook.name]:
-                patch.apply(activation[rows])
-            return activation
-
-        captured: dict[str, torch.Tensor] = {}
-
-        def read_hook(activation: torch.Tensor, hook: Any) -> None:
-            captured[hook.name] = activation.detach().clone()
-
-        fwd_hooks = [(name, patch_hook) for name in hooks_by_name]
-        fwd_hooks += [(name, read_hook) for name in read]
+    for start, indices in tqdm(passes, disable=not progress, desc="patching", unit="pass"):
+        # one pass: the target rows repeated once per condition, each condition's patches
+        # bound to its own block of rows
+        patches = [dataclasses.replace(patch, rows=range(k * n_rows, (k + 1) * n_rows))
+                   for k, index in enumerate(indices) for patch in conditions[index]]
+        captured = ActivationCache(list(read) or [LOGITS])
         repeats = len(indices)
-        if start > 0:
-            x = resid_pre[start].repeat(repeats, 1, 1)
-            kwargs: dict[str, Any] = {"start_at_layer": start}
-        else:
-            x = tokens.repeat(repeats, 1)
-            kwargs = {}
-        with torch.no_grad(), hooked.hooks(fwd_hooks=fwd_hooks):
-            # reading hooks only: skip the unembedding (262k columns on Gemma-3)
-            output = hooked(x, stop_at_layer=stop, return_type=None if read else "logits", **kwargs)
+        x = resid_pre[start].repeat(repeats, 1, 1) if start > 0 else tokens.repeat(repeats, 1)
+        # reading hooks only: the pass stops after the last block read (no unembedding)
+        stream(hooked, x, [captured], patches=patches, batch_size=len(x), start_at_layer=start or None,
+               progress=False, desc="patching")
+        acts = captured.result()
         for k, index in enumerate(indices):
             rows = slice(k * n_rows, (k + 1) * n_rows)
-            view = {name: act[rows] for name, act in captured.items()} if read else output[rows]
+            view = {name: act[rows] for name, act in acts.items()} if read else acts[LOGITS][rows]
             results[index] = torch.as_tensor(metric(view)).detach()
     return torch.stack(results) if results else torch.empty(0)
 

@@ -151,6 +151,7 @@ def stream(
     positions = inputs.shape[1] if inputs.ndim > 1 else 1
     for patch in patches:
         patch.validate(hooked, positions)
+        patch.check_prompts(n_prompts)
     stop = needed_stop([n for n in names if n != LOGITS]) if stop_at_layer is None and LOGITS not in names \
         else stop_at_layer
     readers: dict[str, list[Reducer]] = defaultdict(list)
@@ -197,7 +198,8 @@ def stream(
 class ActivationCache:
     """A reducer that keeps whole activations (the exception to "keep sums": for patch
     sources and small reference runs). ``result()``: ``{hook_name: activation}`` with the
-    prompts in order along the batch axis, on the CPU unless ``device`` says otherwise.
+    prompts in order along the batch axis, on the model's device unless ``device`` says
+    otherwise; hooks that did not run (blocks before ``start_at_layer``) are absent.
     ``select`` optionally narrows each activation before it is kept (e.g. to position 0)."""
 
     def __init__(self, hook_names: Sequence[str], *, select: Callable[[torch.Tensor], torch.Tensor] | None = None,
@@ -215,6 +217,8 @@ class ActivationCache:
     def result(self) -> dict[str, torch.Tensor]:
         out = {}
         for name in self.hook_names:
+            if not self._parts[name]:
+                continue  # not run (e.g. a block before start_at_layer)
             parts = sorted(self._parts[name], key=lambda part: part[0])
             out[name] = parts[0][1] if len(parts) == 1 else torch.cat([p for _, p in parts])
         return out
