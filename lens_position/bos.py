@@ -19,8 +19,15 @@ the means over every head of every layer and ``fraction_removed = 1 - R_replaced
 A negative fraction means the replacement *added* residual component. Because the
 replacement also changes ``Var(log A)``, the table also gives the raw version on the
 unnormalised variance: ``var_abs_t`` (squared nats) summed over heads, and
-``fraction_removed_raw = 1 - sum var_abs_t_replaced / sum var_abs_t_base``. The paper
-reports about 40%; we report what we measure.
+``fraction_removed_raw = 1 - sum var_abs_t_replaced / sum var_abs_t_base``.
+``fraction_removed_rf`` is the same fraction for the reference-free residual component
+``R'`` (``R_rf``), the one claim C4 is decided on. The paper reports about 40%; we report
+what we measure.
+
+**Intervals.** The base and the replaced runs decompose the same prompts, so their bootstrap
+replicates resample the same sequences: each fraction's interval (``*_lo``/``*_hi``) comes
+from the fraction computed replicate by replicate (a paired bootstrap,
+:func:`lens_position.compare.compare`).
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from lens_position.compare import compare, decompose_conditions
 from lens_position.decompose import Decomposition, decompose
 from lens_position.inputs import checked_prompts
 from lens_position.errors import BadInputError
+from lens_position.intervals import Bootstrap
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.patching import as_tokens, default_replacement_token, embedding_patch
 from lens_position.results import SavedResult
@@ -51,14 +59,22 @@ class BosReplacement(SavedResult):
     ``frame``: one row per (replacement, layer): ``replacement``, ``layer``, ``layer_type``,
     ``R_base``, ``R_replaced``, ``fraction_removed``, ``R_heldout_base``,
     ``R_heldout_replaced``, ``var_abs_t_base``, ``var_abs_t_replaced``,
-    ``fraction_removed_raw``. ``overall``: one row per replacement with the same columns
-    over all layers. ``heads``: per-head ``R`` base and replaced.
+    ``fraction_removed_raw``, ``R_rf_base``, ``R_rf_replaced``, ``fraction_removed_rf`` and the
+    intervals ``fraction_removed_lo``/``_hi``, ``fraction_removed_rf_lo``/``_hi``. ``overall``:
+    one row per replacement with the same columns over all layers, and ``n_sequences``.
+    ``heads``: per-head ``R`` base and replaced. ``replicates``: one row per (replacement,
+    bootstrap replicate) with the overall fractions (None without intervals).
+    ``base_layers`` / ``base_replicates``: the base decomposition's per-layer table and
+    replicates (early queries, all keys).
     """
 
     frame: pd.DataFrame
     overall: pd.DataFrame
     heads: pd.DataFrame
     provenance: dict[str, Any] = field(default_factory=dict)
+    replicates: pd.DataFrame | None = None
+    base_layers: pd.DataFrame | None = None
+    base_replicates: pd.DataFrame | None = None
 
 
 def bos_replacement(
@@ -71,6 +87,7 @@ def bos_replacement(
     token: int | None = None,
     base: Decomposition | None = None,
     batch_size: int = 8,
+    bootstrap: Bootstrap = Bootstrap(),
     progress: bool = False,
 ) -> BosReplacement:
     """Fraction of the residual component ``R`` removed at early queries when the BOS
@@ -100,20 +117,22 @@ def bos_replacement(
     if token is None and "token" in replacements:
         token = default_replacement_token(loaded, tokens, position=0, seed=seed)
     if base is None:
-        base = decompose(loaded, prompts, query_range=query_range, batch_size=batch_size, progress=progress)
+        base = decompose(loaded, prompts, query_range=query_range, batch_size=batch_size, bootstrap=bootstrap,
+                         progress=progress)
     conditions = {replacement: [embedding_patch(loaded, tokens, replacement, position=0, token=token, seed=seed)]
                   for replacement in replacements}
     replaced = decompose_conditions(loaded, prompts, conditions, query_range=query_range, batch_size=batch_size,
-                                    progress=progress)
+                                    bootstrap=bootstrap, progress=progress)
     comparison = compare(base, replaced)
     names = {"condition": "replacement", "R_condition": "R_replaced", "R_heldout_condition": "R_heldout_replaced",
-             "var_abs_t_condition": "var_abs_t_replaced"}
+             "var_abs_t_condition": "var_abs_t_replaced", "R_rf_condition": "R_rf_replaced"}
     heads = comparison.heads.rename(columns=names)[["layer", "head", "layer_type", "replacement", "R_base",
                                                     "R_replaced"]]
     spec = getattr(prompts, "spec", None)
     return BosReplacement(
         frame=comparison.layers.rename(columns=names), overall=comparison.overall.rename(columns=names),
-        heads=heads,
+        heads=heads, base_layers=base.layers, base_replicates=base.replicates,
+        replicates=None if comparison.replicates is None else comparison.replicates.rename(columns=names),
         provenance=provenance.collect(
             model=loaded.spec, data=spec if spec is not None else {"source": "tensor", "shape": list(tokens.shape)},
             seed=seed, replacements=list(replacements), replacement_token=token, query_range=list(query_range),
@@ -121,4 +140,6 @@ def bos_replacement(
             position0_token_ids=sorted(set(tokens[:, 0].tolist())),
             fraction_removed=comparison.provenance["fraction_removed"],
             fraction_removed_raw=comparison.provenance["fraction_removed_raw"],
+            fraction_removed_rf=comparison.provenance["fraction_removed_rf"],
+            intervals={**bootstrap.to_dict("sequence"), "pairing": comparison.provenance["intervals"]},
         ))

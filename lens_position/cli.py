@@ -272,8 +272,7 @@ def _summary(result) -> str:
                      "conditions in claims.csv")
         overall = overall.iloc[:0]
     for _, row in overall.iterrows():
-        verdict = {True: "holds", False: "does not hold"}.get(row["holds"], "undecided")
-        lines.append(f"  {row['claim']}: {verdict} ({row['measured']})")
+        lines.append(f"  {row['claim']}: {row['verdict']} ({row['measured']})")
     lines.append(f"report: {result.files['report']}")
     return "\n".join(lines)
 

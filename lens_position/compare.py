@@ -16,7 +16,14 @@ summary every experiment reports in one place:
   some; NaN when ``R_base = 0``), the held-out means, and the raw version on the
   unnormalised variance, ``fraction_removed_raw = 1 - sum var_abs_t_condition /
   sum var_abs_t_base`` (squared nats summed over heads), since an intervention also changes
-  ``Var(log A)``.
+  ``Var(log A)``; and ``fraction_removed_rf``, the same fraction for the reference-free
+  residual component ``R'`` (``R_rf``).
+
+**Intervals.** When base and condition carry bootstrap replicates (``Decomposition.replicates``)
+they resample the same sequences in each replicate (the prompts are the same), so every
+fraction's interval (``*_lo``/``*_hi``) is the percentile interval of the fraction computed
+replicate by replicate: a paired bootstrap. ``Comparison.replicates`` keeps the overall
+fractions per replicate.
 
 The base is an argument, so several experiments on the same prompts share it instead of
 recomputing it.
@@ -27,11 +34,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+import numpy as np
 import pandas as pd
 from transformer_lens import HookedTransformer
 
 from lens_position.decompose import Decomposition, decompose
 from lens_position.errors import BadInputError
+from lens_position.intervals import Bootstrap, percentile_interval
 from lens_position.models.spec import LoadedModel
 from lens_position.patching import Patch
 from lens_position.results import SavedResult
@@ -47,13 +56,17 @@ class Comparison(SavedResult):
     ``condition``, ``layer``, ``head``, ``layer_type``, ``R_base``, ``R_condition``,
     ``R_change``, ``R_heldout_base``, ``R_heldout_condition``, ``R_heldout_change``.
     ``layers``: one row per (condition, layer) with the summary columns; ``overall``: one
-    row per condition with the same columns over all compared heads.
+    row per condition with the same columns over all compared heads, and the intervals
+    ``fraction_removed_lo``/``_hi``, ``fraction_removed_rf_lo``/``_hi``. ``replicates``: one
+    row per (condition, bootstrap replicate) with the overall ``fraction_removed`` and
+    ``fraction_removed_rf`` (None without replicates).
     """
 
     heads: pd.DataFrame
     layers: pd.DataFrame
     overall: pd.DataFrame
     provenance: dict[str, Any] = field(default_factory=dict)
+    replicates: pd.DataFrame | None = None
 
 
 def fraction_removed(base: float, condition: float) -> float:
@@ -70,7 +83,37 @@ def _summary(base: pd.DataFrame, condition: pd.DataFrame) -> dict[str, float]:
         "R_heldout_condition": float(condition["R_heldout"].mean()),
         "var_abs_t_base": v_base, "var_abs_t_condition": v_condition,
         "fraction_removed_raw": fraction_removed(v_base, v_condition),
+        "R_rf_base": float(base["R_rf"].mean()), "R_rf_condition": float(condition["R_rf"].mean()),
+        "fraction_removed_rf": fraction_removed(float(base["R_rf"].mean()), float(condition["R_rf"].mean())),
     }
+
+
+def _replicate_fractions(base: Decomposition, condition: Decomposition,
+                         layers: Sequence[int]) -> dict[str, np.ndarray] | None:
+    """Per bootstrap replicate, ``1 - R_condition / R_base`` (and for ``R_rf``) over ``layers``,
+    from the replicates' per-layer means (None when either side has none)."""
+    if base.replicates is None or condition.replicates is None:
+        return None
+    out = {}
+    for column, name in (("R", "fraction_removed"), ("R_rf", "fraction_removed_rf")):
+        means = [result.replicates[result.replicates["layer"].isin(layers)].groupby("replicate", sort=True)[column]
+                 .mean().to_numpy() for result in (base, condition)]
+        if len(means[0]) != len(means[1]):
+            return None
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out[name] = 1.0 - means[1] / means[0]
+    return out
+
+
+def _with_intervals(row: dict[str, Any], fractions: dict[str, np.ndarray] | None, level: float) -> dict[str, Any]:
+    for name in ("fraction_removed", "fraction_removed_rf"):
+        lo, hi = (np.nan, np.nan) if fractions is None else percentile_interval(fractions[name], level)
+        row[f"{name}_lo"], row[f"{name}_hi"] = float(lo), float(hi)
+    return row
+
+
+def _level(base: Decomposition) -> float:
+    return float(((base.provenance.get("options") or {}).get("intervals") or {}).get("level", 0.95))
 
 
 def compare(base: Decomposition, conditions: Mapping[str, Decomposition]) -> Comparison:
@@ -83,7 +126,8 @@ def compare(base: Decomposition, conditions: Mapping[str, Decomposition]) -> Com
                 raise BadInputError(
                     f"condition {name!r} was decomposed with {column}={sorted(set(result.heads[column]))} but "
                     f"the base with {sorted(set(base.heads[column]))}; decompose both with the same options")
-    head_frames, layer_rows, overall_rows = [], [], []
+    head_frames, layer_rows, overall_rows, replicate_frames = [], [], [], []
+    level = _level(base)
     for name, result in conditions.items():
         paired = base.heads.merge(result.heads[HEAD_KEYS + ["R", "R_heldout", "var_abs_t"]], on=HEAD_KEYS,
                                   suffixes=("_base", "_condition"), validate="one_to_one")
@@ -100,15 +144,28 @@ def compare(base: Decomposition, conditions: Mapping[str, Decomposition]) -> Com
         covered = base.heads.merge(paired[HEAD_KEYS], on=HEAD_KEYS)
         compared = result.heads.merge(paired[HEAD_KEYS], on=HEAD_KEYS)
         for layer, group in covered.groupby("layer", sort=True):
-            layer_rows.append({"condition": name, "layer": int(layer), "layer_type": group["layer_type"].iloc[0],
-                               **_summary(group, compared[compared["layer"] == layer])})
-        overall_rows.append({"condition": name, **_summary(covered, compared)})
+            layer_rows.append(_with_intervals(
+                {"condition": name, "layer": int(layer), "layer_type": group["layer_type"].iloc[0],
+                 **_summary(group, compared[compared["layer"] == layer])},
+                _replicate_fractions(base, result, [int(layer)]), level))
+        # overall fractions from replicates need whole layers on both sides (a replicate keeps layer means)
+        fractions = _replicate_fractions(base, result, sorted(set(paired["layer"])))
+        overall_rows.append(_with_intervals({"condition": name, **_summary(covered, compared),
+                                             "n_sequences": int(base.heads["n_sequences"].iloc[0])},
+                                            fractions, level))
+        if fractions is not None:
+            replicate_frames.append(pd.DataFrame({"condition": name,
+                                                  "replicate": np.arange(len(fractions["fraction_removed"])),
+                                                  **fractions}))
     return Comparison(
         heads=pd.concat(head_frames, ignore_index=True) if head_frames else pd.DataFrame(),
         layers=pd.DataFrame(layer_rows), overall=pd.DataFrame(overall_rows),
+        replicates=pd.concat(replicate_frames, ignore_index=True) if replicate_frames else None,
         provenance={"base": base.provenance, "conditions": {n: r.provenance for n, r in conditions.items()},
                     "fraction_removed": "1 - R_condition / R_base, R = mean over heads of Var(abs t)/Var(log A)",
-                    "fraction_removed_raw": "1 - sum_heads var_abs_t_condition / sum_heads var_abs_t_base"})
+                    "fraction_removed_raw": "1 - sum_heads var_abs_t_condition / sum_heads var_abs_t_base",
+                    "fraction_removed_rf": "1 - R_rf_condition / R_rf_base (reference-free split)",
+                    "intervals": "paired bootstrap: base and condition resample the same sequences per replicate"})
 
 
 def decompose_conditions(
@@ -119,6 +176,7 @@ def decompose_conditions(
     layers: Mapping[str, Sequence[int]] | Sequence[int] | None = None,
     query_range: tuple[int, int] | None = None,
     batch_size: int = 8,
+    bootstrap: Bootstrap = Bootstrap(),
     progress: bool = False,
 ) -> dict[str, Decomposition]:
     """Decompose ``prompts`` under each named condition (its patches applied; one streamed
@@ -128,5 +186,5 @@ def decompose_conditions(
     for name, patches in conditions.items():
         chosen = layers.get(name) if isinstance(layers, Mapping) else layers
         out[name] = decompose(model, prompts, patches=list(patches), layers=chosen, query_range=query_range,
-                              batch_size=batch_size, progress=progress)
+                              batch_size=batch_size, bootstrap=bootstrap, progress=progress)
     return out

@@ -412,3 +412,66 @@ def prompts_from_texts(
                       extra={"lengths": lengths, "cut_to": T, "cut_tokens": sum(n - T for n in lengths),
                              **_bos_note(bos)})
     return PromptSet(tokens=tokens, spec=spec, bos_token_id=bos_id)
+
+
+# ---------------------------------------------------------------------------------------
+# Documents (Gu et al.'s protocol)
+# ---------------------------------------------------------------------------------------
+
+
+def load_documents(corpus: str | os.PathLike | None = None, text: str | None = None) -> tuple[list[str], str]:
+    """(documents, description): the default corpus's topics one by one, a folder's files, a
+    ``datasets`` split's rows, or the blank-line-separated paragraphs of a file or of ``text``."""
+    if text is not None and corpus is not None:
+        raise BadInputError("pass either text= or corpus=, not both")
+    if text is not None:
+        return [p for p in text.split("\n\n") if p.strip()], "text (paragraphs)"
+    if corpus is None or corpus == DEFAULT_CORPUS:
+        from pydoc_data.topics import topics
+
+        return [topics[name].strip() for name in sorted(topics)], f"{DEFAULT_CORPUS} (one document per topic)"
+    path = Path(corpus) if not (isinstance(corpus, str) and corpus.startswith("hf:")) else None
+    if path is not None and path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
+        docs = [p.read_text(encoding="utf-8", errors="replace") for p in files]
+        return [d for d in docs if d.strip()], f"folder:{path.resolve()} (one document per file)"
+    full, description = load_corpus(corpus)
+    return [p for p in full.split("\n\n") if p.strip()], f"{description} (paragraphs)"
+
+
+def build_document_prompts(
+    model: LoadedModel,
+    *,
+    T: int = 64,
+    N: int = 16,
+    seed: int = 0,
+    corpus: str | os.PathLike | None = None,
+    text: str | None = None,
+) -> PromptSet:
+    """The first ``T`` tokens of ``N`` documents, each tokenised on its own with the
+    tokenizer's special tokens (so with its own BOS when it prepends one), as Gu et al.
+    2025 measure sinks (``eval_sink_open_source.py``: ``tokenizer(prompt)[:, :64]``).
+
+    Documents shorter than ``T`` tokens are skipped, as the authors assert; ``seed`` picks
+    which ``N`` of the long-enough documents (in corpus order).
+    """
+    tokenizer = model.tokenizer
+    if tokenizer is None:
+        raise BadInputError("document prompts need a tokenizer; this model has none: use source='random'")
+    docs, description = load_documents(corpus, text)
+    long_enough = [(k, ids[:T]) for k, ids in enumerate(_encode(tokenizer, d, special=True) for d in docs)
+                   if len(ids) >= T]
+    encoded = [ids for _, ids in long_enough]
+    if len(encoded) < N:
+        raise BadInputError(f"only {len(encoded)} of the {len(docs)} documents in {description} have at least "
+                            f"T = {T} tokens, {N} are needed; lower N or T, or pass a corpus with more documents")
+    chosen = np.sort(np.random.default_rng(seed).choice(len(encoded), size=N, replace=False))
+    tokens = torch.tensor([encoded[i] for i in chosen], dtype=torch.int64)
+    bos_id = getattr(tokenizer, "bos_token_id", None)
+    has_bos = bos_id is not None and bool((tokens[:, 0] == bos_id).all())
+    spec = PromptSpec(source="natural", T=T, N=N, bos="tokenizer", seed=seed,
+                      position0="bos" if has_bos else "content", first_token_id=bos_id if has_bos else None,
+                      tokenizer=f"{model.spec.name} ({model.spec.source})", vocab_size=model.model.cfg.d_vocab,
+                      corpus=description, extra={"protocol": "documents: the first T tokens of each document",
+                                                 "documents": [long_enough[i][0] for i in chosen]})
+    return PromptSet(tokens=tokens, spec=spec, bos_token_id=bos_id)

@@ -59,6 +59,7 @@ from lens_position import provenance
 from lens_position.checks import check_count, check_layers, check_query_range
 from lens_position.errors import BadInputError, UnsupportedArchitectureError
 from lens_position.inputs import checked_prompts
+from lens_position.intervals import Bootstrap, percentile_interval, resample_counts, small_sample_widening
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.results import SavedResult
 from lens_position.stream import stream
@@ -67,6 +68,11 @@ if TYPE_CHECKING:
     from lens_position.patching import Patch
 
 KeySet = Literal["all", "no-bos"]
+REFERENCE_FREE_DEFINITION = (
+    "mask-only counterfactual: g(d) fitted to t with one constant per query (t ~ g(i - j) + c(i)), "
+    "lam = g - logsumexp_K(i) g; M' = Var(abs lam)/V, R' = Var(abs log A - abs lam)/V, "
+    "C' = 2 Cov(abs lam, abs log A - abs lam)/V"
+)
 HELDOUT_DEFINITION = (
     "split-half cross-fit: absolute part fitted on even-indexed sequences, evaluated as "
     "Cov(abs_even, abs_odd)/V_odd, averaged with the reverse direction"
@@ -215,24 +221,42 @@ class PairDesign:
 
 @dataclass
 class HeadStatistics:
-    """Sufficient statistics of one layer, per half (index 0 = even sequences, 1 = odd):
-    ``xty_t``/``xty_z`` are ``X'y`` summed over the half's sequences, ``sum_y``/``sum_y2``
-    the sums of ``log A`` and its square over the analysed triples. float64."""
+    """Sufficient statistics of one layer, per group of sequences (sequence ``n`` belongs to
+    group ``n % n_groups``; ``n_groups`` is even, so group ``g`` lies in half ``g % 2``):
+    ``xty_t``/``xty_z`` are ``X'y`` summed over the group's sequences, ``row_t`` the sums of
+    ``t`` over each query's analysed keys (the query features of the reference-free fit),
+    ``sum_y``/``sum_y2`` the sums of ``log A`` and its square over the analysed triples,
+    ``n_sequences`` the group sizes. float64.
 
-    xty_t: Float[torch.Tensor, "half head feature"]
-    xty_z: Float[torch.Tensor, "half head feature"]
-    sum_y: Float[torch.Tensor, "half head"]
-    sum_y2: Float[torch.Tensor, "half head"]
-    n_sequences: list[int]
+    Keeping groups instead of halves costs nothing in forward passes: a bootstrap replicate
+    re-weights the groups and refits (:mod:`lens_position.intervals`)."""
+
+    xty_t: Float[torch.Tensor, "group head feature"]
+    xty_z: Float[torch.Tensor, "group head feature"]
+    row_t: Float[torch.Tensor, "group head query"]
+    sum_y: Float[torch.Tensor, "group head"]
+    sum_y2: Float[torch.Tensor, "group head"]
+    n_sequences: Float[torch.Tensor, "group"]
 
     def to(self, device: torch.device | str) -> "HeadStatistics":
-        return HeadStatistics(self.xty_t.to(device), self.xty_z.to(device), self.sum_y.to(device),
-                              self.sum_y2.to(device), self.n_sequences)
+        """These statistics on ``device`` (the group sizes stay on the CPU)."""
+        return HeadStatistics(self.xty_t.to(device), self.xty_z.to(device), self.row_t.to(device),
+                              self.sum_y.to(device), self.sum_y2.to(device), self.n_sequences)
 
     @classmethod
-    def zeros(cls, n_heads: int, n_features: int) -> "HeadStatistics":
+    def zeros(cls, n_heads: int, n_features: int, n_queries: int, n_groups: int = 2) -> "HeadStatistics":
         z = lambda *shape: torch.zeros(*shape, dtype=torch.float64)  # noqa: E731
-        return cls(z(2, n_heads, n_features), z(2, n_heads, n_features), z(2, n_heads), z(2, n_heads), [0, 0])
+        return cls(z(n_groups, n_heads, n_features), z(n_groups, n_heads, n_features),
+                   z(n_groups, n_heads, n_queries), z(n_groups, n_heads), z(n_groups, n_heads), z(n_groups))
+
+    @property
+    def n_groups(self) -> int:
+        return int(self.n_sequences.shape[0])
+
+    @property
+    def halves(self) -> Float[torch.Tensor, "group"]:
+        """Half of every group (0: even-indexed sequences, 1: odd)."""
+        return torch.arange(self.n_groups) % 2
 
 
 def self_referenced_scores(
@@ -249,36 +273,36 @@ def self_referenced_scores(
 _CHUNK_BYTES = 8 * 2**20  # heads are reduced in chunks of about this many float64 bytes (cache-sized)
 
 
-def _as_slice(index: Int[torch.Tensor, "row"]) -> slice | Int[torch.Tensor, "row"]:
-    """``index`` (sorted batch rows) as a slice when evenly spaced, as the halves of a
-    contiguous batch are: slicing a batch is a view, indexing it with a tensor copies it."""
-    values = index.tolist()
-    if not values:
-        return slice(0, 0)
-    step = values[1] - values[0] if len(values) > 1 else 1
-    if step > 0 and values == list(range(values[0], values[-1] + 1, step)):
-        return slice(values[0], values[-1] + 1, step)
-    return index
-
-
 def _reduce(scores: Float[torch.Tensor, "batch head query key"], design: PairDesign,
-            half_of_row: Int[torch.Tensor, "batch"], stats: HeadStatistics) -> None:
-    """Add one batch's statistics to ``stats``; batch row ``b`` belongs to half
-    ``half_of_row[b]`` (0 or 1).
+            group_of_row: Int[torch.Tensor, "batch"], stats: HeadStatistics) -> None:
+    """Add one batch's statistics to ``stats``; batch row ``b`` belongs to group
+    ``group_of_row[b]``.
 
     Works on the raw scores: with ``lse[i] = logsumexp_j s[i, j]``, ``log A = s - lse``,
     ``t = s - s[i, i]`` and ``z = lse - s[i, i]``, so the per-feature sums of ``t`` are those
-    of ``s`` minus the diagonal spread over each row's analysed keys. Heads are processed a
-    few at a time so that each float64 copy of the scores stays in cache.
+    of ``s`` minus the diagonal spread over each row's analysed keys. Rows of the same group
+    are summed first (every statistic is linear in the scores), so the cost per batch grows
+    with the number of distinct groups in it, not with the number of groups kept. Heads are
+    processed a few at a time so that each float64 copy of the scores stays in cache.
     """
     s = scores[:, :, design.query_start:design.query_stop]
     n_batch, n_heads = s.shape[:2]
     per_head = n_batch * s.shape[2] * s.shape[3] * 8
     chunk = max(1, _CHUNK_BYTES // per_head)
     count = design.analysed_per_query
-    half_of_row = half_of_row.to(s.device)
-    halves = [_as_slice((half_of_row == half).nonzero().squeeze(1)) for half in (0, 1)]
-    sizes = [len(range(n_batch)[rows]) if isinstance(rows, slice) else len(rows) for rows in halves]
+    groups, inverse = torch.unique(group_of_row.cpu(), return_inverse=True)
+    one_per_row = len(groups) == n_batch
+    in_order = one_per_row and torch.equal(inverse, torch.arange(n_batch))  # consecutive rows: no copy needed
+    inverse = inverse.to(s.device)
+
+    def by_group(x: torch.Tensor) -> torch.Tensor:
+        """Sum the rows of ``x`` that share a group: ``[distinct groups, ...]``."""
+        if in_order:
+            return x
+        if one_per_row:
+            return x[torch.argsort(inverse)]
+        return torch.zeros((len(groups), *x.shape[1:]), dtype=x.dtype, device=x.device).index_add_(0, inverse, x)
+
     for first in range(0, n_heads, chunk):
         heads = slice(first, min(first + chunk, n_heads))
         # copy=True: a float64 model's scores would otherwise be masked in place, changing the forward pass
@@ -290,18 +314,17 @@ def _reduce(scores: Float[torch.Tensor, "batch head query key"], design: PairDes
         row_s2 = torch.einsum("bhqk,bhqk->bhq", s64, s64)  # a batched matmul: 10x faster than (s*s).sum
         sum_y = (row_s - count * lse).sum(-1)  # [batch, head]
         sum_y2 = (row_s2 - 2 * lse * row_s + count * lse * lse).sum(-1)
-        for half, rows in enumerate(halves):
-            if sizes[half] == 0:
-                continue
-            score_sum = s64[rows].sum(0)  # [head, Q, T]
-            xty_s = score_sum.sum(-1) @ design.query_indicator + score_sum.sum(-2) @ design.key_indicator
-            xty_s[:, : design.length].index_add_(1, design.offset_index, score_sum.flatten(1))
-            stats.xty_t[half, heads] += xty_s - diagonal[rows].sum(0) @ design.row_features
-            stats.xty_z[half, heads] += (lse[rows] - diagonal[rows]).sum(0) @ design.row_features
-            stats.sum_y[half, heads] += sum_y[rows].sum(0)
-            stats.sum_y2[half, heads] += sum_y2[rows].sum(0)
-    for half in (0, 1):
-        stats.n_sequences[half] += sizes[half]
+        score_sum = by_group(s64)  # [group, head, Q, T]
+        xty_s = score_sum.sum(-1) @ design.query_indicator + score_sum.sum(-2) @ design.key_indicator
+        xty_s[..., : design.length].index_add_(2, design.offset_index.to(s.device), score_sum.flatten(2))
+        diagonal_sum = by_group(diagonal)
+        # the sums stay where the statistics are (the scores' device; back on the CPU in result())
+        stats.xty_t[groups, heads] += (xty_s - diagonal_sum @ design.row_features).to(stats.xty_t.device)
+        stats.xty_z[groups, heads] += (by_group(lse - diagonal) @ design.row_features).to(stats.xty_t.device)
+        stats.row_t[groups, heads] += (by_group(row_s) - count * diagonal_sum).to(stats.xty_t.device)
+        stats.sum_y[groups, heads] += by_group(sum_y).to(stats.xty_t.device)
+        stats.sum_y2[groups, heads] += by_group(sum_y2).to(stats.xty_t.device)
+    stats.n_sequences.index_add_(0, groups, torch.bincount(inverse.cpu(), minlength=len(groups)).to(torch.float64))
 
 
 # ---------------------------------------------------------------------------------------
@@ -309,76 +332,176 @@ def _reduce(scores: Float[torch.Tensor, "batch head query key"], design: PairDes
 # ---------------------------------------------------------------------------------------
 
 
+_RANK_TOLERANCE = 1e-10  # singular values below this fraction of the largest are numerical zeros
+
+
 @dataclass
 class _Fitter:
-    """Absolute-part coefficients and their variances, from ``X'X`` of one sequence."""
+    """Everything that depends on the key set only (one per design), computed once.
+
+    Absolute parts in coordinates. With ``b = X'y`` (per sequence), the absolute part's
+    coefficients are ``delta = D b`` with ``D = pinv(X'X) - [pinv(X_rel'X_rel)]`` (the relative
+    block subtracted), and every variance or covariance over the analysed pairs is
+    ``delta_a' G delta_b / n - mean_a mean_b`` (``G = X'X``). Writing ``G = R'R`` and taking
+    the SVD of ``R D`` gives a matrix ``coords`` (``[k, feature]``, ``k`` = rank of the
+    absolute subspace, about twice the number of position bins) with
+    ``delta_a' G delta_b = (coords b_a) . (coords b_b)``: every component is a dot product of
+    ``k``-vectors, which is what makes thousands of bootstrap refits cheap.
+
+    The reference-free split needs, in addition, the *offset-only fit up to a per-query
+    constant*: ``t ~ g(d) + c(i)`` (one-hot offsets and one-hot queries). Its coefficients
+    are ``[X_off'y, row sums of t] @ pinv_fe``; ``lam = g(i - j) - logsumexp_{K(i)} g`` is
+    the log-pattern the mask alone makes of it, and ``X'lam = g @ G[offsets] - lse @
+    row_features``, so its coordinates are ``g @ lam_g + lse @ lam_lse``.
+    """
 
     design: PairDesign
 
     def __post_init__(self) -> None:
-        gram = self.design.gram
-        rel = self.design.relative
-        self.pinv_full = torch.linalg.pinv(gram, hermitian=True)
-        self.pinv_rel = torch.linalg.pinv(gram[rel][:, rel], hermitian=True)
-        self.counts = gram[-1]  # X'1: pairs per feature
+        design = self.design
+        gram = design.gram
+        rel = design.relative
+        pinv_full = torch.linalg.pinv(gram, hermitian=True)
+        pinv_rel = torch.linalg.pinv(gram[rel][:, rel], hermitian=True)
+        delta = pinv_full.clone()
+        delta[rel[:, None], rel] -= pinv_rel
+        evals, evecs = torch.linalg.eigh(gram)
+        keep = evals > _RANK_TOLERANCE * evals.max()
+        root = evals[keep].sqrt()[:, None] * evecs[:, keep].T  # G = root' root
+        _, singular, right = torch.linalg.svd(root @ delta, full_matrices=False)
+        rank = singular > _RANK_TOLERANCE * singular.max() if singular.numel() and singular.max() > 0 else singular > 0
+        self.coords = singular[rank, None] * right[rank]  # [k, feature]
+        self.mean = delta @ gram[-1] / design.n_pairs  # mean over pairs of X delta = mean . b
+        # reference-free: offset-only fit up to a per-query constant
+        n_off, n_query = design.length, design.query_stop - design.query_start
+        rows = design.query - design.query_start
+        offsets = design.query - design.key
+        gram_fe = torch.zeros(n_off + n_query, n_off + n_query, dtype=torch.float64)
+        ones = torch.ones(len(rows), dtype=torch.float64)
+        for a, b in ((offsets, offsets), (offsets, n_off + rows), (n_off + rows, offsets), (n_off + rows, n_off + rows)):
+            gram_fe.view(-1).index_add_(0, a * (n_off + n_query) + b, ones)
+        self.offsets_fit = torch.linalg.pinv(gram_fe, hermitian=True)[:, :n_off]  # [off + query, off] -> g
+        self.lam_g = gram[:n_off] @ self.coords.T  # [off, k]
+        self.lam_lse = -design.row_features @ self.coords.T  # [query, k]
+        self.mean_g = gram[:n_off] @ self.mean
+        self.mean_lse = -design.row_features @ self.mean
+        window = design.window if design.window is not None else design.length
+        # logsumexp over K(i) of g(i - j): the offsets 0..min(i, W - 1)
+        self.lse_index = torch.arange(design.query_start, design.query_stop).clamp(max=window - 1)
+        # with key 0 left out, g at the offset of key 0 is not fitted for the last query
+        self.reference_free = design.keys == "all"
 
-    def delta(self, xty_mean: Float[torch.Tensor, "head feature"]) -> Float[torch.Tensor, "head feature"]:
-        """Coefficients of the absolute part, ``beta_full - [beta_rel, 0]``, from the mean
-        ``X'y`` per sequence."""
-        rel = self.design.relative
-        delta = xty_mean @ self.pinv_full
-        delta[:, rel] -= xty_mean[:, rel] @ self.pinv_rel
-        return delta
 
-    def cov(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        """Covariance over the analysed pairs of ``X a`` and ``X b`` (one value per head)."""
-        n = self.design.n_pairs
-        return (a @ self.design.gram * b).sum(-1) / n - (a @ self.counts / n) * (b @ self.counts / n)
+@dataclass
+class _Variant:
+    """One weighting of the groups (a half, or all), as k-coordinates of the absolute
+    parts of ``t``, ``z`` and (reference-free) the mask-only counterfactual ``lam``."""
+
+    t: torch.Tensor
+    z: torch.Tensor
+    lam: torch.Tensor
+    mean_t: torch.Tensor
+    mean_z: torch.Tensor
+    mean_lam: torch.Tensor
+    var_log_a: torch.Tensor
 
 
-def _components(fit: "_Fitter", stats: HeadStatistics) -> dict[str, np.ndarray]:
-    design = fit.design
-    n_seq = torch.tensor(stats.n_sequences, dtype=torch.float64)
-    n_total = n_seq.sum()
-
-    def variance(sum_y: torch.Tensor, sum_y2: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
-        mean = sum_y / (n * design.n_pairs)
-        return sum_y2 / (n * design.n_pairs) - mean * mean
-
-    var_log_a = variance(stats.sum_y.sum(0), stats.sum_y2.sum(0), n_total)
-    d_t = fit.delta(stats.xty_t.sum(0) / n_total)
-    d_z = fit.delta(stats.xty_z.sum(0) / n_total)
-    var_t, var_z, cov_tz = fit.cov(d_t, d_t), fit.cov(d_z, d_z), fit.cov(d_t, d_z)
-    out = {
-        "R": var_t / var_log_a, "M": var_z / var_log_a, "C": -2 * cov_tz / var_log_a,
-        "var_logA": var_log_a, "var_abs_t": var_t, "var_abs_z": var_z, "cov_abs_tz": cov_tz,
-    }
-    out["T"] = out["R"] + out["M"] + out["C"]
-    if min(stats.n_sequences) > 0:
-        v = [variance(stats.sum_y[h], stats.sum_y2[h], n_seq[h]) for h in (0, 1)]
-        weight = 0.5 * (1 / v[0] + 1 / v[1])
-        dt = [fit.delta(stats.xty_t[h] / n_seq[h]) for h in (0, 1)]
-        dz = [fit.delta(stats.xty_z[h] / n_seq[h]) for h in (0, 1)]
-        out["R_heldout"] = fit.cov(dt[0], dt[1]) * weight
-        out["M_heldout"] = fit.cov(dz[0], dz[1]) * weight
-        out["C_heldout"] = -(fit.cov(dt[0], dz[1]) + fit.cov(dz[0], dt[1])) * weight
-        out["T_heldout"] = out["R_heldout"] + out["M_heldout"] + out["C_heldout"]
+def _variant(fit: _Fitter, stats: HeadStatistics, per_group: torch.Tensor,
+             weights: Float[torch.Tensor, "replicate group"]) -> _Variant:
+    """Weighted sums of the groups, divided by the weighted number of sequences (mean per
+    sequence), turned into coordinates; NaN where a weighting holds no sequence.
+    ``per_group``: ``[group, head, k | k | 1 | 1 | offset | 1 | 1]`` (coordinates of ``t`` and
+    ``z``, their means, the offset fit ``g``, and the sums of ``log A`` and its square), so
+    every replicate's mean is one matrix product."""
+    n = weights @ stats.n_sequences  # [R]
+    scale = torch.where(n > 0, 1.0 / n, torch.nan)
+    n_groups, n_heads, width = per_group.shape
+    means = ((weights @ per_group.reshape(n_groups, -1)) * scale[:, None]).reshape(len(weights), n_heads, width)
+    k, n_off = fit.coords.shape[0], fit.design.length
+    t, z = means[..., :k], means[..., k:2 * k]
+    mean_t, mean_z = means[..., 2 * k], means[..., 2 * k + 1]
+    g = means[..., 2 * k + 2:2 * k + 2 + n_off]  # [R, head, offset]
+    sum_y, sum_y2 = means[..., -2] / fit.design.n_pairs, means[..., -1] / fit.design.n_pairs
+    if fit.reference_free:
+        lse = torch.logcumsumexp(g, dim=-1)[..., fit.lse_index]
+        lam = g @ fit.lam_g + lse @ fit.lam_lse
+        mean_lam = g @ fit.mean_g + lse @ fit.mean_lse
     else:
-        nan = torch.full_like(var_log_a, float("nan"))
-        out.update(R_heldout=nan, M_heldout=nan, C_heldout=nan, T_heldout=nan)
-    return {k: v.numpy() for k, v in out.items()}
+        lam, mean_lam = torch.full_like(t, torch.nan), torch.full_like(sum_y, torch.nan)
+    return _Variant(t=t, z=z, lam=lam, mean_t=mean_t, mean_z=mean_z, mean_lam=mean_lam,
+                    var_log_a=sum_y2 - sum_y * sum_y)
+
+
+def _components(fit: _Fitter, stats: HeadStatistics,
+                weights: Float[torch.Tensor, "replicate group"] | None = None) -> dict[str, torch.Tensor]:
+    """Every component, ``[replicate, head]``, for each row of ``weights`` (the multiplicity of
+    every group; None: each group once, i.e. the estimate on all the data, one row).
+
+    In-sample (all weighted groups): ``R = Var(abs t)/V``, ``M = Var(abs z)/V``,
+    ``C = -2 Cov(abs t, abs z)/V``; reference-free ``R' = Var(abs log A - abs lam)/V``,
+    ``M' = Var(abs lam)/V``, ``C' = 2 Cov(abs lam, abs log A - abs lam)/V``. Held-out: the
+    same with one factor fitted on each half (module docstring), averaged over both directions.
+    """
+    if weights is None:
+        weights = torch.ones(1, stats.n_groups, dtype=torch.float64)
+    design = fit.design
+    n_off = design.length
+    per_group = torch.cat([
+        stats.xty_t @ fit.coords.T, stats.xty_z @ fit.coords.T,
+        (stats.xty_t @ fit.mean)[..., None], (stats.xty_z @ fit.mean)[..., None],
+        torch.cat([stats.xty_t[..., :n_off], stats.row_t], dim=-1) @ fit.offsets_fit,
+        stats.sum_y[..., None], stats.sum_y2[..., None],
+    ], dim=-1)
+    halves = stats.halves
+    both = _variant(fit, stats, per_group, weights)
+    parts = [_variant(fit, stats, per_group, weights * (halves == h).to(torch.float64)) for h in (0, 1)]
+    n_pairs = design.n_pairs
+
+    def cov(a: torch.Tensor, mean_a: torch.Tensor, b: torch.Tensor, mean_b: torch.Tensor) -> torch.Tensor:
+        return (a * b).sum(-1) / n_pairs - mean_a * mean_b
+
+    def split(v: _Variant) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """The absolute parts as (coordinates, mean): t, z, log A, mask-only lam, residual log A - lam."""
+        log_a, mean_log_a = v.t - v.z, v.mean_t - v.mean_z
+        return {"t": (v.t, v.mean_t), "z": (v.z, v.mean_z), "lam": (v.lam, v.mean_lam),
+                "res": (log_a - v.lam, mean_log_a - v.mean_lam)}
+
+    a = split(both)
+    var_log_a = both.var_log_a
+    var_t, var_z, cov_tz = cov(*a["t"], *a["t"]), cov(*a["z"], *a["z"]), cov(*a["t"], *a["z"])
+    out = {"R": var_t / var_log_a, "M": var_z / var_log_a, "C": -2 * cov_tz / var_log_a,
+           "var_logA": var_log_a, "var_abs_t": var_t, "var_abs_z": var_z, "cov_abs_tz": cov_tz}
+    out["T"] = out["R"] + out["M"] + out["C"]
+    out["R_rf"] = cov(*a["res"], *a["res"]) / var_log_a
+    out["M_rf"] = cov(*a["lam"], *a["lam"]) / var_log_a
+    out["C_rf"] = 2 * cov(*a["lam"], *a["res"]) / var_log_a
+    h0, h1 = split(parts[0]), split(parts[1])
+    weight = 0.5 * (1 / parts[0].var_log_a + 1 / parts[1].var_log_a)  # NaN when a half is empty
+
+    def cross(x: str, y: str) -> torch.Tensor:
+        return cov(*h0[x], *h1[y]) * weight
+
+    out["R_heldout"] = cross("t", "t")
+    out["M_heldout"] = cross("z", "z")
+    out["C_heldout"] = -(cross("t", "z") + cross("z", "t"))
+    out["T_heldout"] = out["R_heldout"] + out["M_heldout"] + out["C_heldout"]
+    out["R_rf_heldout"] = cross("res", "res")
+    out["M_rf_heldout"] = cross("lam", "lam")
+    out["C_rf_heldout"] = cross("lam", "res") + cross("res", "lam")
+    return out
 
 
 # ---------------------------------------------------------------------------------------
 # Public API
 # ---------------------------------------------------------------------------------------
 
+COMPONENTS = ["T", "R", "M", "C", "T_heldout", "R_heldout", "M_heldout", "C_heldout",
+              "R_rf", "M_rf", "C_rf", "R_rf_heldout", "M_rf_heldout", "C_rf_heldout"]
+INTERVAL_COLUMNS = [f"{c}_{side}" for c in COMPONENTS for side in ("lo", "hi")]
 HEAD_COLUMNS = [
-    "layer", "head", "layer_type", "window", "query_start", "query_stop", "keys",
-    "T", "R", "M", "C", "T_heldout", "R_heldout", "M_heldout", "C_heldout",
-    "var_logA", "var_abs_t", "var_abs_z", "cov_abs_tz", "n_pairs", "n_sequences",
+    "layer", "head", "layer_type", "window", "query_start", "query_stop", "keys", *COMPONENTS,
+    "var_logA", "var_abs_t", "var_abs_z", "cov_abs_tz", "n_pairs", "n_sequences", *INTERVAL_COLUMNS,
 ]
-COMPONENTS = ["T", "R", "M", "C", "T_heldout", "R_heldout", "M_heldout", "C_heldout"]
 
 
 @dataclass
@@ -391,14 +514,25 @@ class Decomposition(SavedResult):
     ``n_pairs`` counts analysed (sequence, query, key) triples. ``layer_type`` is
     ``"global"`` or ``"local"`` with its ``window``. ``*_heldout`` are split-half cross-fits
     (module docstring): free of the in-sample fit's noise, slightly negative when there is
-    no signal, NaN with a single sequence.
-    ``layers``: one row per layer, the mean over heads of each component.
-    ``provenance``: model spec, data spec, seed, options (bins, query range, keys), versions.
+    no signal, NaN with a single sequence. ``R_rf, M_rf, C_rf`` (and ``*_heldout``) are
+    the reference-free split of the same ``T`` (module docstring), ``T = R_rf + M_rf + C_rf``;
+    NaN with ``keys="no-bos"``. Every component ``X`` has its bootstrap interval
+    ``X_lo``/``X_hi`` (NaN when intervals are off).
+    ``layers``: one row per layer, the mean over heads of each component, its interval (the
+    percentiles of that mean over the replicates), ``relative_depth`` = layer / (n_layers − 1),
+    ``query_stop`` and ``n_sequences``.
+    ``provenance``: model spec, data spec, seed, options (bins, query range, keys), the
+    interval method, level and number of resamples, versions.
+    ``replicates``: one row per (bootstrap replicate, layer) with the layer's mean over heads
+    of every component in that replicate (None when intervals are off). Derived quantities
+    (a ratio, a depth slope, a difference between two runs on the same prompts) get their
+    intervals by computing them replicate by replicate.
     """
 
     heads: pd.DataFrame
     layers: pd.DataFrame
     provenance: dict[str, Any]
+    replicates: pd.DataFrame | None = None
 
     def to_tensor(self, component: str = "R") -> Float[torch.Tensor, "layer head"]:
         """One per-head column of ``heads`` (``"R"``, ``"M_heldout"``, ...) as a float64
@@ -459,10 +593,15 @@ def _check_mask(scores: torch.Tensor, design: PairDesign, layer: int) -> None:
             "unpadded causal or sliding-window attention")
 
 
+MAX_GROUPS = 32  # sequences are kept in at most this many groups (each its own while N <= MAX_GROUPS)
+
+
 class DecompositionReducer:
     """The decomposition's statistics as a reducer for :func:`lens_position.stream.stream`:
     it reads ``hook_attn_scores`` of the analysed layers and keeps, per layer, the
-    :class:`HeadStatistics` of the two halves (sequences of even and odd index).
+    :class:`HeadStatistics` of every group of sequences: each sequence its own group while
+    ``N <= MAX_GROUPS`` and intervals are on, else sequence ``n`` in group ``n % n_groups``
+    (two groups, the halves, when intervals are off).
 
     Build it with the same options as :func:`decompose`, stream the prompts through the
     model (together with any other reducers), then call :meth:`result`.
@@ -470,14 +609,17 @@ class DecompositionReducer:
 
     def __init__(self, model: LoadedModel | HookedTransformer, prompts: Any, *,
                  layers: Sequence[int] | None = None, query_range: tuple[int, int] | None = None,
-                 keys: KeySet = "all", bins: PositionBins = PositionBins()) -> None:
+                 keys: KeySet = "all", bins: PositionBins = PositionBins(),
+                 bootstrap: Bootstrap = Bootstrap()) -> None:
         self.loaded = as_loaded(model)
         tokens, self.data = _prompt_tokens(self.loaded, prompts)
         self.seed = getattr(getattr(prompts, "spec", None), "seed", None)
         self.layers, self.query_start, self.query_stop = _check_options(self.loaded, tokens, layers,
                                                                          query_range, keys)
         self.length = tokens.shape[1]
-        self.keys, self.bins = keys, bins
+        self.keys, self.bins, self.bootstrap = keys, bins, bootstrap
+        n_seq = tokens.shape[0]
+        self.n_groups = 2 if not bootstrap.enabled else max(2, min(n_seq + n_seq % 2, MAX_GROUPS))
         self.windows = layer_key_windows(self.loaded)
         self.designs: dict[int | None, PairDesign] = {}
         for layer in self.layers:
@@ -486,7 +628,8 @@ class DecompositionReducer:
                 self.designs[window] = PairDesign.build(self.length, window, self.query_start, self.query_stop,
                                                         keys, bins)
         n_heads = self.loaded.model.cfg.n_heads
-        self.stats = {layer: HeadStatistics.zeros(n_heads, self.designs[self.windows[layer]].n_features)
+        self.stats = {layer: HeadStatistics.zeros(n_heads, self.designs[self.windows[layer]].n_features,
+                                                  self.query_stop - self.query_start, self.n_groups)
                       for layer in self.layers}
         self.hook_names = tuple(f"blocks.{layer}.attn.hook_attn_scores" for layer in self.layers)
         self._layer_of = dict(zip(self.hook_names, self.layers))
@@ -506,22 +649,53 @@ class DecompositionReducer:
         if layer not in self._checked:
             _check_mask(scores, design, layer)
             self._checked.add(layer)
-        _reduce(scores, design, rows % 2, self.stats[layer])
+        _reduce(scores, design, rows % self.n_groups, self.stats[layer])
+
+    def resample_weights(self) -> Float[torch.Tensor, "replicate group"] | None:
+        """Multiplicities of the groups in every bootstrap replicate, drawn within halves
+        (None when intervals are off). Deterministic in the number of groups and the
+        bootstrap seed, so two decompositions of the same prompts draw the same replicates."""
+        if not self.bootstrap.enabled:
+            return None
+        stats = self.stats[self.layers[0]]
+        present = (stats.n_sequences > 0).numpy()
+        counts = torch.zeros(self.bootstrap.n_resamples, stats.n_groups, dtype=torch.float64)
+        counts[:, present] = resample_counts(int(present.sum()), self.bootstrap.n_resamples, self.bootstrap.seed,
+                                             strata=stats.halves.numpy()[present]).to(torch.float64)
+        return counts
 
     def result(self, **options: Any) -> Decomposition:
         """The :class:`Decomposition` of everything streamed so far; ``options`` (batch
         size, interventions) are recorded in its provenance."""
         n_heads = self.loaded.model.cfg.n_heads
-        n_seq = sum(self.stats[self.layers[0]].n_sequences)
+        n_layers = self.loaded.model.cfg.n_layers
+        n_seq = int(self.stats[self.layers[0]].n_sequences.sum())
         if n_seq == 0:
             raise BadInputError("no prompts were streamed through this decomposition")
         self.stats = {layer: stats.to("cpu") for layer, stats in self.stats.items()}
-        rows = []
-        fitters = {window: _Fitter(design) for window, design in self.designs.items()}  # one pseudo-inverse per key set
+        weights = self.resample_weights()
+        level = self.bootstrap.level
+        stats0 = self.stats[self.layers[0]]
+        per_half = min(int(((stats0.n_sequences > 0) & (stats0.halves == h)).sum()) for h in (0, 1))
+
+        def widen(estimate: torch.Tensor, replicates: torch.Tensor) -> torch.Tensor:
+            return small_sample_widening(estimate, replicates, per_half)
+
+        rows, replicate_frames = [], []
+        fitters = {window: _Fitter(design) for window, design in self.designs.items()}  # once per key set
         for layer in self.layers:
             window = self.windows[layer]
             design = self.designs[window]
-            values = _components(fitters[window], self.stats[layer])
+            values = {k: v[0].numpy() for k, v in _components(fitters[window], self.stats[layer]).items()}
+            bounds: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+            if weights is not None:
+                replicates = _components(fitters[window], self.stats[layer], weights)
+                replicates = {k: widen(torch.as_tensor(values[k]), v) for k, v in replicates.items()}
+                for name in COMPONENTS:
+                    bounds[name] = percentile_interval(replicates[name].numpy(), level)
+                replicate_frames.append(pd.DataFrame({
+                    "replicate": np.arange(len(weights)), "layer": layer,
+                    **{name: replicates[name].mean(-1).numpy() for name in COMPONENTS}}))
             for head in range(n_heads):
                 row = {
                     "layer": layer, "head": head, "layer_type": "global" if window is None else "local",
@@ -529,16 +703,31 @@ class DecompositionReducer:
                     "keys": self.keys, "n_pairs": design.n_pairs * n_seq, "n_sequences": n_seq,
                 }
                 row.update({name: float(v[head]) for name, v in values.items()})
+                for name, (lo, hi) in bounds.items():
+                    row[f"{name}_lo"], row[f"{name}_hi"] = float(lo[head]), float(hi[head])
                 rows.append(row)
         heads = pd.DataFrame(rows, columns=HEAD_COLUMNS).astype({"window": "Int64"})
         per_layer = heads.groupby(["layer", "layer_type"], dropna=False, sort=True)[COMPONENTS].mean().reset_index()
+        per_layer["relative_depth"] = per_layer["layer"] / max(n_layers - 1, 1)
+        per_layer["query_stop"], per_layer["n_sequences"] = self.query_stop, n_seq
+        replicates = pd.concat(replicate_frames, ignore_index=True) if replicate_frames else None
+        for name in COMPONENTS:  # a layer's interval: the percentiles of its head mean over replicates
+            if replicates is None:
+                per_layer[f"{name}_lo"] = per_layer[f"{name}_hi"] = np.nan
+                continue
+            grid = replicates.pivot(index="replicate", columns="layer", values=name)
+            lo, hi = percentile_interval(grid[per_layer["layer"].tolist()].to_numpy(), level)
+            per_layer[f"{name}_lo"], per_layer[f"{name}_hi"] = lo, hi
         prov = provenance.collect(
             model=self.loaded.spec, data=self.data, seed=self.seed, layers=self.layers,
             query_range=[self.query_start, self.query_stop], keys=self.keys, **options,
             bins={**self.bins.to_dict(), "position_edges": self.bins.edges(self.length).tolist(), "offsets": "exact"},
-            heldout=HELDOUT_DEFINITION, mask_windows={str(layer): self.windows[layer] for layer in self.layers},
+            heldout=HELDOUT_DEFINITION, reference_free=REFERENCE_FREE_DEFINITION,
+            intervals={**self.bootstrap.to_dict("sequence"), "groups": self.n_groups,
+                       "strata": "halves (even / odd sequences), resampled separately"},
+            mask_windows={str(layer): self.windows[layer] for layer in self.layers},
         )
-        return Decomposition(heads=heads, layers=per_layer, provenance=prov)
+        return Decomposition(heads=heads, layers=per_layer, provenance=prov, replicates=replicates)
 
 
 def decompose(
@@ -552,10 +741,12 @@ def decompose(
     fwd_hooks: Sequence[tuple[str | Callable, Callable]] = (),
     batch_size: int = 8,
     bins: PositionBins = PositionBins(),
+    bootstrap: Bootstrap = Bootstrap(),
     progress: bool = True,
 ) -> Decomposition:
     """Measure, per layer and head, the absolute-position share of the attention pattern
-    and split it into residual and mask components (module docstring: method).
+    and split it into residual and mask components (module docstring: method), with
+    bootstrap intervals over whole sequences.
 
     Args:
         model: a ``LoadedModel`` or a bare ``HookedTransformer``.
@@ -571,6 +762,9 @@ def decompose(
             run after the patches and before the analysis.
         batch_size: sequences per forward pass.
         bins: query/key position bins (offsets always get one bin each).
+        bootstrap: the intervals (:class:`lens_position.intervals.Bootstrap`; its default is
+            a 95% percentile interval from 200 replicates; ``NO_INTERVALS`` switches them off).
+            Replicates refit re-weighted statistics: they cost no forward pass.
         progress: show a progress bar.
 
     Returns:
@@ -579,7 +773,8 @@ def decompose(
     """
     prompts = checked_prompts(model, prompts, min_length=2)
     batch_size = check_count("batch_size", batch_size)
-    reducer = DecompositionReducer(model, prompts, layers=layers, query_range=query_range, keys=keys, bins=bins)
+    reducer = DecompositionReducer(model, prompts, layers=layers, query_range=query_range, keys=keys, bins=bins,
+                                   bootstrap=bootstrap)
     stream(model, prompts, [reducer], patches=patches, fwd_hooks=fwd_hooks, batch_size=batch_size,
            progress=progress, desc="decompose")
     return reducer.result(

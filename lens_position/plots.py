@@ -22,18 +22,21 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
+from lens_position.claims import PAPER
 from lens_position.errors import BadInputError
 
 _PALETTE = qualitative.Plotly
 _DASHES = ("solid", "dash", "dot", "dashdot", "longdash")
-# The paper's C4 number: the fraction of the residual component removed by BOS replacement.
-PAPER_C4_FRACTION = 0.40
+PAPER_C4_FRACTION = PAPER.c4_fraction_removed
 
 COMPONENT_NAMES = {
     "T": "total absolute signal T",
-    "R": "residual component R",
-    "M": "mask component M",
-    "C": "interaction C",
+    "R": "residual component R (self-referenced)",
+    "M": "mask component M (self-referenced)",
+    "C": "interaction C (self-referenced)",
+    "R_rf": "residual component R' (reference-free)",
+    "M_rf": "mask component M' (reference-free)",
+    "C_rf": "interaction C' (reference-free)",
 }
 
 
@@ -70,6 +73,24 @@ def _as_list(values: Sequence) -> list:
     return out
 
 
+def _error_bars(frame: pd.DataFrame, column: str, scale: float = 1.0) -> dict | None:
+    """plotly ``error_y`` drawing the interval ``[column_lo, column_hi]`` around ``column``
+    (None when the frame has no interval columns). Bars are asymmetric: a bootstrap
+    interval need not be centred on the estimate."""
+    lo, hi = f"{column}_lo", f"{column}_hi"
+    if lo not in frame.columns or hi not in frame.columns:
+        return None
+    value = frame[column].to_numpy(dtype=float)
+    above = _as_list(scale * (frame[hi].to_numpy(dtype=float) - value))
+    under = _as_list(scale * (value - frame[lo].to_numpy(dtype=float)))
+    return dict(type="data", symmetric=False, array=above, arrayminus=under, thickness=1.2, width=3)
+
+
+def _relative_depth(frame: pd.DataFrame) -> list:
+    """x of a depth figure: ``relative_depth`` (layer / (n_layers − 1)) when the frame has it."""
+    return _as_list(frame["relative_depth"] if "relative_depth" in frame.columns else frame["layer"])
+
+
 def _color(i: int) -> str:
     return _PALETTE[i % len(_PALETTE)]
 
@@ -99,66 +120,84 @@ def _base_layout(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
 
 
 def layer_components(layers: pd.DataFrame, *, by: str = "architecture",
-                     components: Sequence[str] = ("R", "M"), heldout: bool = False) -> go.Figure:
+                     components: Sequence[str] = ("R_rf", "M_rf", "R", "M"), heldout: bool = True) -> go.Figure:
     """Per-layer components of the absolute-position signal, one line per architecture (C2, C3).
 
     ``layers`` is ``Decomposition.layers`` stacked over models: columns ``layer`` and the
-    components (``R``, ``M``, ... or ``R_heldout``, ... when ``heldout``), each a fraction
-    of Var(log A) averaged over the layer's heads. One panel per component; x = layer
-    index, y = fraction of Var(log A).
+    components (``R_rf``, ``M_rf``, ``R``, ``M``, ...; with ``heldout``, the ``*_heldout``
+    columns), each a fraction of Var(log A) averaged over the layer's heads. One panel per
+    component: the reference-free split (``R_rf``, ``M_rf``) beside the self-referenced one.
+    x = relative depth layer / (n_layers − 1) when the frame has ``relative_depth`` (the
+    axis C3's depth slope is computed on), else the layer index; error bars = the
+    ``*_lo``/``*_hi`` interval when present.
     """
     cols = [c + ("_heldout" if heldout else "") for c in components]
     _require(layers, ["layer", *cols], "layer_components")
     fig = make_subplots(rows=1, cols=len(cols), shared_yaxes=False,
-                        subplot_titles=[COMPONENT_NAMES.get(c, c) + (" (held-out)" if heldout else "")
+                        subplot_titles=[COMPONENT_NAMES.get(c, c) + (", held-out" if heldout else ", in-sample")
                                         for c in components])
+    x_title = "relative depth (layer / (n_layers − 1))" if "relative_depth" in layers.columns else "layer"
     for gi, (name, frame) in enumerate(_groups(layers, by)):
         frame = frame.sort_values("layer")
         for ci, col in enumerate(cols):
             fig.add_trace(go.Scatter(
-                x=_as_list(frame["layer"]), y=_as_list(frame[col]), mode="lines+markers",
+                x=_relative_depth(frame), y=_as_list(frame[col]), mode="lines+markers",
+                error_y=_error_bars(frame, col), customdata=_as_list(frame["layer"]),
                 name=name, legendgroup=name, showlegend=ci == 0,
                 line=dict(color=_color(gi)), meta={"group": name, "quantity": col},
-                hovertemplate=f"{name}<br>layer %{{x}}<br>{col} = %{{y:.4f}}<extra></extra>",
+                hovertemplate=f"{name}<br>layer %{{customdata}}<br>{col} = %{{y:.4f}}<extra></extra>",
             ), row=1, col=ci + 1)
-            fig.update_xaxes(title_text="layer", row=1, col=ci + 1)
+            fig.update_xaxes(title_text=x_title, row=1, col=ci + 1)
     fig.update_yaxes(title_text="fraction of Var(log A)", row=1, col=1)
-    return _base_layout(fig, "Absolute-position components per layer")
+    fig.update_annotations(font_size=11)
+    return _base_layout(fig, "Absolute-position components per layer", height=440)
 
 
 def head_heatmaps(heads: pd.DataFrame, *, by: str = "architecture",
-                  components: Sequence[str] = ("T", "R", "M")) -> go.Figure:
-    """Heatmaps of T, R and M per (layer, head): one row per architecture, one column per component.
+                  components: Sequence[str] = ("T_heldout", "R_rf_heldout", "M_rf_heldout")) -> go.Figure:
+    """Heatmaps of per-head components: one row per architecture, one column per component.
 
     ``heads`` is ``Decomposition.heads`` stacked over models (columns ``layer``, ``head`` and
-    the components, fractions of Var(log A)). Colour = fraction, one shared scale from 0 to
-    the largest value shown; ``z[layer][head]``.
+    the components, fractions of Var(log A)); by default the held-out T and the reference-free
+    R' and M'. Colour = fraction, one shared scale from min(0, smallest) to the largest value
+    shown; ``z[layer][head]``; hovering a cell shows its interval when the frame has
+    ``*_lo``/``*_hi`` columns.
     """
     _require(heads, ["layer", "head", *components], "head_heatmaps")
     groups = _groups(heads, by)
     titles = [f"{name}: {c}" for name, _ in groups for c in components]
     fig = make_subplots(rows=len(groups), cols=len(components), subplot_titles=titles,
                         horizontal_spacing=0.06, vertical_spacing=0.5 / max(len(groups), 1) / 2)
-    zmax = float(np.nanmax(heads[list(components)].to_numpy(dtype=float))) if len(heads) else 1.0
+    values = heads[list(components)].to_numpy(dtype=float)
+    zmax = float(np.nanmax(values)) if len(heads) else 1.0
     zmax = zmax if np.isfinite(zmax) and zmax > 0 else 1.0
+    zmin = float(np.nanmin(values)) if len(heads) else 0.0
+    zmin = min(zmin, 0.0) if np.isfinite(zmin) else 0.0
     for gi, (name, frame) in enumerate(groups):
         layer_ids = layer_rows(frame["layer"])  # a layer subset keeps its real indices (blank rows between)
         head_ids = sorted(frame["head"].unique().tolist())
         for ci, col in enumerate(components):
             grid = frame.pivot_table(index="layer", columns="head", values=col, aggfunc="first")
             grid = grid.reindex(index=layer_ids, columns=head_ids)
+            interval, hover_interval = None, ""
+            if f"{col}_lo" in frame.columns and f"{col}_hi" in frame.columns:
+                bounds = [frame.pivot_table(index="layer", columns="head", values=f"{col}_{side}", aggfunc="first")
+                          .reindex(index=layer_ids, columns=head_ids).to_numpy(dtype=float) for side in ("lo", "hi")]
+                interval = [[[_as_list([lo])[0], _as_list([hi])[0]] for lo, hi in zip(row_lo, row_hi)]
+                            for row_lo, row_hi in zip(*bounds)]
+                hover_interval = " [%{customdata[0]:.4f}, %{customdata[1]:.4f}]"
             fig.add_trace(go.Heatmap(
                 z=[_as_list(row) for row in grid.to_numpy(dtype=float)],
-                x=[int(h) for h in head_ids], y=[int(layer) for layer in layer_ids],
+                x=[int(h) for h in head_ids], y=[int(layer) for layer in layer_ids], customdata=interval,
                 coloraxis="coloraxis", meta={"group": name, "quantity": col},
-                hovertemplate=f"{name}<br>layer %{{y}}, head %{{x}}<br>{col} = %{{z:.4f}}<extra></extra>",
+                hovertemplate=f"{name}<br>layer %{{y}}, head %{{x}}<br>{col} = %{{z:.4f}}{hover_interval}<extra></extra>",
             ), row=gi + 1, col=ci + 1)
             fig.update_xaxes(title_text="head", row=gi + 1, col=ci + 1)
             fig.update_yaxes(title_text="layer" if ci == 0 else None, row=gi + 1, col=ci + 1)
-    fig.update_layout(coloraxis=dict(colorscale="Viridis", cmin=0.0, cmax=zmax,
+    fig.update_layout(coloraxis=dict(colorscale="Viridis", cmin=zmin, cmax=zmax,
                                      colorbar=dict(title="fraction of<br>Var(log A)")))
     fig.update_annotations(font_size=11)
-    return _base_layout(fig, "Per-head components T, R, M", height=max(320, 300 * len(groups)))
+    return _base_layout(fig, "Per-head components: " + ", ".join(components), height=max(320, 300 * len(groups)))
 
 
 def probe_r2(probe: pd.DataFrame, *, by: str = "architecture") -> go.Figure:
@@ -193,29 +232,34 @@ def probe_r2(probe: pd.DataFrame, *, by: str = "architecture") -> go.Figure:
 
 
 def bos_fraction_removed(layers: pd.DataFrame, overall: pd.DataFrame | None = None, *,
-                         by: str = "architecture") -> go.Figure:
+                         by: str = "architecture", column: str | None = None) -> go.Figure:
     """Fraction of the residual component R removed by each BOS replacement at early queries (C4).
 
     ``layers`` is ``BosReplacement.frame`` (``replacement``, ``layer``, ``fraction_removed``),
     ``overall`` is ``BosReplacement.overall`` (``replacement``, ``fraction_removed``), both
     stacked over models. ``fraction_removed`` = 1 − R_replaced / R_base (unitless; 1 = all
     of R gone, negative = R grew). Left panel: overall, grouped by replacement; the others:
-    per layer, one panel per replacement. The dashed line marks the paper's 40%.
+    per layer, one panel per replacement. The dashed line marks the paper's 40%. ``column``:
+    the fraction drawn (default ``fraction_removed_rf``, the reference-free R' that claim C4
+    is decided on, when the frame has it; else ``fraction_removed``); error bars: its
+    ``_lo``/``_hi`` interval.
     """
-    _require(layers, ["replacement", "layer", "fraction_removed"], "bos_fraction_removed")
+    column = column or ("fraction_removed_rf" if "fraction_removed_rf" in layers.columns else "fraction_removed")
+    _require(layers, ["replacement", "layer", column], "bos_fraction_removed")
     replacements = list(dict.fromkeys(layers["replacement"].tolist()))
     n_panels = len(replacements) + (overall is not None)
     titles = (["overall"] if overall is not None else []) + [f"per layer: {r}" for r in replacements]
     fig = make_subplots(rows=1, cols=n_panels, subplot_titles=titles, shared_yaxes=True)
     offset = 0
     if overall is not None:
-        _require(overall, ["replacement", "fraction_removed"], "bos_fraction_removed")
+        _require(overall, ["replacement", column], "bos_fraction_removed")
         offset = 1
         for gi, (name, frame) in enumerate(_groups(overall, by)):
             fig.add_trace(go.Bar(
-                x=_as_list(frame["replacement"]), y=_as_list(frame["fraction_removed"]),
+                x=_as_list(frame["replacement"]), y=_as_list(frame[column]),
+                error_y=_error_bars(frame, column),
                 name=name, legendgroup=name, marker_color=_color(gi),
-                meta={"group": name, "quantity": "fraction_removed (overall)"},
+                meta={"group": name, "quantity": f"{column} (overall)"},
             ), row=1, col=1)
         fig.update_xaxes(title_text="replacement of the BOS embedding", row=1, col=1)
     groups = _groups(layers, by)
@@ -223,15 +267,17 @@ def bos_fraction_removed(layers: pd.DataFrame, overall: pd.DataFrame | None = No
         for gi, (name, frame) in enumerate(groups):
             frame = frame[frame["replacement"] == rep].sort_values("layer")
             fig.add_trace(go.Scatter(
-                x=_as_list(frame["layer"]), y=_as_list(frame["fraction_removed"]),
+                x=_as_list(frame["layer"]), y=_as_list(frame[column]),
+                error_y=_error_bars(frame, column),
                 mode="lines+markers", name=name, legendgroup=name,
                 showlegend=overall is None and ri == 0, line=dict(color=_color(gi)),
-                meta={"group": name, "quantity": f"fraction_removed ({rep})"},
+                meta={"group": name, "quantity": f"{column} ({rep})"},
             ), row=1, col=offset + ri + 1)
             fig.update_xaxes(title_text="layer", row=1, col=offset + ri + 1)
     for col in range(1, n_panels + 1):
         fig.add_hline(y=PAPER_C4_FRACTION, line_dash="dash", line_color="grey", row=1, col=col)
-    fig.update_yaxes(title_text="fraction of R removed", row=1, col=1)
+    fig.update_yaxes(title_text="fraction of R' removed" if column.endswith("_rf") else "fraction of R removed",
+                     row=1, col=1)
     fig.update_layout(barmode="group")
     return _base_layout(fig, "BOS replacement: fraction of the residual component removed at early queries")
 
@@ -243,27 +289,50 @@ def fingerprint_layers(frame: pd.DataFrame, *, by: str = "architecture") -> go.F
     ``"auto-bos"`` / ``"varying-token0"``, ``spread``, ``norm``; both in residual-stream
     units). Left: spread of ``resid[:, 0]`` across inputs (log scale; auto-BOS should sit at
     float noise); right: its norm. Solid = auto-BOS, dashed = varying token 0.
+
+    A spread of exactly 0 has no place on a log axis: the line leaves a gap there, and a
+    cross marks it at the bottom of the axis, on a tick labelled "0 (exact)", so a zero is
+    never invisible.
     """
     _require(frame, ["layer", "condition", "spread", "norm"], "fingerprint_layers")
     fig = make_subplots(rows=1, cols=2, subplot_titles=["spread of resid[:, 0] across inputs",
                                                         "norm of resid[:, 0]"])
     conditions = list(dict.fromkeys(frame["condition"].tolist()))
+    spreads = frame["spread"].to_numpy(dtype=float)
+    positive = spreads[np.isfinite(spreads) & (spreads > 0)]
+    # the floor that stands for 0: one decade below the smallest positive spread
+    floor = 10.0 ** (np.floor(np.log10(positive.min())) - 1) if len(positive) else 1e-12
+    any_zero = False
     for gi, (name, group) in enumerate(_groups(frame, by)):
         for ki, cond in enumerate(conditions):
             part = group[group["condition"] == cond].sort_values("layer")
             dash = _DASHES[ki % len(_DASHES)]
             spread = [None if (v is None or v <= 0) else v for v in _as_list(part["spread"])]
-            # Zero spread cannot be drawn on a log axis; plot it as a gap, keep the value in hover.
             fig.add_trace(go.Scatter(
                 x=_as_list(part["layer"]), y=spread, mode="lines+markers",
                 name=f"{name}: {cond}", legendgroup=f"{name}: {cond}",
                 line=dict(color=_color(gi), dash=dash), meta={"group": name, "quantity": f"spread ({cond})"},
             ), row=1, col=1)
+            zeros = part[part["spread"].to_numpy(dtype=float) == 0]
+            if len(zeros):
+                any_zero = True
+                fig.add_trace(go.Scatter(
+                    x=_as_list(zeros["layer"]), y=[floor] * len(zeros), mode="markers",
+                    marker=dict(symbol="x", size=9, color=_color(gi)), name=f"{name}: {cond}, spread exactly 0",
+                    legendgroup=f"{name}: {cond}", showlegend=False,
+                    meta={"group": name, "quantity": f"spread == 0 ({cond})"},
+                    hovertemplate=f"{name}: {cond}<br>layer %{{x}}<br>spread = 0 exactly<extra></extra>",
+                ), row=1, col=1)
             fig.add_trace(go.Scatter(
                 x=_as_list(part["layer"]), y=_as_list(part["norm"]), mode="lines+markers",
                 name=f"{name}: {cond}", legendgroup=f"{name}: {cond}", showlegend=False,
                 line=dict(color=_color(gi), dash=dash), meta={"group": name, "quantity": f"norm ({cond})"},
             ), row=1, col=2)
+    top = float(positive.max()) if len(positive) else 1.0
+    decades = 10.0 ** np.arange(np.log10(floor) + 1, np.ceil(np.log10(top)) + 1)
+    if any_zero:
+        fig.update_yaxes(tickvals=[floor, *decades.tolist()],
+                         ticktext=["0 (exact)", *[f"{v:.0e}" for v in decades]], row=1, col=1)
     fig.update_yaxes(type="log", title_text="spread (residual units)", row=1, col=1)
     fig.update_yaxes(title_text="norm (residual units)", row=1, col=2)
     fig.update_xaxes(title_text="layer")
@@ -320,32 +389,45 @@ def sink_heads_map(sinks: pd.DataFrame, reading: pd.DataFrame | None = None, *,
 
 
 def sink_rate_bars(rates: pd.DataFrame, *, by: str = "architecture") -> go.Figure:
-    """Sink rate per data condition and architecture (Gu et al.'s metric, in %).
+    """Sink rate per data condition and architecture, in %, as Gu et al. compute it.
 
-    ``rates`` is ``SinkRate.frame`` stacked over models (``condition``, ``sink_rate``: the
-    fraction of heads, in [0, 1], whose mean attention on position 0 exceeds ε). Bars show
-    it in percent.
+    ``rates`` is ``SinkRate.frame`` stacked over models (``condition``, ``sink_rate``: Gu et
+    al.'s metric, the fraction of (prompt, layer, head) triples whose attention on position
+    0, averaged over queries, exceeds ε; ``sink_rate_lo``/``_hi``: its interval over
+    prompts). Bars: that metric with its interval; hollow diamonds: ``sink_rate_pooled``
+    (scores averaged over prompts first, thresholded once) when present.
     """
     _require(rates, ["condition", "sink_rate"], "sink_rate_bars")
     fig = go.Figure()
     for gi, (name, frame) in enumerate(_groups(rates, by)):
         fig.add_trace(go.Bar(
             x=_as_list(frame["condition"]), y=[None if v is None else 100.0 * v for v in _as_list(frame["sink_rate"])],
+            error_y=_error_bars(frame, "sink_rate", scale=100.0), offsetgroup=str(gi),
             name=name, marker_color=_color(gi), meta={"group": name, "quantity": "sink_rate_percent"},
         ))
-    fig.update_layout(barmode="group")
+        if "sink_rate_pooled" in frame.columns:
+            fig.add_trace(go.Scatter(
+                x=_as_list(frame["condition"]),
+                y=[None if v is None else 100.0 * v for v in _as_list(frame["sink_rate_pooled"])],
+                mode="markers", offsetgroup=str(gi), name=f"{name}: pooled scores", legendgroup=f"pooled{gi}",
+                marker=dict(symbol="diamond-open", size=10, color="black", line=dict(width=1.5)),
+                meta={"group": name, "quantity": "sink_rate_pooled_percent"},
+            ))
+    fig.update_layout(barmode="group", scattermode="group")
     fig.update_xaxes(title_text="data condition")
-    fig.update_yaxes(title_text="sink rate (% of heads)", range=[0, 100])
-    return _base_layout(fig, "Sink rate by data condition")
+    fig.update_yaxes(title_text="sink rate (% of prompt × layer × head)", range=[0, 100])
+    return _base_layout(fig, "Sink rate by data condition (Gu et al.'s metric)")
 
 
-def sink_ablation(ablation: pd.DataFrame, *, by: str = "architecture") -> go.Figure:
+def sink_ablation(ablation: pd.DataFrame, *, by: str = "architecture", heldout: bool = True) -> go.Figure:
     """The residual component R per layer before and after ablating the sink-reading heads.
 
     ``ablation`` is ``SinkReading.ablation`` stacked over models (``ablation``: ``"zero"`` or
-    ``"mean"``, ``layer``, ``R_before``, ``R_after``; fractions of Var(log A)).
+    ``"mean"``, ``layer``, ``R_before``, ``R_after`` and their held-out versions
+    ``R_heldout_before``, ``R_heldout_after``; fractions of Var(log A)). Held-out by default.
     """
-    _require(ablation, ["ablation", "layer", "R_before", "R_after"], "sink_ablation")
+    before, after = ("R_heldout_before", "R_heldout_after") if heldout else ("R_before", "R_after")
+    _require(ablation, ["ablation", "layer", before, after], "sink_ablation")
     kinds = list(dict.fromkeys(ablation["ablation"].tolist()))
     fig = make_subplots(rows=1, cols=len(kinds), subplot_titles=[f"{k} ablation" for k in kinds],
                         shared_yaxes=True)
@@ -353,17 +435,17 @@ def sink_ablation(ablation: pd.DataFrame, *, by: str = "architecture") -> go.Fig
         for ki, kind in enumerate(kinds):
             part = group[group["ablation"] == kind].sort_values("layer")
             fig.add_trace(go.Scatter(
-                x=_as_list(part["layer"]), y=_as_list(part["R_before"]), mode="lines",
+                x=_as_list(part["layer"]), y=_as_list(part[before]), mode="lines",
                 name=f"{name}: before", legendgroup=f"{name}b", showlegend=ki == 0,
-                line=dict(color=_color(gi)), meta={"group": name, "quantity": f"R_before ({kind})"},
+                line=dict(color=_color(gi)), meta={"group": name, "quantity": f"{before} ({kind})"},
             ), row=1, col=ki + 1)
             fig.add_trace(go.Scatter(
-                x=_as_list(part["layer"]), y=_as_list(part["R_after"]), mode="lines+markers",
+                x=_as_list(part["layer"]), y=_as_list(part[after]), mode="lines+markers",
                 name=f"{name}: after", legendgroup=f"{name}a", showlegend=ki == 0,
-                line=dict(color=_color(gi), dash="dash"), meta={"group": name, "quantity": f"R_after ({kind})"},
+                line=dict(color=_color(gi), dash="dash"), meta={"group": name, "quantity": f"{after} ({kind})"},
             ), row=1, col=ki + 1)
             fig.update_xaxes(title_text="layer", row=1, col=ki + 1)
-    fig.update_yaxes(title_text="R (fraction of Var(log A))", row=1, col=1)
+    fig.update_yaxes(title_text=f"{'held-out ' if heldout else ''}R (fraction of Var(log A))", row=1, col=1)
     return _base_layout(fig, "Ablating the sink-reading heads: R downstream")
 
 

@@ -1,13 +1,13 @@
-"""The claims table and the self-contained HTML report.
+"""The self-contained HTML report.
 
 A reproduction produces a set of tidy tables, stacked over models, each with the columns
 ``model``, ``architecture`` (a display label) and ``role`` (``"standard"``, ``"ntk"`` or
-``"sliding"``, read off the ``ModelSpec``); see ``TABLES``. This module turns them into
+``"sliding"``, read off the ``ModelSpec``); see ``TABLES``. This module renders them; it
+decides nothing. The claims, their criteria, verdicts and the words that explain a
+disagreement come from :mod:`lens_position.claims`.
 
-- ``claims_table``: for each claim C1-C5 the paper's statement, the number we measured on
-  each architecture, and whether it holds, by a criterion that is stated next to it and
-  computed from the tables (``Criteria`` holds the thresholds; nothing is hard-coded per
-  model);
+- ``claims_html``: the claims table (verdicts with the intervals behind them) and, for
+  every claim that does not hold or is inconclusive, the explanation;
 - ``build_report`` / ``write_report``: one HTML file that opens with that table and then
   shows every figure from ``lens_position.plots`` with a caption saying what is measured.
   plotly.js is inlined once, each figure's JSON sits in a ``<script type="application/json">``
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import html
 import json
-import math
 import re
 import shutil
 import subprocess
@@ -29,44 +28,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import plotly.offline
 
 from lens_position import plots
+from lens_position.claims import ROLE_NAMES  # noqa: F401  (re-exported: architecture labels)
+from lens_position.claims import FAILS, HOLDS, INCONCLUSIVE, PAPER, Criteria, claims_table
 from lens_position.errors import BadInputError, MissingPackageError
 
 # The tables a reproduction writes, with the experiment that produces each.
 TABLES: dict[str, str] = {
     "decompose_layers": "Decomposition.layers (all queries, all keys)",
     "decompose_heads": "Decomposition.heads (all queries, all keys)",
+    "decompose_replicates": "Decomposition.replicates (all queries, all keys): per-layer means per bootstrap replicate",
+    "decompose_early_layers": "Decomposition.layers (early queries, all keys)",
+    "decompose_early_replicates": "Decomposition.replicates (early queries, all keys)",
     "probe_layers": "ProbeResult.layers",
     "bos_layers": "BosReplacement.frame",
     "bos_overall": "BosReplacement.overall",
+    "bos_replicates": "BosReplacement.replicates: overall fraction of R removed per bootstrap replicate",
     "fingerprint": "Fingerprint.frame",
     "sink_heads": "SinkHeads.frame",
     "sink_rate": "SinkRate.frame",
     "sink_reading": "SinkReading.frame",
     "sink_ablation": "SinkReading.ablation",
 }
-
-ROLE_NAMES = {"standard": "standard RoPE", "ntk": "NTK-scaled RoPE", "sliding": "sliding window"}
-
-CLAIMS: dict[str, str] = {
-    "C1": "RoPE-trained decoders distinguish absolute position in their attention patterns, "
-          "although RoPE puts only relative offsets into q·k.",
-    "C2": "Two sources, the mask component (causal softmax normalizer) and the residual component "
-          "(absolute position carried by the residual stream), both appear in every architecture.",
-    "C3": "The balance depends on the architecture: NTK-scaled RoPE suppresses the residual "
-          "component, sliding-window attention lets it accumulate with depth, standard RoPE sits between.",
-    "C4": "Replacing the BOS embedding before the forward pass removes about 40% of the residual "
-          "component at early queries.",
-    "C5": "Position 0 is a closed dynamical system: its activation is a deterministic fingerprint, "
-          "identical across inputs when token 0 is the auto-prepended BOS, varying with token 0 "
-          "otherwise; attention sinks pass it forward.",
-}
-
 
 def role_of(spec: Any) -> str:
     """The architecture role of a model, read off its ``ModelSpec``.
@@ -75,181 +62,6 @@ def role_of(spec: Any) -> str:
     NTK-scaled (aware or by-parts), else ``"standard"``.
     """
     return spec.role
-
-
-@dataclass(frozen=True)
-class Criteria:
-    """The thresholds that decide whether a claim holds. Each is stated in the report.
-
-    - ``min_signal``: a component "appears" when its held-out share of Var(log A),
-      averaged over layers, is at least this (C1: T; C2: both R and M).
-    - ``c4_target`` ± ``c4_tolerance``: "about 40%" means the mean over replacements of the
-      overall fraction of R removed lies in this interval.
-    - ``c5_noise``: auto-BOS fingerprints are "identical" when the largest relative spread
-      (spread / norm of the mean) over layers is at most this (float32 noise is ~1e-7 per operation).
-    - ``c5_varying``: fingerprints "vary with token 0" when the median relative spread over
-      layers with a varying token 0 is at least this.
-    """
-
-    min_signal: float = 0.01
-    c4_target: float = 0.40
-    c4_tolerance: float = 0.15
-    c5_noise: float = 1e-4
-    c5_varying: float = 1e-2
-
-    def text(self, claim: str) -> str:
-        return {
-            "C1": f"held-out T (mean over layers) ≥ {self.min_signal:g}",
-            "C2": f"held-out R and M (means over layers) both ≥ {self.min_signal:g}",
-            "C3": "residual share R/(R+M) of every NTK model < that of every standard model, and the "
-                  "depth slope of R (least-squares, per unit of relative depth) of every sliding-window "
-                  "model > 0 and > that of every standard model",
-            "C4": f"mean over replacements of the overall fraction of R removed within "
-                  f"{self.c4_target:.0%} ± {self.c4_tolerance:.0%}",
-            "C5": f"auto-BOS relative spread ≤ {self.c5_noise:g} at every layer, varying-token-0 "
-                  f"median relative spread ≥ {self.c5_varying:g}, and at least one sink head",
-        }[claim]
-
-
-@dataclass
-class ClaimRow:
-    """One cell of the claims table: ``measured`` (our number, as text), ``value`` (the number
-    the criterion is applied to; NaN when not measured) and ``holds`` (None: not measured)."""
-
-    claim: str
-    architecture: str
-    measured: str
-    value: float
-    holds: bool | None
-
-
-def _heldout(frame: pd.DataFrame, col: str) -> str:
-    return f"{col}_heldout" if f"{col}_heldout" in frame.columns else col
-
-
-def _architectures(results: Mapping[str, pd.DataFrame]) -> list[tuple[str, str]]:
-    """(architecture label, role) in order of first appearance over all tables."""
-    seen: dict[str, str] = {}
-    for frame in results.values():
-        if frame is None or "architecture" not in frame.columns:
-            continue
-        roles = frame["role"] if "role" in frame.columns else pd.Series(["standard"] * len(frame))
-        for arch, role in zip(frame["architecture"].tolist(), roles.tolist()):
-            seen.setdefault(arch, role)
-    return list(seen.items())
-
-
-def _part(results: Mapping[str, pd.DataFrame], table: str, arch: str) -> pd.DataFrame | None:
-    frame = results.get(table)
-    if frame is None or len(frame) == 0:
-        return None
-    if "architecture" in frame.columns:
-        frame = frame[frame["architecture"] == arch]
-    return frame if len(frame) else None
-
-
-def _depth_slope(layers: pd.DataFrame, col: str) -> float:
-    """Least-squares slope of ``col`` against relative depth layer / (n_layers - 1)."""
-    x = layers["layer"].to_numpy(dtype=float)
-    y = layers[col].to_numpy(dtype=float)
-    ok = np.isfinite(y)
-    x, y = x[ok], y[ok]
-    if len(x) < 2 or x.max() == x.min():
-        return float("nan")
-    x = (x - x.min()) / (x.max() - x.min())
-    return float(np.polyfit(x, y, 1)[0])
-
-
-def claims_table(results: Mapping[str, pd.DataFrame], criteria: Criteria = Criteria()) -> pd.DataFrame:
-    """One row per (claim, architecture), plus one row per claim with ``architecture == "overall"``.
-
-    Columns: ``claim``, ``statement`` (the paper's), ``criterion`` (ours, with thresholds),
-    ``architecture``, ``measured`` (our number, as text), ``value`` (the number the
-    criterion is applied to, NaN when not measured), ``holds`` (True / False / None when
-    not measured or not applicable per architecture). The overall ``holds`` is True when
-    every measured architecture holds (C3: when the cross-architecture comparison holds).
-    """
-    archs = _architectures(results)
-    rows: list[ClaimRow] = []
-
-    per_arch_c3: dict[str, tuple[str, float, float]] = {}
-    for arch, role in archs:
-        layers = _part(results, "decompose_layers", arch)
-        if layers is None:
-            for claim in ("C1", "C2"):
-                rows.append(ClaimRow(claim, arch, "not measured", math.nan, None))
-        else:
-            t_col, r_col, m_col = (_heldout(layers, c) for c in ("T", "R", "M"))
-            t, r, m = (float(layers[c].mean()) for c in (t_col, r_col, m_col))
-            rows.append(ClaimRow("C1", arch, f"T = {t:.3f}", t, bool(t >= criteria.min_signal)))
-            rows.append(ClaimRow("C2", arch, f"R = {r:.3f}, M = {m:.3f}", min(r, m),
-                                 bool(r >= criteria.min_signal and m >= criteria.min_signal)))
-            share = r / (r + m) if (r + m) > 0 else math.nan
-            slope = _depth_slope(layers.sort_values("layer"), r_col)
-            per_arch_c3[arch] = (role, share, slope)
-            rows.append(ClaimRow("C3", arch, f"R/(R+M) = {share:.3f}, depth slope of R = {slope:+.3f}",
-                                 share, None))
-
-        overall = _part(results, "bos_overall", arch)
-        if overall is None:
-            rows.append(ClaimRow("C4", arch, "not measured", math.nan, None))
-        else:
-            fracs = {str(k): float(v) for k, v in zip(overall["replacement"], overall["fraction_removed"])}
-            mean = float(np.mean(list(fracs.values())))
-            text = ", ".join(f"{k} {v:.0%}" for k, v in fracs.items()) + f" (mean {mean:.0%})"
-            rows.append(ClaimRow("C4", arch, text, mean,
-                                 bool(abs(mean - criteria.c4_target) <= criteria.c4_tolerance)))
-
-        fp = _part(results, "fingerprint", arch)
-        sinks = _part(results, "sink_heads", arch)
-        if fp is None:
-            rows.append(ClaimRow("C5", arch, "not measured", math.nan, None))
-        else:
-            if "spread_relative" in fp.columns:
-                rel = fp["spread_relative"].to_numpy(dtype=float)
-            else:
-                rel = fp["spread"].to_numpy(dtype=float) / np.maximum(fp["norm"].to_numpy(dtype=float), 1e-30)
-            auto = rel[(fp["condition"] == "auto-bos").to_numpy()]
-            vary = rel[(fp["condition"] == "varying-token0").to_numpy()]
-            auto_max = float(np.max(auto)) if len(auto) else math.nan
-            vary_med = float(np.median(vary)) if len(vary) else math.nan
-            n_sinks = int(sinks["is_sink"].astype(bool).sum()) if sinks is not None else 0
-            holds = bool(auto_max <= criteria.c5_noise and vary_med >= criteria.c5_varying and n_sinks > 0)
-            rows.append(ClaimRow(
-                "C5", arch, f"auto-BOS max relative spread {auto_max:.1e}, varying token 0 median "
-                f"{vary_med:.2f}, {n_sinks} sink heads", auto_max, holds))
-
-    out = pd.DataFrame([r.__dict__ for r in rows], columns=["claim", "architecture", "measured", "value", "holds"])
-    overall_rows = []
-    for claim in CLAIMS:
-        part = out[out["claim"] == claim]
-        if claim == "C3":
-            holds, measured = _c3_verdict(per_arch_c3)
-        else:
-            verdicts = [h for h in part["holds"].tolist() if h is not None]
-            holds = None if not verdicts else bool(all(verdicts))
-            measured = "not measured" if not verdicts else f"holds on {sum(verdicts)} of {len(verdicts)}"
-        overall_rows.append({"claim": claim, "architecture": "overall", "measured": measured,
-                             "value": math.nan, "holds": holds})
-    out = pd.concat([out, pd.DataFrame(overall_rows)], ignore_index=True)
-    out.insert(1, "statement", out["claim"].map(CLAIMS))
-    out.insert(2, "criterion", out["claim"].map(criteria.text))
-    out["holds"] = out["holds"].astype(object)
-    return out
-
-
-def _c3_verdict(per_arch: dict[str, tuple[str, float, float]]) -> tuple[bool | None, str]:
-    by_role: dict[str, list[tuple[float, float]]] = {}
-    for role, share, slope in per_arch.values():
-        by_role.setdefault(role, []).append((share, slope))
-    missing = [ROLE_NAMES[r] for r in ("standard", "ntk", "sliding") if r not in by_role]
-    if missing:
-        return None, "not measured: needs " + ", ".join(missing)
-    ntk_below = max(s for s, _ in by_role["ntk"]) < min(s for s, _ in by_role["standard"])
-    slide_grows = min(d for _, d in by_role["sliding"]) > max(0.0, max(d for _, d in by_role["standard"]))
-    parts = [f"NTK share below standard: {'yes' if ntk_below else 'no'}",
-             f"sliding-window R grows with depth faster than standard: {'yes' if slide_grows else 'no'}"]
-    return bool(ntk_below and slide_grows), "; ".join(parts)
 
 
 # --------------------------------------------------------------------------- figures
@@ -278,14 +90,28 @@ def report_figures(results: Mapping[str, pd.DataFrame]) -> list[ReportFigure]:
         figs.append(ReportFigure(key, title, caption, make(*frames)))
 
     add("layer_components", ("decompose_layers",), "C2, C3: mask and residual components per layer",
-        "For every layer, the share of the variance of log-attention Var(log A) explained by absolute "
-        "position that comes from the residual stream (R, left) and from the causal softmax normalizer "
-        "(M, right), averaged over the layer's heads, all queries, all keys, held-out sequences.",
-        lambda f: plots.layer_components(f, heldout="R_heldout" in f.columns))
-    add("head_heatmaps", ("decompose_heads",), "Per-head T, R and M",
-        "Total absolute signal T and its residual (R) and mask (M) components for every head, as "
-        "fractions of Var(log A) (in-sample; T = R + M + C).",
-        lambda f: plots.head_heatmaps(f))
+        "For every layer, the share of the variance of log-attention Var(log A) that absolute position "
+        "explains and that comes from the residual stream or from the causal softmax normalizer (the mask), "
+        "averaged over the layer's heads, all queries, all keys, held-out (fitted on half of the sequences, "
+        "evaluated on the other half). Two splits side by side: the reference-free one (R', M': the mask "
+        "component is what the mask does to the offset-only part of the scores), on which the claims are "
+        "decided, and the self-referenced one (R, M: scores referenced to s[i, i]). x: relative depth "
+        "layer / (n_layers − 1), the axis C3's depth slope is computed on. Error bars: 95% bootstrap "
+        "intervals over whole sequences.",
+        lambda f: plots.layer_components(f, components=_available(f, ("R_rf", "M_rf", "R", "M"), "_heldout")))
+    add("layer_components_early", ("decompose_early_layers",),
+        "C2 at early queries (a labelled analysis, not the criterion)",
+        "The same components as above, restricted to early queries (i < the early-query bound, 32 by "
+        "default; all keys, the base run of BOS replacement), per layer, held-out, with 95% bootstrap "
+        "intervals. The mask component is concentrated at early queries; claim C2 is decided over all "
+        "queries, and this figure is shown beside it, never instead of it.",
+        lambda f: plots.layer_components(f, components=_available(f, ("R_rf", "M_rf", "R", "M"), "_heldout")))
+    add("head_heatmaps", ("decompose_heads",), "Per-head T, R' and M' (held-out)",
+        "Held-out total absolute signal T and the reference-free residual (R') and mask (M') components of "
+        "every head, as fractions of Var(log A); hover a cell for its 95% bootstrap interval. A single "
+        "head's held-out value is noisy: read the interval before the colour.",
+        lambda f: plots.head_heatmaps(f, components=[c + "_heldout" for c in
+                                                     _available(f, ("T", "R_rf", "M_rf"), "_heldout")]))
     add("probe", ("probe_layers",), "Position probe on the residual stream",
         "Held-out R² of a ridge probe from resid_pre at each layer to log(position + 1); dotted: the "
         "same probe fitted to shuffled positions (the axis is clipped at -1 when a value falls below; hover "
@@ -293,29 +119,43 @@ def report_figures(results: Mapping[str, pd.DataFrame]) -> list[ReportFigure]:
         "accumulation with depth).",
         lambda f: plots.probe_r2(f))
     add("bos", ("bos_layers", "bos_overall"), "C4: BOS replacement",
-        "Fraction of the residual component R removed at early queries when the embedding at position 0 "
+        "Fraction of the reference-free residual component R' removed at early queries (the number claim C4 "
+        "is decided on) when the embedding at position 0 "
         "is replaced before the forward pass by another token's embedding, the mean embedding, or a "
-        "random vector of the same norm; overall and per layer. Dashed: the paper's 40%.",
+        "random vector of the same norm; overall and per layer, with 95% bootstrap intervals over whole "
+        "sequences (paired: the base and the replaced runs resample the same sequences). Dashed: the paper's "
+        f"{PAPER.c4_fraction_removed:.0%}.",
         lambda f, o: plots.bos_fraction_removed(f, o))
     add("fingerprint", ("fingerprint",), "C5: the position-0 fingerprint",
         "Spread of the residual stream at position 0 across inputs (left, log scale) and its norm "
         "(right), per layer, with the auto-prepended BOS at position 0 (solid) and with a varying "
-        "token 0 (dashed). Zero spread is drawn as a gap.",
+        "token 0 (dashed). A spread of exactly 0 is marked with a cross on the tick labelled "
+        "\"0 (exact)\" at the bottom of the log axis.",
         lambda f: plots.fingerprint_layers(f))
     add("sinks", ("sink_heads", "sink_reading"), "Sink heads and sink-reading heads",
         "Mean attention on position 0 per head (sink score); white dots: sink heads (score above ε); "
-        "red rings: the heads whose output changes most when only their own key/value at position 0 "
-        "is patched with the counterfactual fingerprint (sink-reading heads).",
+        "red rings: the five top-ranked sink-reading heads, ranked by how much their residual component R "
+        "changes (ties broken by the change of their output) when only their own key/value at position 0 "
+        "is patched with the counterfactual fingerprint.",
         lambda s, r: plots.sink_heads_map(s, r))
     add("sink_rate", ("sink_rate",), "Sink rate by data condition",
-        "Percentage of heads whose mean attention on position 0 exceeds ε, on natural text, random "
-        "tokens and repeated tokens (Gu et al.'s three conditions).",
+        "Gu et al.'s sink rate as its authors compute it: for every prompt, layer and head, the attention on "
+        "position 0 averaged over queries is compared with ε, and the 0/1 outcomes are averaged over "
+        "prompts, layers and heads; bars: that percentage with its 95% bootstrap interval over prompts, on "
+        "natural text, random tokens and repeated tokens. Hollow diamonds: the pooled rate (scores averaged "
+        "over prompts first, thresholded once), which is not the authors' metric.",
         lambda f: plots.sink_rate_bars(f))
     add("sink_ablation", ("sink_ablation",), "Ablating the sink-reading heads",
-        "Residual component R per layer before (solid) and after (dashed) zero- and mean-ablating the "
-        "sink-reading heads.",
-        lambda f: plots.sink_ablation(f))
+        "Held-out residual component R per layer before (solid) and after (dashed) zero- and mean-ablating "
+        "the sink-reading heads.",
+        lambda f: plots.sink_ablation(f, heldout="R_heldout_before" in f.columns))
     return figs
+
+
+def _available(frame: pd.DataFrame, components: tuple[str, ...], suffix: str) -> list[str]:
+    """The components whose ``<component><suffix>`` column the frame has (tables from an older
+    version lack the reference-free split)."""
+    return [c for c in components if f"{c}{suffix}" in frame.columns]
 
 
 # --------------------------------------------------------------------------- HTML
@@ -327,7 +167,7 @@ h1 { margin-bottom: 0.2em; } h2 { margin-top: 1.6em; }
 table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
 th, td { border: 1px solid #ccc; padding: 0.35em 0.6em; vertical-align: top; text-align: left; }
 th { background: #f3f3f3; }
-td.yes { background: #e5f5e0; } td.no { background: #fde0dd; } td.na { background: #f7f7f7; color: #777; }
+td.yes { background: #e5f5e0; } td.no { background: #fde0dd; } td.maybe { background: #fff7bc; } td.na { background: #f7f7f7; color: #777; }
 .caption { color: #444; max-width: 70em; }
 .plot { width: 100%; }
 details pre { background: #f7f7f7; padding: 1em; overflow-x: auto; font-size: 0.8em; }
@@ -372,14 +212,17 @@ def _script_json(obj: Any) -> str:
     return json.dumps(obj, allow_nan=False).replace("</", "<\\/")
 
 
-def _holds_cell(holds: Any) -> tuple[str, str]:
-    if holds is None or (isinstance(holds, float) and math.isnan(holds)):
-        return "na", "–"
-    return ("yes", "holds") if bool(holds) else ("no", "does not hold")
+_VERDICT_CLASS = {HOLDS: "yes", FAILS: "no", INCONCLUSIVE: "maybe"}
+
+
+def _verdict_cell(verdict: str) -> tuple[str, str]:
+    return _VERDICT_CLASS.get(verdict, "na"), verdict
 
 
 def claims_html(claims: pd.DataFrame) -> str:
-    """The claims table as HTML: one row per claim, one column per architecture, and a verdict."""
+    """The claims table as HTML: one row per claim, one column per architecture (what we
+    measured, with intervals, and the verdict), the overall verdict; then, for every claim
+    that does not hold or is inconclusive, its explanation in words built from the numbers."""
     archs = [a for a in dict.fromkeys(claims["architecture"].tolist()) if a != "overall"]
     head = "".join(f"<th>{html.escape(a)}</th>" for a in archs)
     body = []
@@ -390,19 +233,34 @@ def claims_html(claims: pd.DataFrame) -> str:
             if arch not in part.index:
                 cells.append('<td class="na">not measured</td>')
                 continue
-            cls, word = _holds_cell(part.loc[arch, "holds"])
-            verdict = f"<br><b>{word}</b>" if cls != "na" else ""
+            cls, word = _verdict_cell(part.loc[arch, "verdict"])
+            verdict = f"<br><b>{html.escape(word)}</b>" if cls != "na" else ""
             cells.append(f'<td class="{cls}">{html.escape(str(part.loc[arch, "measured"]))}{verdict}</td>')
-        cls, word = _holds_cell(part.loc["overall", "holds"])
+        cls, word = _verdict_cell(part.loc["overall", "verdict"])
         overall = html.escape(str(part.loc["overall", "measured"]))
-        word = word if cls != "na" else "undecided"
         body.append(
             f'<tr id="claim-{claim}"><th>{claim}</th><td>{html.escape(part["statement"].iloc[0])}</td>'
             f'<td>{html.escape(part["criterion"].iloc[0])}</td>{"".join(cells)}'
-            f'<td class="{cls}"><b>{word}</b><br>{overall}</td></tr>'
+            f'<td class="{cls}"><b>{html.escape(word)}</b><br>{overall}</td></tr>'
         )
-    return (f'<table id="claims"><thead><tr><th>claim</th><th>paper\'s statement</th><th>our criterion</th>'
-            f'{head}<th>verdict</th></tr></thead><tbody>{"".join(body)}</tbody></table>')
+    table = (f'<table id="claims"><thead><tr><th>claim</th><th>paper\'s statement</th><th>our criterion</th>'
+             f'{head}<th>verdict</th></tr></thead><tbody>{"".join(body)}</tbody></table>')
+    return table + _disagreements_html(claims)
+
+
+def _disagreements_html(claims: pd.DataFrame) -> str:
+    """One list item per (claim, architecture) whose verdict is not ``holds``, with its explanation."""
+    items = []
+    for row in claims.itertuples():
+        text = row.explanation if isinstance(row.explanation, str) else ""
+        if row.architecture == "overall" or row.verdict not in (FAILS, INCONCLUSIVE) or not text:
+            continue
+        items.append(f'<li id="why-{html.escape(row.claim)}-{len(items)}"><b>{html.escape(row.claim)}, '
+                     f'{html.escape(row.verdict)}.</b> {html.escape(text)}</li>')
+    if not items:
+        return ""
+    return ('<h3 id="disagreements">Where our numbers differ from the paper, or do not yet decide</h3>'
+            f'<ul class="why">{"".join(items)}</ul>')
 
 
 def _provenance_html(provenance: Mapping[str, Any] | None) -> str:

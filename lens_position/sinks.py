@@ -2,10 +2,19 @@
 
 - **Sink heads** (:func:`sink_heads`). A head's *sink score* is its mean attention on
   position 0, ``alpha_0 = mean over prompts and queries i of A[i, 0]`` (queries ``0..T-1``
-  by default, as in Gu et al. 2025, so query 0's ``A[0, 0] = 1`` is included). A head with
-  ``alpha_0 > eps`` (``eps = 0.3``) is a sink head. The model-level **sink rate**
-  (:func:`sink_rate`) is the fraction of heads that are sink heads, in [0, 1] (Gu et al.
-  report it in percent; their setup is ``T = 64``), on natural, random and repeated tokens.
+  by default, as in Gu et al. 2025, so query 0's ``A[0, 0] = 1`` is included), with a
+  bootstrap interval over prompts. A head with ``alpha_0 > eps`` (``eps = 0.3``) is a sink
+  head.
+- **Sink rate** (:func:`sink_rate`), as Gu et al. compute it (``eval_sink_open_source.py``
+  in sail-sg/Attention-Sink): for every prompt, layer and head, the attention on position 0
+  averaged over queries is thresholded at ``eps``; the 0/1 outcomes are averaged over
+  prompts, layers and heads (``sink_rate``, in [0, 1]; they report percent), with a
+  bootstrap interval over prompts. Their inputs are the first ``T = 64`` tokens of each
+  document, tokenised with the tokenizer's own special tokens (its own BOS): the default
+  ``protocol="documents"`` here. The rate lens_position reported before, the fraction of
+  heads whose score *averaged over prompts first* exceeds ``eps``, is kept as
+  ``sink_rate_pooled``; it is not the authors' metric and runs higher than it when a
+  head's score varies across prompts around ``eps``.
 - **Sink-reading heads** (:func:`sink_reading_heads`). A detector in the spirit of
   TransformerLens's ``head_detector``: for every head, patch *only its own* key and value at
   position 0 with a counterfactual fingerprint (the position-0 key/value that another token
@@ -23,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float
@@ -36,6 +46,7 @@ from lens_position.decompose import Decomposition, DecompositionReducer
 from lens_position.errors import BadInputError
 from lens_position.fingerprint import counterfactual_token0, position0_activations
 from lens_position.inputs import checked_prompts
+from lens_position.intervals import Bootstrap, bootstrap_mean
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.patching import Patch, as_tokens, cache_activations, head_ablation
 from lens_position.results import SavedResult
@@ -60,47 +71,63 @@ def _bos_policy(prompts: Any) -> Any:
 @dataclass
 class SinkHeads(SavedResult):
     """Result of :func:`sink_heads`. ``frame``: one row per (layer, head) with ``sink_score``
-    (mean attention on position 0, in [0, 1]) and ``is_sink`` (``sink_score > eps``).
-    ``scores``: ``Float[Tensor, "layer head"]``. ``sink_rate``: fraction of sink heads."""
+    (mean attention on position 0 over prompts and queries, in [0, 1]), its bootstrap
+    interval over prompts ``sink_score_lo``/``sink_score_hi``, ``is_sink``
+    (``sink_score > eps``) and ``eps``. ``scores``: ``Float[Tensor, "layer head"]``;
+    ``prompt_scores``: the same per prompt, ``Float[Tensor, "prompt layer head"]`` (None when
+    only pooled scores were given).
+
+    ``sink_rate``: Gu et al.'s metric, the fraction of (prompt, layer, head) triples whose
+    per-prompt score exceeds ``eps``; ``sink_rate_pooled``: the fraction of heads whose
+    score averaged over prompts exceeds it (not their metric)."""
 
     frame: pd.DataFrame
     scores: Float[torch.Tensor, "layer head"]
     eps: float
+    prompt_scores: Float[torch.Tensor, "prompt layer head"] | None = None
     provenance: dict[str, Any] = field(default_factory=dict)
 
     @property
     def sink_rate(self) -> float:
+        if self.prompt_scores is None:
+            raise BadInputError("Gu et al.'s sink rate needs the per-prompt scores; call sink_heads without "
+                                "precomputed pooled scores (or use sink_rate_pooled)")
+        return float((self.prompt_scores > self.eps).to(torch.float64).mean())
+
+    @property
+    def sink_rate_pooled(self) -> float:
         return float((self.scores > self.eps).to(torch.float64).mean())
 
 
 class SinkScoreReducer:
-    """Sink scores as a reducer for :func:`lens_position.stream.stream`: per (layer, head),
-    the sum over prompts and queries ``query_range`` of ``A[i, 0]`` (float64), read at
-    ``hook_pattern`` of every layer; :meth:`result` divides by the count."""
+    """Sink scores as a reducer for :func:`lens_position.stream.stream`: per prompt and
+    (layer, head), the mean over queries ``query_range`` of ``A[i, 0]`` (float64), read at
+    ``hook_pattern`` of every layer. :meth:`result` returns them per prompt
+    (``[prompt, layer, head]``: Gu et al.'s sink rate thresholds each prompt);
+    :func:`sink_scores` averages them over prompts."""
 
     def __init__(self, model: LoadedModel | HookedTransformer, prompts: Any, *,
                  query_range: tuple[int, int] | None = None) -> None:
         hooked = as_loaded(model).model
-        n_pos = as_tokens(hooked, prompts).shape[1]
-        self.start, self.stop = check_query_range(query_range, n_pos)
+        tokens = as_tokens(hooked, prompts)
+        self.start, self.stop = check_query_range(query_range, tokens.shape[1])
         n_layers = hooked.cfg.n_layers
         self.hook_names = tuple(f"blocks.{layer}.attn.hook_pattern" for layer in range(n_layers))
         self._layer_of = {name: layer for layer, name in enumerate(self.hook_names)}
-        self.totals = torch.zeros(n_layers, hooked.cfg.n_heads, dtype=torch.float64)
-        self.n_prompts = 0
+        self.per_prompt = torch.zeros(tokens.shape[0], n_layers, hooked.cfg.n_heads, dtype=torch.float64)
+        self.seen = torch.zeros(tokens.shape[0], dtype=torch.bool)
 
     def update(self, hook_name: str, pattern: Float[torch.Tensor, "batch head query key"],
                rows: torch.Tensor) -> None:
         layer = self._layer_of[hook_name]
-        self.totals[layer] += pattern[:, :, self.start:self.stop, 0].to(torch.float64).sum((0, 2)).cpu()
-        if layer == 0:
-            self.n_prompts += len(rows)
+        self.per_prompt[rows, layer] = pattern[:, :, self.start:self.stop, 0].to(torch.float64).mean(2).cpu()
+        self.seen[rows] = True
 
-    def result(self) -> Float[torch.Tensor, "layer head"]:
-        """Mean attention on position 0 per (layer, head), in [0, 1]."""
-        if self.n_prompts == 0:
+    def result(self) -> Float[torch.Tensor, "prompt layer head"]:
+        """Mean attention on position 0 over queries, per prompt and (layer, head), in [0, 1]."""
+        if not bool(self.seen.any()):
             raise BadInputError("no prompts were streamed through these sink scores")
-        return self.totals / (self.n_prompts * (self.stop - self.start))
+        return self.per_prompt[self.seen]
 
 
 def sink_scores(
@@ -113,6 +140,20 @@ def sink_scores(
 ) -> Float[torch.Tensor, "layer head"]:
     """Mean attention on position 0 per head over prompts and queries ``query_range``
     (default all). Patterns are reduced as they stream by; nothing ``T x T`` is kept."""
+    return prompt_sink_scores(model, prompts, query_range=query_range, batch_size=batch_size,
+                              progress=progress).mean(0)
+
+
+def prompt_sink_scores(
+    model: LoadedModel | HookedTransformer,
+    prompts: Any,
+    *,
+    query_range: tuple[int, int] | None = None,
+    batch_size: int = 8,
+    progress: bool = False,
+) -> Float[torch.Tensor, "prompt layer head"]:
+    """Attention on position 0 averaged over queries ``query_range`` (default all), per
+    prompt, layer and head (float64, in [0, 1])."""
     batch_size = check_count("batch_size", batch_size)
     reducer = SinkScoreReducer(model, prompts, query_range=query_range)
     stream(model, as_tokens(model, prompts), [reducer], batch_size=batch_size, progress=progress,
@@ -126,19 +167,29 @@ def sink_heads(
     *,
     eps: float = SINK_EPS,
     query_range: tuple[int, int] | None = None,
-    scores: Float[torch.Tensor, "layer head"] | None = None,
+    scores: Float[torch.Tensor, "layer head"] | Float[torch.Tensor, "prompt layer head"] | None = None,
     batch_size: int = 8,
+    bootstrap: Bootstrap = Bootstrap(),
     progress: bool = False,
 ) -> SinkHeads:
-    """Sink score of every head (mean attention on position 0) and which heads exceed ``eps``.
+    """Sink score of every head (mean attention on position 0), its interval over prompts
+    (``bootstrap``), and which heads exceed ``eps``.
 
-    ``scores``: the :func:`sink_scores` of these prompts and ``query_range`` when already
-    streamed (e.g. by a :class:`SinkScoreReducer` sharing a pass); then no pass is made."""
+    ``scores``: these prompts' scores when already streamed (e.g. by a
+    :class:`SinkScoreReducer` sharing a pass): per prompt ``[prompt, layer, head]`` (its
+    :meth:`~SinkScoreReducer.result`), or pooled ``[layer, head]`` (:func:`sink_scores`; no
+    intervals and no Gu et al. rate then); no pass is made."""
     loaded = as_loaded(model)
     prompts = checked_prompts(loaded, prompts)
     if scores is None:
-        scores = sink_scores(loaded, prompts, query_range=query_range, batch_size=batch_size,
-                             progress=progress)
+        scores = prompt_sink_scores(loaded, prompts, query_range=query_range, batch_size=batch_size,
+                                    progress=progress)
+    prompt_scores = scores if scores.dim() == 3 else None
+    if prompt_scores is not None:
+        scores = prompt_scores.mean(0)
+        _, lo, hi = bootstrap_mean(prompt_scores.reshape(len(prompt_scores), -1).numpy(), bootstrap)
+    else:
+        lo = hi = np.full(scores.numel(), np.nan)
     n_layers, n_heads = scores.shape
     attn_types = loaded.spec.layer_types
     frame = pd.DataFrame({
@@ -146,24 +197,34 @@ def sink_heads(
         "head": [h for _ in range(n_layers) for h in range(n_heads)],
         "layer_type": [attn_types[l] for l in range(n_layers) for _ in range(n_heads)],
         "sink_score": scores.reshape(-1).numpy(),
+        "sink_score_lo": lo, "sink_score_hi": hi,
     })
     frame["is_sink"] = frame["sink_score"] > eps
-    return SinkHeads(frame=frame, scores=scores, eps=eps, provenance=provenance.collect(
+    frame["eps"] = eps
+    return SinkHeads(frame=frame, scores=scores, eps=eps, prompt_scores=prompt_scores, provenance=provenance.collect(
         model=loaded.spec, data=_data_spec(prompts), seed=getattr(getattr(prompts, "spec", None), "seed", None),
         eps=eps, query_range=query_range, bos_policy=_bos_policy(prompts),
-        metric="sink_score = mean over prompts and queries of A[i, 0]"))
+        metric="sink_score = mean over prompts and queries of A[i, 0]", intervals=bootstrap.to_dict("prompt")))
 
 
 @dataclass
 class SinkRate(SavedResult):
-    """Result of :func:`sink_rate`. ``frame``: one row per condition with ``sink_rate``
-    (fraction of heads whose sink score exceeds ``eps``, in [0, 1]), ``n_sink_heads``,
-    ``n_heads``, ``eps``, ``T``, ``N``, ``bos``. ``heads``: the per-head sink scores of every
-    condition (the :class:`SinkHeads` frames with a ``condition`` column)."""
+    """Result of :func:`sink_rate`. ``frame``: one row per condition with ``sink_rate`` (Gu
+    et al.'s metric: the fraction of (prompt, layer, head) triples whose attention on
+    position 0, averaged over queries, exceeds ``eps``; in [0, 1]), ``sink_rate_lo`` /
+    ``sink_rate_hi`` (its bootstrap interval over prompts), ``sink_rate_pooled`` (the
+    fraction of heads whose score averaged over prompts exceeds ``eps``: not their metric),
+    ``eps``, ``T``, ``N``, ``bos``, ``protocol``, ``n_heads``, ``n_sink_heads`` (heads whose score averaged
+    over prompts exceeds ``eps``: the sink heads).
+    ``heads``: the per-head sink scores of every condition (the :class:`SinkHeads` frames
+    with a ``condition`` column)."""
 
     frame: pd.DataFrame
     heads: pd.DataFrame
     provenance: dict[str, Any] = field(default_factory=dict)
+
+
+SINK_PROTOCOLS = ("documents", "windows")
 
 
 def sink_rate_prompts(
@@ -173,16 +234,30 @@ def sink_rate_prompts(
     T: int = 64,
     N: int = 16,
     seed: int = 0,
-    bos: str = DEFAULT_BOS,
+    protocol: str = "windows",
+    bos: str | None = None,
     text: str | None = None,
+    corpus: str | None = None,
 ) -> dict[str, Any]:
-    """The prompt set of each condition of :func:`sink_rate` (``build_prompts`` with that
-    source), so a caller can stream their sink scores together with other statistics."""
-    from lens_position.data import build_prompts
+    """The prompt set of each condition of :func:`sink_rate` (its docstring: protocols), so a
+    caller can stream their sink scores together with other statistics."""
+    from lens_position.data import build_document_prompts, build_prompts
 
+    if protocol not in SINK_PROTOCOLS:
+        raise BadInputError(f"unknown sink-rate protocol {protocol!r}; use {' or '.join(SINK_PROTOCOLS)}")
+    if protocol == "documents" and bos not in (None, "tokenizer"):
+        raise BadInputError("protocol='documents' uses the tokenizer's own BOS, as Gu et al. do; pass "
+                            "protocol='windows' to choose another BOS policy")
+    bos = ("tokenizer" if protocol == "documents" else DEFAULT_BOS) if bos is None else bos
     loaded = as_loaded(model)
-    return {condition: build_prompts(loaded, source=condition, T=T, N=N, bos=bos, seed=seed, text=text)
-            for condition in conditions}
+    out = {}
+    for condition in conditions:
+        if protocol == "documents" and condition == "natural":
+            out[condition] = build_document_prompts(loaded, T=T, N=N, seed=seed, corpus=corpus, text=text)
+        else:
+            out[condition] = build_prompts(loaded, source=condition, T=T, N=N, bos=bos, seed=seed, text=text,
+                                           corpus=corpus if condition == "natural" else None)
+    return out
 
 
 def sink_rate(
@@ -193,31 +268,51 @@ def sink_rate(
     N: int = 16,
     eps: float = SINK_EPS,
     seed: int = 0,
-    bos: str = DEFAULT_BOS,
+    protocol: str = "windows",
+    bos: str | None = None,
     text: str | None = None,
+    corpus: str | None = None,
     scores: Mapping[str, torch.Tensor] | None = None,
     batch_size: int = 8,
+    bootstrap: Bootstrap = Bootstrap(),
     progress: bool = False,
 ) -> SinkRate:
-    """The model-level sink rate of Gu et al. 2025 (fraction of heads with ``alpha_0 > eps``)
-    on prompts of ``T`` tokens built with ``lens_position.data.build_prompts`` for each
-    condition (``"natural"``, ``"random"``, ``"repeated"``; :func:`sink_rate_prompts`), with
-    BOS policy ``bos`` (default ``"force"``, as everywhere: ``lens_position.data`` says why).
-    ``scores``: the :func:`sink_scores` of some conditions' prompts when already streamed."""
+    """Gu et al. 2025's sink rate, as their code computes it (module docstring), per data
+    condition (``"natural"``, ``"random"``, ``"repeated"``), with its interval over prompts.
+
+    ``protocol="documents"`` (the authors' inputs, the reproduction's sink-rate step): natural
+    text is the first ``T`` tokens of each of ``N`` documents
+    (:func:`lens_position.data.build_document_prompts`), every condition with the tokenizer's
+    own BOS. ``protocol="windows"`` (default): windows of the corpus token stream
+    (:func:`lens_position.data.build_prompts`) under the BOS policy ``bos`` (default
+    ``lens_position.data.DEFAULT_BOS``). ``scores``: the per-prompt scores
+    (:class:`SinkScoreReducer`) of some conditions' prompts when already streamed.
+    """
     loaded = as_loaded(model)
-    prompt_sets = sink_rate_prompts(loaded, conditions=conditions, T=T, N=N, seed=seed, bos=bos, text=text)
+    prompt_sets = sink_rate_prompts(loaded, conditions=conditions, T=T, N=N, seed=seed, protocol=protocol,
+                                    bos=bos, text=text, corpus=corpus)
+    bos = ("tokenizer" if protocol == "documents" else DEFAULT_BOS) if bos is None else bos
     rows, frames, specs = [], [], {}
     for condition, prompts in prompt_sets.items():
         given = None if scores is None else scores.get(condition)
-        result = sink_heads(loaded, prompts, eps=eps, scores=given, batch_size=batch_size, progress=progress)
-        rows.append({"condition": condition, "sink_rate": result.sink_rate, "eps": eps, "T": T, "N": N,
-                     "bos": bos, "n_sink_heads": int(result.frame["is_sink"].sum()),
-                     "n_heads": len(result.frame)})
+        result = sink_heads(loaded, prompts, eps=eps, scores=given, batch_size=batch_size, bootstrap=bootstrap,
+                            progress=progress)
+        # per prompt: the fraction of (layer, head) above eps; the authors' rate is their mean over prompts
+        per_prompt = (result.prompt_scores > eps).to(torch.float64).mean((1, 2)).numpy()
+        rate, lo, hi = bootstrap_mean(per_prompt, bootstrap)
+        rows.append({"condition": condition, "sink_rate": float(rate), "sink_rate_lo": float(lo),
+                     "sink_rate_hi": float(hi), "sink_rate_pooled": result.sink_rate_pooled, "eps": eps, "T": T,
+                     "N": N, "bos": bos, "protocol": protocol, "position0": prompts.spec.position0,
+                     "n_sink_heads": int(result.frame["is_sink"].sum()), "n_heads": len(result.frame)})
         frames.append(result.frame.assign(condition=condition))
         specs[condition] = prompts.spec.to_dict()
     return SinkRate(frame=pd.DataFrame(rows), heads=pd.concat(frames, ignore_index=True),
-                    provenance=provenance.collect(model=loaded.spec, data=specs, seed=seed, eps=eps,
-                                                  T=T, N=N, bos_policy=bos, conditions=list(conditions)))
+                    provenance=provenance.collect(
+                        model=loaded.spec, data=specs, seed=seed, eps=eps, T=T, N=N, bos_policy=bos,
+                        protocol=protocol, conditions=list(conditions), intervals=bootstrap.to_dict("prompt"),
+                        sink_rate="Gu et al.: mean over prompts, layers and heads of 1[mean_i A[i, 0] > eps] "
+                                  "(sail-sg/Attention-Sink, eval_sink_open_source.py)",
+                        sink_rate_pooled="fraction of heads with mean over prompts and queries of A[i, 0] > eps"))
 
 
 # --------------------------------------------------------------------------- sink-reading heads

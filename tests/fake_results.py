@@ -2,6 +2,8 @@
 
 The numbers are chosen so that each claim's verdict is known in advance: the architectures
 "std", "ntk" and "swa" are built so C1-C5 hold, and ``failing=True`` flips C3 and C4.
+Bootstrap replicates are the values plus Gaussian noise of standard deviation ``noise``
+(small by default, so every interval is far from every threshold).
 """
 
 from __future__ import annotations
@@ -20,7 +22,21 @@ def _tag(frame: pd.DataFrame, arch: str, role: str, model: str) -> pd.DataFrame:
     return frame
 
 
-def fake_results(n_layers: int = 4, n_heads: int = 3, failing: bool = False) -> dict[str, pd.DataFrame]:
+COMPONENTS = ["T", "R", "M", "C", "T_heldout", "R_heldout", "M_heldout", "C_heldout",
+              "R_rf", "M_rf", "C_rf", "R_rf_heldout", "M_rf_heldout", "C_rf_heldout"]
+N_SEQUENCES = 16
+N_REPLICATES = 100
+
+
+def _with_intervals(frame: pd.DataFrame, columns: list[str], noise: float) -> pd.DataFrame:
+    for col in columns:
+        frame[f"{col}_lo"] = frame[col] - 2 * noise
+        frame[f"{col}_hi"] = frame[col] + 2 * noise
+    return frame
+
+
+def fake_results(n_layers: int = 4, n_heads: int = 3, failing: bool = False,
+                 noise: float = 0.002) -> dict[str, pd.DataFrame]:
     rng = np.random.default_rng(0)
     tables: dict[str, list[pd.DataFrame]] = {}
     for arch, role, model in ARCHS:
@@ -39,13 +55,25 @@ def fake_results(n_layers: int = 4, n_heads: int = 3, failing: bool = False) -> 
                 c = 0.01
                 heads.append(dict(layer=layer, head=head, layer_type="global", window=None, T=r + m + c,
                                   R=r, M=m, C=c, T_heldout=r + m + c - 0.01, R_heldout=r - 0.005,
-                                  M_heldout=m - 0.005, C_heldout=c))
-        heads = pd.DataFrame(heads)
-        layers = heads.groupby("layer", as_index=False)[["T", "R", "M", "C", "T_heldout", "R_heldout",
-                                                         "M_heldout", "C_heldout"]].mean()
+                                  M_heldout=m - 0.005, C_heldout=c, R_rf=r, M_rf=m, C_rf=c,
+                                  R_rf_heldout=r - 0.004, M_rf_heldout=m - 0.004, C_rf_heldout=c - 0.002))
+        heads = _with_intervals(pd.DataFrame(heads), COMPONENTS, noise)
+        layers = heads.groupby("layer", as_index=False)[COMPONENTS].mean()
+        layers = _with_intervals(layers, COMPONENTS, noise)
         layers.insert(1, "layer_type", "global")
+        layers["relative_depth"] = layers["layer"] / (n_layers - 1)
+        layers["n_sequences"] = N_SEQUENCES
+        replicates = pd.concat([layers[["layer", *COMPONENTS]].assign(
+            replicate=b, **{c: layers[c] + rng.normal(0, noise, n_layers) for c in COMPONENTS})
+            for b in range(N_REPLICATES)], ignore_index=True)
+        early = layers.copy()
+        early["query_stop"] = 32
+        for col in ("M_rf", "M_rf_heldout", "M", "M_heldout"):
+            early[col] = layers[col] * 3
         tables.setdefault("decompose_heads", []).append(_tag(heads, arch, role, model))
         tables.setdefault("decompose_layers", []).append(_tag(layers, arch, role, model))
+        tables.setdefault("decompose_replicates", []).append(_tag(replicates, arch, role, model))
+        tables.setdefault("decompose_early_layers", []).append(_tag(early, arch, role, model))
         probe = pd.DataFrame(dict(layer=np.arange(n_layers + 1), r2_heldout=np.linspace(0.2, 0.9, n_layers + 1),
                                   r2_shuffled=rng.normal(0, 0.01, n_layers + 1), n_train=100, n_test=100))
         tables.setdefault("probe_layers", []).append(_tag(probe, arch, role, model))
@@ -55,10 +83,19 @@ def fake_results(n_layers: int = 4, n_heads: int = 3, failing: bool = False) -> 
             frac = base_fraction + 0.05 * (k - 1)
             for layer in range(n_layers):
                 bos_rows.append(dict(replacement=rep, layer=layer, R_base=r_layer[layer],
-                                     R_replaced=r_layer[layer] * (1 - frac), fraction_removed=frac))
-            overall_rows.append(dict(replacement=rep, R_base=0.1, R_replaced=0.1 * (1 - frac), fraction_removed=frac))
+                                     R_replaced=r_layer[layer] * (1 - frac), fraction_removed=frac,
+                                     fraction_removed_rf=frac))
+            overall_rows.append(dict(replacement=rep, R_base=0.1, R_replaced=0.1 * (1 - frac), fraction_removed=frac,
+                                     fraction_removed_rf=frac, n_sequences=N_SEQUENCES))
+        bos_replicates = pd.DataFrame([dict(replacement=row["replacement"], replicate=b,
+                                            fraction_removed=row["fraction_removed"] + rng.normal(0, noise),
+                                            fraction_removed_rf=row["fraction_removed_rf"] + rng.normal(0, noise))
+                                       for row in overall_rows for b in range(N_REPLICATES)])
         tables.setdefault("bos_layers", []).append(_tag(pd.DataFrame(bos_rows), arch, role, model))
-        tables.setdefault("bos_overall", []).append(_tag(pd.DataFrame(overall_rows), arch, role, model))
+        tables.setdefault("bos_overall", []).append(
+            _tag(_with_intervals(pd.DataFrame(overall_rows), ["fraction_removed", "fraction_removed_rf"], noise),
+                 arch, role, model))
+        tables.setdefault("bos_replicates", []).append(_tag(bos_replicates, arch, role, model))
         fp = []
         for layer in range(n_layers + 1):
             norm = 10.0 + layer
@@ -69,6 +106,8 @@ def fake_results(n_layers: int = 4, n_heads: int = 3, failing: bool = False) -> 
         sinks = pd.DataFrame([dict(layer=layer, head=head, sink_score=(layer * n_heads + head) / (n_layers * n_heads))
                               for layer in range(n_layers) for head in range(n_heads)])
         sinks["is_sink"] = sinks["sink_score"] > 0.3
+        sinks["sink_score_lo"], sinks["sink_score_hi"] = sinks["sink_score"] - 0.01, sinks["sink_score"] + 0.01
+        sinks["eps"] = 0.3
         tables.setdefault("sink_heads", []).append(_tag(sinks, arch, role, model))
         reading = sinks[["layer", "head"]].copy()
         reading["output_change"] = np.linspace(1.0, 0.0, len(reading))
@@ -76,10 +115,12 @@ def fake_results(n_layers: int = 4, n_heads: int = 3, failing: bool = False) -> 
         reading["rank"] = np.arange(1, len(reading) + 1)
         tables.setdefault("sink_reading", []).append(_tag(reading, arch, role, model))
         ablation = pd.DataFrame([dict(ablation=kind, layer=layer, R_before=r_layer[layer],
-                                      R_after=r_layer[layer] * 0.5) for kind in ("zero", "mean")
+                                      R_after=r_layer[layer] * 0.5, R_heldout_before=r_layer[layer] - 0.005,
+                                      R_heldout_after=r_layer[layer] * 0.5 - 0.005) for kind in ("zero", "mean")
                                  for layer in range(n_layers)])
         tables.setdefault("sink_ablation", []).append(_tag(ablation, arch, role, model))
         rate = pd.DataFrame(dict(condition=["natural", "random", "repeated"], sink_rate=[0.6, 0.5, 0.2],
-                                 eps=0.3, T=64, N=4))
+                                 sink_rate_lo=[0.55, 0.45, 0.15], sink_rate_hi=[0.65, 0.55, 0.25],
+                                 sink_rate_pooled=[0.65, 0.55, 0.3], eps=0.3, T=64, N=4))
         tables.setdefault("sink_rate", []).append(_tag(rate, arch, role, model))
     return {k: pd.concat(v, ignore_index=True) for k, v in tables.items()}

@@ -32,31 +32,38 @@ def _same(values, expected) -> bool:
         for a, b in zip(values, expected))
 
 
-def test_layer_components_draw_R_and_M_per_layer_for_each_architecture(tables):
+def test_layer_components_draw_heldout_values_with_intervals_on_relative_depth_by_default(tables):
     frame = tables["decompose_layers"]
     fig = plots.layer_components(frame)
-    for quantity in ("R", "M"):
+    quantities = {t["meta"]["quantity"] for t in plots.trace_data(fig)}
+    assert quantities == {"R_rf_heldout", "M_rf_heldout", "R_heldout", "M_heldout"}  # both splits, held-out
+    for quantity in quantities:
         traces = _traces(fig, quantity)
         assert set(traces) == set(frame["architecture"])
         for arch, trace in traces.items():
             part = frame[frame["architecture"] == arch].sort_values("layer")
-            assert list(trace["x"]) == part["layer"].tolist()
+            assert list(trace["x"]) == part["relative_depth"].tolist()
             assert _same(list(trace["y"]), part[quantity].tolist())
-    held = plots.layer_components(frame, heldout=True)
-    assert {t["meta"]["quantity"] for t in plots.trace_data(held)} == {"R_heldout", "M_heldout"}
+            error = trace["error_y"]
+            assert _same(list(error["array"]), (part[f"{quantity}_hi"] - part[quantity]).tolist())
+            assert _same(list(error["arrayminus"]), (part[quantity] - part[f"{quantity}_lo"]).tolist())
+    in_sample = plots.layer_components(frame, heldout=False, components=("R", "M"))
+    assert {t["meta"]["quantity"] for t in plots.trace_data(in_sample)} == {"R", "M"}
 
 
-def test_head_heatmaps_hold_every_head_value(tables):
+def test_head_heatmaps_hold_every_head_value_heldout_by_default(tables):
     frame = tables["decompose_heads"]
     fig = plots.head_heatmaps(frame)
     assert len(fig.data) == 3 * frame["architecture"].nunique()
-    for quantity in ("T", "R", "M"):
+    for quantity in ("T_heldout", "R_rf_heldout", "M_rf_heldout"):
         for arch, trace in _traces(fig, quantity).items():
             part = frame[frame["architecture"] == arch]
             for row in part.itertuples():
                 i = list(trace["y"]).index(row.layer)
                 j = list(trace["x"]).index(row.head)
                 assert trace["z"][i][j] == pytest.approx(getattr(row, quantity))
+                assert trace["customdata"][i][j] == pytest.approx(
+                    [getattr(row, f"{quantity}_lo"), getattr(row, f"{quantity}_hi")])
 
 
 def test_probe_figure_draws_heldout_and_shuffled_r2(tables):
@@ -71,19 +78,21 @@ def test_probe_figure_draws_heldout_and_shuffled_r2(tables):
 def test_bos_figure_draws_overall_and_per_layer_fractions(tables):
     layers, overall = tables["bos_layers"], tables["bos_overall"]
     fig = plots.bos_fraction_removed(layers, overall)
-    for arch, trace in _traces(fig, "fraction_removed (overall)").items():
+    for arch, trace in _traces(fig, "fraction_removed_rf (overall)").items():  # the fraction C4 is decided on
         part = overall[overall["architecture"] == arch]
         assert list(trace["x"]) == part["replacement"].tolist()
-        assert _same(list(trace["y"]), part["fraction_removed"].tolist())
+        assert _same(list(trace["y"]), part["fraction_removed_rf"].tolist())
+        assert _same(list(trace["error_y"]["arrayminus"]),
+                     (part["fraction_removed_rf"] - part["fraction_removed_rf_lo"]).tolist())
     for rep in ("token", "mean", "random"):
-        for arch, trace in _traces(fig, f"fraction_removed ({rep})").items():
+        for arch, trace in _traces(fig, f"fraction_removed_rf ({rep})").items():
             part = layers[(layers["architecture"] == arch) & (layers["replacement"] == rep)].sort_values("layer")
-            assert _same(list(trace["y"]), part["fraction_removed"].tolist())
+            assert _same(list(trace["y"]), part["fraction_removed_rf"].tolist())
     # The paper's 40% is drawn as a reference line in every panel.
     assert [s["y0"] for s in fig.layout.shapes] == [plots.PAPER_C4_FRACTION] * 4
 
 
-def test_fingerprint_figure_draws_spread_with_zero_as_a_gap(tables):
+def test_fingerprint_figure_shows_a_zero_spread_on_the_log_axis(tables):
     frame = tables["fingerprint"]
     fig = plots.fingerprint_layers(frame)
     for cond in ("auto-bos", "varying-token0"):
@@ -95,6 +104,15 @@ def test_fingerprint_figure_draws_spread_with_zero_as_a_gap(tables):
             part = frame[(frame["architecture"] == arch) & (frame["condition"] == cond)].sort_values("layer")
             assert _same(list(trace["y"]), part["norm"].tolist())
     assert fig.layout.yaxis.type == "log"
+    # every exact zero is marked, at the tick labelled "0 (exact)"
+    zeros = frame[frame["spread"] == 0]
+    assert len(zeros) > 0
+    for arch, trace in _traces(fig, "spread == 0 (auto-bos)").items():
+        part = zeros[(zeros["architecture"] == arch) & (zeros["condition"] == "auto-bos")]
+        assert list(trace["x"]) == part["layer"].tolist()
+        floor = trace["y"][0]
+        assert floor > 0 and floor < frame.loc[frame["spread"] > 0, "spread"].min()
+        assert fig.layout.yaxis.ticktext[0] == "0 (exact)" and fig.layout.yaxis.tickvals[0] == floor
 
 
 def test_sink_map_marks_sink_heads_and_top_sink_reading_heads(tables):
@@ -108,20 +126,25 @@ def test_sink_map_marks_sink_heads_and_top_sink_reading_heads(tables):
         assert list(zip(trace["y"], trace["x"])) == list(zip(top["layer"], top["head"]))
 
 
-def test_sink_rate_bars_are_in_percent(tables):
+def test_sink_rate_bars_are_gu_et_al_metric_in_percent_with_intervals_and_the_pooled_rate_beside(tables):
     frame = tables["sink_rate"]
-    for arch, trace in _traces(plots.sink_rate_bars(frame), "sink_rate_percent").items():
+    fig = plots.sink_rate_bars(frame)
+    for arch, trace in _traces(fig, "sink_rate_percent").items():
         part = frame[frame["architecture"] == arch]
         assert _same(list(trace["y"]), [100 * v for v in part["sink_rate"]])
+        assert _same(list(trace["error_y"]["array"]), (100 * (part["sink_rate_hi"] - part["sink_rate"])).tolist())
+    for arch, trace in _traces(fig, "sink_rate_pooled_percent").items():
+        part = frame[frame["architecture"] == arch]
+        assert _same(list(trace["y"]), [100 * v for v in part["sink_rate_pooled"]])
 
 
-def test_sink_ablation_draws_R_before_and_after(tables):
+def test_sink_ablation_draws_heldout_R_before_and_after_by_default(tables):
     frame = tables["sink_ablation"]
     fig = plots.sink_ablation(frame)
     for kind in ("zero", "mean"):
-        for arch, trace in _traces(fig, f"R_after ({kind})").items():
+        for arch, trace in _traces(fig, f"R_heldout_after ({kind})").items():
             part = frame[(frame["architecture"] == arch) & (frame["ablation"] == kind)].sort_values("layer")
-            assert _same(list(trace["y"]), part["R_after"].tolist())
+            assert _same(list(trace["y"]), part["R_heldout_after"].tolist())
 
 
 def test_a_frame_without_architecture_column_is_one_group(tables):

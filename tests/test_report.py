@@ -3,63 +3,111 @@ report is one offline file that a real browser draws without JavaScript errors."
 
 from __future__ import annotations
 
+import html
 import re
 
 import pytest
 
-from fake_results import fake_results
+from fake_results import N_SEQUENCES, fake_results
 from lens_position import report
-from lens_position.report import Criteria, build_report, check_in_browser, claims_table, report_figure_specs
+from lens_position.claims import CLAIMS, FAILS, HOLDS, INCONCLUSIVE, NOT_MEASURED, Criteria, claims_table
+from lens_position.report import build_report, check_in_browser, report_figure_specs
 
 
 def _overall(claims, claim):
     return claims[(claims["claim"] == claim) & (claims["architecture"] == "overall")].iloc[0]
 
 
+def _rows(claims, claim):
+    return claims[(claims["claim"] == claim) & (claims["architecture"] != "overall")]
+
+
 def test_claims_hold_when_the_numbers_meet_the_criteria():
     claims = claims_table(fake_results())
     assert list(dict.fromkeys(claims["claim"])) == ["C1", "C2", "C3", "C4", "C5"]
     for claim in ("C1", "C2", "C3", "C4", "C5"):
-        assert _overall(claims, claim)["holds"] is True, claim
-    # Every row states the paper's claim and our criterion.
+        assert _overall(claims, claim)["verdict"] == HOLDS, claim
+        assert (_rows(claims, claim)["verdict"] == HOLDS).all(), claim
+    # Every row states the paper's claim and our criterion; every estimate but C5's exact spread has an interval.
     assert claims["statement"].str.len().min() > 40
     assert claims["criterion"].str.len().min() > 20
+    with_interval = claims[(claims["architecture"] != "overall") & (claims["claim"] != "C5")]
+    assert (with_interval["value_lo"] <= with_interval["value"]).all()
+    assert (with_interval["value"] <= with_interval["value_hi"]).all()
 
 
-def test_claims_fail_when_the_numbers_do_not():
+def test_claims_fail_when_the_numbers_do_not_and_say_by_how_much():
     claims = claims_table(fake_results(failing=True))
-    assert _overall(claims, "C3")["holds"] is False  # NTK residual share above standard
-    assert _overall(claims, "C4")["holds"] is False  # 90% removed, not about 40%
-    assert "NTK share below standard: no" in _overall(claims, "C3")["measured"]
-    c4 = claims[(claims["claim"] == "C4") & (claims["architecture"] != "overall")]
+    assert _overall(claims, "C3")["verdict"] == FAILS  # NTK residual share above standard
+    assert _overall(claims, "C4")["verdict"] == FAILS  # 90% removed, not about 40%
+    c4 = _rows(claims, "C4")
     assert c4["value"].tolist() == pytest.approx([0.9, 0.9, 0.9])
+    for text in c4["explanation"]:
+        assert "removes 90%" in text and "about 40%" in text and "50 points more" in text
+    ntk = _rows(claims, "C3").set_index("architecture").loc["NTK-scaled RoPE: ntk"]
+    assert ntk["verdict"] == FAILS and "above 0 over its whole interval" in ntk["explanation"]
 
 
 def test_claim_verdicts_follow_the_criteria_thresholds():
-    tables = fake_results()
     strict = Criteria(min_signal=0.5)  # no component reaches half of Var(log A) in the fake tables
-    claims = claims_table(tables, strict)
-    assert _overall(claims, "C1")["holds"] is False and _overall(claims, "C2")["holds"] is False
+    claims = claims_table(fake_results(), strict)
+    assert _overall(claims, "C1")["verdict"] == FAILS and _overall(claims, "C2")["verdict"] == FAILS
     assert "0.5" in _overall(claims, "C1")["criterion"]
 
 
-def test_C3_is_undecided_without_all_three_architectures():
+def test_an_interval_across_the_threshold_is_inconclusive_and_says_which_N_would_decide():
+    tables = fake_results(noise=0.01)
+    c1 = _rows(claims_table(tables), "C1").iloc[0]
+    threshold = c1["value"] - 0.5 * (c1["value"] - c1["value_lo"])  # inside the interval, below the estimate
+    row = _rows(claims_table(tables, Criteria(min_signal=threshold)), "C1").iloc[0]
+    assert row["verdict"] == INCONCLUSIVE
+    # intervals shrink as 1/sqrt(N): N' = N (half-width / distance)^2 = 16 * 2^2
+    assert row["n_to_decide"] == pytest.approx(N_SEQUENCES * 4, abs=1)
+    assert f"about N = {row['n_to_decide']:.0f} sequences (now N = {N_SEQUENCES})" in row["explanation"]
+
+
+def test_without_intervals_nothing_is_decided():
+    tables = {k: v for k, v in fake_results().items() if not k.endswith("replicates")}
+    claims = claims_table(tables)
+    for claim in ("C1", "C2", "C3", "C4"):
+        assert (_rows(claims, claim)["verdict"] == INCONCLUSIVE).all(), claim
+    assert "intervals were switched off" in _rows(claims, "C1")["explanation"].iloc[0]
+
+
+def test_C3_is_not_measured_without_all_three_architectures():
     tables = {k: v[v["role"] != "ntk"] for k, v in fake_results().items()}
     row = _overall(claims_table(tables), "C3")
-    assert row["holds"] is None and "NTK-scaled RoPE" in row["measured"]
+    assert row["verdict"] == NOT_MEASURED and "NTK-scaled RoPE" in row["measured"]
 
 
-def test_C5_measures_relative_spread_and_counts_sink_heads():
+def test_C5_measures_relative_spread_and_needs_a_sink_head_above_eps_over_its_interval():
     tables = fake_results()
     claims = claims_table(tables)
-    c5 = claims[(claims["claim"] == "C5") & (claims["architecture"] != "overall")]
     fp = tables["fingerprint"]
     auto = fp[fp["condition"] == "auto-bos"]
-    for row in c5.itertuples():
+    for row in _rows(claims, "C5").itertuples():
         part = auto[auto["architecture"] == row.architecture]
         assert row.value == pytest.approx((part["spread"] / part["norm"]).max())
-    no_sinks = dict(tables, sink_heads=tables["sink_heads"].assign(is_sink=False))
-    assert _overall(claims_table(no_sinks), "C5")["holds"] is False
+    no_sinks = dict(tables, sink_heads=tables["sink_heads"].assign(sink_score_lo=0.1, sink_score_hi=0.2))
+    assert _overall(claims_table(no_sinks), "C5")["verdict"] == FAILS
+    maybe = dict(tables, sink_heads=tables["sink_heads"].assign(sink_score_lo=0.2))
+    assert _overall(claims_table(maybe), "C5")["verdict"] == INCONCLUSIVE
+
+
+def test_each_claim_is_written_once():
+    assert [c.key for c in CLAIMS] == ["C1", "C2", "C3", "C4", "C5"]
+    assert not hasattr(report, "CLAIMS") and not hasattr(report, "_c3_verdict")
+
+
+def test_the_report_explains_every_claim_that_does_not_hold_in_words_from_the_numbers():
+    tables = fake_results(failing=True)
+    claims = claims_table(tables)
+    text = build_report(tables)
+    explained = claims[(claims["architecture"] != "overall") & claims["verdict"].isin([FAILS, INCONCLUSIVE])]
+    assert len(explained) > 0
+    for explanation in explained["explanation"]:
+        assert html.escape(explanation) in text
+    assert 'id="disagreements"' in text and "[" in text  # the intervals are in the table
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +129,8 @@ def test_report_is_self_contained(report_file):
 def test_report_figures_hold_the_tables_numbers(report_file):
     tables = fake_results()
     specs = report_figure_specs(report_file.read_text())
-    assert set(specs) == {"layer_components", "head_heatmaps", "probe", "bos", "fingerprint", "sinks",
-                          "sink_rate", "sink_ablation"}
+    assert set(specs) == {"layer_components", "layer_components_early", "head_heatmaps", "probe", "bos",
+                          "fingerprint", "sinks", "sink_rate", "sink_ablation"}
     layers = tables["decompose_layers"]
     for trace in specs["layer_components"]["data"]:
         part = layers[layers["architecture"] == trace["meta"]["group"]].sort_values("layer")
@@ -98,7 +146,7 @@ def test_report_opens_in_chromium_without_errors_and_draws_every_figure(report_f
     shot = report_file.parent / "report.png"
     check = check_in_browser(report_file, screenshot=shot)
     assert check.js_errors == []
-    assert check.undrawn == [] and check.figures_drawn == check.figures_expected == 8
+    assert check.undrawn == [] and check.figures_drawn == check.figures_expected == 9
     assert check.ok
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 50_000
 

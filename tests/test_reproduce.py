@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from html import escape
 import math
 import subprocess
 import sys
@@ -17,7 +18,8 @@ import pytest
 from lens_position import reproduce
 from lens_position.cli import EXIT_INTERRUPTED, main
 from lens_position.errors import BadInputError
-from lens_position.report import TABLES, claims_table, report_figure_specs
+from lens_position.claims import claims_table
+from lens_position.report import TABLES, report_figure_specs
 from lens_position.pipeline.steps import STEPS as STEP_REGISTRY
 from lens_position.reproduce import StepCache, parse_model_request, step_key
 
@@ -84,7 +86,13 @@ def test_claims_table_is_computed_from_the_written_tables(quick_run):
     html = (quick_run / "report.html").read_text()
     assert html.index('id="claims"') < html.index('class="figure"')
     for measured in claims["measured"]:
-        assert measured.replace("&", "&amp;") in html
+        assert escape(measured) in html
+    # Every (claim, architecture) has a three-state verdict and, where it does not hold, words saying why.
+    rows = claims[claims["architecture"] != "overall"]
+    assert set(rows["verdict"]) <= {"holds", "does not hold", "inconclusive at this N", "not measured"}
+    assert {"value_lo", "value_hi", "n_to_decide", "explanation"} <= set(claims.columns)
+    for row in rows[rows["verdict"].isin(["does not hold", "inconclusive at this N"])].itertuples():
+        assert isinstance(row.explanation, str) and escape(row.explanation) in html
 
 
 def _close(a, b) -> bool:
@@ -93,7 +101,7 @@ def _close(a, b) -> bool:
     return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
 
 
-def _check_lines(traces, frame, quantity_to_column, where=None):
+def _check_lines(traces, frame, quantity_to_column, x="layer"):
     """Every line trace ``meta.quantity`` equals its column of ``frame``, by architecture, sorted by layer."""
     checked = 0
     for trace in traces:
@@ -108,7 +116,7 @@ def _check_lines(traces, frame, quantity_to_column, where=None):
         expected = part[column].tolist()
         if column == "spread":  # zero spread is drawn as a gap on the log axis
             expected = [None if v == 0 else v for v in expected]
-        assert trace["x"] == part["layer"].tolist()
+        assert all(_close(a, b) for a, b in zip(trace["x"], part[x].tolist()))
         assert all(_close(a, b) for a, b in zip(trace["y"], expected)) and len(trace["y"]) == len(expected)
         checked += 1
     return checked
@@ -117,12 +125,19 @@ def _check_lines(traces, frame, quantity_to_column, where=None):
 def test_every_figure_in_the_report_holds_the_tables_numbers(quick_run):
     tables = reproduce.load_tables(quick_run)
     specs = report_figure_specs((quick_run / "report.html").read_text())
-    assert set(specs) == {"layer_components", "head_heatmaps", "probe", "bos", "fingerprint", "sinks",
-                          "sink_rate", "sink_ablation"}
+    assert set(specs) == {"layer_components", "layer_components_early", "head_heatmaps", "probe", "bos",
+                          "fingerprint", "sinks", "sink_rate", "sink_ablation"}
     n = len(ARCHITECTURES)
 
-    assert _check_lines(specs["layer_components"]["data"], tables["decompose_layers"],
-                        {"R_heldout": ("R_heldout", None), "M_heldout": ("M_heldout", None)}) == 2 * n
+    layers = tables["decompose_layers"]
+    components = {c: (c, None) for c in ("R_rf_heldout", "M_rf_heldout", "R_heldout", "M_heldout")}
+    assert _check_lines(specs["layer_components"]["data"], layers, components,
+                        x="relative_depth" if "relative_depth" in layers.columns else "layer") == \
+        n * sum(c in layers.columns for c in components)
+
+    early = tables["decompose_early_layers"]  # C2 at early queries, from the base run of BOS replacement
+    assert _check_lines(specs["layer_components_early"]["data"], early, components, x="relative_depth") == \
+        n * sum(c in early.columns for c in components)
 
     heads = tables["decompose_heads"]
     for trace in specs["head_heatmaps"]["data"]:
@@ -138,7 +153,7 @@ def test_every_figure_in_the_report_holds_the_tables_numbers(quick_run):
 
     reps = tables["bos_overall"]["replacement"].unique().tolist()
     assert _check_lines(specs["bos"]["data"], tables["bos_layers"],
-                        {f"fraction_removed ({r})": ("fraction_removed", ("replacement", r)) for r in reps}
+                        {f"fraction_removed_rf ({r})": ("fraction_removed_rf", ("replacement", r)) for r in reps}
                         ) == len(reps) * n
     overall = tables["bos_overall"]
     bars = [t for t in specs["bos"]["data"] if t["type"] == "bar"]
@@ -146,7 +161,7 @@ def test_every_figure_in_the_report_holds_the_tables_numbers(quick_run):
     for trace in bars:
         part = overall[overall["architecture"] == trace["meta"]["group"]]
         assert trace["x"] == part["replacement"].tolist()
-        assert all(_close(a, b) for a, b in zip(trace["y"], part["fraction_removed"]))
+        assert all(_close(a, b) for a, b in zip(trace["y"], part["fraction_removed_rf"]))
 
     conds = ("auto-bos", "varying-token0")
     assert _check_lines(specs["fingerprint"]["data"], tables["fingerprint"],
@@ -170,19 +185,22 @@ def test_every_figure_in_the_report_holds_the_tables_numbers(quick_run):
     rates = tables["sink_rate"]
     for trace in specs["sink_rate"]["data"]:
         part = rates[rates["architecture"] == trace["meta"]["group"]]
+        column = {"sink_rate_percent": "sink_rate", "sink_rate_pooled_percent": "sink_rate_pooled"}[
+            trace["meta"]["quantity"]]
         assert trace["x"] == part["condition"].tolist()
-        assert all(_close(a, 100 * b) for a, b in zip(trace["y"], part["sink_rate"]))
+        assert all(_close(a, 100 * b) for a, b in zip(trace["y"], part[column]))
 
     kinds = tables["sink_ablation"]["ablation"].unique().tolist()
     assert _check_lines(specs["sink_ablation"]["data"], tables["sink_ablation"],
-                        {**{f"R_before ({k})": ("R_before", ("ablation", k)) for k in kinds},
-                         **{f"R_after ({k})": ("R_after", ("ablation", k)) for k in kinds}}) == 2 * len(kinds) * n
+                        {**{f"R_heldout_before ({k})": ("R_heldout_before", ("ablation", k)) for k in kinds},
+                         **{f"R_heldout_after ({k})": ("R_heldout_after", ("ablation", k)) for k in kinds}}
+                        ) == 2 * len(kinds) * n
 
 
 def test_report_was_drawn_by_chromium_without_errors(quick_run):
     check = _provenance(quick_run)["browser_check"]
     assert check["js_errors"] == [] and check["undrawn"] == []
-    assert check["figures_drawn"] == check["figures_expected"] == 8
+    assert check["figures_drawn"] == check["figures_expected"] == 9
     assert Path(check["screenshot"]) == (quick_run / "report.png").resolve()
 
 

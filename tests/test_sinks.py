@@ -86,7 +86,7 @@ def test_the_designed_sink_head_has_the_closed_form_sink_score(model, tokens):
     assert result.scores[1, 0].item() == pytest.approx(expected, abs=1e-9)
     assert result.frame.set_index(["layer", "head"]).loc[(1, 0), "is_sink"]
     assert list(result.frame.columns[:4]) == ["layer", "head", "layer_type", "sink_score"]
-    assert result.sink_rate == pytest.approx(result.frame["is_sink"].mean())
+    assert result.sink_rate_pooled == pytest.approx(result.frame["is_sink"].mean())
     assert result.provenance["options"]["eps"] == 0.3
 
 
@@ -155,16 +155,43 @@ def test_counterfactuals_are_checked(model, tokens):
 
 
 def test_sink_rate_reports_every_condition(tiny_gemma3):
-    result = sinks.sink_rate(tiny_gemma3, T=16, N=2, seed=0)
+    result = sinks.sink_rate(tiny_gemma3, T=16, N=4, seed=0, protocol="documents")
     frame = result.frame
     assert list(frame["condition"]) == ["natural", "random", "repeated"]
-    assert list(frame.columns[:5]) == ["condition", "sink_rate", "eps", "T", "N"]
+    assert list(frame.columns[:5]) == ["condition", "sink_rate", "sink_rate_lo", "sink_rate_hi", "sink_rate_pooled"]
     n_heads = tiny_gemma3.model.cfg.n_layers * tiny_gemma3.model.cfg.n_heads
     assert (frame["n_heads"] == n_heads).all()
-    assert frame["sink_rate"].to_numpy() == pytest.approx((frame["n_sink_heads"] / n_heads).to_numpy())
+    assert frame["sink_rate_pooled"].to_numpy() == pytest.approx((frame["n_sink_heads"] / n_heads).to_numpy())
     per_condition = result.heads.groupby("condition")["is_sink"].mean()
-    assert per_condition["random"] == pytest.approx(frame.set_index("condition").loc["random", "sink_rate"])
+    assert per_condition["random"] == pytest.approx(frame.set_index("condition").loc["random", "sink_rate_pooled"])
+    assert (frame["sink_rate_lo"] <= frame["sink_rate"] + 1e-12).all()
+    assert (frame["sink_rate"] <= frame["sink_rate_hi"] + 1e-12).all()
     assert set(result.provenance["data"]) == {"natural", "random", "repeated"}
+    # Gu et al.'s inputs: the first T tokens of whole documents, with the tokenizer's own BOS (Gemma-3 prepends it)
+    natural = result.provenance["data"]["natural"]
+    assert natural["position0"] == "bos" and "documents" in natural["extra"]["protocol"]
+
+
+def test_sink_rate_thresholds_each_prompt_then_averages_as_gu_et_al(model):
+    """Gu et al. (eval_sink_open_source.py) threshold every prompt's score, then average the 0/1
+    outcomes; averaging the scores over prompts first (the pooled rate) is a different number."""
+    tokens = toy_tokens(8, 32, bos=True, seed=1)
+    tokens[1::2, 0] = 2  # half the prompts without BOS: the sink-reading head sinks on the others only
+    result = sinks.sink_heads(model, tokens, eps=0.3)
+    _, cache = model.model.run_with_cache(tokens, names_filter=lambda name: name.endswith("hook_pattern"))
+    per_prompt = torch.stack([cache[f"blocks.{layer}.attn.hook_pattern"][:, :, :, 0].mean(-1)
+                              for layer in range(3)], dim=1)  # [prompt, layer, head], independent of sinks.py
+    assert result.sink_rate == pytest.approx(float((per_prompt > 0.3).double().mean()))
+    assert result.sink_rate_pooled == pytest.approx(float((per_prompt.mean(0) > 0.3).double().mean()))
+    assert result.sink_rate_pooled - result.sink_rate == pytest.approx(0.5 / 6)  # head (1, 0): 1 pooled, 1/2 per prompt
+    lo, hi = result.frame.loc[0, ["sink_score_lo", "sink_score_hi"]]
+    assert lo <= result.frame.loc[0, "sink_score"] <= hi
+
+
+def test_a_sink_score_that_never_varies_has_an_interval_of_zero_width(model, tokens):
+    frame = sinks.sink_heads(model, tokens).frame  # every prompt starts with BOS: offset-only heads are exact
+    offset_only = frame[(frame["layer"] == 0)]
+    assert (offset_only["sink_score_hi"] - offset_only["sink_score_lo"]).abs().max() < 1e-12
 
 
 @pytest.mark.slow

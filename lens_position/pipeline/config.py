@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from lens_position.errors import BadInputError
+from lens_position.intervals import N_RESAMPLES
 from lens_position.models.registry import DEFAULT_MODELS
 
 
@@ -29,6 +30,9 @@ class Settings:
       ``<= i`` only, so longer sequences would not change what is measured, only its cost;
     - sink_heads, sink_rate, fingerprint: ``N`` sequences of ``sink_T`` positions (Gu et
       al.'s T = 64 set-up).
+
+    ``n_resamples``: bootstrap replicates behind every interval (0: no intervals; see
+    :mod:`lens_position.intervals`).
     """
 
     T: int
@@ -47,6 +51,7 @@ class Settings:
     layers: tuple[int, ...] | None = None
     decompose_queries: tuple[int, int] | None = None
     keys: str = "all"
+    n_resamples: int = N_RESAMPLES
 
     def check(self) -> None:
         """Checks of the sizes that need no model (BadInputError)."""
@@ -170,10 +175,11 @@ class RunConfig:
     query_range: tuple[int, int] | None = None
     keys: str | None = None
     batch_size: int | None = None
+    n_resamples: int | None = None  # bootstrap replicates (None: the mode's default; 0: no intervals)
 
     def settings(self) -> Settings:
         base = QUICK if self.quick else FULL
-        changes = {}
+        changes: dict[str, Any] = {} if self.n_resamples is None else {"n_resamples": self.n_resamples}
         if self.T is not None:
             changes.update(T=self.T, sink_T=self.T)
         if self.N is not None:

@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping
 import pandas as pd
 from tqdm.auto import tqdm
 
+from lens_position import claims as claims_module
 from lens_position import provenance as provenance_module
 from lens_position import report as report_module
 from lens_position.errors import LensPositionError, MissingPackageError, is_input_error
@@ -313,10 +314,10 @@ def run(config: RunConfig, *, load: Callable[[str], Any] | None = None,
 def claims_for(tables: Mapping[str, pd.DataFrame], factors: tuple[str, ...]) -> pd.DataFrame:
     """The claims table; in a sweep, one per condition (factor values in front), stacked."""
     if not factors:
-        return report_module.claims_table(tables)
+        return claims_module.claims_table(tables)
     from lens_position.pipeline.sweep import split_by_condition
 
-    return pd.concat([_tag(report_module.claims_table(subset), values)
+    return pd.concat([_tag(claims_module.claims_table(subset), values)
                       for values, subset in split_by_condition(tables)], ignore_index=True)
 
 

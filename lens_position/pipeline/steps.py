@@ -119,8 +119,16 @@ def _restrictions(s: Settings, *names: str) -> dict[str, Any]:
     return {name: given[name] for name in names if given[name] is not None}
 
 
+def _bootstrap(sizes: Mapping[str, Any]) -> Any:
+    from lens_position.intervals import Bootstrap
+
+    return Bootstrap(n_resamples=sizes["n_resamples"])
+
+
 def _frames(result: Any, **names: str) -> dict[str, pd.DataFrame]:
-    return {table: getattr(result, attr).reset_index(drop=True) for table, attr in names.items()}
+    """The result's tables by name; one that is None (bootstrap replicates with intervals off) is left out."""
+    return {table: getattr(result, attr).reset_index(drop=True) for table, attr in names.items()
+            if getattr(result, attr) is not None}
 
 
 def _decompose_requests(ctx: StepContext, sizes: Mapping[str, Any]) -> list[Request]:
@@ -129,14 +137,16 @@ def _decompose_requests(ctx: StepContext, sizes: Mapping[str, Any]) -> list[Requ
     prompts = ctx.prompts(sizes["T"], sizes["N"])
     query_range = tuple(sizes["query_range"]) if sizes.get("query_range") is not None else None
     options = dict(layers=sizes.get("layers"), query_range=query_range, keys=sizes.get("keys", "all"))
-    return [Request(f"decompose {options}", prompts, lambda: DecompositionReducer(ctx.loaded, prompts, **options),
+    return [Request(f"decompose {options} n_resamples={sizes['n_resamples']}", prompts,
+                    lambda: DecompositionReducer(ctx.loaded, prompts, bootstrap=_bootstrap(sizes), **options),
                     sizes["batch_size"])]
 
 
 def _run_decompose(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
     prompts = ctx.prompts(sizes["T"], sizes["N"])
     result, = [ctx.passes.get(request) for request in _decompose_requests(ctx, sizes)]
-    return StepOutput(_frames(result, decompose_layers="layers", decompose_heads="heads"), result.provenance,
+    return StepOutput(_frames(result, decompose_layers="layers", decompose_heads="heads",
+                              decompose_replicates="replicates"), result.provenance,
                       {"prompts": prompts.spec, **sizes})
 
 
@@ -181,8 +191,12 @@ def _run_bos(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
     ctx.need_bos(prompts, "BOS replacement")
     base, = [ctx.passes.get(request) for request in _early_requests(ctx, sizes, activations=False)]
     result = bos_replacement(ctx.loaded, prompts, query_range=tuple(sizes["query_range"]), seed=ctx.data.seed,
-                             base=base, batch_size=sizes["batch_size"], progress=ctx.progress)
-    return StepOutput(_frames(result, bos_layers="frame", bos_overall="overall"), result.provenance,
+                             base=base, batch_size=sizes["batch_size"], bootstrap=_bootstrap(sizes),
+                             progress=ctx.progress)
+    # the base run is the decomposition at early queries: C2 reports it beside the all-queries criterion
+    tables = {**_frames(result, bos_layers="frame", bos_overall="overall", bos_replicates="replicates"),
+              **_frames(result, decompose_early_layers="base_layers", decompose_early_replicates="base_replicates")}
+    return StepOutput(tables, result.provenance,
                       {"prompts": prompts.spec, **sizes})
 
 
@@ -199,7 +213,7 @@ def _run_sink_heads(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
     prompts = ctx.prompts(sizes["T"], sizes["N"])
     scores, = [ctx.passes.get(request) for request in _sink_heads_requests(ctx, sizes)]
     result = sink_heads(ctx.loaded, prompts, eps=sizes["eps"], scores=scores, batch_size=sizes["batch_size"],
-                        progress=ctx.progress)
+                        bootstrap=_bootstrap(sizes), progress=ctx.progress)
     return StepOutput({"sink_heads": result.frame.reset_index(drop=True)}, result.provenance,
                       {"prompts": prompts.spec, **sizes})
 
@@ -208,12 +222,20 @@ def _sink_rate_prompts(ctx: StepContext, sizes: Mapping[str, Any]) -> dict[str, 
     from lens_position.sinks import sink_rate_prompts
 
     check_context(ctx.spec, sizes["T"])
-    # The natural-text condition is built from the run's corpus (--text), like every other step.
+    # Gu et al.'s protocol on the default corpus (the first T tokens of each document, with the
+    # tokenizer's own BOS); a run's own text (--text) reaches this step too, but arrives as one text
+    # without documents, so the sink rate is then measured on its windows under the run's BOS policy.
     key = ("sink_rate", sizes["T"], sizes["N"])
     if key not in ctx._prompts:
         ctx._prompts[key] = sink_rate_prompts(ctx.loaded, T=sizes["T"], N=sizes["N"], seed=ctx.data.seed,
-                                              bos=ctx.data.bos, text=ctx.corpus_text)
+                                              protocol=_sink_rate_protocol(ctx),
+                                              bos=None if ctx.corpus_text is None else ctx.data.bos,
+                                              text=ctx.corpus_text)
     return ctx._prompts[key]
+
+
+def _sink_rate_protocol(ctx: StepContext) -> str:
+    return "documents" if ctx.corpus_text is None else "windows"
 
 
 def _sink_rate_requests(ctx: StepContext, sizes: Mapping[str, Any]) -> list[Request]:
@@ -228,11 +250,14 @@ def _run_sink_rate(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
 
     conditions = list(_sink_rate_prompts(ctx, sizes))
     scores = dict(zip(conditions, (ctx.passes.get(request) for request in _sink_rate_requests(ctx, sizes))))
+    protocol = _sink_rate_protocol(ctx)
     result = sink_rate(ctx.loaded, T=sizes["T"], N=sizes["N"], eps=sizes["eps"], seed=ctx.data.seed,
-                       bos=ctx.data.bos, text=ctx.corpus_text, scores=scores, batch_size=sizes["batch_size"],
+                       protocol=protocol, bos=None if protocol == "documents" else ctx.data.bos,
+                       text=ctx.corpus_text, scores=scores, batch_size=sizes["batch_size"],
+                       bootstrap=_bootstrap(sizes),
                        progress=ctx.progress)
     return StepOutput({"sink_rate": result.frame.reset_index(drop=True)}, result.provenance,
-                      {**sizes, "corpus": ctx.data.corpus})
+                      {**sizes, "protocol": protocol, "corpus": ctx.data.corpus})
 
 
 def _run_sink_reading(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
@@ -279,21 +304,25 @@ def _run_fingerprint(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
 
 
 _STEP_LIST = (
-    Step("decompose", ("decompose_layers", "decompose_heads"), "decompose",
-         lambda s, spec: {"T": model_T(s, spec), "N": s.N, "batch_size": s.batch_size,
+    Step("decompose", ("decompose_layers", "decompose_heads", "decompose_replicates"), "decompose",
+         lambda s, spec: {"T": model_T(s, spec), "N": s.N, "batch_size": s.batch_size, "n_resamples": s.n_resamples,
                           **_restrictions(s, "layers", "query_range", "keys")}, _run_decompose,
          requests=_decompose_requests),
     Step("probe", ("probe_layers",), "probe",
          lambda s, spec: {"T": model_T(s, spec), "N": max(s.N, -(-s.probe_positions // model_T(s, spec))),
                           "batch_size": s.batch_size, **_restrictions(s, "layers")}, _run_probe,
          requests=_probe_requests),
-    Step("bos", ("bos_layers", "bos_overall"), "bos", _early, _run_bos, needs_bos="BOS replacement",
+    Step("bos", ("bos_layers", "bos_overall", "bos_replicates", "decompose_early_layers",
+                 "decompose_early_replicates"), "bos", lambda s, spec: {**_early(s, spec), "n_resamples": s.n_resamples},
+         _run_bos, needs_bos="BOS replacement",
          requests=lambda ctx, sizes: _early_requests(ctx, sizes, activations=False)),
     Step("sink_heads", ("sink_heads",), "sinks",
          lambda s, spec: {"T": min(s.sink_T, model_T(s, spec)), "N": s.N, "eps": s.eps,
-                          "batch_size": s.batch_size}, _run_sink_heads, requests=_sink_heads_requests),
+                          "batch_size": s.batch_size, "n_resamples": s.n_resamples}, _run_sink_heads,
+         requests=_sink_heads_requests),
     Step("sink_rate", ("sink_rate",), "sinks",
-         lambda s, spec: {"T": s.sink_T, "N": s.N, "eps": s.eps, "batch_size": s.batch_size}, _run_sink_rate,
+         lambda s, spec: {"T": s.sink_T, "N": s.N, "eps": s.eps, "batch_size": s.batch_size,
+                          "n_resamples": s.n_resamples}, _run_sink_rate,
          requests=_sink_rate_requests),
     Step("sink_reading", ("sink_reading", "sink_ablation"), "sinks", _early, _run_sink_reading,
          needs_bos="finding sink-reading heads (position 0 with and without BOS)",
