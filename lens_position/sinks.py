@@ -235,7 +235,7 @@ def sink_rate_prompts(
     N: int = 16,
     seed: int = 0,
     protocol: str = "windows",
-    bos: str | None = None,
+    bos: str | None = DEFAULT_BOS,
     text: str | None = None,
     corpus: str | None = None,
 ) -> dict[str, Any]:
@@ -245,10 +245,8 @@ def sink_rate_prompts(
 
     if protocol not in SINK_PROTOCOLS:
         raise BadInputError(f"unknown sink-rate protocol {protocol!r}; use {' or '.join(SINK_PROTOCOLS)}")
-    if protocol == "documents" and bos not in (None, "tokenizer"):
-        raise BadInputError("protocol='documents' uses the tokenizer's own BOS, as Gu et al. do; pass "
-                            "protocol='windows' to choose another BOS policy")
-    bos = ("tokenizer" if protocol == "documents" else DEFAULT_BOS) if bos is None else bos
+    # protocol='documents' always uses the tokenizer's own BOS, as Gu et al. do; bos applies to 'windows'
+    bos = "tokenizer" if protocol == "documents" else (DEFAULT_BOS if bos is None else bos)
     loaded = as_loaded(model)
     out = {}
     for condition in conditions:
@@ -269,7 +267,7 @@ def sink_rate(
     eps: float = SINK_EPS,
     seed: int = 0,
     protocol: str = "windows",
-    bos: str | None = None,
+    bos: str | None = DEFAULT_BOS,
     text: str | None = None,
     corpus: str | None = None,
     scores: Mapping[str, torch.Tensor] | None = None,
@@ -291,7 +289,7 @@ def sink_rate(
     loaded = as_loaded(model)
     prompt_sets = sink_rate_prompts(loaded, conditions=conditions, T=T, N=N, seed=seed, protocol=protocol,
                                     bos=bos, text=text, corpus=corpus)
-    bos = ("tokenizer" if protocol == "documents" else DEFAULT_BOS) if bos is None else bos
+    bos = "tokenizer" if protocol == "documents" else (DEFAULT_BOS if bos is None else bos)
     rows, frames, specs = [], [], {}
     for condition, prompts in prompt_sets.items():
         given = None if scores is None else scores.get(condition)
