@@ -90,22 +90,27 @@ GROUPS = {arch for arch, _, _ in ARCHS}
 # quantity in plots.py, or dropping a trace, fails here: the per-value tests below look traces
 # up by these names, so without this check they could pass on a figure that lacks them.
 FIGURES = {
-    "layer_components": (lambda t: plots.layer_components(t["decompose_layers"]), {"R", "M"}),
+    # Held-out values by default, both splits side by side (self-referenced R/M, reference-free R_rf/M_rf).
+    "layer_components": (lambda t: plots.layer_components(t["decompose_layers"]),
+                         {"R_heldout", "M_heldout", "R_rf_heldout", "M_rf_heldout"}),
     "layer_components_heldout": (lambda t: plots.layer_components(t["decompose_layers"], heldout=True),
-                                 {"R_heldout", "M_heldout"}),
-    "head_heatmaps": (lambda t: plots.head_heatmaps(t["decompose_heads"]), {"T", "R", "M"}),
+                                 {"R_heldout", "M_heldout", "R_rf_heldout", "M_rf_heldout"}),
+    "head_heatmaps": (lambda t: plots.head_heatmaps(t["decompose_heads"]), {"T_heldout", "R_rf_heldout", "M_rf_heldout"}),
     "probe_r2": (lambda t: plots.probe_r2(t["probe_layers"]), {"r2_heldout", "r2_shuffled"}),
     "bos_fraction_removed": (lambda t: plots.bos_fraction_removed(t["bos_layers"], t["bos_overall"]),
-                             {"fraction_removed (overall)", "fraction_removed (token)",
-                              "fraction_removed (mean)", "fraction_removed (random)"}),
+                             {"fraction_removed_rf (overall)", "fraction_removed_rf (token)",
+                              "fraction_removed_rf (mean)", "fraction_removed_rf (random)"}),
     "fingerprint_layers": (lambda t: plots.fingerprint_layers(t["fingerprint"]),
+                           # the fake auto-BOS spread is exactly 0: drawn as markers on the log axis
                            {"spread (auto-bos)", "spread (varying-token0)", "norm (auto-bos)",
-                            "norm (varying-token0)"}),
+                            "norm (varying-token0)", "spread == 0 (auto-bos)"}),
     "sink_heads_map": (lambda t: plots.sink_heads_map(t["sink_heads"], t["sink_reading"]),
                        {"sink_score", "is_sink", "sink_reading_top"}),
-    "sink_rate_bars": (lambda t: plots.sink_rate_bars(t["sink_rate"]), {"sink_rate_percent"}),
+    "sink_rate_bars": (lambda t: plots.sink_rate_bars(t["sink_rate"]),
+                       {"sink_rate_percent", "sink_rate_pooled_percent"}),
     "sink_ablation": (lambda t: plots.sink_ablation(t["sink_ablation"]),
-                      {"R_before (zero)", "R_after (zero)", "R_before (mean)", "R_after (mean)"}),
+                      {"R_heldout_before (zero)", "R_heldout_after (zero)", "R_heldout_before (mean)",
+                       "R_heldout_after (mean)"}),
 }
 
 
