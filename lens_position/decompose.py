@@ -1,6 +1,6 @@
 """How much of each attention head's pattern depends on absolute position, and where from.
 
-The measurement (DESIGN.md §2), for one layer and one head:
+The measurement (see the docs' concepts page), for one layer and one head:
 
 1. Read the scores ``s[i, j]`` at ``blocks.{l}.attn.hook_attn_scores`` (after RoPE, the
    1/sqrt(d_head) scale and any soft-cap; ``-inf`` outside the key set ``K(i)``, which is

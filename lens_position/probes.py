@@ -227,7 +227,7 @@ def position_probe(
             layer from ``RIDGE_GRID`` by cross-validation within the training sequences.
         seed: which sequences are held out (half of them) and the label shuffle.
         positions: ``(start, stop)`` positions used as rows; the default leaves out
-            position 0, whose activation is a fixed point of the model (DESIGN.md C5)
+            position 0, whose activation is a fixed point of the model (claim C5 on the concepts page)
             rather than a position to read.
         batch_size: sequences per forward pass.
         progress: show a progress bar.

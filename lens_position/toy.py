@@ -1,6 +1,6 @@
 """Tiny hand-set HookedTransformers whose attention scores are known by construction.
 
-They are the ground truths of the mask/residual decomposition (DESIGN.md §2) and the
+They are the ground truths of the mask/residual decomposition (the concepts page) and the
 smallest models the tutorials run on. All are real ``HookedTransformer`` forward passes
 (RoPE, the model's own causal or sliding-window mask), not hooks that overwrite scores:
 
