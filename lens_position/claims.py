@@ -519,17 +519,24 @@ def _evaluate_c5(results: Tables, criteria: Criteria) -> list[Evaluation]:
         # The spreads are exact (a deterministic function of the inputs, no sampling): no interval.
         spread_verdict = combine([HOLDS if auto_max <= criteria.c5_noise else FAILS,
                                   HOLDS if vary_med >= criteria.c5_varying else FAILS])
-        certain, possible, sink_verdict = 0, 0, FAILS
+        # "Attention sinks pass it forward" presupposes a sink: in a model where none formed (every
+        # head's interval below ε) that part is not applicable, which leaves the claim undecided
+        # (inconclusive, with that reason), never refuted.
+        certain, possible, sink_verdict, no_sink = 0, 0, INCONCLUSIVE, False
         if sinks is not None:
             score = sinks["sink_score"].to_numpy(dtype=float)
             eps = float(sinks["eps"].iloc[0]) if "eps" in sinks.columns else 0.3
             lo = sinks["sink_score_lo"].to_numpy(dtype=float) if "sink_score_lo" in sinks.columns else score * np.nan
             hi = sinks["sink_score_hi"].to_numpy(dtype=float) if "sink_score_hi" in sinks.columns else score * np.nan
             certain, possible = int((lo > eps).sum()), int((hi > eps).sum())
-            sink_verdict = HOLDS if certain else (INCONCLUSIVE if possible or np.isnan(lo).all() else FAILS)
+            no_sink = not certain and not possible and not np.isnan(lo).all()
+            sink_verdict = HOLDS if certain else sink_verdict
         verdict = combine([spread_verdict, sink_verdict])
         measured = (f"auto-BOS max relative spread {auto_max:.1e} (exact), varying token 0 median {vary_med:.2f}; "
-                    f"{certain} sink heads whose whole interval lies above ε ({possible} whose interval reaches it)")
+                    + (f"no sink formed (largest head sink score {np.nanmax(score):.2f}, every interval below "
+                       f"ε = {eps:g}): the sink part is not applicable" if no_sink else
+                       f"{certain} sink heads whose whole interval lies above ε ({possible} whose interval reaches it)"
+                       if sinks is not None else "sink heads not measured"))
         texts = []
         if auto_max > criteria.c5_noise:
             texts.append(f"{arch}: with the same BOS at position 0 the fingerprint still varies across inputs "
@@ -537,9 +544,12 @@ def _evaluate_c5(results: Tables, criteria: Criteria) -> list[Evaluation]:
         if vary_med < criteria.c5_varying:
             texts.append(f"{arch}: with a varying token 0 the fingerprint barely varies (median relative spread "
                          f"{vary_med:.2g} < {criteria.c5_varying:g}); the paper says it varies with token 0.")
-        if sink_verdict == FAILS:
-            texts.append(f"{arch}: no head's sink score reaches ε, so there is no attention sink to pass the "
-                         "fingerprint forward, as the paper says sinks do.")
+        if no_sink:
+            texts.append(f"{arch}: not applicable, no sink formed: no head's sink-score interval reaches ε = {eps:g} "
+                         f"(largest score {np.nanmax(score):.2f}), so whether sinks pass the fingerprint forward "
+                         "cannot be tested on this model; more prompts would not change that.")
+        elif sinks is None:
+            texts.append(f"{arch}: the sink heads were not measured (run the sinks step), so the sink part is undecided.")
         elif sink_verdict == INCONCLUSIVE:
             texts.append(f"{arch}: {possible} heads may be sinks but none has its whole sink-score interval above ε; "
                          "more prompts would decide it.")

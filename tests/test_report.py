@@ -88,10 +88,27 @@ def test_C5_measures_relative_spread_and_needs_a_sink_head_above_eps_over_its_in
     for row in _rows(claims, "C5").itertuples():
         part = auto[auto["architecture"] == row.architecture]
         assert row.value == pytest.approx((part["spread"] / part["norm"]).max())
-    no_sinks = dict(tables, sink_heads=tables["sink_heads"].assign(sink_score_lo=0.1, sink_score_hi=0.2))
-    assert _overall(claims_table(no_sinks), "C5")["verdict"] == FAILS
     maybe = dict(tables, sink_heads=tables["sink_heads"].assign(sink_score_lo=0.2))
     assert _overall(claims_table(maybe), "C5")["verdict"] == INCONCLUSIVE
+
+
+def test_C5_is_not_applicable_not_refuted_where_no_sink_formed():
+    tables = fake_results()
+    no_sinks = dict(tables, sink_heads=tables["sink_heads"].assign(sink_score=0.15, sink_score_lo=0.1,
+                                                                   sink_score_hi=0.2))
+    claims = claims_table(no_sinks)
+    for row in _rows(claims, "C5").itertuples():
+        assert row.verdict == INCONCLUSIVE
+        assert "no sink formed" in row.measured and "not applicable, no sink formed" in row.explanation
+        assert "largest score 0.15" in row.explanation
+    assert _overall(claims, "C5")["verdict"] == INCONCLUSIVE
+    # The fingerprint part still decides on its own: a varying auto-BOS fingerprint fails C5 with or without sinks.
+    fp = no_sinks["fingerprint"]
+    varying = fp.assign(spread=fp["spread"].where(fp["condition"] != "auto-bos", fp["norm"] * 0.5))
+    assert _overall(claims_table(dict(no_sinks, fingerprint=varying)), "C5")["verdict"] == FAILS
+    # Without the sink step the sink part is undecided, not failed.
+    unmeasured = {k: v for k, v in tables.items() if k != "sink_heads"}
+    assert _overall(claims_table(unmeasured), "C5")["verdict"] == INCONCLUSIVE
 
 
 def test_each_claim_is_written_once():
