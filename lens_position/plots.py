@@ -205,7 +205,8 @@ def probe_r2(probe: pd.DataFrame, *, by: str = "architecture") -> go.Figure:
 
     ``probe`` is ``ProbeResult.layers`` stacked over models (``layer``, ``r2_heldout``,
     ``r2_shuffled``). Solid line: held-out R² (unitless, ≤ 1); dotted: the same probe
-    trained on shuffled positions (a chance baseline).
+    trained on shuffled positions (a chance baseline). Error bars: the ``*_lo``/``*_hi``
+    interval (bootstrap over held-out sequences) when the frame has it.
     """
     _require(probe, ["layer", "r2_heldout", "r2_shuffled"], "probe_r2")
     fig = go.Figure()
@@ -214,12 +215,13 @@ def probe_r2(probe: pd.DataFrame, *, by: str = "architecture") -> go.Figure:
         fig.add_trace(go.Scatter(
             x=_as_list(frame["layer"]), y=_as_list(frame["r2_heldout"]), mode="lines+markers",
             name=name, legendgroup=name, line=dict(color=_color(gi)),
-            meta={"group": name, "quantity": "r2_heldout"},
+            error_y=_error_bars(frame, "r2_heldout"), meta={"group": name, "quantity": "r2_heldout"},
         ))
         fig.add_trace(go.Scatter(
             x=_as_list(frame["layer"]), y=_as_list(frame["r2_shuffled"]), mode="lines",
             name=f"{name} (shuffled positions)", legendgroup=name,
-            line=dict(color=_color(gi), dash="dot"), meta={"group": name, "quantity": "r2_shuffled"},
+            line=dict(color=_color(gi), dash="dot"), error_y=_error_bars(frame, "r2_shuffled"),
+            meta={"group": name, "quantity": "r2_shuffled"},
         ))
     fig.update_xaxes(title_text="layer (residual stream before the layer)")
     fig.update_yaxes(title_text="held-out R² of log(position + 1)")

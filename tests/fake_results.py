@@ -76,6 +76,7 @@ def fake_results(n_layers: int = 4, n_heads: int = 3, failing: bool = False,
         tables.setdefault("decompose_early_layers", []).append(_tag(early, arch, role, model))
         probe = pd.DataFrame(dict(layer=np.arange(n_layers + 1), r2_heldout=np.linspace(0.2, 0.9, n_layers + 1),
                                   r2_shuffled=rng.normal(0, 0.01, n_layers + 1), n_train=100, n_test=100))
+        probe = _with_intervals(probe, ["r2_heldout", "r2_shuffled"], noise)
         tables.setdefault("probe_layers", []).append(_tag(probe, arch, role, model))
         base_fraction = 0.9 if failing else 0.4
         bos_rows, overall_rows = [], []

@@ -66,13 +66,15 @@ def test_head_heatmaps_hold_every_head_value_heldout_by_default(tables):
                     [getattr(row, f"{quantity}_lo"), getattr(row, f"{quantity}_hi")])
 
 
-def test_probe_figure_draws_heldout_and_shuffled_r2(tables):
+def test_probe_figure_draws_heldout_and_shuffled_r2_with_their_intervals(tables):
     frame = tables["probe_layers"]
     fig = plots.probe_r2(frame)
     for quantity in ("r2_heldout", "r2_shuffled"):
         for arch, trace in _traces(fig, quantity).items():
             part = frame[frame["architecture"] == arch].sort_values("layer")
             assert _same(list(trace["y"]), part[quantity].tolist())
+            assert _same(list(trace["error_y"]["array"]), (part[f"{quantity}_hi"] - part[quantity]).tolist())
+            assert _same(list(trace["error_y"]["arrayminus"]), (part[quantity] - part[f"{quantity}_lo"]).tolist())
 
 
 def test_bos_figure_draws_overall_and_per_layer_fractions(tables):

@@ -255,8 +255,12 @@ def test_subcommand_writes_csv_tables_and_a_report(tmp_path):
                  "--out", str(out), "--no-progress"]) == 0
     frame = pd.read_csv(out / "probe_layers.csv")
     assert frame["layer"].tolist() == list(range(len(frame))) and len(frame) >= 3
+    assert {"r2_heldout_lo", "r2_heldout_hi", "r2_shuffled_lo", "r2_shuffled_hi"} <= set(frame.columns)
+    assert ((frame["r2_heldout_lo"] <= frame["r2_heldout"]) & (frame["r2_heldout"] <= frame["r2_heldout_hi"])).all()
     assert (out / "report.html").is_file() and not (out / "report.png").exists()
     prov = _provenance(out)
+    intervals = prov["steps"][-1]["provenance"]["options"]["intervals"]
+    assert {"method", "level", "n_resamples", "units"} <= set(intervals) and "held-out" in intervals["method"]
     assert prov["settings"]["T"] == 24 and prov["data"]["source"] == "random"
     assert [s["step"] for s in prov["steps"]] == ["load", "probe"]
 

@@ -155,7 +155,8 @@ def _probe_requests(ctx: StepContext, sizes: Mapping[str, Any]) -> list[Request]
 
     prompts = ctx.prompts(sizes["T"], sizes["N"])
     options = dict(layers=sizes.get("layers"), seed=ctx.data.seed)
-    return [Request(f"probe {options}", prompts, lambda: ProbeReducer(ctx.loaded, prompts, **options),
+    return [Request(f"probe {options} n_resamples={sizes['n_resamples']}", prompts,
+                    lambda: ProbeReducer(ctx.loaded, prompts, bootstrap=_bootstrap(sizes), **options),
                     sizes["batch_size"])]
 
 
@@ -310,7 +311,8 @@ _STEP_LIST = (
          requests=_decompose_requests),
     Step("probe", ("probe_layers",), "probe",
          lambda s, spec: {"T": model_T(s, spec), "N": max(s.N, -(-s.probe_positions // model_T(s, spec))),
-                          "batch_size": s.batch_size, **_restrictions(s, "layers")}, _run_probe,
+                          "batch_size": s.batch_size, "n_resamples": s.n_resamples,
+                          **_restrictions(s, "layers")}, _run_probe,
          requests=_probe_requests),
     Step("bos", ("bos_layers", "bos_overall", "bos_replicates", "decompose_early_layers",
                  "decompose_early_replicates"), "bos", lambda s, spec: {**_early(s, spec), "n_resamples": s.n_resamples},
