@@ -47,6 +47,7 @@ from lens_position.errors import BadInputError
 from lens_position.intervals import Bootstrap
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.patching import as_tokens, default_replacement_token, embedding_patch
+from lens_position.progress import progress as progress_bar
 from lens_position.results import SavedResult
 
 REPLACEMENTS = ("token", "mean", "random")
@@ -88,7 +89,7 @@ def bos_replacement(
     base: Decomposition | None = None,
     batch_size: int = 8,
     bootstrap: Bootstrap = Bootstrap(),
-    progress: bool = False,
+    progress: bool = True,
 ) -> BosReplacement:
     """Fraction of the residual component ``R`` removed at early queries when the BOS
     embedding is replaced, per layer and overall, for each replacement.
@@ -98,7 +99,8 @@ def bos_replacement(
     BOS id at position 0 of every row (taken as given when the model has no BOS id).
     ``base``: the unpatched ``decompose(model, prompts, query_range=query_range)`` when
     already computed (it is then not recomputed). Each replacement is one condition of
-    :func:`lens_position.compare.compare`.
+    :func:`lens_position.compare.compare`. ``progress``: one bar, "bos replacement",
+    counting the sequences of the base and replaced passes.
     """
     loaded = as_loaded(model)
     prompts = checked_prompts(loaded, prompts, min_length=2)
@@ -116,13 +118,15 @@ def bos_replacement(
     query_range = check_query_range(query_range, tokens.shape[1])
     if token is None and "token" in replacements:
         token = default_replacement_token(loaded, tokens, position=0, seed=seed)
-    if base is None:
-        base = decompose(loaded, prompts, query_range=query_range, batch_size=batch_size, bootstrap=bootstrap,
-                         progress=progress)
-    conditions = {replacement: [embedding_patch(loaded, tokens, replacement, position=0, token=token, seed=seed)]
-                  for replacement in replacements}
-    replaced = decompose_conditions(loaded, prompts, conditions, query_range=query_range, batch_size=batch_size,
-                                    bootstrap=bootstrap, progress=progress)
+    passes = len(replacements) + (base is None)
+    with progress_bar("bos replacement", total=passes * len(tokens), enabled=progress):
+        if base is None:
+            base = decompose(loaded, prompts, query_range=query_range, batch_size=batch_size, bootstrap=bootstrap)
+        conditions = {replacement: [embedding_patch(loaded, tokens, replacement, position=0, token=token,
+                                                    seed=seed)]
+                      for replacement in replacements}
+        replaced = decompose_conditions(loaded, prompts, conditions, query_range=query_range,
+                                        batch_size=batch_size, bootstrap=bootstrap)
     comparison = compare(base, replaced)
     names = {"condition": "replacement", "R_condition": "R_replaced", "R_heldout_condition": "R_heldout_replaced",
              "var_abs_t_condition": "var_abs_t_replaced", "R_rf_condition": "R_rf_replaced"}

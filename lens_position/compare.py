@@ -42,7 +42,8 @@ from lens_position.decompose import Decomposition, decompose
 from lens_position.errors import BadInputError
 from lens_position.intervals import Bootstrap, percentile_interval
 from lens_position.models.spec import LoadedModel
-from lens_position.patching import Patch
+from lens_position.patching import Patch, as_tokens
+from lens_position.progress import progress as progress_bar
 from lens_position.results import SavedResult
 
 HEAD_KEYS = ["layer", "head"]
@@ -177,14 +178,17 @@ def decompose_conditions(
     query_range: tuple[int, int] | None = None,
     batch_size: int = 8,
     bootstrap: Bootstrap = Bootstrap(),
-    progress: bool = False,
+    progress: bool = True,
 ) -> dict[str, Decomposition]:
     """Decompose ``prompts`` under each named condition (its patches applied; one streamed
     pass per condition). ``layers``: the layers to analyse, for all conditions or per
-    condition name (default all; the pass stops after the last)."""
+    condition name (default all; the pass stops after the last). ``progress``: one bar
+    counting the sequences of every condition's pass."""
     out = {}
-    for name, patches in conditions.items():
-        chosen = layers.get(name) if isinstance(layers, Mapping) else layers
-        out[name] = decompose(model, prompts, patches=list(patches), layers=chosen, query_range=query_range,
-                              batch_size=batch_size, bootstrap=bootstrap, progress=progress)
+    n_prompts = len(as_tokens(model, prompts))
+    with progress_bar("decompose conditions", total=len(conditions) * n_prompts, enabled=progress):
+        for name, patches in conditions.items():
+            chosen = layers.get(name) if isinstance(layers, Mapping) else layers
+            out[name] = decompose(model, prompts, patches=list(patches), layers=chosen, query_range=query_range,
+                                  batch_size=batch_size, bootstrap=bootstrap)
     return out

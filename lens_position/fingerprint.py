@@ -30,6 +30,7 @@ from lens_position import provenance
 from lens_position.errors import BadInputError
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.patching import as_tokens, cache_activations
+from lens_position.progress import progress as progress_bar
 from lens_position.stream import ActivationCache, stream
 from lens_position.results import SavedResult
 
@@ -177,6 +178,7 @@ def fingerprint(
     text: str | None = None,
     noise_tolerance: float = 1e-5,
     position0: Mapping[str, Mapping[str, torch.Tensor]] | None = None,
+    progress: bool = True,
 ) -> Fingerprint:
     """Measure the position-0 fingerprint per layer under two conditions:
 
@@ -189,17 +191,20 @@ def fingerprint(
     The whole ``T``-token prompts are run (not one-token runs), so the check that the rest
     of the input does not reach position 0 is part of the measurement. ``position0``: per
     condition, the :func:`position0_reducer` results of :func:`fingerprint_prompts` when
-    already streamed (each prompt set in one batch; then no pass is made).
+    already streamed (each prompt set in one batch; then no pass is made). ``progress``: one
+    bar, "fingerprint", counting the sequences of both conditions.
     """
     loaded = as_loaded(model)
     policy = auto_bos_policy(loaded)
     names = residual_names(loaded)
     sets = fingerprint_prompts(loaded, T=T, N=N, seed=seed, source=source, text=text)
     residuals = dict(position0 or {})
-    for condition, prompts in sets.items():
-        if condition not in residuals:
+    streamed = {condition: prompts for condition, prompts in sets.items() if condition not in residuals}
+    with progress_bar("fingerprint", total=sum(len(p.tokens) for p in streamed.values()),
+                      enabled=progress and bool(streamed)):
+        for condition, prompts in streamed.items():
             reducer = position0_reducer(loaded)
-            stream(loaded, as_tokens(loaded, prompts), [reducer], batch_size=len(prompts.tokens), progress=False,
+            stream(loaded, as_tokens(loaded, prompts), [reducer], batch_size=len(prompts.tokens),
                    desc=f"fingerprint ({condition})")
             residuals[condition] = reducer.result()
     rows = []

@@ -47,7 +47,6 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
-from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 from transformer_lens.ActivationCache import ActivationCache as TransformerLensCache
 
@@ -61,6 +60,7 @@ from lens_position.checks import check_layers, check_position
 from lens_position.errors import BadInputError
 from lens_position.inputs import checked_prompts
 from lens_position.models.spec import LoadedModel, as_loaded
+from lens_position.progress import progress as progress_bar
 from lens_position.results import SavedResult
 from lens_position.stream import LOGITS, ActivationCache, stream
 
@@ -375,7 +375,7 @@ def run_patches(
     read: Sequence[str] = (),
     resid_pre: Float[torch.Tensor, "layer batch pos d_model"] | None = None,
     batch_size: int = 64,
-    progress: bool = False,
+    progress: bool = True,
 ) -> torch.Tensor:
     """Run the target ``prompts`` once per condition, each with its own patches; reduce each
     condition's run with ``metric``. Returns ``metric`` values stacked: ``[condition, ...]``.
@@ -394,7 +394,7 @@ def run_patches(
         resid_pre: the target run's ``resid_pre`` stack (:func:`resid_pre_stack`); computed
             here when some condition can resume from it and it is not given.
         batch_size: most rows per forward pass (conditions x B); at least one condition.
-        progress: show a progress bar over forward passes.
+        progress: one bar, "patching", counting the patched sequences (conditions x ``B``).
 
     A condition whose earliest patch sits in block ``l > 0`` starts from ``resid_pre[l]``
     (layers ``< l`` are not recomputed); conditions starting at the same block share forward
@@ -436,22 +436,24 @@ def run_patches(
         for i in range(0, len(indices), per_pass)
     ]
     results: list[torch.Tensor | None] = [None] * len(conditions)
-    for start, indices in tqdm(passes, disable=not progress, desc="patching", unit="pass"):
-        # one pass: the target rows repeated once per condition, each condition's patches
-        # bound to its own block of rows
-        patches = [dataclasses.replace(patch, rows=range(k * n_rows, (k + 1) * n_rows))
-                   for k, index in enumerate(indices) for patch in conditions[index]]
-        captured = ActivationCache(list(read) or [LOGITS])
-        repeats = len(indices)
-        x = resid_pre[start].repeat(repeats, 1, 1) if start > 0 else tokens.repeat(repeats, 1)
-        # reading hooks only: the pass stops after the last block read (no unembedding)
-        stream(hooked, x, [captured], patches=patches, batch_size=len(x), start_at_layer=start or None,
-               progress=False, desc="patching")
-        acts = captured.result()
-        for k, index in enumerate(indices):
-            rows = slice(k * n_rows, (k + 1) * n_rows)
-            view = {name: act[rows] for name, act in acts.items()} if read else acts[LOGITS][rows]
-            results[index] = torch.as_tensor(metric(view)).detach()
+    with progress_bar("patching", total=len(conditions) * n_rows, enabled=progress) as bar:
+        for start, indices in passes:
+            # one pass: the target rows repeated once per condition, each condition's patches
+            # bound to its own block of rows
+            patches = [dataclasses.replace(patch, rows=range(k * n_rows, (k + 1) * n_rows))
+                       for k, index in enumerate(indices) for patch in conditions[index]]
+            captured = ActivationCache(list(read) or [LOGITS])
+            repeats = len(indices)
+            x = resid_pre[start].repeat(repeats, 1, 1) if start > 0 else tokens.repeat(repeats, 1)
+            # reading hooks only: the pass stops after the last block read (no unembedding)
+            stream(hooked, x, [captured], patches=patches, batch_size=len(x), start_at_layer=start or None,
+                   progress=False, desc="patching")
+            acts = captured.result()
+            for k, index in enumerate(indices):
+                rows = slice(k * n_rows, (k + 1) * n_rows)
+                view = {name: act[rows] for name, act in acts.items()} if read else acts[LOGITS][rows]
+                results[index] = torch.as_tensor(metric(view)).detach()
+            bar.update(len(indices) * n_rows)
     return torch.stack(results) if results else torch.empty(0)
 
 
@@ -674,7 +676,7 @@ def resid_pre_sweep(
     layers: Sequence[int] | None = None,
     positions: Sequence[int] | None = None,
     batch_size: int = 64,
-    progress: bool = False,
+    progress: bool = True,
 ) -> PatchSweep:
     """Patch ``resid_pre[layer][:, pos]`` from the ``source`` run into the ``target`` run,
     for every layer x position; ``metric(logits)`` (a scalar per condition) of each.
@@ -687,7 +689,8 @@ def resid_pre_sweep(
     target_tokens, source_cache, metric)`` (there "corrupted" = our target, "clean" = our
     source; :func:`get_act_patch_resid_pre` takes those arguments), resumed at each layer and
     batched over positions. ``values``: ``Float[Tensor, "layer pos"]``, row ``i`` for
-    ``layers[i]``.
+    ``layers[i]``. ``progress``: one bar, "resid_pre sweep", counting the patched sequences
+    (layers x positions x target prompts).
     """
     hooked = _hooked(model)
     target_tokens = as_tokens(hooked, target)
@@ -707,12 +710,10 @@ def resid_pre_sweep(
             if shape != tuple(target_tokens.shape):
                 raise BadInputError(f"the source cache holds batch x pos {shape} at layer {layer} but the target "
                                     f"tokens are {tuple(target_tokens.shape)}; cache a run of the same shape")
-        source_run = source
-    else:
-        source_run = resid_pre_stack(hooked, as_tokens(hooked, source))
-    conditions = [[resid_pre_patch(source_run, l, p)] for l in layers for p in positions]
-    flat = run_patches(hooked, target_tokens, conditions, metric, batch_size=batch_size,
-                       progress=progress)
+    with progress_bar("resid_pre sweep", enabled=progress):
+        source_run = source if cached else resid_pre_stack(hooked, as_tokens(hooked, source))
+        conditions = [[resid_pre_patch(source_run, l, p)] for l in layers for p in positions]
+        flat = run_patches(hooked, target_tokens, conditions, metric, batch_size=batch_size)
     values = flat.reshape(len(layers), len(positions), *flat.shape[1:])
     frame = pd.DataFrame(
         [(l, p) for l in layers for p in positions], columns=["layer", "position"]

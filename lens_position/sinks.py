@@ -49,6 +49,7 @@ from lens_position.inputs import checked_prompts
 from lens_position.intervals import Bootstrap, bootstrap_mean
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.patching import Patch, as_tokens, cache_activations, head_ablation
+from lens_position.progress import progress as progress_bar
 from lens_position.results import SavedResult
 from lens_position.stream import ActivationCache, stream
 
@@ -136,7 +137,7 @@ def sink_scores(
     *,
     query_range: tuple[int, int] | None = None,
     batch_size: int = 8,
-    progress: bool = False,
+    progress: bool = True,
 ) -> Float[torch.Tensor, "layer head"]:
     """Mean attention on position 0 per head over prompts and queries ``query_range``
     (default all). Patterns are reduced as they stream by; nothing ``T x T`` is kept."""
@@ -150,7 +151,7 @@ def prompt_sink_scores(
     *,
     query_range: tuple[int, int] | None = None,
     batch_size: int = 8,
-    progress: bool = False,
+    progress: bool = True,
 ) -> Float[torch.Tensor, "prompt layer head"]:
     """Attention on position 0 averaged over queries ``query_range`` (default all), per
     prompt, layer and head (float64, in [0, 1])."""
@@ -170,7 +171,7 @@ def sink_heads(
     scores: Float[torch.Tensor, "layer head"] | Float[torch.Tensor, "prompt layer head"] | None = None,
     batch_size: int = 8,
     bootstrap: Bootstrap = Bootstrap(),
-    progress: bool = False,
+    progress: bool = True,
 ) -> SinkHeads:
     """Sink score of every head (mean attention on position 0), its interval over prompts
     (``bootstrap``), and which heads exceed ``eps``.
@@ -182,8 +183,8 @@ def sink_heads(
     loaded = as_loaded(model)
     prompts = checked_prompts(loaded, prompts)
     if scores is None:
-        scores = prompt_sink_scores(loaded, prompts, query_range=query_range, batch_size=batch_size,
-                                    progress=progress)
+        with progress_bar("sink heads", enabled=progress):
+            scores = prompt_sink_scores(loaded, prompts, query_range=query_range, batch_size=batch_size)
     prompt_scores = scores if scores.dim() == 3 else None
     if prompt_scores is not None:
         scores = prompt_scores.mean(0)
@@ -273,7 +274,7 @@ def sink_rate(
     scores: Mapping[str, torch.Tensor] | None = None,
     batch_size: int = 8,
     bootstrap: Bootstrap = Bootstrap(),
-    progress: bool = False,
+    progress: bool = True,
 ) -> SinkRate:
     """Gu et al. 2025's sink rate, as their code computes it (module docstring), per data
     condition (``"natural"``, ``"random"``, ``"repeated"``), with its interval over prompts.
@@ -291,10 +292,14 @@ def sink_rate(
                                     bos=bos, text=text, corpus=corpus)
     bos = "tokenizer" if protocol == "documents" else (DEFAULT_BOS if bos is None else bos)
     rows, frames, specs = [], [], {}
+    streamed = [c for c in prompt_sets if scores is None or c not in scores]
+    with progress_bar("sink rate", total=sum(len(prompt_sets[c].tokens) for c in streamed),
+                      enabled=progress and bool(streamed)):
+        results = {condition: sink_heads(loaded, prompts, eps=eps, batch_size=batch_size, bootstrap=bootstrap,
+                                         scores=None if scores is None else scores.get(condition))
+                   for condition, prompts in prompt_sets.items()}
     for condition, prompts in prompt_sets.items():
-        given = None if scores is None else scores.get(condition)
-        result = sink_heads(loaded, prompts, eps=eps, scores=given, batch_size=batch_size, bootstrap=bootstrap,
-                            progress=progress)
+        result = results[condition]
         # per prompt: the fraction of (layer, head) above eps; the authors' rate is their mean over prompts
         per_prompt = (result.prompt_scores > eps).to(torch.float64).mean((1, 2)).numpy()
         rate, lo, hi = bootstrap_mean(per_prompt, bootstrap)
@@ -392,7 +397,7 @@ def sink_reading_base(
     *,
     query_range: tuple[int, int] = (0, 32),
     batch_size: int = 8,
-    progress: bool = False,
+    progress: bool = True,
 ) -> tuple[Decomposition, dict[str, torch.Tensor]]:
     """The unpatched run the detector compares with, in one pass: its decomposition over
     ``query_range`` and the activations of :func:`base_activation_names`."""
@@ -429,7 +434,7 @@ def sink_reading_scores(
     base_activations: dict[str, torch.Tensor],
     query_range: tuple[int, int] = (0, 32),
     batch_size: int = 8,
-    progress: bool = False,
+    progress: bool = True,
 ) -> pd.DataFrame:
     """The detector's scores for a pattern (``patches``, e.g. :func:`own_position0_patches`):
     one patched pass gives every head's output change and residual-component change against
@@ -469,7 +474,7 @@ def head_ablation_effect(
     kinds: Sequence[str] = ("zero", "mean"),
     query_range: tuple[int, int] = (0, 32),
     batch_size: int = 8,
-    progress: bool = False,
+    progress: bool = True,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Ablate ``heads`` (each kind one condition, :func:`lens_position.patching.head_ablation`)
     and compare every layer's ``R`` with the base decomposition. ``reference``: the prompts
@@ -477,9 +482,10 @@ def head_ablation_effect(
     and ``ablation_heads`` frames of :class:`SinkReading`."""
     tokens = as_tokens(model, prompts)
     query_range = check_query_range(query_range, tokens.shape[1])
-    conditions = {kind: head_ablation(model, heads, kind, reference=reference) for kind in kinds}
-    comparison = compare(base, decompose_conditions(model, prompts, conditions, query_range=query_range,
-                                                    batch_size=batch_size, progress=progress))
+    with progress_bar("head ablation", enabled=progress):
+        conditions = {kind: head_ablation(model, heads, kind, reference=reference) for kind in kinds}
+        decomposed = decompose_conditions(model, prompts, conditions, query_range=query_range, batch_size=batch_size)
+    comparison = compare(base, decomposed)
     layers = comparison.layers.rename(columns={
         "condition": "ablation", "R_base": "R_before", "R_condition": "R_after",
         "R_heldout_base": "R_heldout_before", "R_heldout_condition": "R_heldout_after"})
@@ -502,7 +508,7 @@ def sink_reading_heads(
     patches: Sequence[Patch] | None = None,
     base: tuple[Decomposition, dict[str, torch.Tensor]] | None = None,
     batch_size: int = 8,
-    progress: bool = False,
+    progress: bool = True,
 ) -> SinkReading:
     """Find the heads that read the position-0 fingerprint, rank them, ablate the top ones.
 
@@ -531,17 +537,22 @@ def sink_reading_heads(
     pattern = "given patches" if patches is not None else f"own position-0 key/value ({counterfactual})"
     if patches is None:
         counterfactual_token0(loaded, prompts, counterfactual)  # refuse a bad counterfactual before any pass
-    options = dict(query_range=query_range, batch_size=batch_size, progress=progress)
-    base_decomposition, base_activations = base if base is not None else sink_reading_base(loaded, prompts, **options)
-    if patches is None:
-        patches = own_position0_patches(loaded, prompts, counterfactual, base_activations=base_activations)
-    frame = sink_reading_scores(loaded, prompts, patches, base=base_decomposition,
-                                base_activations=base_activations, **options)
-    if ablate_heads is None:
-        ablate_heads = [(int(l), int(h)) for l, h in frame[["layer", "head"]].head(n_ablate).to_numpy()]
-    ablate_heads = [(int(l), int(h)) for l, h in ablate_heads]
-    ablation, ablation_heads = head_ablation_effect(loaded, prompts, ablate_heads, base=base_decomposition,
-                                                    reference=base_activations, **options)
+    options = dict(query_range=query_range, batch_size=batch_size)
+    kinds = ("zero", "mean")
+    # the passes: the base run (unless given), the patched run, one per ablation kind
+    passes = (base is None) + 1 + len(kinds)
+    with progress_bar("sink-reading heads", total=passes * len(tokens), enabled=progress):
+        base_decomposition, base_activations = (base if base is not None
+                                                else sink_reading_base(loaded, prompts, **options))
+        if patches is None:
+            patches = own_position0_patches(loaded, prompts, counterfactual, base_activations=base_activations)
+        frame = sink_reading_scores(loaded, prompts, patches, base=base_decomposition,
+                                    base_activations=base_activations, **options)
+        if ablate_heads is None:
+            ablate_heads = [(int(l), int(h)) for l, h in frame[["layer", "head"]].head(n_ablate).to_numpy()]
+        ablate_heads = [(int(l), int(h)) for l, h in ablate_heads]
+        ablation, ablation_heads = head_ablation_effect(loaded, prompts, ablate_heads, base=base_decomposition,
+                                                        reference=base_activations, kinds=kinds, **options)
     return SinkReading(
         frame=frame, ablation=ablation, ablation_heads=ablation_heads, ablated=ablate_heads,
         provenance=provenance.collect(

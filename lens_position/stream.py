@@ -41,12 +41,12 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, runtime_che
 
 import torch
 from jaxtyping import Int
-from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from lens_position.checks import check_count
 from lens_position.errors import BadInputError
 from lens_position.models.spec import LoadedModel, as_loaded
+from lens_position.progress import progress as progress_bar
 
 if TYPE_CHECKING:
     from lens_position.patching import Patch
@@ -136,9 +136,10 @@ def stream(
         batch_size: prompts per forward pass.
         stop_at_layer: stop before this block; default: after the last block a reducer reads.
         start_at_layer: start at this block from the given residuals (TransformerLens).
-        progress: show one progress bar counting prompts (a log line reports the pass
-            either way).
-        desc: label of the progress bar and log line.
+        progress: count the prompts in a progress bar (:mod:`lens_position.progress`: a bar
+            of its own, or the bar of the slow call this pass is part of; a log line reports
+            the pass either way).
+        desc: label of the progress bar (when it is the outermost) and the log line.
     """
     hooked = as_loaded(model).model
     inputs = stream_inputs(prompts)
@@ -176,20 +177,17 @@ def stream(
     hooks += [(name, read) for name in readers if name != LOGITS]
     device = hooked.cfg.device or next(hooked.parameters()).device
     started = time.perf_counter()
-    bar = tqdm(total=n_prompts, desc=desc, unit="seq", disable=not progress, leave=False)
-    try:
-        with torch.no_grad(), hooked.hooks(fwd_hooks=hooks):
-            for first in range(0, n_prompts, batch_size):
-                rows = torch.arange(first, min(first + batch_size, n_prompts))
-                current["rows"] = rows
-                batch = inputs[first:first + batch_size].to(device)
-                output = hooked(batch, stop_at_layer=stop, start_at_layer=start_at_layer,
-                                return_type="logits" if LOGITS in readers else None)
-                for reducer in readers.get(LOGITS, ()):
-                    reducer.update(LOGITS, output.detach(), rows)
-                bar.update(len(rows))
-    finally:
-        bar.close()
+    with progress_bar(desc, total=n_prompts, enabled=progress) as bar, torch.no_grad(), \
+            hooked.hooks(fwd_hooks=hooks):
+        for first in range(0, n_prompts, batch_size):
+            rows = torch.arange(first, min(first + batch_size, n_prompts))
+            current["rows"] = rows
+            batch = inputs[first:first + batch_size].to(device)
+            output = hooked(batch, stop_at_layer=stop, start_at_layer=start_at_layer,
+                            return_type="logits" if LOGITS in readers else None)
+            for reducer in readers.get(LOGITS, ()):
+                reducer.update(LOGITS, output.detach(), rows)
+            bar.update(len(rows))
     log.info("%s: %d prompts, %d reducer(s), %d patch(es), stop_at_layer=%s, %.1f s", desc, n_prompts,
              len(reducers), len(patches), stop, time.perf_counter() - started)
     return reducers

@@ -34,6 +34,7 @@ from lens_position.errors import BadInputError
 from lens_position.fingerprint import counterfactual_token0, position0_activations
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.patching import Patch, as_tokens, cache_activations, run_patches
+from lens_position.progress import progress as progress_bar
 from lens_position.results import SavedResult
 
 
@@ -67,7 +68,7 @@ def trajectory_patches(
 
 def _pattern_change(
     hooked: HookedTransformer, tokens: torch.Tensor, patches: dict[int, Patch],
-    query_range: tuple[int, int], batch_size: int, progress: bool,
+    query_range: tuple[int, int], batch_size: int,
 ) -> Float[torch.Tensor, "patch_layer layer head"]:
     n_layers = hooked.cfg.n_layers
     names = [f"blocks.{l}.attn.hook_pattern" for l in range(n_layers)]
@@ -83,7 +84,7 @@ def _pattern_change(
         return out
 
     return run_patches(hooked, tokens, [[p] for p in patches.values()], tv_distance, read=names,
-                       batch_size=batch_size * len(tokens), progress=progress)
+                       batch_size=batch_size * len(tokens))
 
 
 def trajectory_patching(
@@ -95,7 +96,7 @@ def trajectory_patching(
     query_range: tuple[int, int] = (0, 32),
     base: Decomposition | None = None,
     batch_size: int = 8,
-    progress: bool = False,
+    progress: bool = True,
 ) -> TrajectoryPatching:
     """Patch the position-0 residual at each layer in ``layers`` (default: all) with its
     counterfactual value and measure every downstream head's pattern and ``R`` change.
@@ -105,7 +106,9 @@ def trajectory_patching(
     already computed (it is then not recomputed); each patch layer is one condition of
     :func:`lens_position.compare.compare`.
     ``batch_size``: prompts per decomposition batch; pattern changes run ``batch_size``
-    patch layers per forward pass.
+    patch layers per forward pass. ``progress``: one bar, "trajectory patching", counting
+    the sequences of the patched runs (pattern changes and decompositions) and the base
+    decomposition.
     """
     loaded = as_loaded(model)
     hooked = loaded.model
@@ -116,13 +119,15 @@ def trajectory_patching(
     query_range = check_query_range(query_range, tokens.shape[1])
     batch_size = check_count("batch_size", batch_size)
     patches = trajectory_patches(loaded, prompts, counterfactual, layers)
-    pattern = _pattern_change(hooked, tokens, patches, query_range, batch_size, progress)
-    if base is None:
-        base = decompose(loaded, prompts, query_range=query_range, batch_size=batch_size, progress=False)
-    # one condition per patch layer, decomposed from that layer down
-    conditions = {layer: [patches[layer]] for layer in layers}
-    patched = decompose_conditions(loaded, prompts, conditions, query_range=query_range, batch_size=batch_size,
-                                   layers={layer: range(layer, n_layers) for layer in layers}, progress=progress)
+    passes = 2 * len(layers) + (base is None)  # pattern change and decomposition per patch layer, the base
+    with progress_bar("trajectory patching", total=passes * len(tokens), enabled=progress):
+        pattern = _pattern_change(hooked, tokens, patches, query_range, batch_size)
+        if base is None:
+            base = decompose(loaded, prompts, query_range=query_range, batch_size=batch_size)
+        # one condition per patch layer, decomposed from that layer down
+        conditions = {layer: [patches[layer]] for layer in layers}
+        patched = decompose_conditions(loaded, prompts, conditions, query_range=query_range, batch_size=batch_size,
+                                       layers={layer: range(layer, n_layers) for layer in layers})
     comparison = compare(base, patched).heads
     frames = []
     for k, layer in enumerate(layers):

@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 from lens_position.pipeline.plan import Cell, Plan
 from lens_position.pipeline.steps import Step
 from lens_position.pipeline.worker import CellResult, Loaded, ModelWorker
+from lens_position.progress import progress
 
 
 class Driver(Protocol):
@@ -29,7 +30,10 @@ class Driver(Protocol):
 
 
 class SerialExecutor:
-    """Models one after another in this process; a model is released before the next loads."""
+    """Models one after another in this process; a model is released before the next loads.
+    With ``progress``, each computed cell shows one bar labelled with its model and step
+    (``Plan.label``), counting the sequences of its forward passes; the analyses' own bars
+    fold into it."""
 
     def __init__(self, *, load: Callable[[str], Any] | None = None, progress: bool = False):
         self.load = load
@@ -54,7 +58,8 @@ class SerialExecutor:
                 worker.expect(cells)
                 for cell in cells:
                     try:
-                        result = worker.run(cell)
+                        with progress(plan.label(cell), enabled=self.progress):
+                            result = worker.run(cell)
                     except Exception as error:  # reported with its cell; the rest still run
                         driver.on_failure(cell, error)
                         continue

@@ -68,6 +68,17 @@ class Plan:
     settings: Settings
     compute: Compute
 
+    @property
+    def n_cells(self) -> int:
+        """Cells in the run: models x conditions x steps."""
+        return len(self.models) * len(self.conditions) * len(self.steps)
+
+    def label(self, cell: Cell) -> str:
+        """How progress names a cell: model, step (and condition in a sweep), its place in the run."""
+        d = cell.condition.data
+        condition = f" ({d.source}, bos {d.bos}, seed {d.seed})" if len(self.conditions) > 1 else ""
+        return f"[{cell.index + 1}/{self.n_cells}] {cell.model} / {cell.step}{condition}"
+
     def cells_for_model(self, model: str, spec: Any, model_index: int) -> list[Cell]:
         """Every cell of ``model`` with sizes and keys (model-dependent checks first)."""
         check_context(spec, steps_module.model_T(self.settings, spec))

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from lens_position import claims as claims_module
 from lens_position import provenance as provenance_module
@@ -102,11 +100,10 @@ class RunDriver:
     """The driver side of execution: checks the cache when a model is loaded, stores each
     computed cell, records everything in plan order (whatever order results arrive in)."""
 
-    def __init__(self, plan: Plan, cache: StepCache, *, use_cache: bool, bar: Any = None):
+    def __init__(self, plan: Plan, cache: StepCache, *, use_cache: bool):
         self.plan = plan
         self.cache = cache
         self.use_cache = use_cache
-        self.bar = bar
         self.collected = Collected()
 
     def on_loaded(self, model: str, model_index: int, loaded: Loaded) -> list[Cell]:
@@ -135,8 +132,6 @@ class RunDriver:
     def on_failure(self, cell: Cell, error: BaseException) -> None:
         log.error("%s failed: %s: %s", cell.describe(), type(error).__name__, error)
         self.collected.failures.append((cell, error))
-        if self.bar is not None:
-            self.bar.update(1)
 
     def _record(self, cell: Cell, tables: Mapping[str, pd.DataFrame], prov: Mapping[str, Any],
                 cost: Mapping[str, float], *, cached: bool) -> None:
@@ -147,23 +142,16 @@ class RunDriver:
         c.records[(model_index, cell.index)] = StepRecord(
             cell.step, cell.model, cell.key, cached, cost["wall_s"], cost["cpu_s"], cost["peak_rss_mb"],
             dict(prov), cell.condition.data.to_dict() if len(self.plan.conditions) > 1 else None)
-        if self.bar is not None:
-            self.bar.set_postfix_str(f"{cell.model}: {cell.step}")
-            self.bar.update(1)
 
 
 def execute(plan: Plan, config: RunConfig, cache: StepCache, *, load: Callable[[str], Any] | None = None,
             steps: Mapping[str, steps_module.Step] | None = None) -> Collected:
-    """Compute every cell of ``plan`` that is not in ``cache`` on the configured executor."""
-    total = len(plan.models) * len(plan.conditions) * len(plan.steps)
-    bar = tqdm(total=total, desc="reproduce", unit="step", disable=not config.progress, file=sys.stderr)
-    driver = RunDriver(plan, cache, use_cache=config.use_cache, bar=bar)
+    """Compute every cell of ``plan`` that is not in ``cache`` on the configured executor (with
+    ``config.progress``, one progress bar per computed cell: ``lens_position.progress``)."""
+    driver = RunDriver(plan, cache, use_cache=config.use_cache)
     executor = make_executor(config.executor, load=load, progress=config.progress,
                              ray_address=config.ray_address, ray_num_cpus=config.ray_num_cpus)
-    try:
-        executor.execute(plan, steps if steps is not None else steps_module.STEPS, driver)
-    finally:
-        bar.close()
+    executor.execute(plan, steps if steps is not None else steps_module.STEPS, driver)
     return driver.collected
 
 

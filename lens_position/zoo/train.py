@@ -29,10 +29,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from jaxtyping import Int
-from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from lens_position.errors import BadInputError
+from lens_position.progress import progress as progress_bar
 from lens_position.zoo.architecture import build_model, load_parameters, parameters_of
 from lens_position.zoo.corpus import Corpus, evaluation_batch, load_corpus, sample_batch
 from lens_position.zoo.recipe import Recipe
@@ -167,41 +167,42 @@ def _train(recipe: Recipe, *, work_dir: Path, device: str | None, progress: bool
     end = recipe.steps if stop_after is None else min(recipe.steps, stop_after)
     started = time.perf_counter()
     running, running_n = 0.0, 0
-    bar = tqdm(range(start, end), initial=start, total=recipe.steps, disable=not progress,
-               desc=f"zoo:{recipe.variant} seed {recipe.seed}", unit="step")
+    sequences = [recipe.phase(step)[0] for step in range(recipe.steps)]  # the batch of every step
     model.train()
-    for step in bar:
-        batch, context, step_base = recipe.phase(step)
-        if step_base != base:
-            model, optimizer = _rebuild(model, optimizer, recipe, step_base, device)
-            base = step_base
-        tokens = sample_batch(corpus.train, batch=batch, context=context, bos=recipe.bos,
-                              generator=batch_generator(recipe, step)).to(device)
-        for group in optimizer.param_groups:
-            group["lr"] = recipe.lr_at(step)
-        loss = next_byte_loss(model, tokens)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
-        optimizer.step()
-        running += float(loss.detach()) / LN2
-        running_n += 1
-        done = step + 1
-        if done % recipe.eval_every == 0 or done == recipe.steps:
-            model.eval()
-            curve.append({"step": done, "tokens": done * recipe.batch * recipe.context,
-                          "train_bits": running / running_n,
-                          "held_out_bits": held_out_bits(model, recipe, corpus, device),
-                          "seconds": seconds_before + time.perf_counter() - started})
-            model.train()
-            running, running_n = 0.0, 0
-            bar.set_postfix(train=f"{curve[-1]['train_bits']:.3f}", held_out=f"{curve[-1]['held_out_bits']:.3f}")
-        elif done % 10 == 0:
-            bar.set_postfix(loss_bits=f"{float(loss.detach()) / LN2:.3f}")
-        if done % recipe.checkpoint_every == 0 and done < recipe.steps:
-            _save_partial(resume_path, model, optimizer, done, recipe, curve,
-                          seconds_before + time.perf_counter() - started)
-    bar.close()
+    with progress_bar(f"train zoo:{recipe.variant} seed {recipe.seed}", total=sum(sequences[start:end]),
+                      enabled=progress) as bar:
+        for step in range(start, end):
+            batch, context, step_base = recipe.phase(step)
+            if step_base != base:
+                model, optimizer = _rebuild(model, optimizer, recipe, step_base, device)
+                base = step_base
+            tokens = sample_batch(corpus.train, batch=batch, context=context, bos=recipe.bos,
+                                  generator=batch_generator(recipe, step)).to(device)
+            for group in optimizer.param_groups:
+                group["lr"] = recipe.lr_at(step)
+            loss = next_byte_loss(model, tokens)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
+            optimizer.step()
+            running += float(loss.detach()) / LN2
+            running_n += 1
+            bar.update(batch)
+            done = step + 1
+            if done % recipe.eval_every == 0 or done == recipe.steps:
+                model.eval()
+                curve.append({"step": done, "tokens": done * recipe.batch * recipe.context,
+                              "train_bits": running / running_n,
+                              "held_out_bits": held_out_bits(model, recipe, corpus, device),
+                              "seconds": seconds_before + time.perf_counter() - started})
+                model.train()
+                running, running_n = 0.0, 0
+                bar.set_postfix(f"train {curve[-1]['train_bits']:.3f}, held-out {curve[-1]['held_out_bits']:.3f} bits")
+            elif done % 10 == 0:
+                bar.set_postfix(f"loss {float(loss.detach()) / LN2:.3f} bits")
+            if done % recipe.checkpoint_every == 0 and done < recipe.steps:
+                _save_partial(resume_path, model, optimizer, done, recipe, curve,
+                              seconds_before + time.perf_counter() - started)
     model.eval()
     seconds = seconds_before + time.perf_counter() - started
     if end < recipe.steps:
