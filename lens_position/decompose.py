@@ -698,7 +698,7 @@ class DecompositionReducer:
                     **{name: replicates[name].mean(-1).numpy() for name in COMPONENTS}}))
             for head in range(n_heads):
                 row = {
-                    "layer": layer, "head": head, "layer_type": "global" if window is None else "local",
+                    "layer": layer, "head": head, "layer_type": self.loaded.spec.layer_types[layer],
                     "window": window, "query_start": self.query_start, "query_stop": self.query_stop,
                     "keys": self.keys, "n_pairs": design.n_pairs * n_seq, "n_sequences": n_seq,
                 }
@@ -874,7 +874,7 @@ def decompose_dense(
                 values["C_heldout"] = -0.5 * ((centred_cov(at0, az1) + centred_cov(az0, at1)) / v1
                                               + (centred_cov(at1, az0) + centred_cov(az1, at0)) / v0)
             for head in range(n_heads):
-                row = {"layer": layer, "head": head, "layer_type": "global" if window is None else "local",
+                row = {"layer": layer, "head": head, "layer_type": loaded.spec.layer_types[layer],
                        "window": window, "query_start": query_start, "query_stop": query_stop, "keys": keys,
                        "n_pairs": design.n_pairs * n_seq, "n_sequences": n_seq}
                 row.update({name: float(v[head]) for name, v in values.items()})

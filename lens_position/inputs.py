@@ -39,7 +39,7 @@ from transformer_lens import HookedTransformer
 
 from lens_position.data import PromptSet, PromptSpec, prompts_from_texts
 from lens_position.errors import BadInputError, PaddedPromptsError
-from lens_position.models.spec import LoadedModel, as_loaded, check_length
+from lens_position.models.spec import LoadedModel, as_loaded
 
 TENSOR_BOS_POLICY = "as given (token tensor)"
 
@@ -90,7 +90,7 @@ def _check_tokens(loaded: LoadedModel, tokens: torch.Tensor, min_length: int, wh
             f"{what} hold token ids in [{low}, {high}] but the model's vocabulary is 0..{d_vocab - 1}: "
             "a negative id is not a token, and a larger one comes from another tokenizer; build the "
             "prompts with this model's tokenizer (lens_position.data.build_prompts)")
-    check_length(loaded.model.cfg.n_ctx, length, loaded.spec.name)
+    loaded.spec.check_context(length)
 
 
 def _run_lengths(tokens: torch.Tensor, token: int, *, from_end: bool) -> torch.Tensor:

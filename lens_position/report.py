@@ -55,15 +55,6 @@ TABLES: dict[str, str] = {
     "sink_ablation": "SinkReading.ablation",
 }
 
-def role_of(spec: Any) -> str:
-    """The architecture role of a model, read off its ``ModelSpec``.
-
-    ``"sliding"`` if any layer is local (a sliding window), else ``"ntk"`` if its RoPE is
-    NTK-scaled (aware or by-parts), else ``"standard"``.
-    """
-    return spec.role
-
-
 # --------------------------------------------------------------------------- figures
 
 

@@ -14,8 +14,7 @@ from __future__ import annotations
 from lens_position.pipeline.cache import StepCache, jsonable, step_key
 from lens_position.pipeline.config import DEFAULT_MODELS, FULL, QUICK, Compute, DataOptions, RunConfig, Settings
 from lens_position.pipeline.measure import measure
-from lens_position.pipeline.models import (architecture_label, check_context, check_models, load_request,
-                                           parse_model_request)
+from lens_position.pipeline.models import architecture_label, check_models, load_request, parse_model_request
 from lens_position.pipeline.outputs import load_tables, prepare_output, write_table
 from lens_position.pipeline.run import CellsFailedError, ReportCheckError, RunResult, StepRecord, run
 from lens_position.pipeline.steps import STEPS as STEP_REGISTRY
@@ -27,7 +26,7 @@ STEPS: tuple[str, ...] = step_names()
 COMMAND_STEPS: dict[str, tuple[str, ...]] = commands()
 
 __all__ = ["DEFAULT_MODELS", "FULL", "QUICK", "Compute", "DataOptions", "RunConfig", "Settings", "StepCache",
-           "jsonable", "step_key", "measure", "architecture_label", "check_context", "check_models",
+           "jsonable", "step_key", "measure", "architecture_label", "check_models",
            "load_request", "parse_model_request", "load_tables", "prepare_output", "write_table",
            "CellsFailedError", "ReportCheckError", "RunResult", "StepRecord", "run", "STEP_REGISTRY", "STEPS",
            "COMMAND_STEPS"]

@@ -236,7 +236,7 @@ def describe(loaded: LoadedModel) -> str:
         rope += f", α = {s.ntk_alpha:g}"
     if s.ntk_by_parts:
         rope += ", by-parts " + ", ".join(f"{k} {v:g}" for k, v in s.ntk_by_parts.items())
-    n_local = sum(t == "local" for t in s.attn_types)
+    n_local = sum(s.is_local(layer) for layer in range(s.n_layers))
     attn = (f"{n_local} local (window {s.window}) + {s.n_layers - n_local} global layers" if n_local
             else f"{s.n_layers} global layers")
     bos = (f"tokenizer prepends BOS id {s.bos_token_id}" if s.tokenizer_prepends_bos

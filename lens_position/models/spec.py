@@ -114,8 +114,9 @@ class LoadedModel:
         return self.spec.to_dict()
 
     def check_length(self, T: int) -> None:
-        """Raise ContextLengthError if ``T`` positions (position 0 included) exceed the context."""
-        check_length(self.model.cfg.n_ctx, T, self.spec.name)
+        """Raise ContextLengthError if ``T`` positions (position 0 included) exceed the context
+        (``ModelSpec.check_context``)."""
+        self.spec.check_context(T)
 
 
 def check_length(n_ctx: int, T: int, name: str = "the model") -> None:

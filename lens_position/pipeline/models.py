@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from lens_position.errors import BadInputError, ContextLengthError
+from lens_position.errors import BadInputError
 
 # Load options a model request may carry after '@' (see parse_model_request) and their types.
 _LOAD_OPTIONS: dict[str, type] = {"ntk_alpha": float, "ntk_by_parts": dict, "window": int, "n_ctx": int}
@@ -87,18 +87,8 @@ def expand_zoo(requests: Sequence[str]) -> tuple[str, ...]:
 
 
 def architecture_label(spec: Any, request: str | None = None) -> tuple[str, str]:
-    """(label, role) of a model: e.g. ("NTK-scaled RoPE: smollm2-135m-ntk", "ntk")."""
-    from lens_position import report as report_module
+    """(label, role) of a model: e.g. ("NTK-scaled RoPE: smollm2-135m-ntk", "ntk"); the role is
+    ``ModelSpec.role``."""
+    from lens_position.claims import ROLE_NAMES
 
-    role = report_module.role_of(spec)
-    return f"{report_module.ROLE_NAMES[role]}: {request or spec.name}", role
-
-
-def check_context(spec: Any, T: int) -> None:
-    """ContextLengthError when ``T`` positions do not fit the model's context."""
-    if T > spec.n_ctx:
-        raise ContextLengthError(
-            f"T = {T} exceeds the context of {spec.name} ({spec.n_ctx} positions); pass a smaller --T"
-        )
-    if T < 2:
-        raise BadInputError(f"T = {T} is too short: the analyses need at least 2 positions")
+    return f"{ROLE_NAMES[spec.role]}: {request or spec.name}", spec.role

@@ -17,7 +17,6 @@ from lens_position.errors import BadInputError
 from lens_position.pipeline import steps as steps_module
 from lens_position.pipeline.cache import step_key
 from lens_position.pipeline.config import Compute, DataOptions, RunConfig, Settings
-from lens_position.pipeline.models import check_context
 
 
 @dataclass(frozen=True)
@@ -81,7 +80,7 @@ class Plan:
 
     def cells_for_model(self, model: str, spec: Any, model_index: int) -> list[Cell]:
         """Every cell of ``model`` with sizes and keys (model-dependent checks first)."""
-        check_context(spec, steps_module.model_T(self.settings, spec))
+        spec.check_context(steps_module.model_T(self.settings, spec))
         for condition in self.conditions:
             for name in self.steps:
                 what = steps_module.get_step(name).needs_bos
@@ -93,7 +92,10 @@ class Plan:
         for c, condition in enumerate(self.conditions):
             for s, name in enumerate(self.steps):
                 sizes = steps_module.get_step(name).sizes(self.settings, spec)
-                check_context(spec, sizes["T"])
+                spec.check_context(sizes["T"])
+                if sizes["T"] < 2:
+                    raise BadInputError(f"T = {sizes['T']} for the {name} step is too short: the analyses need "
+                                        "at least 2 positions")
                 config = {"data": condition.key_dict(), "sizes": sizes, "compute": self.compute.key_dict()}
                 cells.append(Cell(index=model_index * per_model + c * len(self.steps) + s, model=model,
                                   condition=condition, step=name, sizes=sizes,

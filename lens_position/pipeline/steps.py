@@ -16,7 +16,6 @@ import pandas as pd
 
 from lens_position.errors import BadInputError
 from lens_position.pipeline.config import DataOptions, Settings
-from lens_position.pipeline.models import check_context
 from lens_position.pipeline.passes import Request, SharedPasses
 
 
@@ -62,7 +61,7 @@ class StepContext:
     def prompts(self, T: int, N: int) -> Any:
         from lens_position.data import build_prompts
 
-        check_context(self.spec, T)
+        self.spec.check_context(T)
         key = (T, N)
         if key not in self._prompts:
             prompts = build_prompts(self.loaded, source=self.data.source, T=T, N=N, bos=self.data.bos,
@@ -222,7 +221,7 @@ def _run_sink_heads(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
 def _sink_rate_prompts(ctx: StepContext, sizes: Mapping[str, Any]) -> dict[str, Any]:
     from lens_position.sinks import sink_rate_prompts
 
-    check_context(ctx.spec, sizes["T"])
+    ctx.spec.check_context(sizes["T"])
     # Gu et al.'s protocol on the default corpus (the first T tokens of each document, with the
     # tokenizer's own BOS); a run's own text (--text) reaches this step too, but arrives as one text
     # without documents, so the sink rate is then measured on its windows under the run's BOS policy.
@@ -277,7 +276,7 @@ def _run_sink_reading(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
 def _fingerprint_prompts(ctx: StepContext, sizes: Mapping[str, Any]) -> dict[str, Any]:
     from lens_position.fingerprint import fingerprint_prompts
 
-    check_context(ctx.spec, sizes["T"])
+    ctx.spec.check_context(sizes["T"])
     key = ("fingerprint", sizes["T"], sizes["N"])
     if key not in ctx._prompts:
         ctx._prompts[key] = fingerprint_prompts(ctx.loaded, T=sizes["T"], N=sizes["N"], seed=ctx.data.seed,

@@ -25,8 +25,8 @@ from safetensors.torch import load_file, save_file
 
 from lens_position.errors import BadInputError, CorruptFileError, UnknownModelError
 from lens_position.models.load import attach_tokenizer
-from lens_position.models.spec import LoadedModel, ModelSpec
-from lens_position.models.tiny import BOS_ID, byte_tokenizer
+from lens_position.models.spec import LoadedModel, spec_from_config, tokenizer_prepends_bos
+from lens_position.models.tiny import byte_tokenizer
 from lens_position.zoo.architecture import build_model, load_parameters
 from lens_position.zoo.recipe import VARIANTS, Recipe, recipe_for
 
@@ -176,18 +176,13 @@ def load_zoo_model(name: str, *, root: Path = SHIPPED, device: str = "cpu") -> L
     model.cfg.model_name = checkpoint.name
     tokenizer = byte_tokenizer(prepend_bos=recipe.bos)
     attach_tokenizer(model, tokenizer, recipe.bos)
-    if recipe.position == "rope":
-        rope_kind = "ntk-aware" if recipe.ntk_alpha != 1.0 else "standard"
-    else:
-        rope_kind = "none"
-    spec = ModelSpec(
-        name=checkpoint.name, family="custom", source=f"zoo:{root / recipe.variant}",
-        n_layers=recipe.n_layers, n_heads=recipe.n_heads, n_kv_heads=recipe.n_heads,
-        d_model=recipe.d_model, d_head=recipe.d_head, n_ctx=recipe.context, rope_kind=rope_kind,
-        rotary_base=recipe.final_rotary_base if recipe.position == "rope" else None,
-        ntk_alpha=recipe.ntk_alpha if recipe.ntk_alpha != 1.0 else None,
-        window=recipe.window if "local" in recipe.attn_types else None,
-        attn_types=tuple(recipe.attn_types), tokenizer_prepends_bos=recipe.bos, bos_token_id=BOS_ID,
+    # The one spec builder reads the layers, window, heads and context off the built model; the
+    # recipe adds what the config cannot tell: how the final base was reached (NTK-aware).
+    ntk = recipe.position == "rope" and recipe.ntk_alpha != 1.0
+    spec = spec_from_config(
+        model, name=checkpoint.name, family="custom", source=f"zoo:{root / recipe.variant}",
+        **({"rope_kind": "ntk-aware", "ntk_alpha": recipe.ntk_alpha} if ntk else {}),
+        tokenizer_prepends_bos=tokenizer_prepends_bos(tokenizer), bos_token_id=tokenizer.bos_token_id,
         weights_sha256=checkpoint.meta["weights_sha256"],
         extra={"zoo_variant": recipe.variant, "zoo_seed": recipe.seed, "position": recipe.position,
                "recipe_sha256": checkpoint.meta["recipe_sha256"], "extend_at": recipe.extend_at,
