@@ -11,7 +11,8 @@ summary every experiment reports in one place:
 - per head: ``R_base``, ``R_condition``, ``R_change = R_condition - R_base`` and the same
   for the held-out ``R``;
 - per layer (means over the layer's heads) and overall (means over every compared head):
-  ``R_base``, ``R_condition``, **``fraction_removed = 1 - R_condition / R_base``** (the
+  ``R_base``, ``R_condition``, the changes ``R_change``, ``R_heldout_change`` and
+  ``R_rf_change`` (condition minus base), **``fraction_removed = 1 - R_condition / R_base``** (the
   fraction of the residual component the intervention removed; negative when it *added*
   some; NaN when ``R_base = 0``), the held-out means, and the raw version on the
   unnormalised variance, ``fraction_removed_raw = 1 - sum var_abs_t_condition /
@@ -21,9 +22,11 @@ summary every experiment reports in one place:
 
 **Intervals.** When base and condition carry bootstrap replicates (``Decomposition.replicates``)
 they resample the same sequences in each replicate (the prompts are the same), so every
-fraction's interval (``*_lo``/``*_hi``) is the percentile interval of the fraction computed
-replicate by replicate: a paired bootstrap. ``Comparison.replicates`` keeps the overall
-fractions per replicate.
+fraction's and every change's interval (``*_lo``/``*_hi``) is the percentile interval of that
+quantity computed replicate by replicate: a paired bootstrap. Per head, the changes' intervals
+come the same way from ``Decomposition.head_replicates``. ``Comparison.replicates`` keeps the
+overall fractions and changes per replicate. Both sides must have been decomposed with the
+same number of resamples (and seed); otherwise the intervals are NaN.
 
 The base is an argument, so several experiments on the same prompts share it instead of
 recomputing it.
@@ -55,12 +58,13 @@ class Comparison(SavedResult):
 
     ``heads``: one row per (condition, layer, head) present in both base and condition:
     ``condition``, ``layer``, ``head``, ``layer_type``, ``R_base``, ``R_condition``,
-    ``R_change``, ``R_heldout_base``, ``R_heldout_condition``, ``R_heldout_change``.
+    ``R_change``, ``R_heldout_base``, ``R_heldout_condition``, ``R_heldout_change``, and the
+    paired intervals ``R_change_lo``/``_hi``, ``R_heldout_change_lo``/``_hi``.
     ``layers``: one row per (condition, layer) with the summary columns; ``overall``: one
-    row per condition with the same columns over all compared heads, and the intervals
-    ``fraction_removed_lo``/``_hi``, ``fraction_removed_rf_lo``/``_hi``. ``replicates``: one
-    row per (condition, bootstrap replicate) with the overall ``fraction_removed`` and
-    ``fraction_removed_rf`` (None without replicates).
+    row per condition with the same columns over all compared heads; both with the paired
+    intervals ``fraction_removed_lo``/``_hi``, ``fraction_removed_rf_lo``/``_hi`` and
+    ``{R, R_heldout, R_rf}_change_lo``/``_hi``. ``replicates``: one row per (condition,
+    bootstrap replicate) with the overall fractions and changes (None without replicates).
     """
 
     heads: pd.DataFrame
@@ -75,42 +79,73 @@ def fraction_removed(base: float, condition: float) -> float:
     return 1.0 - condition / base if base != 0 else float("nan")
 
 
+# paired quantities: name -> (column of the decompositions, "fraction" (1 - condition / base) or "change")
+PAIRED = {"fraction_removed": ("R", "fraction"), "fraction_removed_rf": ("R_rf", "fraction"),
+          "R_change": ("R", "change"), "R_heldout_change": ("R_heldout", "change"), "R_rf_change": ("R_rf", "change")}
+HEAD_CHANGES = ("R_change", "R_heldout_change")
+
+
 def _summary(base: pd.DataFrame, condition: pd.DataFrame) -> dict[str, float]:
     r_base, r_condition = float(base["R"].mean()), float(condition["R"].mean())
     v_base, v_condition = float(base["var_abs_t"].sum()), float(condition["var_abs_t"].sum())
     return {
         "R_base": r_base, "R_condition": r_condition, "fraction_removed": fraction_removed(r_base, r_condition),
+        "R_change": r_condition - r_base,
         "R_heldout_base": float(base["R_heldout"].mean()),
         "R_heldout_condition": float(condition["R_heldout"].mean()),
+        "R_heldout_change": float(condition["R_heldout"].mean()) - float(base["R_heldout"].mean()),
         "var_abs_t_base": v_base, "var_abs_t_condition": v_condition,
         "fraction_removed_raw": fraction_removed(v_base, v_condition),
         "R_rf_base": float(base["R_rf"].mean()), "R_rf_condition": float(condition["R_rf"].mean()),
         "fraction_removed_rf": fraction_removed(float(base["R_rf"].mean()), float(condition["R_rf"].mean())),
+        "R_rf_change": float(condition["R_rf"].mean()) - float(base["R_rf"].mean()),
     }
 
 
 def _replicate_fractions(base: Decomposition, condition: Decomposition,
                          layers: Sequence[int]) -> dict[str, np.ndarray] | None:
-    """Per bootstrap replicate, ``1 - R_condition / R_base`` (and for ``R_rf``) over ``layers``,
-    from the replicates' per-layer means (None when either side has none)."""
+    """Per bootstrap replicate, every quantity of ``PAIRED`` over ``layers`` (``1 - R_condition /
+    R_base``, ``R_condition - R_base``, ...), from the replicates' per-layer means (None when
+    either side has none, or they differ in number)."""
     if base.replicates is None or condition.replicates is None:
         return None
     out = {}
-    for column, name in (("R", "fraction_removed"), ("R_rf", "fraction_removed_rf")):
+    for name, (column, kind) in PAIRED.items():
         means = [result.replicates[result.replicates["layer"].isin(layers)].groupby("replicate", sort=True)[column]
                  .mean().to_numpy() for result in (base, condition)]
         if len(means[0]) != len(means[1]):
             return None
         with np.errstate(divide="ignore", invalid="ignore"):
-            out[name] = 1.0 - means[1] / means[0]
+            out[name] = 1.0 - means[1] / means[0] if kind == "fraction" else means[1] - means[0]
     return out
 
 
 def _with_intervals(row: dict[str, Any], fractions: dict[str, np.ndarray] | None, level: float) -> dict[str, Any]:
-    for name in ("fraction_removed", "fraction_removed_rf"):
+    for name in PAIRED:
         lo, hi = (np.nan, np.nan) if fractions is None else percentile_interval(fractions[name], level)
         row[f"{name}_lo"], row[f"{name}_hi"] = float(lo), float(hi)
     return row
+
+
+def _head_change_intervals(base: Decomposition, condition: Decomposition, level: float) -> pd.DataFrame | None:
+    """Per (layer, head), the paired intervals of ``HEAD_CHANGES`` from both sides'
+    ``head_replicates`` (None when either side has none, or they differ in number)."""
+    if base.head_replicates is None or condition.head_replicates is None \
+            or base.head_replicates["replicate"].nunique() != condition.head_replicates["replicate"].nunique():
+        return None
+    keys = ["replicate", *HEAD_KEYS]
+    columns = [name.removesuffix("_change") for name in HEAD_CHANGES]
+    paired = base.head_replicates[keys + columns].merge(condition.head_replicates[keys + columns], on=keys,
+                                                        suffixes=("_base", "_condition"))
+    out = None
+    for name, column in zip(HEAD_CHANGES, columns):
+        paired[name] = paired[f"{column}_condition"] - paired[f"{column}_base"]
+        grid = paired.pivot(index="replicate", columns=HEAD_KEYS, values=name)
+        lo, hi = percentile_interval(grid.to_numpy(), level)
+        frame = pd.DataFrame({"layer": grid.columns.get_level_values(0).astype(int),
+                              "head": grid.columns.get_level_values(1).astype(int), f"{name}_lo": lo, f"{name}_hi": hi})
+        out = frame if out is None else out.merge(frame, on=HEAD_KEYS)
+    return out
 
 
 def _level(base: Decomposition) -> float:
@@ -141,6 +176,12 @@ def compare(base: Decomposition, conditions: Mapping[str, Decomposition]) -> Com
         heads["R_heldout_base"] = paired["R_heldout_base"]
         heads["R_heldout_condition"] = paired["R_heldout_condition"]
         heads["R_heldout_change"] = heads["R_heldout_condition"] - heads["R_heldout_base"]
+        bounds = _head_change_intervals(base, result, level)
+        if bounds is None:
+            for name in HEAD_CHANGES:
+                heads[f"{name}_lo"] = heads[f"{name}_hi"] = np.nan
+        else:
+            heads = heads.merge(bounds, on=HEAD_KEYS, how="left")
         head_frames.append(heads)
         covered = base.heads.merge(paired[HEAD_KEYS], on=HEAD_KEYS)
         compared = result.heads.merge(paired[HEAD_KEYS], on=HEAD_KEYS)
@@ -166,7 +207,14 @@ def compare(base: Decomposition, conditions: Mapping[str, Decomposition]) -> Com
                     "fraction_removed": "1 - R_condition / R_base, R = mean over heads of Var(abs t)/Var(log A)",
                     "fraction_removed_raw": "1 - sum_heads var_abs_t_condition / sum_heads var_abs_t_base",
                     "fraction_removed_rf": "1 - R_rf_condition / R_rf_base (reference-free split)",
-                    "intervals": "paired bootstrap: base and condition resample the same sequences per replicate"})
+                    "R_change": "R_condition - R_base (per head; per layer and overall: of the means over heads)",
+                    "intervals": {"method": "paired bootstrap: base and condition resample the same sequences per "
+                                            "replicate; each interval is the percentile interval of the quantity "
+                                            "computed replicate by replicate",
+                                  **{k: v for k, v in ((base.provenance.get("options") or {}).get("intervals")
+                                                       or {}).items() if k in ("level", "n_resamples", "seed")},
+                                  "columns": [f"{name}_lo/_hi" for name in PAIRED],
+                                  "per_head": [f"{name}_lo/_hi" for name in HEAD_CHANGES]}})
 
 
 def decompose_conditions(

@@ -498,6 +498,9 @@ def _components(fit: _Fitter, stats: HeadStatistics,
 COMPONENTS = ["T", "R", "M", "C", "T_heldout", "R_heldout", "M_heldout", "C_heldout",
               "R_rf", "M_rf", "C_rf", "R_rf_heldout", "M_rf_heldout", "C_rf_heldout"]
 INTERVAL_COLUMNS = [f"{c}_{side}" for c in COMPONENTS for side in ("lo", "hi")]
+# The components kept per head and replicate (Decomposition.head_replicates): the residual components an
+# intervention changes, so a per-head change gets a paired interval (lens_position.compare).
+HEAD_REPLICATE_COMPONENTS = ["R", "R_heldout", "R_rf", "R_rf_heldout"]
 HEAD_COLUMNS = [
     "layer", "head", "layer_type", "window", "query_start", "query_stop", "keys", *COMPONENTS,
     "var_logA", "var_abs_t", "var_abs_z", "cov_abs_tz", "n_pairs", "n_sequences", *INTERVAL_COLUMNS,
@@ -527,12 +530,16 @@ class Decomposition(SavedResult):
     of every component in that replicate (None when intervals are off). Derived quantities
     (a ratio, a depth slope, a difference between two runs on the same prompts) get their
     intervals by computing them replicate by replicate.
+    ``head_replicates``: one row per (bootstrap replicate, layer, head) with the head's residual
+    components (``HEAD_REPLICATE_COMPONENTS``) in that replicate, for the per-head paired
+    intervals of an intervention's change (None when intervals are off).
     """
 
     heads: pd.DataFrame
     layers: pd.DataFrame
     provenance: dict[str, Any]
     replicates: pd.DataFrame | None = None
+    head_replicates: pd.DataFrame | None = None
 
     def to_tensor(self, component: str = "R") -> Float[torch.Tensor, "layer head"]:
         """One per-head column of ``heads`` (``"R"``, ``"M_heldout"``, ...) as a float64
@@ -681,7 +688,7 @@ class DecompositionReducer:
         def widen(estimate: torch.Tensor, replicates: torch.Tensor) -> torch.Tensor:
             return small_sample_widening(estimate, replicates, per_half)
 
-        rows, replicate_frames = [], []
+        rows, replicate_frames, head_replicate_frames = [], [], []
         fitters = {window: _Fitter(design) for window, design in self.designs.items()}  # once per key set
         for layer in self.layers:
             window = self.windows[layer]
@@ -696,6 +703,10 @@ class DecompositionReducer:
                 replicate_frames.append(pd.DataFrame({
                     "replicate": np.arange(len(weights)), "layer": layer,
                     **{name: replicates[name].mean(-1).numpy() for name in COMPONENTS}}))
+                head_replicate_frames.append(pd.DataFrame({
+                    "replicate": np.repeat(np.arange(len(weights)), n_heads), "layer": layer,
+                    "head": np.tile(np.arange(n_heads), len(weights)),
+                    **{name: replicates[name].reshape(-1).numpy() for name in HEAD_REPLICATE_COMPONENTS}}))
             for head in range(n_heads):
                 row = {
                     "layer": layer, "head": head, "layer_type": self.loaded.spec.layer_types[layer],
@@ -727,7 +738,9 @@ class DecompositionReducer:
                        "strata": "halves (even / odd sequences), resampled separately"},
             mask_windows={str(layer): self.windows[layer] for layer in self.layers},
         )
-        return Decomposition(heads=heads, layers=per_layer, provenance=prov, replicates=replicates)
+        head_replicates = pd.concat(head_replicate_frames, ignore_index=True) if head_replicate_frames else None
+        return Decomposition(heads=heads, layers=per_layer, provenance=prov, replicates=replicates,
+                             head_replicates=head_replicates)
 
 
 def decompose(

@@ -330,13 +330,21 @@ class SinkReading(SavedResult):
     ``||z_base||``, where ``z`` is the head's output before ``W_O`` (dimensionless, 0 = no
     change). ``R_base``, ``R_patched``: the head's residual component (fraction of
     Var(log A), ``decompose`` over ``query_range``) without and with its own position-0
-    key/value patched; ``R_change = R_patched - R_base``. ``rank``: 1 = largest
-    ``|R_change|`` (ties broken by ``output_change``).
+    key/value patched; ``R_change = R_patched - R_base``, ``R_heldout_change`` the same for
+    the held-out ``R``. ``rank``: 1 = largest ``|R_change|`` (ties broken by
+    ``output_change``).
 
     ``ablation``: one row per (ablation, layer): ``R_before`` / ``R_after`` = mean over the
     layer's heads of ``R`` without / with the top heads ablated (``"zero"``: ``z = 0``;
-    ``"mean"``: ``z`` = its mean over prompts and positions), plus ``R_heldout_before`` /
-    ``R_heldout_after``. ``ablation_heads``: the same per head. ``ablated``: the heads ablated.
+    ``"mean"``: ``z`` = its mean over prompts and positions), ``R_change = R_after -
+    R_before``, and the same for the held-out ``R`` (``R_heldout_before``, ``R_heldout_after``,
+    ``R_heldout_change``). ``ablation_heads``: ``R_before``, ``R_after``, ``R_change`` per head.
+    ``ablated``: the heads ablated.
+
+    Every change has a paired bootstrap interval over sequences (``*_lo``/``*_hi``), from
+    :func:`lens_position.compare.compare` as for BOS replacement: the base and the patched or
+    ablated runs resample the same sequences in each replicate. NaN when intervals are off or
+    the base was decomposed with a different number of resamples.
     """
 
     frame: pd.DataFrame
@@ -457,6 +465,9 @@ def sink_reading_scores(
     frame["R_patched"] = comparison.heads["R_condition"].to_numpy()
     frame["R_change"] = frame["R_patched"] - frame["R_base"]
     frame["R_heldout_change"] = comparison.heads["R_heldout_change"].to_numpy()
+    for name in ("R_change", "R_heldout_change"):
+        for side in ("lo", "hi"):
+            frame[f"{name}_{side}"] = comparison.heads[f"{name}_{side}"].to_numpy()
     order = frame.assign(abs_change=frame["R_change"].abs()).sort_values(
         ["abs_change", "output_change"], ascending=False, kind="stable").index
     frame.loc[order, "rank"] = range(1, len(frame) + 1)
@@ -489,11 +500,13 @@ def head_ablation_effect(
     layers = comparison.layers.rename(columns={
         "condition": "ablation", "R_base": "R_before", "R_condition": "R_after",
         "R_heldout_base": "R_heldout_before", "R_heldout_condition": "R_heldout_after"})
-    layers = layers[["ablation", "layer", "R_before", "R_after", "R_heldout_before", "R_heldout_after"]]
+    changes = [f"{name}{suffix}" for name in ("R_change", "R_heldout_change") for suffix in ("", "_lo", "_hi")]
+    layers = layers[["ablation", "layer", "R_before", "R_after", "R_heldout_before", "R_heldout_after", *changes]]
     per_head = comparison.heads.rename(columns={"condition": "ablation", "R_base": "R_before",
                                                 "R_condition": "R_after"})
     per_head["ablated"] = [(l, h) in heads for l, h in per_head[["layer", "head"]].to_numpy()]
-    per_head = per_head[["layer", "head", "ablation", "ablated", "R_before", "R_after"]]
+    per_head = per_head[["layer", "head", "ablation", "ablated", "R_before", "R_after",
+                         "R_change", "R_change_lo", "R_change_hi"]]
     return layers, per_head
 
 
@@ -561,4 +574,8 @@ def sink_reading_heads(
             ablated=ablate_heads, mean_ablation_reference="the base prompts, mean over prompts and positions",
             pattern=pattern,
             R="decompose(...).heads['R'] over query_range, keys='all'",
+            intervals={**((base_decomposition.provenance.get("options") or {}).get("intervals") or {}),
+                       "pairing": "paired bootstrap through lens_position.compare: the base and the patched or "
+                                  "ablated runs resample the same sequences per replicate",
+                       "columns": ["R_change", "R_heldout_change"]},
             output_change="RMS ||z_patched - z_base|| / RMS ||z_base|| over prompts and queries"))

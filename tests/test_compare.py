@@ -44,3 +44,65 @@ def test_conditions_decomposed_differently_from_the_base_are_refused():
     other = decompose(loaded, tokens, query_range=(0, 8), progress=False)
     with pytest.raises(BadInputError, match="same options"):
         compare(base, {"narrow": other})
+
+
+CHANGE_INTERVALS = {"fraction_removed_lo", "fraction_removed_hi", "fraction_removed_rf_lo", "fraction_removed_rf_hi",
+                    "R_change_lo", "R_change_hi", "R_heldout_change_lo", "R_heldout_change_hi",
+                    "R_rf_change_lo", "R_rf_change_hi"}
+
+
+def test_changes_of_R_have_paired_intervals_per_head_per_layer_and_overall():
+    """A self patch leaves every replicate unchanged, so its paired intervals have zero width
+    (an unpaired bootstrap would not); a real patch's change has an interval of positive width
+    around it. Each interval is the percentile interval of the change computed replicate by
+    replicate, per head from ``head_replicates``, per layer from ``replicates``."""
+    import numpy as np
+
+    from lens_position.intervals import percentile_interval
+    from lens_position.toy import random_model
+
+    loaded = random_model(n_layers=2, d_vocab=50)
+    tokens = torch.randint(1, 50, (6, LENGTH), generator=torch.Generator().manual_seed(0))
+    base = decompose(loaded, tokens, batch_size=2, progress=False)
+    own = loaded.model.W_E.detach()[tokens[:, 0]]
+    conditions = decompose_conditions(loaded, tokens, {"self": [Patch("hook_embed", own, position=0)],
+                                                       "token 0": [Patch("hook_embed", own.mean(0), position=0)]},
+                                      batch_size=2)
+    comparison = compare(base, conditions)
+    assert {"R_change_lo", "R_change_hi", "R_heldout_change_lo", "R_heldout_change_hi"} <= set(comparison.heads.columns)
+    assert CHANGE_INTERVALS <= set(comparison.layers.columns) and CHANGE_INTERVALS <= set(comparison.overall.columns)
+    heads = comparison.heads[comparison.heads.condition == "self"]
+    assert np.abs(heads[["R_change_lo", "R_change_hi", "R_heldout_change_lo", "R_heldout_change_hi"]]
+                  .to_numpy()).max() < 1e-12
+    assert comparison.overall.set_index("condition").loc["self", "R_rf_change_hi"] == pytest.approx(0.0, abs=1e-12)
+    patched = comparison.heads[comparison.heads.condition == "token 0"]
+    assert ((patched.R_change_lo <= patched.R_change) & (patched.R_change <= patched.R_change_hi)).all()
+    assert (patched.R_change_hi - patched.R_change_lo).min() > 0
+    # explicit: the per-head and per-layer replicate differences
+    reps = base.head_replicates.merge(conditions["token 0"].head_replicates, on=["replicate", "layer", "head"],
+                                      suffixes=("_base", "_condition"))
+    one = reps[(reps["layer"] == 1) & (reps["head"] == 2)]
+    lo, hi = percentile_interval((one["R_heldout_condition"] - one["R_heldout_base"]).to_numpy())
+    row = patched[(patched["layer"] == 1) & (patched["head"] == 2)].iloc[0]
+    assert (row.R_heldout_change_lo, row.R_heldout_change_hi) == (pytest.approx(lo, abs=1e-12),
+                                                                  pytest.approx(hi, abs=1e-12))
+    layer_reps = base.replicates.merge(conditions["token 0"].replicates, on=["replicate", "layer"],
+                                       suffixes=("_base", "_condition"))
+    layer_reps = layer_reps[layer_reps.layer == 0]
+    lo, hi = percentile_interval((layer_reps["R_rf_condition"] - layer_reps["R_rf_base"]).to_numpy())
+    layer = comparison.layers.set_index(["condition", "layer"]).loc[("token 0", 0)]
+    assert (layer.R_rf_change_lo, layer.R_rf_change_hi) == (pytest.approx(lo, abs=1e-12), pytest.approx(hi, abs=1e-12))
+    intervals = comparison.provenance["intervals"]
+    assert intervals["n_resamples"] == 200 and intervals["level"] == 0.95 and "paired" in intervals["method"]
+
+
+def test_change_intervals_are_nan_when_the_sides_drew_different_replicates():
+    from lens_position.intervals import Bootstrap
+
+    loaded = offset_only_model(bos_bonus=2.0)
+    tokens = toy_tokens(4, LENGTH, bos=True)
+    base = decompose(loaded, tokens, progress=False)
+    other = decompose(loaded, tokens, bootstrap=Bootstrap(n_resamples=50), progress=False)
+    comparison = compare(base, {"fewer replicates": other})
+    assert comparison.heads[["R_change_lo", "R_change_hi"]].isna().all().all()
+    assert comparison.overall[sorted(CHANGE_INTERVALS)].isna().all().all()

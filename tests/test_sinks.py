@@ -112,8 +112,15 @@ def test_designed_sink_reading_head_is_found_and_ranked_first(model, tokens):
     others = result.frame.iloc[1:]
     assert others["R_change"].abs().max() < 1e-10
     assert others["output_change"].abs().max() < 1e-10
-    assert list(result.frame.columns[:3]) == ["layer", "head", "layer_type"]
-    assert {"output_change", "R_change", "rank"} <= set(result.frame.columns)
+    assert list(result.frame.columns) == ["layer", "head", "layer_type", "output_change", "R_base", "R_patched",
+                                          "R_change", "R_heldout_change", "R_change_lo", "R_change_hi",
+                                          "R_heldout_change_lo", "R_heldout_change_hi", "rank"]
+    # paired intervals over sequences: the reader's change excludes 0, the others' is 0 in every replicate
+    assert first["R_change_lo"] <= first["R_change"] <= first["R_change_hi"] < 0
+    assert first["R_heldout_change_hi"] < 0
+    assert others[["R_change_lo", "R_change_hi"]].abs().max().max() < 1e-10
+    assert result.provenance["options"]["intervals"]["n_resamples"] == 200
+    assert "paired" in result.provenance["options"]["intervals"]["pairing"]
 
 
 def test_ablating_the_sink_reading_head_removes_the_residual_component_it_carried(model, tokens):
@@ -124,12 +131,18 @@ def test_ablating_the_sink_reading_head_removes_the_residual_component_it_carrie
         carried = heads.loc[(kind, 2, 0)]
         assert carried["R_before"] > 1e-3  # far above float noise (1e-10)
         assert carried["R_after"] == pytest.approx(0.0, abs=1e-10)
+        assert carried["R_change_lo"] <= carried["R_change"] <= carried["R_change_hi"] < 0
         # heads that never read e2 keep their R
         untouched = heads.loc[(kind, 2, 1)]
         assert untouched["R_after"] == pytest.approx(untouched["R_before"], abs=1e-12)
     layers = result.ablation.set_index(["ablation", "layer"])
     assert layers.loc[("zero", 2), "R_after"] < layers.loc[("zero", 2), "R_before"]
-    assert set(result.ablation.columns) >= {"ablation", "layer", "R_before", "R_after"}
+    assert layers.loc[("zero", 2), "R_change_hi"] < 0 <= layers.loc[("zero", 0), "R_change_hi"]
+    assert list(result.ablation.columns) == ["ablation", "layer", "R_before", "R_after", "R_heldout_before",
+                                             "R_heldout_after", "R_change", "R_change_lo", "R_change_hi",
+                                             "R_heldout_change", "R_heldout_change_lo", "R_heldout_change_hi"]
+    assert list(result.ablation_heads.columns) == ["layer", "head", "ablation", "ablated", "R_before", "R_after",
+                                                   "R_change", "R_change_lo", "R_change_hi"]
 
 
 def test_own_position0_patches_keep_every_block_on_the_base_residual_stream(model, tokens):
