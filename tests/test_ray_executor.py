@@ -162,3 +162,16 @@ def test_a_sweep_on_ray_writes_one_table_per_step_with_a_column_per_factor(tmp_p
         report = out / f"report-natural-{bos}-seed{seed}.html"
         assert report.is_file() and report.name in index
     assert "4 conditions" in capsys.readouterr().out
+
+
+def test_a_ray_run_counts_finished_cells_in_one_labelled_bar(serial_run, tmp_path, capsys, monkeypatch):
+    """Cells run at once in other processes, so the driver shows one bar counting finished
+    cells (no per-cell bars from the workers); in a non-TTY log it is plain lines."""
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    capsys.readouterr()
+    run(dataclasses.replace(_config(tmp_path / "out", "ray"), progress=True))
+    err = capsys.readouterr().err
+    cells = len(MODELS) * len(STEPS)
+    ours = [line for line in err.splitlines() if line.startswith("reproduce:")]
+    assert len(ours) >= 1 and ours[-1].startswith(f"reproduce: {cells}/{cells} cells in "), err
+    assert not any("\r" in line or "\x1b[A" in line for line in ours)

@@ -30,6 +30,7 @@ from lens_position.pipeline.models import architecture_label
 from lens_position.pipeline.outputs import MANIFEST, OutputFolder
 from lens_position.pipeline.plan import Cell, Plan, plan_run
 from lens_position.pipeline.worker import CellResult, Loaded
+from lens_position.progress import progress
 from lens_position.zoo import c3 as zoo_c3
 
 log = logging.getLogger(__name__)
@@ -100,10 +101,11 @@ class RunDriver:
     """The driver side of execution: checks the cache when a model is loaded, stores each
     computed cell, records everything in plan order (whatever order results arrive in)."""
 
-    def __init__(self, plan: Plan, cache: StepCache, *, use_cache: bool):
+    def __init__(self, plan: Plan, cache: StepCache, *, use_cache: bool, bar: Any = None):
         self.plan = plan
         self.cache = cache
         self.use_cache = use_cache
+        self.bar = bar  # a progress counting finished cells (parallel executors), or None
         self.collected = Collected()
 
     def on_loaded(self, model: str, model_index: int, loaded: Loaded) -> list[Cell]:
@@ -132,6 +134,7 @@ class RunDriver:
     def on_failure(self, cell: Cell, error: BaseException) -> None:
         log.error("%s failed: %s: %s", cell.describe(), type(error).__name__, error)
         self.collected.failures.append((cell, error))
+        self._count(cell)
 
     def _record(self, cell: Cell, tables: Mapping[str, pd.DataFrame], prov: Mapping[str, Any],
                 cost: Mapping[str, float], *, cached: bool) -> None:
@@ -142,16 +145,31 @@ class RunDriver:
         c.records[(model_index, cell.index)] = StepRecord(
             cell.step, cell.model, cell.key, cached, cost["wall_s"], cost["cpu_s"], cost["peak_rss_mb"],
             dict(prov), cell.condition.data.to_dict() if len(self.plan.conditions) > 1 else None)
+        self._count(cell)
+
+    def _count(self, cell: Cell) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix(f"last: {cell.model} / {cell.step}")
+            self.bar.update(1)
 
 
 def execute(plan: Plan, config: RunConfig, cache: StepCache, *, load: Callable[[str], Any] | None = None,
             steps: Mapping[str, steps_module.Step] | None = None) -> Collected:
-    """Compute every cell of ``plan`` that is not in ``cache`` on the configured executor (with
-    ``config.progress``, one progress bar per computed cell: ``lens_position.progress``)."""
-    driver = RunDriver(plan, cache, use_cache=config.use_cache)
+    """Compute every cell of ``plan`` that is not in ``cache`` on the configured executor.
+
+    With ``config.progress`` (``lens_position.progress``): the serial executor shows one bar
+    per computed cell, counting its sequences; the Ray executor, whose cells run at once in
+    other processes, one bar counting finished cells (cached ones included)."""
     executor = make_executor(config.executor, load=load, progress=config.progress,
                              ray_address=config.ray_address, ray_num_cpus=config.ray_num_cpus)
-    executor.execute(plan, steps if steps is not None else steps_module.STEPS, driver)
+    registry = steps if steps is not None else steps_module.STEPS
+    if config.executor != "ray":
+        driver = RunDriver(plan, cache, use_cache=config.use_cache)
+        executor.execute(plan, registry, driver)
+        return driver.collected
+    with progress("reproduce", total=plan.n_cells, unit="cells", enabled=config.progress) as bar:
+        driver = RunDriver(plan, cache, use_cache=config.use_cache, bar=bar)
+        executor.execute(plan, registry, driver)
     return driver.collected
 
 

@@ -298,7 +298,7 @@ def _run_fingerprint(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
     conditions = list(_fingerprint_prompts(ctx, sizes))
     position0 = dict(zip(conditions, (ctx.passes.get(request) for request in _fingerprint_requests(ctx, sizes))))
     result = fingerprint(ctx.loaded, T=sizes["T"], N=sizes["N"], seed=ctx.data.seed, source=ctx.data.source,
-                         text=ctx.text(), position0=position0)
+                         text=ctx.text(), position0=position0, progress=ctx.progress)
     return StepOutput({"fingerprint": result.frame.reset_index(drop=True)}, result.provenance,
                       {**sizes, "corpus": ctx.data.corpus})
 
