@@ -50,6 +50,7 @@ from lens_position.decompose import Decomposition, decompose
 from lens_position.errors import BadInputError
 from lens_position.intervals import Bootstrap, from_replicates
 from lens_position.models.spec import LoadedModel, as_loaded
+from lens_position.progress import progress as progress_bar
 from lens_position.results import SavedResult
 
 # quantity -> the claim decided on it (module docstring)
@@ -194,16 +195,17 @@ def across_prompt_sets(
     corpus: str | None = None,
     batch_size: int = 8,
     bootstrap: Bootstrap = Bootstrap(),
-    progress: bool = False,
+    progress: bool = True,
 ) -> PromptSetSpread:
     """Decompose ``K`` disjoint prompt sets of ``N`` sequences (:func:`disjoint_prompt_sets`)
     and compare the claims' numbers between them (:func:`between_sets`). Costs ``K``
-    decomposition passes."""
+    decomposition passes (``progress``: one bar, "prompt sets", counting their sequences)."""
     loaded = as_loaded(model)
     prompt_sets = disjoint_prompt_sets(loaded, K, T=T, N=N, source=source, bos=bos, seed=seed, text=text,
                                        corpus=corpus)
-    decompositions = [decompose(loaded, prompts, batch_size=batch_size, bootstrap=bootstrap, progress=progress)
-                      for prompts in prompt_sets]
+    with progress_bar("prompt sets", total=sum(len(p.tokens) for p in prompt_sets), enabled=progress):
+        decompositions = [decompose(loaded, prompts, batch_size=batch_size, bootstrap=bootstrap)
+                          for prompts in prompt_sets]
     result = between_sets(decompositions, name=loaded.spec.name)
     result.provenance = provenance.collect(model=loaded.spec, data=[p.spec.to_dict() for p in prompt_sets],
                                            seed=seed, K=K, T=T, N=N, source=source, bos=bos,

@@ -14,7 +14,8 @@ import re
 import pytest
 import torch
 
-from lens_position import bos, compare, decompose, fingerprint, patching, probes, progress, sinks, trajectory
+from lens_position import (bos, compare, decompose, fingerprint, patching, probes, progress, prompt_sets, sinks,
+                           trajectory)
 from lens_position.cli import main
 from lens_position.models.tiny import VOCAB_SIZE
 
@@ -85,12 +86,14 @@ def test_every_slow_function_shows_one_labelled_bar_counting_sequences(tiny_llam
     assert _one_bar(capsys, label) == sequences
 
 
-def test_sink_rate_and_fingerprint_count_the_sequences_of_every_condition(tiny_llama, capsys):
+def test_sink_rate_fingerprint_and_prompt_sets_count_the_sequences_of_every_condition(tiny_llama, capsys):
     capsys.readouterr()
     sinks.sink_rate(tiny_llama, T=T, N=N)  # natural, random, repeated
     assert _one_bar(capsys, "sink rate") == 3 * N
     fingerprint.fingerprint(tiny_llama, T=T, N=N)  # auto-bos and varying-token0
     assert _one_bar(capsys, "fingerprint") == 2 * N
+    prompt_sets.across_prompt_sets(tiny_llama, 3, T=T, N=N, source="random")  # one decomposition per set
+    assert _one_bar(capsys, "prompt sets") == 3 * N
 
 
 def test_progress_false_shows_nothing_also_from_the_calls_inside(tiny_llama, capsys):
