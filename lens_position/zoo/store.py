@@ -175,14 +175,15 @@ def load_zoo_model(name: str, *, root: Path = SHIPPED, device: str = "cpu") -> L
     model.eval()
     model.cfg.model_name = checkpoint.name
     tokenizer = byte_tokenizer(prepend_bos=recipe.bos)
-    attach_tokenizer(model, tokenizer, recipe.bos)
+    prepends_bos = tokenizer_prepends_bos(tokenizer)  # the recipe's bos, as the tokenizer does it
+    attach_tokenizer(model, tokenizer, prepends_bos)
     # The one spec builder reads the layers, window, heads and context off the built model; the
     # recipe adds what the config cannot tell: how the final base was reached (NTK-aware).
     ntk = recipe.position == "rope" and recipe.ntk_alpha != 1.0
     spec = spec_from_config(
         model, name=checkpoint.name, family="custom", source=f"zoo:{root / recipe.variant}",
         **({"rope_kind": "ntk-aware", "ntk_alpha": recipe.ntk_alpha} if ntk else {}),
-        tokenizer_prepends_bos=tokenizer_prepends_bos(tokenizer), bos_token_id=tokenizer.bos_token_id,
+        tokenizer_prepends_bos=prepends_bos, bos_token_id=tokenizer.bos_token_id,
         weights_sha256=checkpoint.meta["weights_sha256"],
         extra={"zoo_variant": recipe.variant, "zoo_seed": recipe.seed, "position": recipe.position,
                "recipe_sha256": checkpoint.meta["recipe_sha256"], "extend_at": recipe.extend_at,
