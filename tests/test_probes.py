@@ -145,7 +145,9 @@ def test_probe_of_a_written_position_has_a_tight_interval_near_one_and_provenanc
     intervals = result.provenance["options"]["intervals"]
     assert intervals["level"] == 0.95 and intervals["n_resamples"] == 200
     assert "held-out sequence" in intervals["method"] and intervals["units"] == 4
-    assert {"r2_heldout_lo", "r2_heldout_hi", "r2_shuffled_lo", "r2_shuffled_hi"} <= set(result.layers.columns)
+    assert list(result.layers.columns) == ["layer", "r2_heldout", "r2_train", "r2_shuffled", "ridge", "n_train",
+                                           "n_test", "r2_heldout_lo", "r2_heldout_hi", "r2_shuffled_lo",
+                                           "r2_shuffled_hi"]
 
 
 def test_probe_without_intervals_keeps_no_heldout_rows_and_reports_nan():
