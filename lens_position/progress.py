@@ -79,10 +79,10 @@ class Bar:
     """The one visible bar of an outermost :func:`progress` call. ``total`` may grow while
     the work runs (inner calls announce theirs as they start)."""
 
-    def __init__(self, desc: str, unit: str, kind: str, stream: TextIO):
+    def __init__(self, desc: str, unit: str, kind: str, stream: TextIO, total: int = 0):
         self.desc, self.unit, self.kind, self.stream = desc, unit, kind, stream
         self.n = 0
-        self.total = 0
+        self.total = int(total)
         self.postfix = ""
         self.started = time.perf_counter()
         self._last_draw = self.started
@@ -91,7 +91,7 @@ class Bar:
         if kind == "terminal":
             from tqdm.std import tqdm
 
-            self._tqdm = tqdm(total=0, desc=desc, unit=unit, file=stream, leave=True)
+            self._tqdm = tqdm(total=self.total, desc=desc, unit=unit, file=stream, leave=True)
         elif kind == "notebook":
             from IPython.display import display
 
@@ -225,17 +225,20 @@ def progress(desc: str, *, total: int | None = None, unit: str = "seq", enabled:
         bar = None
         if enabled and not progress_disabled_by_environment():
             out = sys.stderr if stream is None else stream
-            bar = Bar(desc, unit, output_kind(out), out)
+            bar = Bar(desc, unit, output_kind(out), out, total=total or 0)
         scope = _Scope(bar, counted=bar is not None, declared=total is not None, parent=None)
     else:
         scope = _Scope(parent.bar, counted=parent.counted and enabled, declared=total is not None, parent=parent)
-    handle = Progress(scope)
-    if total is not None:
-        if scope.counted and not scope.announced_above():
+        if total is not None and scope.counted and not scope.announced_above():
             scope.bar.add(total)
+    handle = Progress(scope)
     token = _ACTIVE.set(scope)
     try:
         yield handle
+    except BaseException:
+        if parent is None and scope.bar is not None:
+            scope.bar.postfix = "stopped by an error"
+        raise
     finally:
         _ACTIVE.reset(token)
         if parent is None and scope.bar is not None:

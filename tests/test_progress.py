@@ -186,3 +186,13 @@ def test_a_notebook_keeps_the_finished_line_and_no_widget(tmp_path, monkeypatch)
     texts = [o.get("data", {}).get("text/plain", "") for o in outputs if o.output_type == "display_data"]
     assert len(texts) == 1, outputs
     assert re.match(rf"^decompose: {N}/{N} seq in ", texts[0]), texts[0]
+
+
+def test_a_call_stopped_by_an_error_says_so_in_its_last_line(capsys):
+    capsys.readouterr()
+    with pytest.raises(RuntimeError):
+        with progress.progress("failing", total=4) as bar:
+            bar.update(1)
+            raise RuntimeError("boom")
+    lines = _lines(capsys.readouterr().err)
+    assert lines == [lines[0]] and lines[0].startswith("failing: 1/4 seq in ") and "stopped by an error" in lines[0]
