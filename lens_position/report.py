@@ -33,7 +33,6 @@ import plotly.graph_objects as go
 import plotly.offline
 
 from lens_position import plots
-from lens_position.claims import ROLE_NAMES  # noqa: F401  (re-exported: architecture labels)
 from lens_position.claims import FAILS, HOLDS, INCONCLUSIVE, PAPER, Criteria, claims_table
 from lens_position.errors import BadInputError, MissingPackageError
 
