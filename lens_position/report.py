@@ -9,7 +9,10 @@ disagreement come from :mod:`lens_position.claims`.
 - ``claims_html``: the claims table (verdicts with the intervals behind them) and, for
   every claim that does not hold or is inconclusive, the explanation;
 - ``build_report`` / ``write_report``: one HTML file that opens with that table and then
-  shows every figure from ``lens_position.plots`` with a caption saying what is measured.
+  shows every figure from ``lens_position.plots`` with a caption saying what is measured;
+  when the run has controlled-zoo models, a zoo section follows (the C3 answers from paired
+  seeds, C1-C5 per variant and seed, the seed-to-seed spread, sinks, R by layer and the loss
+  curves; :func:`lens_position.zoo.c3.report_section`).
   plotly.js is inlined once, each figure's JSON sits in a ``<script type="application/json">``
   block and is drawn by ``Plotly.newPlot``; the file works offline;
 - ``check_in_browser``: opens the report in headless Chromium, fails on any JavaScript error
@@ -307,20 +310,28 @@ def _run_summary_html(provenance: Mapping[str, Any] | None) -> str:
     return f'<p id="run-summary">{"<br>".join(parts)}</p>' if parts else ""
 
 
+def _figure_section(fig: ReportFigure, heading: str = "h2") -> str:
+    """One figure: title, caption, the div the render script draws into, and its JSON."""
+    spec = fig.figure.to_plotly_json()
+    return (f'<section class="figure" id="figure-{fig.key}"><{heading}>{html.escape(fig.title)}</{heading}>'
+            f'<p class="caption">{html.escape(fig.caption)}</p>'
+            f'<div class="plot" id="plot-{fig.key}" data-source="data-{fig.key}"></div>'
+            f'<script type="application/json" id="data-{fig.key}">{_script_json(spec)}</script></section>')
+
+
 def build_report(results: Mapping[str, pd.DataFrame], *, provenance: Mapping[str, Any] | None = None,
                  criteria: Criteria = Criteria(), title: str = "lens_position: where does absolute position come from?"
                  ) -> str:
     """The whole report as one HTML string (plotly.js inlined once; works offline)."""
-    claims = claims_table(results, criteria)
-    sections = []
-    for i, fig in enumerate(report_figures(results)):
-        spec = fig.figure.to_plotly_json()
-        sections.append(
-            f'<section class="figure" id="figure-{fig.key}"><h2>{html.escape(fig.title)}</h2>'
-            f'<p class="caption">{html.escape(fig.caption)}</p>'
-            f'<div class="plot" id="plot-{fig.key}" data-source="data-{fig.key}"></div>'
-            f'<script type="application/json" id="data-{fig.key}">{_script_json(spec)}</script></section>'
-        )
+    from lens_position.zoo import c3 as zoo_c3
+
+    main, zoo = zoo_c3.split_tables(results)
+    claims = claims_table(main, criteria)
+    sections = [_figure_section(fig) for fig in report_figures(main)]
+    if zoo:
+        zoo_claims = claims if zoo_c3.has_zoo_models(main) else claims_table(zoo, criteria)
+        before, figures, after = zoo_c3.report_section(zoo, zoo_claims)
+        sections.append(before + "".join(_figure_section(fig, heading="h3") for fig in figures) + after)
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         f"<title>{html.escape(title)}</title><style>{_CSS}</style>"

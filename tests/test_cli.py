@@ -43,10 +43,10 @@ def test_parser_has_every_experiment_subcommand_with_data_options():
         assert set(COMMAND_STEPS[command]) <= set(COMMAND_STEPS["reproduce"])
 
 
-def test_reproduce_defaults_to_the_three_architectures():
+def test_reproduce_defaults_to_the_three_architectures_and_the_zoo():
     args = build_parser().parse_args(["reproduce"])
-    assert tuple(args.models.split(",")) == DEFAULT_MODELS == (
-        "smollm2-135m", "smollm2-135m-ntk", "smollm2-135m-ntk-parts", "gemma3-270m")
+    assert tuple(args.models.split(",")) == (*DEFAULT_MODELS, "zoo")
+    assert DEFAULT_MODELS == ("smollm2-135m", "smollm2-135m-ntk", "smollm2-135m-ntk-parts", "gemma3-270m")
     assert args.out == Path("results") and args.browser_check and not args.quick
 
 

@@ -88,6 +88,30 @@ def test_cli_reference_is_generated_from_the_parser(site):
                     assert option in html, f"{name} {option} missing from the CLI reference"
 
 
+def test_cli_reference_lists_nested_sub_commands_and_their_options():
+    """`lens-position zoo` has its own actions (train, list, sink-sweep): each gets a section
+    with every one of its options."""
+    import argparse
+    import importlib.util
+
+    from lens_position.cli import build_parser
+
+    spec = importlib.util.spec_from_file_location("cli_reference", DOCS / "hooks" / "cli_reference.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    parser = build_parser()
+    text = hook.render(parser)
+    zoo = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["zoo"]
+    actions = next(a for a in zoo._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert {"train", "list", "sink-sweep"} <= set(actions)
+    for name, sub in actions.items():
+        section = text.split(f"### `{parser.prog} zoo {name}`")[1].split("### ")[0]
+        for action in sub._actions:
+            for option in action.option_strings:
+                if option.startswith("--") and option != "--help":
+                    assert f"`{option}" in section, f"zoo {name} {option} missing from the CLI reference"
+
+
 def test_every_public_module_has_an_api_page():
     pages = "\n".join(p.read_text() for p in (DOCS / "api").glob("*.md"))
     documented = set(re.findall(r"^::: (lens_position[\w.]*)", pages, flags=re.M))

@@ -12,8 +12,10 @@ import pandas as pd
 import pytest
 import torch
 
+from lens_position.claims import VERDICTS
 from lens_position.errors import BadInputError, CorruptFileError, UnknownModelError
 from lens_position.models import load_model
+from lens_position.report import report_figure_specs
 from lens_position.zoo import c3
 from lens_position.zoo.corpus import corpus_of, is_held_out, unigram_bits_per_byte
 from lens_position.zoo.recipe import DEFAULT_SEEDS, VARIANTS, Recipe, recipe_for
@@ -227,4 +229,108 @@ def test_reproduce_on_zoo_models_writes_the_c3_answer(tmp_path):
     answer = pd.read_csv(result.files["zoo_c3"])
     row = answer[(answer["a"] == "ntk") & (answer["metric"] == "R")].iloc[0]
     assert row["n_seeds"] == len(names) // 2
-    assert (tmp_path / "out" / "zoo.html").is_file()
+    # The zoo's answer is a section of report.html (figures drawn like the others), not a page of its own.
+    report_html = result.files["report"].read_text()
+    assert '<section id="zoo">' in report_html and 'id="zoo-c3"' in report_html
+    assert {"zoo_depth", "zoo_loss"} <= set(report_figure_specs(report_html))
+    assert not (tmp_path / "out" / "zoo.html").exists()
+
+
+def _labelled_layers(variant: str, seed: int, per_layer: list[float]) -> pd.DataFrame:
+    name = model_name(variant, seed)
+    return _layers(variant, seed, per_layer).assign(architecture=f"standard RoPE: {name}", role="standard")
+
+
+def test_report_has_a_zoo_section_only_when_the_run_has_zoo_models():
+    from fake_results import fake_results
+    from lens_position.report import build_report
+
+    zoo = pd.concat([_labelled_layers(v, seed, [0.05 + 0.01 * seed + (0.02 if v == "ntk" else 0.0)] * 4)
+                     for seed in range(3) for v in ("ntk", "ntk-control")])
+    text = build_report({"decompose_layers": zoo})
+    section = text[text.index('<section id="zoo">'):]
+    # C3 answered from the paired seeds, with its interval; questions about absent variants named as not asked.
+    assert "ntk − ntk-control (R)" in section and "+0.0200 [+0.0200, +0.0200]" in section
+    assert "<b>higher</b>" in section and "Not asked (a variant is not in this run): window − rope" in section
+    # C1-C5 for every variant and seed, the seed-to-seed spread, and the figures.
+    claims_rows = section[section.index('id="zoo-claims"'):section.index("</table>", section.index('id="zoo-claims"'))]
+    assert claims_rows.count("<tr><td>ntk</td>") == 3 and claims_rows.count("<tr><td>ntk-control</td>") == 3
+    assert "0.0800 ± 0.0100 [0.0552, 0.1048]" in section  # ntk R: mean ± sd [t-interval] over seeds 0.07, 0.08, 0.09
+    assert {"zoo_depth", "zoo_loss"} <= set(report_figure_specs(text))
+    assert 'id="zoo"' not in build_report(fake_results())
+
+
+def test_sinks_sentence_says_plainly_when_no_sink_formed():
+    from types import SimpleNamespace
+
+    def fake(name, rate, score):
+        return SimpleNamespace(name=name, meta={"sinks": {"sink_rate": rate, "max_sink_score": score}})
+
+    none = c3.sinks_sentence([fake("zoo:rope", 0.0, 0.12), fake("zoo:nope:seed2", 0.002, 0.174)])
+    assert none.startswith("No zoo model formed an attention sink") and "0.174, is a head of zoo:nope:seed2" in none
+    assert "0.000–0.002" in none and "zoo sink-sweep" in none
+    some = c3.sinks_sentence([fake("zoo:rope", 0.0, 0.12), fake("zoo:learned", 0.06, 0.41)])
+    assert some.startswith("1 of 2 zoo models have a head") and "0.410, in zoo:learned" in some
+
+def test_sink_sweep_points_change_only_the_budget_of_the_rope_recipe():
+    from lens_position.zoo.sweep import SINK_SWEEP, point_recipe
+
+    rope = recipe_for("rope").to_dict()
+    budget = {"variant", "steps", "context", "batch", "d_model", "d_mlp", "eval_every", "checkpoint_every"}
+    assert point_recipe("zoo") == recipe_for("rope")
+    for point, _, _ in SINK_SWEEP[1:]:
+        changed = {k for k, v in point_recipe(point).to_dict().items() if rope[k] != v}
+        assert changed <= budget and "variant" in changed, (point, changed)
+        assert point_recipe(point).tokens >= recipe_for("rope").tokens
+    with pytest.raises(BadInputError, match="steps-4x"):
+        point_recipe("no-such-point")
+
+
+def test_sink_sweep_trains_measures_and_then_reads_its_points(monkeypatch, tmp_path):
+    from lens_position.zoo import sweep
+
+    monkeypatch.setenv("LENS_POSITION_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(sweep, "SINK_SWEEP", (("zoo", "the shipped recipe", {}),
+                                              ("tiny", "6 steps", {"steps": 6, "warmup": 2})))
+    table = sweep.sink_sweep(root=tmp_path / "sweep", progress=False)
+    assert list(table["point"]) == ["zoo", "tiny"] and list(table["steps"]) == [300, 6]
+    shipped = find("zoo:rope").meta["sinks"]
+    assert table.loc[0, "max_sink_score"] == shipped["max_sink_score"]  # read from the shipped checkpoint
+    tiny = find("zoo:sink-tiny", tmp_path / "sweep")
+    assert tiny.meta["sinks"]["max_sink_score"] == table.loc[1, "max_sink_score"] > 0
+    again = sweep.sink_sweep(root=tmp_path / "sweep", progress=False)  # read, not retrained
+    assert again.loc[1, "train_seconds"] == table.loc[1, "train_seconds"]
+
+
+def test_sweep_sentence_names_where_sinks_form_or_the_trend_without():
+    from lens_position.zoo.sweep import sweep_sentence
+
+    rows = [("zoo", "the shipped recipe", 614_400, 298_435, 128, 0.0, 0.097),
+            ("steps-4x", "4x the steps (tokens)", 2_457_600, 298_435, 128, 0.0, 0.15),
+            ("width-128", "4x the steps, d_model 128", 2_457_600, 1_120_899, 128, 0.01, 0.21)]
+    table = pd.DataFrame(rows, columns=["point", "change", "tokens", "parameters", "context", "sink_rate",
+                                        "max_sink_score"])
+    none = sweep_sentence(table)
+    assert none.startswith("No point of the sweep formed a sink") and "from 0.097" in none
+    assert "0.210 at the largest budget tried (`width-128`" in none and "up to 2.5 M tokens" in none
+    formed = sweep_sentence(table.assign(max_sink_score=[0.097, 0.35, 0.5], sink_rate=[0, 0.06, 0.2]))
+    assert formed.startswith("Sinks form at `steps-4x`") and "0.350 > ε = 0.3" in formed
+
+
+def test_a_run_with_other_models_keeps_the_zoo_out_of_the_papers_claims(tmp_path):
+    from lens_position.pipeline.config import DataOptions, RunConfig
+    from lens_position.pipeline.run import run
+
+    zoo = [model_name(v, s) for s in (0, 1) for v in ("ntk", "ntk-control")]
+    config = RunConfig(out=tmp_path / "out", models=("tiny-llama", *zoo), steps=("decompose",), data=DataOptions(),
+                       quick=True, browser_check=False, progress=False)
+    result = run(config)
+    # The claims (C3 compares every NTK model with every standard one) are the other models' alone ...
+    assert not result.claims["architecture"].str.contains("zoo:").any()
+    # ... and the zoo gets its own C1-C5 per model and its own section of report.html.
+    per_model = pd.read_csv(result.files["zoo_claims"])
+    assert sorted(per_model["model"]) == sorted(zoo) and set(per_model["C1"]) <= set(VERDICTS)
+    text = result.files["report"].read_text()
+    main_part, zoo_part = text.split('<section id="zoo">')
+    assert "zoo:ntk" not in main_part.split("<h2>Provenance</h2>")[0].split('id="claims"')[1].split("</table>")[0]
+    assert "ntk − ntk-control (R)" in zoo_part

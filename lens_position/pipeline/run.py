@@ -320,10 +320,10 @@ def run(config: RunConfig, *, load: Callable[[str], Any] | None = None,
 def claims_for(tables: Mapping[str, pd.DataFrame], factors: tuple[str, ...]) -> pd.DataFrame:
     """The claims table; in a sweep, one per condition (factor values in front), stacked."""
     if not factors:
-        return claims_module.claims_table(tables)
+        return claims_module.claims_table(zoo_c3.split_tables(tables)[0])
     from lens_position.pipeline.sweep import split_by_condition
 
-    return pd.concat([_tag(claims_module.claims_table(subset), values)
+    return pd.concat([_tag(claims_module.claims_table(zoo_c3.split_tables(subset)[0]), values)
                       for values, subset in split_by_condition(tables)], ignore_index=True)
 
 

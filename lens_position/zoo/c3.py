@@ -21,6 +21,7 @@ same initial weights (identical shapes draw identical values) and see the same b
 
 from __future__ import annotations
 
+import html
 import math
 from typing import Any, Mapping, Sequence
 
@@ -28,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from lens_position.errors import BadInputError
+from lens_position.zoo.recipe import VARIANTS
 from lens_position.zoo.store import parse_name
 
 METRICS = ("R", "M", "T", "R_slope", "probe_r2_last", "sink_rate", "bos_removed")
@@ -210,31 +212,141 @@ def loss_figure(checkpoints: Sequence[Any]) -> Any:
     return figure
 
 
-ZOO_OUTPUTS = ("zoo_models.csv", "zoo_variants.csv", "zoo_c3.csv", "zoo.html")
+#: Files a run over zoo models writes beside report.html (which holds the zoo section);
+#: ``zoo.html`` is what earlier versions wrote instead of the section (known, so a rerun removes it).
+ZOO_OUTPUTS = ("zoo_models.csv", "zoo_variants.csv", "zoo_c3.csv", "zoo_claims.csv", "zoo.html")
+_CLAIM_KEYS = ("C1", "C2", "C3", "C4", "C5")
+_VERDICT_CLASS = {"holds": "yes", "does not hold": "no", "inconclusive at this N": "maybe"}
 
 
-def zoo_html(answer: pd.DataFrame, summary: pd.DataFrame, figures: Sequence[Any]) -> str:
-    """A standalone page: the C3 answers, the per-variant summary and the figures (plotly.js
-    inlined once, so the page works offline)."""
-    parts = ["<html><head><meta charset='utf-8'><title>lens_position zoo: C3</title></head><body>",
-             "<h1>The controlled zoo: C3</h1>",
-             "<p>Paired per-seed differences (same initial weights and batches at the same seed); "
-             "95 % t-intervals over seeds.</p>", answer.to_html(index=False, float_format=lambda x: f"{x:.4f}"),
-             "<h2>Per variant (mean over seeds)</h2>",
-             summary.to_html(index=False, float_format=lambda x: f"{x:.4f}")]
-    for i, figure in enumerate(figures):
-        parts.append(figure.to_html(full_html=False, include_plotlyjs=(i == 0)))
-    parts.append("</body></html>")
-    return "\n".join(parts)
-
-
-def write_outputs(folder: Any, tables: Mapping[str, pd.DataFrame]) -> dict[str, Any]:
-    """If the run has zoo models, write ``zoo_models.csv``, ``zoo_variants.csv``,
-    ``zoo_c3.csv`` and ``zoo.html`` through ``folder`` (an output folder with ``table`` and
-    ``text`` methods); otherwise write nothing."""
+def has_zoo_models(tables: Mapping[str, pd.DataFrame]) -> bool:
+    """Whether a run's tables hold a decomposition of at least one zoo model."""
     layers = tables.get("decompose_layers")
-    if layers is None or not layers["model"].map(is_zoo_request).any():
-        return {}
+    return layers is not None and "model" in layers.columns and bool(layers["model"].map(is_zoo_request).any())
+
+
+def split_tables(tables: Mapping[str, pd.DataFrame]) -> tuple[dict[str, pd.DataFrame], dict[str, pd.DataFrame]]:
+    """``(main, zoo)``: a run's tables without and with only its zoo models. The paper's claims
+    compare architectures (C3: every NTK model against every standard one), so in a run that
+    also has other models the main claims and figures are theirs and the zoo gets its own
+    section; in a run of zoo models alone, ``main`` is every table. ``zoo`` is empty without zoo
+    models."""
+    def part(keep_zoo: bool) -> dict[str, pd.DataFrame]:
+        return {name: frame[frame["model"].map(is_zoo_request) == keep_zoo].reset_index(drop=True)
+                if "model" in frame.columns else frame for name, frame in tables.items()}
+
+    if not has_zoo_models(tables):
+        return dict(tables), {}
+    zoo = part(True)
+    others = any("model" in f.columns and not f["model"].map(is_zoo_request).all() for f in tables.values())
+    return (part(False) if others else dict(tables)), zoo
+
+
+def claims_by_model(tables: Mapping[str, pd.DataFrame], claims: pd.DataFrame) -> pd.DataFrame:
+    """C1-C5 per zoo model: one row per model (variant, seed), one column per claim holding
+    its verdict, and ``<claim>_measured`` with what it rests on (from ``claims``, the run's
+    claims table, whose architecture labels name the models)."""
+    layers = tables["decompose_layers"]
+    labels = layers[layers["model"].map(is_zoo_request)].drop_duplicates("model")[["model", "architecture"]]
+    rows = []
+    for model, label in labels.itertuples(index=False):
+        variant, seed = parse_name(model)
+        row: dict[str, Any] = {"model": model, "variant": variant, "seed": seed}
+        part = claims[claims["architecture"] == label].set_index("claim")
+        for key in _CLAIM_KEYS:
+            row[key] = part.loc[key, "verdict"] if key in part.index else "not measured"
+            row[f"{key}_measured"] = part.loc[key, "measured"] if key in part.index else ""
+        rows.append(row)
+    order = {v: i for i, v in enumerate(VARIANTS)}
+    frame = pd.DataFrame(rows)
+    return frame.sort_values(["variant", "seed"], key=lambda c: c.map(order) if c.name == "variant" else c,
+                             ignore_index=True)
+
+
+def _answers_html(answer: pd.DataFrame) -> str:
+    """The questions whose two variants are both in the run, and one line naming the others."""
+    present = answer["n_seeds"] > 0
+    body = []
+    for r in answer[present].itertuples():
+        cls = "yes" if r.verdict in ("lower", "higher") else "maybe"
+        interval_text = (f"{r.difference:+.4f} [{r.low:+.4f}, {r.high:+.4f}]" if np.isfinite(r.low)
+                         else f"{r.difference:+.4f}")
+        body.append(f"<tr><td>{html.escape(r.question)}</td><td>{html.escape(r.a)} − {html.escape(r.b)} "
+                    f"({html.escape(r.metric)})</td><td>{interval_text}</td><td>{r.a_mean:.4f} / {r.b_mean:.4f}</td>"
+                    f"<td>{html.escape(r.per_seed)}</td><td>{r.n_seeds}</td>"
+                    f'<td class="{cls}"><b>{html.escape(r.verdict)}</b></td></tr>')
+    absent = answer[~present]
+    missing = ("<p>Not asked (a variant is not in this run): " + "; ".join(
+        f"{html.escape(r.a)} − {html.escape(r.b)} ({html.escape(r.metric)})" for r in absent.itertuples())
+        + ".</p>") if len(absent) else ""
+    return ('<table id="zoo-c3"><thead><tr><th>question</th><th>a − b (metric)</th><th>mean paired difference '
+            '[95% t-interval over seeds]</th><th>a / b means</th><th>per seed</th><th>seeds</th><th>answer</th>'
+            f'</tr></thead><tbody>{"".join(body)}</tbody></table>{missing}')
+
+
+def _claims_html(by_model: pd.DataFrame) -> str:
+    head = "".join(f"<th>{k}</th>" for k in _CLAIM_KEYS)
+    body = []
+    for r in by_model.to_dict("records"):
+        cells = "".join(f'<td class="{_VERDICT_CLASS.get(r[k], "na")}" title="{html.escape(str(r[k + "_measured"]))}">'
+                        f"{html.escape(r[k])}</td>" for k in _CLAIM_KEYS)
+        body.append(f"<tr><td>{html.escape(r['variant'])}</td><td>{r['seed']}</td>{cells}</tr>")
+    counts = []
+    for variant, frame in by_model.groupby("variant", sort=False):
+        cells = "".join(f"<td>{(frame[k] == 'holds').sum()} of {len(frame)}</td>" for k in _CLAIM_KEYS)
+        counts.append(f"<tr><th>{html.escape(variant)}</th><td>all seeds: holds on</td>{cells}</tr>")
+    return (f'<table id="zoo-claims"><thead><tr><th>variant</th><th>seed</th>{head}</tr></thead>'
+            f'<tbody>{"".join(body)}{"".join(counts)}</tbody></table>')
+
+
+def _summary_html(summary: pd.DataFrame) -> str:
+    metrics = [m for m in METRICS if m in set(summary["metric"])]
+    head = "".join(f"<th>{html.escape(m)}</th>" for m in metrics)
+    body = []
+    for variant, frame in summary.groupby("variant", sort=False):
+        frame = frame.set_index("metric")
+        cells = []
+        for m in metrics:
+            if m not in frame.index:
+                cells.append("<td></td>")
+                continue
+            r = frame.loc[m]
+            spread = f" ± {r['sd']:.4f} [{r['low']:.4f}, {r['high']:.4f}]" if np.isfinite(r["low"]) else ""
+            cells.append(f"<td>{r['mean']:.4f}{spread}</td>")
+        body.append(f"<tr><th>{html.escape(variant)}</th><td>{frame['n_seeds'].max()}</td>{''.join(cells)}</tr>")
+    return (f'<table id="zoo-variants"><thead><tr><th>variant</th><th>seeds</th>{head}</tr></thead>'
+            f'<tbody>{"".join(body)}</tbody></table>')
+
+
+def sinks_sentence(checkpoints_in_run: Sequence[Any], eps: float = 0.3) -> str:
+    """What the zoo models' own sink measurements say (recorded in their JSON by
+    :func:`lens_position.zoo.measure.measure_sinks`), in words built from the numbers."""
+    measured = [c for c in checkpoints_in_run if c.meta.get("sinks")]
+    if not measured:
+        return "The sink rate of these checkpoints was not measured."
+    top = max(measured, key=lambda c: c.meta["sinks"]["max_sink_score"])
+    score = top.meta["sinks"]["max_sink_score"]
+    with_sinks = [c for c in measured if c.meta["sinks"]["max_sink_score"] > eps]
+    rates = [c.meta["sinks"]["sink_rate"] for c in measured]
+    if with_sinks:
+        return (f"{len(with_sinks)} of {len(measured)} zoo models have a head whose mean attention on position 0 "
+                f"exceeds ε = {eps:g} (the largest, {score:.3f}, in {top.name}); sink rates "
+                f"{min(rates):.3f}–{max(rates):.3f}.")
+    return (f"No zoo model formed an attention sink: no head's mean attention on position 0 reaches ε = {eps:g} "
+            f"in any of the {len(measured)} models (the largest, {score:.3f}, is a head of {top.name}; Gu et al.'s "
+            f"sink rate, per prompt, is {min(rates):.3f}–{max(rates):.3f}). The zoo's training budget is too small "
+            "for sinks to form, so C5's sink part is not applicable on it and the C3 answers above are answers for "
+            "models without sinks; `lens-position zoo sink-sweep` measures the budget at which they form.")
+
+
+def report_section(tables: Mapping[str, pd.DataFrame], claims: pd.DataFrame) -> tuple[str, list[Any], str]:
+    """The zoo section of ``report.html``: ``(html before the figures, figures, html after)``,
+    the figures as ``lens_position.report.ReportFigure`` (drawn like the report's others).
+
+    Before: the C3 questions answered by paired per-seed differences, C1-C5 per variant and
+    seed, the per-variant means with their seed-to-seed spread, and what the models' sink
+    measurements say. Figures: R by layer per variant (seeds' min-max) and the loss curves."""
+    from lens_position.report import ReportFigure
     from lens_position.zoo.store import checkpoints
 
     models = models_table(tables)
@@ -242,8 +354,46 @@ def write_outputs(folder: Any, tables: Mapping[str, pd.DataFrame]) -> dict[str, 
     answer = answers(models)
     shipped = {c.name: c for c in checkpoints()}
     trained = [shipped[m] for m in models["model"] if m in shipped]
-    figures = [depth_figure(tables)] + ([loss_figure(trained)] if trained else [])
+    variants = models.groupby("variant", sort=False)["seed"].apply(lambda s: ", ".join(map(str, sorted(s))))
+    listing = "; ".join(f"{html.escape(v)} (seeds {s})" for v, s in variants.items())
+    before = (
+        '<section id="zoo"><h2>The controlled zoo: C3 with nothing but the position mechanism changed</h2>'
+        f"<p>{len(models)} zoo models in this run: {listing}. They share one recipe (sizes, data, optimiser, "
+        "token budget) and differ only in how they encode position; at the same seed two variants start from the "
+        "same initial weights and see the same batches, so each question below is answered by the <b>paired</b> "
+        "per-seed difference, with a 95% t-interval over seeds (the seed-to-seed spread), and is resolved only "
+        "when that interval excludes 0. Shares are held-out fractions of Var(log A), means over layers; R slope "
+        "is the least-squares slope of the per-layer R against the layer index.</p>"
+        f"<h3>C3 on the zoo</h3>{_answers_html(answer)}"
+        f"<h3>C1–C5 per variant and seed</h3>{_claims_html(claims_by_model(tables, claims))}"
+        '<p class="caption">Verdicts of the claims table above for each zoo model (hover a cell for what it '
+        "rests on); the last rows count the seeds on which each claim holds.</p>"
+        f"<h3>Per variant: mean ± sd over seeds [95% t-interval]</h3>{_summary_html(summary)}"
+        f'<h3>Attention sinks</h3><p id="zoo-sinks">{html.escape(sinks_sentence(trained))}</p>')
+    figures = [ReportFigure("zoo_depth", "Zoo: R by layer per variant",
+                            "Held-out residual component R (self-referenced split) of each layer, mean over the "
+                            "variant's seeds; bars: the seeds' minimum and maximum.", depth_figure(tables))]
+    if trained:
+        figures.append(ReportFigure("zoo_loss", "Zoo: training loss curves",
+                                    "Held-out loss (bits per byte) during training, one line per model, against "
+                                    "training tokens; dashed: the unigram baseline of the training text.",
+                                    loss_figure(trained)))
+    return before, figures, "</section>"
+
+
+def write_outputs(folder: Any, tables: Mapping[str, pd.DataFrame]) -> dict[str, Any]:
+    """If the run has zoo models, write ``zoo_models.csv`` (per-model metrics),
+    ``zoo_variants.csv`` (means and seed-to-seed spread), ``zoo_c3.csv`` (the answers) and
+    ``zoo_claims.csv`` (C1-C5 per model) through ``folder`` (an output folder with a ``table``
+    method); otherwise write nothing. The zoo's figures and answers are a section of
+    ``report.html``."""
+    from lens_position.claims import claims_table
+
+    _, zoo = split_tables(tables)
+    if not zoo:
+        return {}
+    models = models_table(zoo)
     return {"zoo_models": folder.table("zoo_models", models, "csv"),
-            "zoo_variants": folder.table("zoo_variants", summary, "csv"),
-            "zoo_c3": folder.table("zoo_c3", answer, "csv"),
-            "zoo_report": folder.text("zoo_report", "zoo.html", zoo_html(answer, summary, figures))}
+            "zoo_variants": folder.table("zoo_variants", variant_summary(models), "csv"),
+            "zoo_c3": folder.table("zoo_c3", answers(models), "csv"),
+            "zoo_claims": folder.table("zoo_claims", claims_by_model(zoo, claims_table(zoo)), "csv")}

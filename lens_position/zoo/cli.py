@@ -1,4 +1,4 @@
-"""``lens-position zoo train`` and ``lens-position zoo list``: argument handling for the zoo."""
+"""``lens-position zoo train``, ``zoo list`` and ``zoo sink-sweep``: argument handling for the zoo."""
 
 from __future__ import annotations
 
@@ -6,10 +6,11 @@ import argparse
 from pathlib import Path
 
 from lens_position.zoo.recipe import DEFAULT_SEEDS, VARIANTS
+from lens_position.zoo.sweep import SINK_SWEEP
 
 
 def add_parser(subs: argparse._SubParsersAction) -> None:
-    """Add the ``zoo`` sub-command (with ``train`` and ``list``) to the main parser."""
+    """Add the ``zoo`` sub-command (with ``train``, ``list`` and ``sink-sweep``) to the main parser."""
     zoo = subs.add_parser("zoo", help="the controlled model zoo: train variants from their recipes, list them",
                           description="Small byte-level decoders trained under one recipe that varies only "
                                       "the position mechanism (variants: " + ", ".join(VARIANTS) + ").")
@@ -28,6 +29,20 @@ def add_parser(subs: argparse._SubParsersAction) -> None:
     train.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     listing = actions.add_parser("list", help="the checkpoints there, with held-out loss and sink rate")
     listing.add_argument("--root", type=Path, default=None, help="checkpoint folder (default: the shipped zoo)")
+    sweep = actions.add_parser(
+        "sink-sweep", help="at what training budget do attention sinks form? (rope recipe, more steps/context/width)",
+        description="Train the standard-RoPE recipe at larger budgets (more steps, a longer context, a wider "
+                    "model; points: " + ", ".join(p for p, _, _ in SINK_SWEEP) + ") and measure each model's "
+                    "sink rate (Gu et al., eps = 0.3) and largest head sink score. Points already trained in "
+                    "--root are read, not retrained.")
+    sweep.add_argument("--point", dest="points", action="append", default=None, metavar="POINT",
+                       help="sweep point (repeatable; default: every point, cheapest first)")
+    sweep.add_argument("--root", type=Path, default=None,
+                       help="checkpoint folder of the sweep (default: $LENS_POSITION_CACHE/zoo/sink-sweep)")
+    sweep.add_argument("--seed", type=int, default=0, help="training seed (default 0)")
+    sweep.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    sweep.add_argument("--out", type=Path, default=None, help="also write the table here (.csv or .md)")
+    sweep.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 
 
 def run(args: argparse.Namespace) -> str:
@@ -36,6 +51,18 @@ def run(args: argparse.Namespace) -> str:
     from lens_position.zoo.commands import list_table, train_variants
     from lens_position.zoo.store import SHIPPED
 
+    if args.zoo_command == "sink-sweep":
+        from lens_position.zoo.sweep import sink_sweep, sweep_markdown
+
+        table = sink_sweep(args.points, root=args.root, seed=args.seed, device=args.device, progress=args.progress)
+        text = sweep_markdown(table)
+        if args.out is not None:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            if args.out.suffix == ".csv":
+                table.to_csv(args.out, index=False)
+            else:
+                args.out.write_text(text + "\n")
+        return text
     root = args.root or SHIPPED
     if args.zoo_command == "list":
         table = list_table(root)

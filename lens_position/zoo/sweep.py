@@ -1,0 +1,166 @@
+"""At what training budget do attention sinks form? A small sweep on the standard-RoPE recipe.
+
+No model of the default zoo forms an attention sink (Gu et al.'s sink rate at ε = 0.3 is 0
+everywhere). This sweep asks whether the budget is why: it trains the ``rope`` recipe with
+more steps (tokens), a longer context and a wider model, one factor at a time, and measures
+each model's sink rate and largest per-head sink score exactly as the zoo's checkpoints are
+measured (:func:`lens_position.zoo.measure.measure_sinks`: pydoc topics, T = 64, N = 32,
+BOS at position 0).
+
+Points (``SINK_SWEEP``), each a change of the ``rope`` recipe, in increasing cost; each is
+sized to about 10 minutes of one CPU core on an idle machine (16 000 tokens/s at d_model 64):
+
+- ``zoo``: the shipped recipe (300 steps, 0.6 M tokens); read from the shipped ``zoo:rope``
+  checkpoint when its recipe is the same, so it costs nothing;
+- ``steps-4x``: 1 200 steps (2.5 M tokens);
+- ``context-512``: 1 200 steps at 512 positions (batch 4: the same tokens per step);
+- ``width-128``: 1 200 steps with d_model 128, d_mlp 512 (four heads of 32; 4× the parameters);
+- ``steps-12x``: 3 600 steps (7.4 M tokens).
+
+Each trained point is a checkpoint (safetensors + JSON, as the zoo's) in the sweep folder
+(default ``$LENS_POSITION_CACHE/zoo/sink-sweep``); a point whose checkpoint of the same
+recipe is there is read, not retrained, so an interrupted sweep resumes point by point.
+
+The table measured when the zoo was trained ships as ``sink_sweep.csv`` beside this module
+(:func:`measured_sweep`; written by ``lens-position zoo sink-sweep --out``), so the docs and
+the tutorial notebook read it without retraining.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+from lens_position.errors import BadInputError
+from lens_position.zoo.recipe import Recipe, recipe_for
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+log = logging.getLogger(__name__)
+
+#: The sweep's table as measured on the 2-core machine the zoo was trained on.
+MEASURED = Path(__file__).parent / "sink_sweep.csv"
+
+#: (point, what changes, changes to the ``rope`` recipe), cheapest first.
+SINK_SWEEP: tuple[tuple[str, str, dict], ...] = (
+    ("zoo", "the shipped recipe", {}),
+    ("steps-4x", "4x the steps (tokens)", {"steps": 1200}),
+    ("context-512", "4x the steps, context 512 (batch 4)", {"steps": 1200, "context": 512, "batch": 4}),
+    ("width-128", "4x the steps, d_model 128, d_mlp 512", {"steps": 1200, "d_model": 128, "d_mlp": 512}),
+    ("steps-12x", "12x the steps (tokens)", {"steps": 3600}),
+)
+
+
+def default_sweep_dir() -> Path:
+    """Where the sweep's checkpoints go (``$LENS_POSITION_CACHE/zoo/sink-sweep``)."""
+    from lens_position.zoo.commands import default_work_dir
+
+    return default_work_dir().parent / "sink-sweep"
+
+
+def point_recipe(point: str, seed: int = 0) -> Recipe:
+    """The recipe of sweep point ``point`` (the ``rope`` recipe with the point's changes;
+    evaluations every sixth of the run). BadInputError naming the points otherwise."""
+    for name, _, changes in SINK_SWEEP:
+        if name == point:
+            break
+    else:
+        raise BadInputError(f"unknown sink-sweep point {point!r}; the points are "
+                            + ", ".join(p for p, _, _ in SINK_SWEEP))
+    base = recipe_for("rope", seed)
+    if not changes:
+        return base
+    steps = changes.get("steps", base.steps)
+    every = max(1, steps // 6)
+    return dataclasses.replace(base, variant=f"sink-{point}", eval_every=every, checkpoint_every=every, **changes)
+
+
+def sink_sweep(points: Sequence[str] | None = None, *, root: Path | None = None, seed: int = 0,
+               device: str | None = None, progress: bool = True) -> pd.DataFrame:
+    """Train (or read) every sweep point and measure its sinks; one row per point: its
+    budget (steps, tokens, d_model, context, parameters), held-out bits per byte, training
+    seconds and tokens/s, the sink rate (fraction of heads above ε = 0.3), the largest
+    per-head sink score and the largest per layer."""
+    import pandas as pd
+
+    from lens_position.zoo.commands import default_work_dir
+    from lens_position.zoo.corpus import load_corpus, unigram_bits_per_byte
+    from lens_position.zoo.measure import measure_sinks
+    from lens_position.zoo.store import SHIPPED, checkpoints, model_name, save_checkpoint
+    from lens_position.zoo.train import train
+
+    root = root or default_sweep_dir()
+    names = list(points) if points else [p for p, _, _ in SINK_SWEEP]
+    recipes = {p: point_recipe(p, seed) for p in names}
+    described = {p: d for p, d, _ in SINK_SWEEP}
+    corpus, unigram = None, None
+    rows = []
+    for point, recipe in recipes.items():
+        found = {c.name: c for c in [*checkpoints(root), *checkpoints(SHIPPED)]}
+        checkpoint = found.get(model_name(recipe.variant, recipe.seed))
+        if checkpoint is None or checkpoint.meta["recipe_sha256"] != recipe.sha256():
+            if corpus is None:
+                corpus = load_corpus()
+                unigram = unigram_bits_per_byte(corpus)
+            result = train(recipe, work_dir=default_work_dir(), device=device, progress=progress, corpus=corpus)
+            checkpoint = save_checkpoint(root, result, corpus, unigram)
+        if "sinks" not in checkpoint.meta:
+            checkpoint = measure_sinks(checkpoint, root=checkpoint.weights.parents[1])
+        sinks = checkpoint.meta["sinks"]
+        rows.append({
+            "point": point, "change": described[point], "steps": recipe.steps, "tokens": recipe.tokens,
+            "d_model": recipe.d_model, "context": recipe.context, "parameters": checkpoint.meta["n_parameters"],
+            "held_out_bits": checkpoint.meta["held_out_bits_per_byte"],
+            "train_seconds": checkpoint.meta["train_seconds"],
+            "tokens_per_second": checkpoint.meta["tokens_per_second"],
+            "sink_rate": sinks["sink_rate"], "max_sink_score": sinks["max_sink_score"],
+            "max_sink_score_by_layer": " ".join(f"{x:.3f}" for x in sinks["sink_score_by_layer"]),
+        })
+        log.info("sink sweep %s: sink rate %.3f, max score %.3f", point, sinks["sink_rate"], sinks["max_sink_score"])
+    return pd.DataFrame(rows)
+
+
+def sweep_markdown(table: pd.DataFrame) -> str:
+    """The sweep's table as Markdown (for the docs)."""
+    lines = ["| point | change | steps | tokens | d_model | context | parameters | held-out bits/byte | "
+             "train s | sink rate | max sink score | max score by layer |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in table.itertuples():
+        lines.append(f"| `{r.point}` | {r.change} | {r.steps} | {r.tokens / 1e6:.1f} M | {r.d_model} | {r.context} | "
+                     f"{r.parameters / 1e6:.2f} M | {r.held_out_bits:.3f} | {r.train_seconds:.0f} | "
+                     f"{r.sink_rate:.3f} | {r.max_sink_score:.3f} | {r.max_sink_score_by_layer} |")
+    return "\n".join(lines)
+
+
+def measured_sweep() -> "pd.DataFrame":
+    """The shipped sweep table (``MEASURED``): the columns of :func:`sink_sweep`."""
+    import pandas as pd
+
+    return pd.read_csv(MEASURED)
+
+
+def sweep_sentence(table: "pd.DataFrame", eps: float = 0.3) -> str:
+    """What the sweep found, in words built from its numbers: the cheapest point where a head's
+    mean attention on position 0 exceeds ``eps``, or (none) how the largest head score moved
+    from the zoo's budget to the largest budget tried."""
+    formed = table[table["max_sink_score"] > eps]
+    first = table.iloc[0]
+    if len(formed):
+        point = formed.iloc[0]
+        return (f"Sinks form at `{point['point']}` ({point['change']}: {point['tokens'] / 1e6:.1f} M tokens, "
+                f"{point['parameters'] / 1e6:.2f} M parameters, context {point['context']}): largest head score "
+                f"{point['max_sink_score']:.3f} > ε = {eps:g}, sink rate {point['sink_rate']:.3f}, against "
+                f"{first['max_sink_score']:.3f} at the zoo's budget.")
+    biggest = table.loc[(table["tokens"] * table["parameters"]).idxmax()]
+    top = table.loc[table["max_sink_score"].idxmax()]
+    return (f"No point of the sweep formed a sink (every head score ≤ ε = {eps:g}; sink rates "
+            f"{table['sink_rate'].min():.3f}–{table['sink_rate'].max():.3f}). The largest head score went from "
+            f"{first['max_sink_score']:.3f} at the zoo's budget ({first['tokens'] / 1e6:.1f} M tokens) to "
+            f"{biggest['max_sink_score']:.3f} at the largest budget tried (`{biggest['point']}`: "
+            f"{biggest['tokens'] / 1e6:.1f} M tokens, {biggest['parameters'] / 1e6:.2f} M parameters); the highest, "
+            f"{top['max_sink_score']:.3f}, at `{top['point']}` ({top['change']}). Sinks need a larger budget than "
+            f"any tried here (up to {table['tokens'].max() / 1e6:.1f} M tokens, {table['parameters'].max() / 1e6:.2f} M "
+            f"parameters, context {table['context'].max()}).")
