@@ -42,6 +42,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _prompt_set_count(text: str) -> int:
+    value = _positive_int(text) if text.strip() != "0" else 0
+    if value == 1:
+        raise argparse.ArgumentTypeError("the spread between prompt sets needs at least 2 sets (0: off)")
+    return value
+
+
 def _seed(text: str) -> int:
     try:
         return check_seed(int(text))
@@ -121,6 +128,10 @@ def _add_common(sub: argparse.ArgumentParser, *, many_models: bool, out: Path) -
                                "queries of BOS replacement and sink reading (default: 0:32)")
     analysis.add_argument("--keys", choices=("all", "no-bos"), default=None,
                           help="keys in the decomposition's fits: all, or all but position 0 (default: all)")
+    analysis.add_argument("--prompt-sets", dest="prompt_sets", type=_prompt_set_count, default=0, metavar="K",
+                          help="also measure C1's and C2's numbers on K disjoint prompt sets of N sequences and "
+                               "report their spread beside the bootstrap's (reproduce and decompose; opt-in: K more "
+                               "decomposition passes per model; default: off)")
     analysis.add_argument("--batch-size", dest="batch_size", type=_positive_int, default=None, metavar="B",
                           help="sequences per forward pass (default: 16); memory grows with it")
     run = sub.add_argument_group("run")
@@ -259,8 +270,14 @@ def _config(args: argparse.Namespace, argv: Sequence[str]):
         models = expand_zoo([m.strip() for m in args.models.split(",") if m.strip()])
     else:
         models = (args.model,)
+    steps = commands()[args.command]
+    if args.prompt_sets:
+        if args.command not in ("reproduce", "decompose"):
+            raise BadInputError(f"--prompt-sets measures C1's and C2's numbers, which {args.command} does not: "
+                                "use it with reproduce or decompose")
+        steps = steps + ("prompt_sets",)
     return RunConfig(
-        out=args.out, models=models, steps=commands()[args.command],
+        out=args.out, models=models, steps=steps, prompt_sets=args.prompt_sets,
         layers=args.layers, query_range=args.query_range, keys=args.keys, batch_size=args.batch_size,
         data=DataOptions(source=args.source, corpus=args.corpus, bos=args.bos, seed=args.seed),
         T=args.T, N=args.N, quick=args.quick, fmt=args.fmt, use_cache=args.use_cache,

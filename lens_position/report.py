@@ -55,6 +55,8 @@ TABLES: dict[str, str] = {
     "sink_rate": "SinkRate.frame",
     "sink_reading": "SinkReading.frame",
     "sink_ablation": "SinkReading.ablation",
+    "prompt_sets": "PromptSetSpread.sets (opt-in, --prompt-sets K): C1's and C2's numbers on each prompt set",
+    "prompt_sets_summary": "PromptSetSpread.summary (opt-in): the spread between prompt sets beside the bootstrap's",
 }
 
 # --------------------------------------------------------------------------- figures
@@ -319,6 +321,31 @@ def _figure_section(fig: ReportFigure, heading: str = "h2") -> str:
             f'<script type="application/json" id="data-{fig.key}">{_script_json(spec)}</script></section>')
 
 
+def prompt_sets_html(summary: pd.DataFrame | None) -> str:
+    """The opt-in check across independent prompt sets (``prompt_sets_summary``) as a table:
+    per architecture and quantity, the between-set SD beside the bootstrap's and their ratio
+    with its interval, in words that say whether they agree. Empty without the table."""
+    if summary is None or len(summary) == 0:
+        return ""
+    rows = []
+    for _, r in summary.iterrows():
+        ratio = f"{r['sd_ratio']:.2f} [{r['sd_ratio_lo']:.2f}, {r['sd_ratio_hi']:.2f}]"
+        reading = ("as wide as the spread between sets" if r["sd_ratio_lo"] <= 1 <= r["sd_ratio_hi"] else
+                   "wider than the spread between sets (conservative)" if r["sd_ratio_hi"] < 1 else
+                   "narrower than the spread between sets")
+        rows.append(f"<tr><td>{html.escape(str(r.get('architecture', '')))}</td><td>{html.escape(r['claim'])}</td>"
+                    f"<td>{html.escape(r['quantity'])}</td><td>{int(r['n_sets'])}</td><td>{r['mean']:.4f}</td>"
+                    f"<td>{r['between_sd']:.4f}</td><td>{r['bootstrap_sd']:.4f}</td><td>{ratio}</td>"
+                    f"<td>bootstrap interval {reading}</td><td>{html.escape(str(r['verdicts']))}</td></tr>")
+    return ('<section id="prompt-sets"><h2>Across independent prompt sets</h2><p class="caption">The numbers claims '
+            "C1 and C2 are decided on, measured on K disjoint prompt sets (distinct corpus windows, or seeds): the "
+            "standard deviation of the K estimates beside the one each set's 95% bootstrap interval predicts "
+            "(width / 3.92), and their ratio with its 95% interval (chi-square, K − 1 degrees of freedom).</p>"
+            "<table><thead><tr><th>architecture</th><th>claim</th><th>quantity</th><th>K</th><th>mean</th>"
+            "<th>between-set SD</th><th>bootstrap SD</th><th>ratio</th><th>reading</th><th>verdicts</th></tr>"
+            f"</thead><tbody>{''.join(rows)}</tbody></table></section>")
+
+
 def build_report(results: Mapping[str, pd.DataFrame], *, provenance: Mapping[str, Any] | None = None,
                  criteria: Criteria = Criteria(), title: str = "lens_position: where does absolute position come from?"
                  ) -> str:
@@ -341,6 +368,7 @@ def build_report(results: Mapping[str, pd.DataFrame], *, provenance: Mapping[str
         "<p>A reproduction of arXiv 2606.06160's claims C1–C5 with lens_position. Every number below is "
         "measured by this run; the criterion that decides each verdict is stated next to it.</p>"
         f"{_run_summary_html(provenance)}<h2>Claims</h2>{claims_html(claims)}"
+        f"{prompt_sets_html(main.get('prompt_sets_summary'))}"
         f"{''.join(sections)}{_provenance_html(provenance)}"
         '<pre id="js-errors"></pre>'
         f"<script>{_RENDER_JS}</script></body></html>\n"

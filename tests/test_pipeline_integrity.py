@@ -247,4 +247,8 @@ def test_the_step_registry_names_every_table_the_report_reads_and_every_sub_comm
     assert set(tables_of(tuple(STEPS))) == set(report.TABLES)
     subs = next(a for a in build_parser()._actions if a.dest == "command").choices
     assert set(commands()) <= set(subs)
-    assert set(commands()["reproduce"]) == set(STEPS)
+    # every step but the opt-in ones, which their option adds (--prompt-sets)
+    assert set(STEPS) - set(commands()["reproduce"]) == {"prompt_sets"}
+    assert STEPS["prompt_sets"].opt_in == "--prompt-sets"
+    options = {o for a in subs["reproduce"]._actions for o in a.option_strings}
+    assert all(step.opt_in in options for step in STEPS.values() if step.opt_in is not None)

@@ -21,6 +21,9 @@ from lens_position.errors import BadInputError
 from lens_position.claims import claims_table
 from lens_position.report import TABLES, report_figure_specs
 from lens_position.pipeline.steps import STEPS as STEP_REGISTRY
+from lens_position.pipeline.steps import step_names, tables_of
+
+DEFAULT_TABLES = tables_of(step_names())  # a run without opt-in steps writes these
 from lens_position.reproduce import StepCache, parse_model_request, step_key
 
 MODELS = "tiny-llama,tiny-llama@ntk_alpha=8,tiny-gemma3"
@@ -41,7 +44,9 @@ def _provenance(out: Path) -> dict:
 
 
 def test_quick_reproduce_writes_every_output_file(quick_run):
-    for name in TABLES:
+    assert set(TABLES) - set(DEFAULT_TABLES) == {"prompt_sets", "prompt_sets_summary"}  # opt-in: --prompt-sets
+    assert not (quick_run / "prompt_sets.parquet").exists()
+    for name in DEFAULT_TABLES:
         frame = pd.read_parquet(quick_run / f"{name}.parquet")
         assert len(frame) > 0, name
         assert set(frame["architecture"]) == ARCHITECTURES, name
@@ -205,7 +210,7 @@ def test_report_was_drawn_by_chromium_without_errors(quick_run):
 
 
 def test_same_command_again_reuses_every_step(quick_run, capsys):
-    before = {name: pd.read_parquet(quick_run / f"{name}.parquet") for name in TABLES}
+    before = {name: pd.read_parquet(quick_run / f"{name}.parquet") for name in DEFAULT_TABLES}
     assert main(["reproduce", "--quick", "--models", MODELS, "--out", str(quick_run), "--no-progress",
                  "--no-browser-check"]) == 0
     steps = [s for s in _provenance(quick_run)["steps"] if s["step"] != "load"]
@@ -364,3 +369,26 @@ def test_a_resumed_run_still_reports_what_each_step_cost(quick_run):
         assert cost["wall_s"] > 0 and cost["cpu_s"] >= 0 and cost["peak_rss_mb"] > 0
     assert prov["steps_computed_wall_s"] == pytest.approx(sum(s["provenance"]["computed_cost"]["wall_s"]
                                                               for s in steps), abs=1e-2)
+
+
+def test_prompt_sets_are_opt_in_and_reported_beside_the_claims(tmp_path):
+    from lens_position.pipeline.steps import commands
+    from lens_position.prompt_sets import SET_COLUMNS, SUMMARY_COLUMNS
+
+    assert "prompt_sets" not in commands()["reproduce"] and "prompt_sets" not in commands()["decompose"]
+    out = tmp_path / "sets"
+    assert main(["decompose", "tiny-llama", "--quick", "--format", "csv", "--prompt-sets", "3", "--out", str(out),
+                 "--no-progress"]) == 0
+    sets, summary = pd.read_csv(out / "prompt_sets.csv"), pd.read_csv(out / "prompt_sets_summary.csv")
+    assert list(sets.columns) == ["architecture", "role", "model", *SET_COLUMNS]
+    assert sorted(sets["set"].unique()) == [1, 2, 3]
+    assert list(summary.columns) == ["architecture", "role", "model", *SUMMARY_COLUMNS]
+    assert summary["quantity"].tolist() == ["T_heldout", "R_rf_heldout", "M_rf_heldout"]
+    assert (summary["n_sets"] == 3).all() and (summary["bootstrap_sd"] > 0).all()
+    report = (out / "report.html").read_text()
+    assert 'id="prompt-sets"' in report and "Across independent prompt sets" in report
+    prov = _provenance(out)
+    step = next(s for s in prov["steps"] if s["step"] == "prompt_sets")
+    assert step["provenance"]["intervals"]["n_resamples"] > 0
+    assert main(["probe", "tiny-llama", "--quick", "--prompt-sets", "3", "--out", str(tmp_path / "p"),
+                 "--no-progress"]) != 0

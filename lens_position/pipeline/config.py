@@ -33,6 +33,10 @@ class Settings:
 
     ``n_resamples``: bootstrap replicates behind every interval (0: no intervals; see
     :mod:`lens_position.intervals`).
+
+    ``prompt_sets``: ``K`` disjoint prompt sets of ``N`` sequences of ``T`` positions on which
+    the opt-in step ``prompt_sets`` measures C1's and C2's numbers (0: the step is off; see
+    :mod:`lens_position.prompt_sets`).
     """
 
     T: int
@@ -52,6 +56,7 @@ class Settings:
     decompose_queries: tuple[int, int] | None = None
     keys: str = "all"
     n_resamples: int = N_RESAMPLES
+    prompt_sets: int = 0
 
     def check(self) -> None:
         """Checks of the sizes that need no model (BadInputError)."""
@@ -68,6 +73,8 @@ class Settings:
             raise BadInputError(f"unknown key set {self.keys!r}; use all or no-bos")
         if self.batch_size < 1:
             raise BadInputError(f"batch size {self.batch_size} must be at least 1")
+        if self.prompt_sets == 1 or self.prompt_sets < 0:
+            raise BadInputError(f"{self.prompt_sets} prompt sets: the spread between prompt sets needs at least 2")
 
 
 # The full run is sized to fit 15 min warm on 2 cores with peak memory under 8 GB: measured by
@@ -176,10 +183,13 @@ class RunConfig:
     keys: str | None = None
     batch_size: int | None = None
     n_resamples: int | None = None  # bootstrap replicates (None: the mode's default; 0: no intervals)
+    prompt_sets: int = 0  # K disjoint prompt sets for the opt-in step prompt_sets (0: off)
 
     def settings(self) -> Settings:
         base = QUICK if self.quick else FULL
         changes: dict[str, Any] = {} if self.n_resamples is None else {"n_resamples": self.n_resamples}
+        if self.prompt_sets:
+            changes.update(prompt_sets=self.prompt_sets)
         if self.T is not None:
             changes.update(T=self.T, sink_T=self.T)
         if self.N is not None:

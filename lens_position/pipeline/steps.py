@@ -85,7 +85,8 @@ class Step:
     part of its cache key); ``run(ctx, sizes)`` measures and returns a ``StepOutput``.
     ``needs_bos`` names what needs BOS at position 0 (checked before any forward pass).
     ``requests(ctx, sizes)``: the reducers it reads from shared passes (``pipeline.passes``),
-    announced before the model's steps run so that one pass feeds them all."""
+    announced before the model's steps run so that one pass feeds them all. ``opt_in``: the
+    command-line option that adds an opt-in step (such a step is in no command by default)."""
 
     name: str
     tables: tuple[str, ...]
@@ -94,6 +95,7 @@ class Step:
     run: Callable[[StepContext, Mapping[str, Any]], StepOutput]
     needs_bos: str | None = None
     requests: Callable[[StepContext, Mapping[str, Any]], list[Request]] = lambda ctx, sizes: []
+    opt_in: str | None = None
 
 
 def model_T(settings: Settings, spec: Any) -> int:
@@ -273,6 +275,20 @@ def _run_sink_reading(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
                       {"prompts": prompts.spec, **sizes})
 
 
+def _run_prompt_sets(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
+    from lens_position.decompose import decompose
+    from lens_position.prompt_sets import between_sets, disjoint_prompt_sets
+
+    ctx.spec.check_context(sizes["T"])
+    sets = disjoint_prompt_sets(ctx.loaded, sizes["K"], T=sizes["T"], N=sizes["N"], source=ctx.data.source,
+                                bos=ctx.data.bos, seed=ctx.data.seed, text=ctx.text())
+    decompositions = [decompose(ctx.loaded, prompts, batch_size=sizes["batch_size"], bootstrap=_bootstrap(sizes),
+                                progress=ctx.progress) for prompts in sets]
+    result = between_sets(decompositions, name=ctx.spec.name)
+    return StepOutput({"prompt_sets": result.sets, "prompt_sets_summary": result.summary}, result.provenance,
+                      {**sizes, "prompts": [p.spec for p in sets]})
+
+
 def _fingerprint_prompts(ctx: StepContext, sizes: Mapping[str, Any]) -> dict[str, Any]:
     from lens_position.fingerprint import fingerprint_prompts
 
@@ -330,6 +346,9 @@ _STEP_LIST = (
          requests=lambda ctx, sizes: _early_requests(ctx, sizes, activations=True)),
     Step("fingerprint", ("fingerprint",), "fingerprint",
          lambda s, spec: {"T": s.sink_T, "N": s.N}, _run_fingerprint, requests=_fingerprint_requests),
+    Step("prompt_sets", ("prompt_sets", "prompt_sets_summary"), "decompose",
+         lambda s, spec: {"T": model_T(s, spec), "N": s.N, "K": s.prompt_sets, "batch_size": s.batch_size,
+                          "n_resamples": s.n_resamples}, _run_prompt_sets, opt_in="--prompt-sets"),
 )
 
 # The registry: step name -> Step, in the order a run executes them.
@@ -337,14 +356,16 @@ STEPS: dict[str, Step] = {step.name: step for step in _STEP_LIST}
 
 
 def step_names() -> tuple[str, ...]:
-    """Every step's name, in run order."""
-    return tuple(STEPS)
+    """Every step's name a run makes by default, in run order (opt-in steps left out)."""
+    return tuple(name for name, step in STEPS.items() if step.opt_in is None)
 
 
 def commands() -> dict[str, tuple[str, ...]]:
-    """Sub-commands of the command line and the steps each runs (``reproduce``: all)."""
+    """Sub-commands of the command line and the steps each runs by default (``reproduce``: all
+    but the opt-in ones, which their option adds)."""
     out: dict[str, tuple[str, ...]] = {"reproduce": step_names()}
-    for step in STEPS.values():
+    for name in step_names():
+        step = STEPS[name]
         out[step.command] = out.get(step.command, ()) + (step.name,)
     return out
 
