@@ -427,8 +427,12 @@ def sink_ablation(ablation: pd.DataFrame, *, by: str = "architecture", heldout: 
     ``ablation`` is ``SinkReading.ablation`` stacked over models (``ablation``: ``"zero"`` or
     ``"mean"``, ``layer``, ``R_before``, ``R_after`` and their held-out versions
     ``R_heldout_before``, ``R_heldout_after``; fractions of Var(log A)). Held-out by default.
+    Error bars on "after": the paired bootstrap interval of the change (``R_change_lo``/``_hi``
+    or ``R_heldout_change_lo``/``_hi``, when present) drawn around the after value, so a bar
+    that reaches the "before" line is a change the interval does not tell from 0.
     """
     before, after = ("R_heldout_before", "R_heldout_after") if heldout else ("R_before", "R_after")
+    change = "R_heldout_change" if heldout else "R_change"
     _require(ablation, ["ablation", "layer", before, after], "sink_ablation")
     kinds = list(dict.fromkeys(ablation["ablation"].tolist()))
     fig = make_subplots(rows=1, cols=len(kinds), subplot_titles=[f"{k} ablation" for k in kinds],
@@ -444,11 +448,23 @@ def sink_ablation(ablation: pd.DataFrame, *, by: str = "architecture", heldout: 
             fig.add_trace(go.Scatter(
                 x=_as_list(part["layer"]), y=_as_list(part[after]), mode="lines+markers",
                 name=f"{name}: after", legendgroup=f"{name}a", showlegend=ki == 0,
-                line=dict(color=_color(gi), dash="dash"), meta={"group": name, "quantity": f"{after} ({kind})"},
+                line=dict(color=_color(gi), dash="dash"), error_y=_change_bars(part, change),
+                meta={"group": name, "quantity": f"{after} ({kind})"},
             ), row=1, col=ki + 1)
             fig.update_xaxes(title_text="layer", row=1, col=ki + 1)
     fig.update_yaxes(title_text=f"{'held-out ' if heldout else ''}R (fraction of Var(log A))", row=1, col=1)
     return _base_layout(fig, "Ablating the sink-reading heads: R downstream")
+
+
+def _change_bars(frame: pd.DataFrame, change: str) -> dict | None:
+    """``error_y`` for an after value: the interval ``[change_lo, change_hi]`` of the change
+    (after − before) placed around the point estimate of the change (None without it)."""
+    if not {change, f"{change}_lo", f"{change}_hi"} <= set(frame.columns):
+        return None
+    value = frame[change].to_numpy(dtype=float)
+    return dict(type="data", symmetric=False, thickness=1.2, width=3,
+                array=_as_list(frame[f"{change}_hi"].to_numpy(dtype=float) - value),
+                arrayminus=_as_list(value - frame[f"{change}_lo"].to_numpy(dtype=float)))
 
 
 def trace_data(fig: go.Figure) -> list[dict]:

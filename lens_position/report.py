@@ -143,7 +143,9 @@ def report_figures(results: Mapping[str, pd.DataFrame]) -> list[ReportFigure]:
         lambda f: plots.sink_rate_bars(f))
     add("sink_ablation", ("sink_ablation",), "Ablating the sink-reading heads",
         "Held-out residual component R per layer before (solid) and after (dashed) zero- and mean-ablating "
-        "the sink-reading heads.",
+        "the sink-reading heads. Error bars on the after values: the 95% paired bootstrap interval of the "
+        "change (the ablated and unablated runs resample the same sequences); a bar that reaches the solid "
+        "line is a change the interval does not tell from 0.",
         lambda f: plots.sink_ablation(f, heldout="R_heldout_before" in f.columns))
     return figs
 

@@ -119,6 +119,9 @@ def fake_results(n_layers: int = 4, n_heads: int = 3, failing: bool = False,
                                       R_after=r_layer[layer] * 0.5, R_heldout_before=r_layer[layer] - 0.005,
                                       R_heldout_after=r_layer[layer] * 0.5 - 0.005) for kind in ("zero", "mean")
                                  for layer in range(n_layers)])
+        for prefix in ("R", "R_heldout"):
+            ablation[f"{prefix}_change"] = ablation[f"{prefix}_after"] - ablation[f"{prefix}_before"]
+        ablation = _with_intervals(ablation, ["R_change", "R_heldout_change"], noise)
         tables.setdefault("sink_ablation", []).append(_tag(ablation, arch, role, model))
         rate = pd.DataFrame(dict(condition=["natural", "random", "repeated"], sink_rate=[0.6, 0.5, 0.2],
                                  sink_rate_lo=[0.55, 0.45, 0.15], sink_rate_hi=[0.65, 0.55, 0.25],

@@ -140,13 +140,17 @@ def test_sink_rate_bars_are_gu_et_al_metric_in_percent_with_intervals_and_the_po
         assert _same(list(trace["y"]), [100 * v for v in part["sink_rate_pooled"]])
 
 
-def test_sink_ablation_draws_heldout_R_before_and_after_by_default(tables):
+def test_sink_ablation_draws_heldout_R_before_and_after_by_default_with_the_change_interval(tables):
     frame = tables["sink_ablation"]
     fig = plots.sink_ablation(frame)
     for kind in ("zero", "mean"):
         for arch, trace in _traces(fig, f"R_heldout_after ({kind})").items():
             part = frame[(frame["architecture"] == arch) & (frame["ablation"] == kind)].sort_values("layer")
             assert _same(list(trace["y"]), part["R_heldout_after"].tolist())
+            assert _same(list(trace["error_y"]["array"]),
+                         (part["R_heldout_change_hi"] - part["R_heldout_change"]).tolist())
+            assert _same(list(trace["error_y"]["arrayminus"]),
+                         (part["R_heldout_change"] - part["R_heldout_change_lo"]).tolist())
 
 
 def test_a_frame_without_architecture_column_is_one_group(tables):
