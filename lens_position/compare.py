@@ -120,6 +120,26 @@ def _replicate_fractions(base: Decomposition, condition: Decomposition,
     return out
 
 
+def _replicate_layer_fractions(base: Decomposition, condition: Decomposition
+                               ) -> dict[int, dict[str, np.ndarray]] | None:
+    """:func:`_replicate_fractions` of every single layer both sides cover, from one pivot per
+    side (a layer's mean over its own replicate row is that row's value)."""
+    if base.replicates is None or condition.replicates is None:
+        return None
+    grids = {}
+    for column in ("R", "R_rf"):
+        grids[column] = [result.replicates.pivot(index="replicate", columns="layer", values=column)
+                         for result in (base, condition)]
+    if len(grids["R"][0]) != len(grids["R"][1]):
+        return None
+    out: dict[int, dict[str, np.ndarray]] = {}
+    for layer in grids["R"][0].columns.intersection(grids["R"][1].columns):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out[int(layer)] = {name: 1.0 - grids[column][1][layer].to_numpy() / grids[column][0][layer].to_numpy()
+                               for column, name in (("R", "fraction_removed"), ("R_rf", "fraction_removed_rf"))}
+    return out
+
+
 def _with_intervals(row: dict[str, Any], fractions: dict[str, np.ndarray] | None, level: float) -> dict[str, Any]:
     for name in PAIRED:
         lo, hi = (np.nan, np.nan) if fractions is None else percentile_interval(fractions[name], level)
@@ -185,11 +205,12 @@ def compare(base: Decomposition, conditions: Mapping[str, Decomposition]) -> Com
         head_frames.append(heads)
         covered = base.heads.merge(paired[HEAD_KEYS], on=HEAD_KEYS)
         compared = result.heads.merge(paired[HEAD_KEYS], on=HEAD_KEYS)
+        per_layer = _replicate_layer_fractions(base, result)
         for layer, group in covered.groupby("layer", sort=True):
             layer_rows.append(_with_intervals(
                 {"condition": name, "layer": int(layer), "layer_type": group["layer_type"].iloc[0],
                  **_summary(group, compared[compared["layer"] == layer])},
-                _replicate_fractions(base, result, [int(layer)]), level))
+                None if per_layer is None else per_layer.get(int(layer)), level))
         # overall fractions from replicates need whole layers on both sides (a replicate keeps layer means)
         fractions = _replicate_fractions(base, result, sorted(set(paired["layer"])))
         overall_rows.append(_with_intervals({"condition": name, **_summary(covered, compared),

@@ -112,11 +112,28 @@ def percentile_interval(replicates: np.ndarray | torch.Tensor, level: float = LE
     NaN replicates (a refit that had no data) are ignored; all-NaN gives NaN."""
     values = np.asarray(replicates, dtype=float)
     tail = (1 - level) / 2
+    if values.ndim == 0 or len(values) == 0:
+        return _nan_percentiles(values, tail)
+    # np.nanquantile works column by column in Python (apply_along_axis); columns without NaN
+    # go through np.quantile in one vectorised call instead, with the same interpolation, so
+    # the bounds are the same numbers
+    flat = values.reshape(len(values), -1)
+    clean = ~np.isnan(flat).any(axis=0)
+    if clean.all():
+        lo, hi = np.quantile(flat, (tail, 1 - tail), axis=0)
+    else:
+        lo, hi = np.full(flat.shape[1], np.nan), np.full(flat.shape[1], np.nan)
+        if clean.any():
+            lo[clean], hi[clean] = np.quantile(flat[:, clean], (tail, 1 - tail), axis=0)
+        lo[~clean], hi[~clean] = _nan_percentiles(flat[:, ~clean], tail)
+    return lo.reshape(values.shape[1:])[()], hi.reshape(values.shape[1:])[()]
+
+
+def _nan_percentiles(values: np.ndarray, tail: float) -> tuple[np.ndarray, np.ndarray]:
+    """The percentiles ``tail`` and ``1 - tail`` along axis 0, ignoring NaN."""
     with warnings.catch_warnings():  # an all-NaN column is a legitimate "no interval"
         warnings.simplefilter("ignore", RuntimeWarning)
-        lo = np.nanquantile(values, tail, axis=0)
-        hi = np.nanquantile(values, 1 - tail, axis=0)
-    return lo, hi
+        return np.nanquantile(values, tail, axis=0), np.nanquantile(values, 1 - tail, axis=0)
 
 
 @dataclass(frozen=True)

@@ -142,30 +142,35 @@ class _HeldoutUnit:
         return n, sum_y, sum_y2, errors
 
 
-def _fit(train: _Moments, target: int, ridges: Sequence[float]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _fit(train: _Moments, targets: Sequence[int], ridges: Sequence[float]
+         ) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
     """Ridge weights ``w`` and intercept ``c`` (prediction ``c + x @ w``) from training
-    moments, one pair per penalty in ``ridges`` (one eigendecomposition for all)."""
+    moments: per target in ``targets``, one pair per penalty in ``ridges``. The targets share
+    the features, so one eigendecomposition serves every target and penalty."""
     n = train.n
     mean_x = train.sum_x / n
-    mean_y = train.sum_y[target] / n
     cov = train.gram / n - torch.outer(mean_x, mean_x)
     std = cov.diagonal().clamp(min=0).sqrt()
     std = torch.where(std > 1e-12 * std.max().clamp(min=1e-300), std, torch.ones_like(std))
-    cxy = train.xty[target] / n - mean_x * mean_y
     eigenvalues, eigenvectors = torch.linalg.eigh(cov / torch.outer(std, std))
-    projected = eigenvectors.T @ (cxy / std)
-    fits = []
-    for ridge in ridges:
-        w = (eigenvectors @ (projected / (eigenvalues.clamp(min=0) + ridge))) / std
-        fits.append((w, mean_y - mean_x @ w))
-    return fits
+    out = []
+    for target in targets:
+        mean_y = train.sum_y[target] / n
+        cxy = train.xty[target] / n - mean_x * mean_y
+        projected = eigenvectors.T @ (cxy / std)
+        fits = []
+        for ridge in ridges:
+            w = (eigenvectors @ (projected / (eigenvalues.clamp(min=0) + ridge))) / std
+            fits.append((w, mean_y - mean_x @ w))
+        out.append(fits)
+    return out
 
 
 def _choose_ridge(fold_a: _Moments, fold_b: _Moments, grid: Sequence[float]) -> float:
     """The penalty with the best mean R² across the two folds (fit on one, score the other)."""
     scores = np.zeros(len(grid))
     for fit_on, score_on in ((fold_a, fold_b), (fold_b, fold_a)):
-        for k, (w, c) in enumerate(_fit(fit_on, 0, grid)):
+        for k, (w, c) in enumerate(_fit(fit_on, (0,), grid)[0]):
             scores[k] += _r2(score_on, 0, w, c)
     return float(grid[int(np.argmax(scores))])
 
@@ -268,8 +273,7 @@ class ProbeReducer:
                 raise BadInputError("the probe's prompts were not streamed (no test or training rows)")
             train = fold_a + fold_b
             penalty = self.ridge if self.ridge is not None else _choose_ridge(fold_a, fold_b, RIDGE_GRID)
-            (w, c), = _fit(train, 0, [penalty])
-            (w_shuffled, c_shuffled), = _fit(train, 1, [penalty])
+            ((w, c),), ((w_shuffled, c_shuffled),) = _fit(train, (0, 1), [penalty])  # true and shuffled labels
             r2_heldout, r2_shuffled = _r2(test, 0, w, c), _r2(test, 0, w_shuffled, c_shuffled)
             bounds = self._intervals(layer, {"r2_heldout": (r2_heldout, w, c),
                                              "r2_shuffled": (r2_shuffled, w_shuffled, c_shuffled)})

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from lens_position.decompose import decompose
-from lens_position.intervals import NO_INTERVALS, Bootstrap, Estimate, resample_counts, units_to_decide
+from lens_position.intervals import (NO_INTERVALS, Bootstrap, Estimate, percentile_interval, resample_counts,
+                                    units_to_decide)
 from lens_position.toy import offset_only_model, toy_tokens
 
 LENGTH = 20
@@ -20,6 +21,26 @@ def test_resampling_keeps_the_strata_and_is_the_same_for_the_same_units():
     assert counts.shape == (50, 10)
     assert (counts[:, strata == 0].sum(1) == 5).all() and (counts[:, strata == 1].sum(1) == 5).all()
     assert torch.equal(counts, resample_counts(10, 50, seed=7, strata=strata))  # paired across analyses
+
+
+def test_percentile_interval_is_numpys_nan_aware_quantile_column_by_column():
+    # the vectorised path (columns without NaN) must give the very numbers np.nanquantile gives
+    rng = np.random.default_rng(0)
+    replicates = rng.standard_normal((200, 4, 3)) * 7
+    replicates[:, 0, 0] = np.nan  # a column with no interval
+    replicates[::5, 1, 2] = np.nan  # a column with a few failed refits
+    lo, hi = percentile_interval(replicates, 0.9)
+    assert lo.shape == hi.shape == (4, 3)
+    for column in np.ndindex(4, 3):
+        values = replicates[(slice(None), *column)]
+        if np.isnan(values).all():
+            assert np.isnan(lo[column]) and np.isnan(hi[column])
+            continue
+        tail = (1 - 0.9) / 2
+        assert lo[column] == np.nanquantile(values, tail) and hi[column] == np.nanquantile(values, 1 - tail)
+    one_lo, one_hi = percentile_interval(replicates[:, 2, 2])
+    tail = (1 - 0.95) / 2
+    assert (one_lo, one_hi) == (np.nanquantile(replicates[:, 2, 2], tail), np.nanquantile(replicates[:, 2, 2], 1 - tail))
 
 
 def test_units_to_decide_scale_as_one_over_root_n():
