@@ -123,20 +123,22 @@ def _replicate_fractions(base: Decomposition, condition: Decomposition,
 def _replicate_layer_fractions(base: Decomposition, condition: Decomposition
                                ) -> dict[int, dict[str, np.ndarray]] | None:
     """:func:`_replicate_fractions` of every single layer both sides cover, from one pivot per
-    side (a layer's mean over its own replicate row is that row's value)."""
+    side and column (a layer's mean over its own replicate row is that row's value)."""
     if base.replicates is None or condition.replicates is None:
         return None
-    grids = {}
-    for column in ("R", "R_rf"):
-        grids[column] = [result.replicates.pivot(index="replicate", columns="layer", values=column)
-                         for result in (base, condition)]
-    if len(grids["R"][0]) != len(grids["R"][1]):
+    columns = dict.fromkeys(column for column, _ in PAIRED.values())
+    grids = {column: [result.replicates.pivot(index="replicate", columns="layer", values=column)
+                      for result in (base, condition)] for column in columns}
+    first = next(iter(columns))
+    if len(grids[first][0]) != len(grids[first][1]):
         return None
     out: dict[int, dict[str, np.ndarray]] = {}
-    for layer in grids["R"][0].columns.intersection(grids["R"][1].columns):
-        with np.errstate(divide="ignore", invalid="ignore"):
-            out[int(layer)] = {name: 1.0 - grids[column][1][layer].to_numpy() / grids[column][0][layer].to_numpy()
-                               for column, name in (("R", "fraction_removed"), ("R_rf", "fraction_removed_rf"))}
+    for layer in grids[first][0].columns.intersection(grids[first][1].columns):
+        out[int(layer)] = {}
+        for name, (column, kind) in PAIRED.items():
+            before, after = (grid[layer].to_numpy() for grid in grids[column])
+            with np.errstate(divide="ignore", invalid="ignore"):
+                out[int(layer)][name] = 1.0 - after / before if kind == "fraction" else after - before
     return out
 
 

@@ -405,13 +405,15 @@ def sink_reading_base(
     *,
     query_range: tuple[int, int] = (0, 32),
     batch_size: int = 8,
+    bootstrap: Bootstrap = Bootstrap(),
     progress: bool = True,
 ) -> tuple[Decomposition, dict[str, torch.Tensor]]:
     """The unpatched run the detector compares with, in one pass: its decomposition over
-    ``query_range`` and the activations of :func:`base_activation_names`."""
+    ``query_range`` (with ``bootstrap`` intervals) and the activations of
+    :func:`base_activation_names`."""
     tokens = as_tokens(model, prompts)
     query_range = check_query_range(query_range, tokens.shape[1])
-    decomposition = DecompositionReducer(model, prompts, query_range=query_range)
+    decomposition = DecompositionReducer(model, prompts, query_range=query_range, bootstrap=bootstrap)
     activations = ActivationCache(base_activation_names(model))
     stream(model, prompts, [decomposition, activations], batch_size=batch_size, progress=progress,
            desc="sink reading: base")
@@ -442,6 +444,7 @@ def sink_reading_scores(
     base_activations: dict[str, torch.Tensor],
     query_range: tuple[int, int] = (0, 32),
     batch_size: int = 8,
+    bootstrap: Bootstrap = Bootstrap(),
     progress: bool = True,
 ) -> pd.DataFrame:
     """The detector's scores for a pattern (``patches``, e.g. :func:`own_position0_patches`):
@@ -452,7 +455,7 @@ def sink_reading_scores(
     tokens = as_tokens(hooked, prompts)
     query_range = check_query_range(query_range, tokens.shape[1])
     z_names = [f"blocks.{l}.attn.hook_z" for l in range(hooked.cfg.n_layers)]
-    patched = DecompositionReducer(model, prompts, query_range=query_range)
+    patched = DecompositionReducer(model, prompts, query_range=query_range, bootstrap=bootstrap)
     patched_z = ActivationCache(z_names)
     stream(model, prompts, [patched, patched_z], patches=patches, batch_size=batch_size, progress=progress,
            desc="sink reading: patched")
@@ -485,6 +488,7 @@ def head_ablation_effect(
     kinds: Sequence[str] = ("zero", "mean"),
     query_range: tuple[int, int] = (0, 32),
     batch_size: int = 8,
+    bootstrap: Bootstrap = Bootstrap(),
     progress: bool = True,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Ablate ``heads`` (each kind one condition, :func:`lens_position.patching.head_ablation`)
@@ -495,7 +499,8 @@ def head_ablation_effect(
     query_range = check_query_range(query_range, tokens.shape[1])
     with progress_bar("head ablation", enabled=progress):
         conditions = {kind: head_ablation(model, heads, kind, reference=reference) for kind in kinds}
-        decomposed = decompose_conditions(model, prompts, conditions, query_range=query_range, batch_size=batch_size)
+        decomposed = decompose_conditions(model, prompts, conditions, query_range=query_range, batch_size=batch_size,
+                                          bootstrap=bootstrap)
     comparison = compare(base, decomposed)
     layers = comparison.layers.rename(columns={
         "condition": "ablation", "R_base": "R_before", "R_condition": "R_after",
@@ -521,6 +526,7 @@ def sink_reading_heads(
     patches: Sequence[Patch] | None = None,
     base: tuple[Decomposition, dict[str, torch.Tensor]] | None = None,
     batch_size: int = 8,
+    bootstrap: Bootstrap = Bootstrap(),
     progress: bool = True,
 ) -> SinkReading:
     """Find the heads that read the position-0 fingerprint, rank them, ablate the top ones.
@@ -537,6 +543,7 @@ def sink_reading_heads(
             ``counterfactual`` (then ``counterfactual`` is only recorded).
         base: :func:`sink_reading_base` of the same prompts and ``query_range``, when
             already computed (it is then not recomputed).
+        bootstrap: the intervals of every change (``NO_INTERVALS``: none, and no refits).
 
     The steps are separate functions: :func:`sink_reading_base` (the unpatched pass),
     :func:`own_position0_patches` (the pattern), :func:`sink_reading_scores` (the scores
@@ -550,7 +557,7 @@ def sink_reading_heads(
     pattern = "given patches" if patches is not None else f"own position-0 key/value ({counterfactual})"
     if patches is None:
         counterfactual_token0(loaded, prompts, counterfactual)  # refuse a bad counterfactual before any pass
-    options = dict(query_range=query_range, batch_size=batch_size)
+    options = dict(query_range=query_range, batch_size=batch_size, bootstrap=bootstrap)
     kinds = ("zero", "mean")
     # the passes: the base run (unless given), the patched run, one per ablation kind
     passes = (base is None) + 1 + len(kinds)

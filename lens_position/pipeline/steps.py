@@ -108,7 +108,8 @@ def model_T(settings: Settings, spec: Any) -> int:
 
 def _early(s: Settings, spec: Any) -> dict[str, Any]:
     early_T = min(s.query_range[1], model_T(s, spec))
-    return {"T": early_T, "N": s.early_N, "query_range": (s.query_range[0], early_T), "batch_size": s.batch_size}
+    return {"T": early_T, "N": s.early_N, "query_range": (s.query_range[0], early_T), "batch_size": s.batch_size,
+            "n_resamples": s.n_resamples}
 
 
 def _restrictions(s: Settings, *names: str) -> dict[str, Any]:
@@ -177,8 +178,10 @@ def _early_requests(ctx: StepContext, sizes: Mapping[str, Any], *, activations: 
 
     prompts = ctx.prompts(sizes["T"], sizes["N"])
     query_range = tuple(sizes["query_range"])
-    requests = [Request(f"decompose query_range={query_range}", prompts,
-                        lambda: DecompositionReducer(ctx.loaded, prompts, query_range=query_range),
+    # with intervals off (n_resamples = 0) the base keeps halves, not sequences, and draws no replicates
+    requests = [Request(f"decompose query_range={query_range} n_resamples={sizes['n_resamples']}", prompts,
+                        lambda: DecompositionReducer(ctx.loaded, prompts, query_range=query_range,
+                                                     bootstrap=_bootstrap(sizes)),
                         sizes["batch_size"])]
     if activations:
         requests.append(Request("sink-reading base activations", prompts,
@@ -270,7 +273,7 @@ def _run_sink_reading(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
     base = tuple(ctx.passes.get(request) for request in _early_requests(ctx, sizes, activations=True))
     result = sink_reading_heads(ctx.loaded, prompts, counterfactual="no-bos",
                                 query_range=tuple(sizes["query_range"]), base=base, batch_size=sizes["batch_size"],
-                                progress=ctx.progress)
+                                bootstrap=_bootstrap(sizes), progress=ctx.progress)
     return StepOutput(_frames(result, sink_reading="frame", sink_ablation="ablation"), result.provenance,
                       {"prompts": prompts.spec, **sizes})
 
@@ -330,7 +333,7 @@ _STEP_LIST = (
                           **_restrictions(s, "layers")}, _run_probe,
          requests=_probe_requests),
     Step("bos", ("bos_layers", "bos_overall", "bos_replicates", "decompose_early_layers",
-                 "decompose_early_replicates"), "bos", lambda s, spec: {**_early(s, spec), "n_resamples": s.n_resamples},
+                 "decompose_early_replicates"), "bos", _early,
          _run_bos, needs_bos="BOS replacement",
          requests=lambda ctx, sizes: _early_requests(ctx, sizes, activations=False)),
     Step("sink_heads", ("sink_heads",), "sinks",
