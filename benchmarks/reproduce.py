@@ -113,37 +113,132 @@ def _timed_cli(pythonpath: Path, args: argparse.Namespace, models: str, out: Pat
             "load_average_1min": os.getloadavg()[0]}
 
 
-def _table_differences(base: Path, new: Path) -> dict[str, float]:
-    """Max |new - base| over the numeric columns two output folders' tables share (inf when a
-    shared table's rows or a non-numeric column differ)."""
+# Columns whose meaning changed after the baseline, mapped explicitly (never matched by name):
+# table -> {baseline column: this version's column with the baseline's definition}. Issue 10 made
+# ``sink_rate`` Gu et al.'s rate as their code computes it (each prompt thresholded, then averaged);
+# the baseline's ``sink_rate`` (scores averaged over prompts, thresholded once) is now
+# ``sink_rate_pooled``. A column of this version named like a mapped baseline column is a new
+# definition with no baseline counterpart.
+RENAMED = {"sink_rate": {"sink_rate": "sink_rate_pooled"}}
+# Columns that say which inputs a row measured, with the value a baseline without the column used.
+# Where they differ, the two versions measured different prompts: those rows are compared on the
+# baseline's inputs, recomputed by this version (``_recompute_on_baseline_inputs``).
+INPUT_COLUMNS = {"sink_rate": {"condition": None, "T": None, "N": None, "eps": None, "bos": None,
+                               "protocol": "windows"}}
+
+
+def _interval_names(columns: list[str]) -> list[str]:
+    """Column names with ``X_lo``/``X_hi`` pairs written once as ``X_lo/_hi``."""
+    out, names = [], set(columns)
+    for column in columns:
+        if column.endswith("_hi") and column[:-3] + "_lo" in names:
+            continue
+        out.append(column + "/_hi" if column.endswith("_lo") and column[:-3] + "_hi" in names else column)
+    return out
+
+
+def _column_difference(x, y) -> float:
+    """Max |y - x| of two aligned columns (0 where both are NaN; inf where only one is, or where
+    non-numeric values differ)."""
     import numpy as np
     import pandas as pd
 
-    out = {}
-    for path in sorted(base.glob("*.parquet")):
-        other = new / path.name
-        if not other.is_file():
+    if pd.api.types.is_numeric_dtype(x) and pd.api.types.is_numeric_dtype(y) and not pd.api.types.is_bool_dtype(x):
+        x, y = x.to_numpy(dtype=float), y.to_numpy(dtype=float)
+        if not len(x):
+            return 0.0
+        nan_x, nan_y = np.isnan(x), np.isnan(y)
+        if (nan_x != nan_y).any():
+            return float("inf")
+        return float(np.abs(x - y)[~nan_x].max(initial=0.0))
+    return 0.0 if x.astype(str).reset_index(drop=True).equals(y.astype(str).reset_index(drop=True)) else float("inf")
+
+
+def _input_changes(table: str, a, b) -> dict[str, tuple]:
+    """The input columns of ``table`` whose values differ between baseline ``a`` and this
+    version ``b``: ``{column: (baseline values, this version's values)}``."""
+    changes = {}
+    for column, default in INPUT_COLUMNS.get(table, {}).items():
+        old = a[column].astype(str).tolist() if column in a.columns else [str(default)] * len(a)
+        new = b[column].astype(str).tolist() if column in b.columns else [None] * len(b)
+        if old != new:
+            changes[column] = (sorted(set(old)), sorted(set(map(str, new))))
+    return changes
+
+
+def _table_differences(base: Path, new: Path) -> tuple[dict[str, float], list[str]]:
+    """Max |this version - baseline| over the columns with the same definition in both, per table
+    both write (inf when a table's rows or a non-numeric column differ), and lines saying what
+    was mapped, what is new, and what was measured on different inputs."""
+    import pandas as pd
+
+    out, notes = {}, []
+    tables = sorted(p.stem for p in base.glob("*.parquet"))
+    only_new = sorted(p.stem for p in new.glob("*.parquet") if not (base / p.name).is_file())
+    for table in tables:
+        if not (new / f"{table}.parquet").is_file():
+            notes.append(f"{table}: written by the baseline only")
+            out[table] = float("inf")
             continue
-        a, b = pd.read_parquet(path), pd.read_parquet(other)
-        columns = [c for c in a.columns if c in b.columns]
+        a, b = pd.read_parquet(base / f"{table}.parquet"), pd.read_parquet(new / f"{table}.parquet")
+        renamed = RENAMED.get(table, {})
+        counterpart = {column: renamed.get(column, column) for column in a.columns}
+        inputs = INPUT_COLUMNS.get(table, {})
         if len(a) != len(b):
-            out[path.stem] = float("inf")
+            notes.append(f"{table}: {len(a)} rows in the baseline, {len(b)} here")
+            out[table] = float("inf")
             continue
-        worst = 0.0
-        for column in columns:
-            x, y = a[column], b[column]
-            if pd.api.types.is_numeric_dtype(x) and pd.api.types.is_numeric_dtype(y) \
-                    and not pd.api.types.is_bool_dtype(x):
-                x, y = x.to_numpy(dtype=float), y.to_numpy(dtype=float)
-                both_nan = np.isnan(x) & np.isnan(y)
-                diff = np.where(both_nan, 0.0, np.abs(x - y))
-                worst = max(worst, float(np.nanmax(diff)) if len(diff) else 0.0)
-                if np.isnan(diff).any():
-                    worst = float("inf")
-            elif not x.astype(str).equals(y.astype(str)):
-                worst = float("inf")
-        out[path.stem] = worst
-    return out
+        changes = _input_changes(table, a, b)
+        if changes:
+            described = "; ".join(f"{c} {'/'.join(o)} -> {'/'.join(n)}" for c, (o, n) in changes.items())
+            notes.append(f"{table}: different inputs in the two runs ({described}); compared below on the "
+                         "baseline's inputs, recomputed by this version")
+            out[table] = float("nan")  # filled by the recomputation
+        else:
+            out[table] = max([_column_difference(a[old], b[mine]) for old, mine in counterpart.items()
+                              if mine in b.columns and old not in inputs] + [0.0])
+        for old, mine in renamed.items():
+            notes.append(f"{table}: baseline column {old!r} is this version's {mine!r} (same definition); "
+                         f"this version's {old!r} is a new definition with no baseline counterpart")
+        missing = [c for c, mine in counterpart.items() if mine not in b.columns]
+        if missing:
+            notes.append(f"{table}: baseline columns missing here: {', '.join(missing)}")
+            out[table] = float("inf")
+        new_columns = [c for c in b.columns if c not in set(counterpart.values()) or c in renamed]
+        if new_columns:
+            notes.append(f"{table}: new columns (no baseline counterpart): {', '.join(_interval_names(new_columns))}")
+    if only_new:
+        notes.append(f"tables new in this version (no baseline counterpart): {', '.join(only_new)}")
+    return out, notes
+
+
+def _recompute_on_baseline_inputs(table: str, base: Path) -> float:
+    """Max |difference| between the baseline's ``table`` and this version's computation of the
+    same definition on the baseline's inputs (``sink_rate``: the pooled rate and the count of
+    sink heads under the baseline's protocol, ``windows``, and BOS policy)."""
+    import pandas as pd
+
+    from lens_position.intervals import NO_INTERVALS
+    from lens_position.pipeline.models import load_request
+    from lens_position.sinks import sink_rate
+
+    if table != "sink_rate":
+        raise ValueError(f"no recomputation on the baseline's inputs for {table}")
+    prov = json.loads((base / "provenance.json").read_text())
+    settings, seed = prov["settings"], prov.get("seed", 0)
+    a = pd.read_parquet(base / f"{table}.parquet")
+    worst = 0.0
+    for model, rows in a.groupby("model", sort=False):
+        loaded = load_request(model)
+        for (T, N, eps, bos), group in rows.groupby(["T", "N", "eps", "bos"], sort=False):
+            result = sink_rate(loaded, conditions=tuple(group["condition"]), T=int(T), N=int(N), eps=float(eps),
+                               seed=seed, protocol="windows", bos=bos, batch_size=settings["batch_size"],
+                               bootstrap=NO_INTERVALS, progress=False).frame.set_index("condition")
+            mine = result.loc[group["condition"]]
+            for old, column in (("sink_rate", "sink_rate_pooled"), ("n_sink_heads", "n_sink_heads")):
+                worst = max(worst, float((mine[column].to_numpy(dtype=float)
+                                          - group[old].to_numpy(dtype=float)).__abs__().max()))
+    return worst
 
 
 def compare_with_baseline(args: argparse.Namespace) -> int:
@@ -157,10 +252,14 @@ def compare_with_baseline(args: argparse.Namespace) -> int:
             runs[name] = _timed_cli(path, args, models, Path(tmp) / name.replace(" ", "_"))
             print(f"{name:>13}: {runs[name]['wall_s']:.1f} s wall, {runs[name]['cpu_s']:.1f} s CPU "
                   f"(1-minute load at the end {runs[name]['load_average_1min']:.1f})", flush=True)
-        differences = _table_differences(Path(tmp) / "baseline", Path(tmp) / "this_version")
+        differences, notes = _table_differences(Path(tmp) / "baseline", Path(tmp) / "this_version")
+        for table in [t for t, d in differences.items() if d != d]:  # NaN: measured on different inputs
+            differences[table] = _recompute_on_baseline_inputs(table, Path(tmp) / "baseline")
     wall_ratio = runs["this version"]["wall_s"] / runs["baseline"]["wall_s"]
     cpu_ratio = runs["this version"]["cpu_s"] / runs["baseline"]["cpu_s"]
     worst = max(differences.values()) if differences else float("inf")
+    for line in notes:
+        print(f"  note: {line}")
     for table, diff in differences.items():
         print(f"  max |difference| {table:<18} {diff:.2e}")
     print(f"wall time this version / baseline = {wall_ratio:.2f}x, CPU time = {cpu_ratio:.2f}x "
