@@ -111,7 +111,8 @@ def report_figures(results: Mapping[str, pd.DataFrame]) -> list[ReportFigure]:
         "Held-out R² of a ridge probe from resid_pre at each layer to log(position + 1); dotted: the "
         "same probe fitted to shuffled positions (the axis is clipped at -1 when a value falls below; hover "
         "shows every value). Error bars: 95% bootstrap intervals over the held-out sequences, the fitted "
-        "probe fixed. An independent view of absolute position in the residual stream (C3: "
+        "probe fixed: they leave out the variability of refitting the probe on other prompts, so they are "
+        "narrower than the spread between independent prompt sets. An independent view of absolute position in the residual stream (C3: "
         "accumulation with depth).",
         lambda f: plots.probe_r2(f))
     add("bos", ("bos_layers", "bos_overall"), "C4: BOS replacement",
