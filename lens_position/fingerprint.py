@@ -162,6 +162,17 @@ def fingerprint_prompts(
     }
 
 
+def fingerprint_tokens(condition: str, prompts: Any) -> Int[torch.Tensor, "batch pos"]:
+    """The tokens :func:`fingerprint` streams for a condition: the whole prompts for
+    ``"auto-bos"`` (that the rest of the input never reaches position 0 is what this condition
+    checks), token 0 alone for ``"varying-token0"``: position 0 attends only to itself, so its
+    activations depend on token 0 alone, and this condition's spread is expected, so the rest
+    of the prompts would cost a full pass and check nothing (the one-token pass gives the same
+    numbers, bit for bit, on the embedded models)."""
+    tokens = getattr(prompts, "tokens", prompts)
+    return tokens if condition == "auto-bos" else tokens[:, :1]
+
+
 def position0_reducer(model: LoadedModel | HookedTransformer) -> ActivationCache:
     """A reducer keeping position 0 of every residual in :func:`residual_names`
     (``result()``: ``{name: Float[Tensor, "batch d_model"]}``), for :func:`fingerprint`."""
@@ -188,10 +199,12 @@ def fingerprint(
     - ``"varying-token0"``: the same kind of text without BOS (``bos="none"``), so token 0
       varies across inputs, and so should the fingerprint.
 
-    The whole ``T``-token prompts are run (not one-token runs), so the check that the rest
-    of the input does not reach position 0 is part of the measurement. ``position0``: per
-    condition, the :func:`position0_reducer` results of :func:`fingerprint_prompts` when
-    already streamed (each prompt set in one batch; then no pass is made). ``progress``: one
+    The auto-BOS prompts are run whole (not as one-token runs), so the check that the rest
+    of the input does not reach position 0 is part of the measurement; the varying-token0
+    prompts, whose fingerprints are expected to differ, only need their token 0
+    (:func:`fingerprint_tokens`). ``position0``: per condition, the :func:`position0_reducer`
+    results of :func:`fingerprint_tokens` when already streamed (each prompt set in one
+    batch; then no pass is made). ``progress``: one
     bar, "fingerprint", counting the sequences of both conditions.
     """
     loaded = as_loaded(model)
@@ -204,8 +217,8 @@ def fingerprint(
                       enabled=progress and bool(streamed)):
         for condition, prompts in streamed.items():
             reducer = position0_reducer(loaded)
-            stream(loaded, as_tokens(loaded, prompts), [reducer], batch_size=len(prompts.tokens),
-                   desc=f"fingerprint ({condition})")
+            stream(loaded, fingerprint_tokens(condition, as_tokens(loaded, prompts)), [reducer],
+                   batch_size=len(prompts.tokens), desc=f"fingerprint ({condition})")
             residuals[condition] = reducer.result()
     rows = []
     for layer, name in enumerate(names):

@@ -36,7 +36,7 @@ class Request:
     batch_size: int
 
     def key(self) -> tuple[str, int]:
-        tokens = self.prompts.tokens
+        tokens = getattr(self.prompts, "tokens", self.prompts)  # a PromptSet or a token tensor
         digest = hashlib.sha256(tokens.cpu().numpy().tobytes() + str(tuple(tokens.shape)).encode()).hexdigest()
         return digest, min(self.batch_size, int(tokens.shape[0]))
 

@@ -304,11 +304,12 @@ def _fingerprint_prompts(ctx: StepContext, sizes: Mapping[str, Any]) -> dict[str
 
 
 def _fingerprint_requests(ctx: StepContext, sizes: Mapping[str, Any]) -> list[Request]:
-    from lens_position.fingerprint import position0_reducer
+    from lens_position.fingerprint import fingerprint_tokens, position0_reducer
 
-    # each prompt set in one batch, as fingerprint() runs it
-    return [Request("position-0 residuals", prompts, lambda: position0_reducer(ctx.loaded), len(prompts.tokens))
-            for prompts in _fingerprint_prompts(ctx, sizes).values()]
+    # each prompt set in one batch, as fingerprint() runs it, over the positions it runs
+    return [Request("position-0 residuals", fingerprint_tokens(condition, prompts),
+                    lambda: position0_reducer(ctx.loaded), len(prompts.tokens))
+            for condition, prompts in _fingerprint_prompts(ctx, sizes).items()]
 
 
 def _run_fingerprint(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
