@@ -32,7 +32,7 @@ T, N = (32, 4) if FAST else (128, 16)
 # %%
 import plotly.io as pio
 
-from lens_position import plots
+from lens_position import plots, takeaways
 from lens_position.data import build_prompts
 from lens_position.decompose import decompose
 from lens_position.models import load_model
@@ -51,3 +51,16 @@ result.layers[["layer", "T", "R", "M", "C"]]  # fractions of Var(log A), mean ov
 
 # %%
 plots.layer_components(result.layers.assign(architecture=loaded.spec.name))
+
+# %% [markdown]
+# ## What the numbers show
+#
+# The text below is built from the tables above (`lens_position.takeaways`); the comparison
+# with the paper's claims C1 and C2, with verdicts decided from bootstrap intervals, comes from
+# `lens_position.claims`, where the paper's numbers are written once.
+
+# %%
+tables = takeaways.result_tables(loaded.spec.name, loaded.spec.role, decomposition=result)
+takeaways.Takeaway.join(takeaways.untrained_note(FAST),
+                        takeaways.components_sentence(result.layers, loaded.spec.name),
+                        takeaways.claims_markdown(tables, ["C1", "C2"]))

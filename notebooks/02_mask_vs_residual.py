@@ -41,7 +41,7 @@ import plotly.express as px
 import plotly.io as pio
 import torch
 
-from lens_position import plots
+from lens_position import plots, takeaways
 from lens_position.data import build_prompts
 from lens_position.decompose import check_identity, decompose, self_referenced_scores
 from lens_position.models import load_model
@@ -182,3 +182,22 @@ comparison
 print("model  :", real.provenance["model"]["name"], "weights sha256", real.provenance["model"]["weights_sha256"][:16])
 print("data   :", {k: real.provenance["data"][k] for k in ("source", "T", "N", "bos", "seed", "corpus")})
 print("options:", {k: real.provenance["options"][k] for k in ("query_range", "keys", "heldout")})
+
+# %% [markdown]
+# ## What the numbers show
+#
+# Built from the tables above (`lens_position.takeaways`): the toy ground truths, then the real
+# model, and how it compares with the paper's claims C1 and C2 (verdicts from bootstrap
+# intervals, by `lens_position.claims`).
+
+# %%
+toys = pd.concat([offset_only.heads[["T", "R", "M", "C"]].mean().rename("offset-only").to_frame().T, ground_truths])
+tables = takeaways.result_tables(loaded.spec.name, loaded.spec.role, decomposition=real)
+takeaways.Takeaway.join(
+    "On the toy models, whose answer is known by construction (means over heads):",
+    "\n".join(takeaways.ground_truth_sentences(toys)),
+    takeaways.untrained_note(FAST),
+    takeaways.components_sentence(real.layers, loaded.spec.name),
+    f"Leaving key 0 out of the analysed pairs lowers R (summed over layers) by {share_on_key0:.0%}.",
+    takeaways.claims_markdown(tables, ["C1", "C2"]),
+)

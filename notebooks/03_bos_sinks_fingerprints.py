@@ -41,8 +41,9 @@ EARLY = (0, 16) if FAST else (0, 32)  # early queries, where C4 is measured (i <
 # %%
 import plotly.io as pio
 
-from lens_position import plots
+from lens_position import plots, takeaways
 from lens_position.bos import bos_replacement
+from lens_position.claims import PAPER
 from lens_position.data import build_prompts
 from lens_position.fingerprint import fingerprint
 from lens_position.models import load_model
@@ -67,7 +68,7 @@ print(label, "| BOS id", prompts.spec.first_token_id, "| tokens", tuple(prompts.
 # %%
 bos = bos_replacement(loaded, prompts, query_range=EARLY)
 measured = ", ".join(f"{row.replacement}: {row.fraction_removed:+.1%}" for row in bos.overall.itertuples())
-print(f"fraction of R removed at queries {EARLY[0]}..{EARLY[1] - 1}: paper about 40%; measured {measured}")
+print(f"fraction of R removed at queries {EARLY[0]}..{EARLY[1] - 1}: paper about {PAPER.c4_fraction_removed:.0%}; measured {measured}")
 bos.overall[["replacement", "R_base", "R_replaced", "fraction_removed", "fraction_removed_raw"]]
 
 # %%
@@ -144,3 +145,16 @@ fp.frame.pivot_table(index="layer", columns="condition", values=["spread_relativ
 # %%
 assert auto["is_float_noise"].all()
 plots.fingerprint_layers(fp.frame.assign(architecture=label))
+
+# %% [markdown]
+# ## What the numbers show
+#
+# Built from the results above (`lens_position.takeaways`): which way BOS replacement moved the
+# residual component, then claims C4 and C5 against the paper (verdicts from bootstrap intervals,
+# by `lens_position.claims`, where the paper's ~40% is written once).
+
+# %%
+tables = takeaways.result_tables(label, loaded.spec.role, bos=bos, sinks=sinks, fingerprint=fp, reading=reading)
+takeaways.Takeaway.join(takeaways.untrained_note(FAST),
+                        takeaways.bos_direction(bos.overall, label),
+                        takeaways.claims_markdown(tables, ["C4", "C5"]))

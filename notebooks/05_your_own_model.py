@@ -40,6 +40,7 @@ WORKDIR = Path(tempfile.mkdtemp(prefix="lens_position_tutorial_"))
 import pandas as pd
 import torch
 
+from lens_position import takeaways
 from lens_position.data import build_prompts
 from lens_position.decompose import decompose
 from lens_position.models import load_model
@@ -220,3 +221,20 @@ self_patched = decompose(loaded, prompts, fwd_hooks=patches_as_hooks([self_patch
 difference = (self_patched.heads[["T", "R", "M", "C"]] - base.heads[["T", "R", "M", "C"]]).abs().to_numpy().max()
 print(f"largest change from a self-patch: {difference:.1e}")
 assert difference < 1e-6
+
+# %% [markdown]
+# ## What the numbers show
+#
+# Built from the results above (`lens_position.takeaways`). The checkpoint here is a small random
+# Qwen2, so the claims' verdicts (by `lens_position.claims`) only show what you get for your own
+# model; on a trained one they compare it with the paper.
+
+# %%
+tables = takeaways.result_tables("my-qwen2", loaded.spec.role, decomposition=base)
+takeaways.Takeaway.join(
+    takeaways.untrained_note(True),
+    takeaways.patch_sentences(base.layers, {"v at position 0 zeroed in layer 0": patched.layers,
+                                            "resid[:, 0] doubled entering layer 1": doubled.layers}),
+    takeaways.self_patch_sentence(difference),
+    takeaways.claims_markdown(tables, ["C1", "C2"]),
+)

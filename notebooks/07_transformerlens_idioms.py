@@ -42,7 +42,7 @@ from transformer_lens import HookedTransformer, HookedTransformerConfig
 from transformer_lens.patching import get_act_patch_resid_pre as tl_get_act_patch_resid_pre
 from transformer_lens.utilities import get_act_name
 
-from lens_position import patching, plots
+from lens_position import patching, plots, takeaways
 from lens_position.decompose import decompose
 from lens_position.models import load_model
 
@@ -64,7 +64,8 @@ if FAST:
     clean = torch.randint(1, 100, (4, 16), generator=torch.Generator().manual_seed(0))
 else:
     model = load_model("smollm2-135m").model
-    clean = model.to_tokens("The capital of France is Paris, and the capital of Italy is Rome", prepend_bos=True)
+    clean = model.to_tokens("Paris is in France and Rome is in Italy", prepend_bos=True)  # short: the
+    # TransformerLens sweep below makes one forward pass per (layer, position)
 corrupted = clean.clone()
 corrupted[:, 4] = clean[:, 7]  # one token changed, at position 4
 print(type(model).__name__, tuple(clean.shape))
@@ -116,11 +117,16 @@ print("query head 3 reads the checkpoint's key/value head", patching.kv_head_of(
 # %%
 ours = patching.get_act_patch_resid_pre(model, corrupted, clean_cache, logit_diff)
 reference = tl_get_act_patch_resid_pre(model, corrupted, clean_cache, logit_diff)
-print(f"layers x positions {tuple(ours.shape)}; largest difference from TransformerLens: "
-      f"{(ours - reference).abs().max().item():.1e}")
+sweep_difference = (ours - reference).abs().max().item()
+print(f"layers x positions {tuple(ours.shape)}; largest difference from TransformerLens: {sweep_difference:.1e}")
+
+# %% [markdown]
+# `resid_pre_sweep` takes the same arguments and can sweep a subset of layers (here every few);
+# the heatmap keeps their real indices.
 
 # %%
-sweep = patching.resid_pre_sweep(model, corrupted, clean_cache, logit_diff)
+sweep = patching.resid_pre_sweep(model, corrupted, clean_cache, logit_diff,
+                                 layers=list(range(0, model.cfg.n_layers, max(1, model.cfg.n_layers // 6))))
 plots.patching_sweep(sweep, token_labels=model.to_str_tokens(clean[0]) if not FAST else None,
                      metric_name="logit difference")
 
@@ -135,12 +141,29 @@ names = [get_act_name("resid_pre", layer) for layer in range(model.cfg.n_layers)
 cache = patching.cache_activations(model, clean, names)
 print(type(cache).__name__, "with", len(cache), "activations; resid_pre[1] via a tuple:",
       tuple(cache["resid_pre", 1].shape))
+cache_difference = max((cache["resid_pre", layer] - clean_cache["resid_pre", layer]).abs().max().item()
+                       for layer in range(model.cfg.n_layers))
 torch.testing.assert_close(cache["resid_pre", 2], clean_cache["resid_pre", 2])
 
 # %% [markdown]
-# ## What this shows
+# ## What the numbers show
 #
 # Every object above is TransformerLens's own: the model, the cache, the hook names and the
-# patching call. The decomposition ran on the bare model and recorded what it was (weights hash,
-# tokenizer, BOS), the patches took their values from the `ActivationCache`, and the sweep
-# matched `transformer_lens.patching.get_act_patch_resid_pre` to float round-off.
+# patching call. Built from the numbers above (`lens_position.takeaways`): how close our results
+# are to TransformerLens's, what the decomposition of the bare model recorded, and what it says
+# about claims C1 and C2 on this prompt (verdicts from bootstrap intervals, by
+# `lens_position.claims`).
+
+# %%
+tables = takeaways.result_tables(spec["name"], "standard", decomposition=result)
+takeaways.Takeaway.join(
+    takeaways.untrained_note(FAST),
+    takeaways.agreement_sentence("lens_position's `get_act_patch_resid_pre`",
+                                 "`transformer_lens.patching.get_act_patch_resid_pre`", sweep_difference, 1e-4),
+    takeaways.agreement_sentence("The `ActivationCache` from `cache_activations`", "`run_with_cache`'s",
+                                 cache_difference, 1e-5),
+    f"The decomposition of the bare `{type(model).__name__}` recorded its weights' hash "
+    f"({spec['weights_sha256'][:12]}...), its BOS id ({spec['bos_token_id']}) and whether its tokenizer prepends a BOS ({spec['tokenizer_prepends_bos']}).",
+    takeaways.components_sentence(result.layers, spec["name"]),
+    takeaways.claims_markdown(tables, ["C1", "C2"]),
+)

@@ -34,9 +34,29 @@ def execute(source: Path, *, fast: bool, timeout: int) -> Path:
     notebook = jupytext.read(source)
     NotebookClient(notebook, timeout=timeout, kernel_name="python3",
                    resources={"metadata": {"path": str(source.parent)}}).execute()
+    strip_widgets(notebook)
     target = source.with_suffix(".ipynb")
     jupytext.write(notebook, target)
     return target
+
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def strip_widgets(notebook) -> int:
+    """Drop progress-bar widgets, which are dead without a kernel, from an executed notebook:
+    every widget view output (a bar's ``text/plain`` snapshot goes with it) and the saved widget
+    state. Bars come from libraries that ignore ``TQDM_DISABLE`` (TransformerLens's patching
+    sweeps use ``tqdm.auto``). Returns the number of outputs dropped."""
+    dropped = 0
+    for cell in notebook.cells:
+        if cell.cell_type != "code":
+            continue
+        kept = [o for o in cell.get("outputs", []) if WIDGET_VIEW not in o.get("data", {})]
+        dropped += len(cell.get("outputs", [])) - len(kept)
+        cell.outputs = kept
+    notebook.metadata.pop("widgets", None)
+    return dropped
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,6 +22,10 @@ NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 SOURCES = sorted(NOTEBOOK_DIR.glob("[0-9]*.py"))
 PAIRED = sorted(NOTEBOOK_DIR.glob("[0-9]*.ipynb"))
 FAST_SWITCH = 'os.environ.get("LENS_POSITION_FAST"'
+# The notebooks that end with a takeaway built from their numbers (lens_position.takeaways).
+# 06 (the zoo) is written and executed separately and does not have one yet.
+TEACHING = ("01", "02", "03", "04", "05", "07")
+TAKEAWAY_HEADING = "### What the numbers show"
 
 
 def execute(notebook: nbformat.NotebookNode, workdir: Path, timeout: int = 900) -> nbformat.NotebookNode:
@@ -53,6 +57,61 @@ def test_the_tutorials_exist():
     assert {"01", "02", "03", "04", "05", "06", "07"} <= set(numbers), SOURCES
 
 
+def _teaching(paths):
+    return [p for p in paths if p.stem.split("_")[0] in TEACHING]
+
+
+def takeaway_problems(notebook: nbformat.NotebookNode, source_text: str) -> list[str]:
+    """What is wrong with a notebook's ending: its last cell must be a code cell that builds the
+    takeaway with lens_position.takeaways (the claims rendered by ``claims_markdown``), after a
+    markdown cell that announces it; when executed, its output is that Markdown, and no line of
+    it that holds a number is written in the source (the words come from the numbers)."""
+    problems = []
+    last, before = notebook.cells[-1], notebook.cells[-2]
+    if last.cell_type != "code" or "takeaways.Takeaway.join(" not in last.source:
+        problems.append("the last cell does not build a takeaway (takeaways.Takeaway.join)")
+    if "takeaways.claims_markdown(" not in last.source:
+        problems.append("the takeaway does not compare with the paper's claims (takeaways.claims_markdown)")
+    if before.cell_type != "markdown" or "## What the numbers show" not in before.source:
+        problems.append("the cell before the takeaway does not announce it (## What the numbers show)")
+    outputs = last.get("outputs", [])
+    if last.get("execution_count"):
+        markdown = [o["data"]["text/markdown"] for o in outputs if "text/markdown" in o.get("data", {})]
+        if len(markdown) != 1 or not markdown[0].startswith(TAKEAWAY_HEADING):
+            problems.append(f"the takeaway cell shows no takeaway Markdown ({len(markdown)} Markdown outputs)")
+        else:
+            lines = [line.strip("-* ") for line in markdown[0].splitlines()]
+            copied = [line for line in lines if re.search(r"\d", line) and len(line) > 20 and line in source_text]
+            if copied:
+                problems.append(f"takeaway lines written in the source instead of computed: {copied}")
+    return problems
+
+
+@pytest.mark.parametrize("source", _teaching(SOURCES), ids=lambda p: p.stem)
+def test_teaching_notebook_source_ends_with_its_takeaway(source):
+    assert not takeaway_problems(jupytext.read(source), source.read_text()), source.name
+
+
+def test_takeaway_check_catches_a_missing_or_hard_coded_takeaway():
+    cells = [nbformat.v4.new_code_cell("x = 1"),
+             nbformat.v4.new_markdown_cell("## What the numbers show"),
+             nbformat.v4.new_code_cell("takeaways.Takeaway.join(takeaways.claims_markdown(tables, ['C1']))")]
+    good = nbformat.v4.new_notebook(cells=cells)
+    assert takeaway_problems(good, "") == []
+    missing = nbformat.v4.new_notebook(cells=cells[:1] + [nbformat.v4.new_markdown_cell("The end.")])
+    assert len(takeaway_problems(missing, "")) == 3
+    prose = "R removes 40% of the residual component at early queries."
+    written = nbformat.v4.new_notebook(cells=cells[:2] + [nbformat.v4.new_code_cell(
+        f"takeaways.Takeaway.join(takeaways.claims_markdown(tables, ['C4']), {prose!r})",
+        execution_count=3, outputs=[nbformat.v4.new_output(
+            "execute_result", data={"text/markdown": f"{TAKEAWAY_HEADING}\n\n{prose}"}, execution_count=3)])])
+    assert takeaway_problems(written, written.cells[-1].source) == [
+        f"takeaway lines written in the source instead of computed: {[prose]}"]
+    silent = nbformat.v4.new_notebook(cells=cells[:2] + [nbformat.v4.new_code_cell(
+        cells[2].source, execution_count=3, outputs=[])])
+    assert takeaway_problems(silent, "") == ["the takeaway cell shows no takeaway Markdown (0 Markdown outputs)"]
+
+
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.stem)
 def test_notebook_runs_top_to_bottom_in_fast_mode(source, tmp_path, fast_env):
     notebook = jupytext.read(source)
@@ -66,6 +125,8 @@ def test_notebook_runs_top_to_bottom_in_fast_mode(source, tmp_path, fast_env):
     errors = [o for o in outputs if o.get("output_type") == "error"]
     assert not errors
     assert outputs, f"{source.name} ran but showed nothing"
+    if source in _teaching(SOURCES):
+        assert not takeaway_problems(notebook, source.read_text()), source.name
 
 
 @pytest.mark.parametrize("paired", PAIRED, ids=lambda p: p.stem)
@@ -80,6 +141,8 @@ def test_stored_ipynb_matches_its_py_source(paired):
     code_cells = [c for c in stored.cells if c.cell_type == "code"]
     assert all(c.get("execution_count") for c in code_cells), f"{paired.name} is not fully executed"
     assert not [o for c in code_cells for o in c.outputs if o.output_type == "error"]
+    if paired in _teaching(PAIRED):
+        assert not takeaway_problems(stored, source.read_text()), paired.name
 
 
 def test_harness_fails_on_a_cell_that_raises(tmp_path):
@@ -116,6 +179,19 @@ def test_stored_notebooks_keep_no_widget_residue():
     for paired in PAIRED:
         text = paired.read_text()
         assert "application/vnd.jupyter.widget" not in text, f"{paired.name} stores widget outputs or state"
+        notebook = nbformat.read(paired, as_version=4)
+        streams = [o.get("text", "") for c in notebook.cells if c.cell_type == "code" for o in c.get("outputs", [])
+                   if o.get("output_type") == "stream"]
+        bars = [t for t in streams if TQDM_TEXT.search(t)]
+        assert not bars, f"{paired.name} stores progress-bar text: {bars[0][:200]!r}"
+
+
+TQDM_TEXT = re.compile(r"\d+%\|[^|\n]*\|")  # tqdm's text bar, " 40%|####      | 4/10"
+
+
+def test_progress_bar_text_is_recognised():
+    assert TQDM_TEXT.search("Loading weights:  40%|####      | 4/10 [00:01<00:02]")
+    assert not TQDM_TEXT.search("fraction removed: token -2%, mean +1% | random")
 
 
 @pytest.mark.parametrize("paired", WITH_FIGURES, ids=lambda p: p.stem)
@@ -136,3 +212,20 @@ def test_exported_notebook_draws_its_figures_offline_in_chromium(paired, tmp_pat
     svgs = len(re.findall(r'<svg[^>]*class="main-svg"', dom))
     assert figures == expected, f"{paired.name}: {figures} figure divs for {expected} figures"
     assert drawn == expected and svgs >= expected, f"{paired.name}: {drawn} of {expected} figures drawn offline"
+
+
+def test_execute_strips_dead_progress_widgets():
+    sys.path.insert(0, str(NOTEBOOK_DIR))
+    try:
+        from execute import strip_widgets
+    finally:
+        sys.path.remove(str(NOTEBOOK_DIR))
+    bar = nbformat.v4.new_output("display_data", data={
+        "application/vnd.jupyter.widget-view+json": {"model_id": "x", "version_major": 2, "version_minor": 0},
+        "text/plain": "  0%|          | 0/300 [00:00<?, ?it/s]"})
+    printed = nbformat.v4.new_output("stream", name="stdout", text="layers x positions (30, 10)\n")
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("sweep()", outputs=[bar, printed])],
+                                        metadata={"widgets": {"application/vnd.jupyter.widget-state+json": {}}})
+    assert strip_widgets(notebook) == 1
+    assert notebook.cells[0].outputs == [printed] and "widgets" not in notebook.metadata
+    assert "application/vnd.jupyter.widget" not in nbformat.writes(notebook)
