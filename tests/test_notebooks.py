@@ -212,6 +212,9 @@ def test_exported_notebook_draws_its_figures_offline_in_chromium(paired, tmp_pat
     svgs = len(re.findall(r'<svg[^>]*class="main-svg"', dom))
     assert figures == expected, f"{paired.name}: {figures} figure divs for {expected} figures"
     assert drawn == expected and svgs >= expected, f"{paired.name}: {drawn} of {expected} figures drawn offline"
+    if paired in _teaching(PAIRED):  # the takeaway's Markdown is rendered, not shown as source
+        assert re.search(r"<h3[^>]*>What the numbers show", dom), f"{paired.name}: the takeaway is not rendered"
+        assert "**C" not in dom, f"{paired.name}: the takeaway's Markdown is shown unrendered"
 
 
 def test_execute_strips_dead_progress_widgets():
