@@ -78,3 +78,29 @@ def test_a_bootstrap_too_narrow_for_the_spread_between_sets_is_flagged():
     summary = between_sets(decompositions).summary.set_index("quantity")
     assert summary.loc["R_rf_heldout", "sd_ratio_lo"] > 1.0
     assert np.isfinite(summary["sd_ratio"]).all()
+
+
+@pytest.mark.parametrize("p, k, expected", [
+    (0.975, 1, 5.023886), (0.025, 1, 0.000982069), (0.975, 3, 9.348404), (0.025, 3, 0.215795),
+    (0.025, 10, 3.246973), (0.975, 30, 46.979242),
+])
+def test_chi_square_quantiles_match_the_tables(p, k, expected):
+    """The quantiles behind the sd_ratio interval, against published chi-square tables: exact
+    also at one degree of freedom, where the Wilson–Hilferty approximation goes negative."""
+    from lens_position.prompt_sets import _chi_square_quantile
+
+    assert _chi_square_quantile(p, k) == pytest.approx(expected, rel=1e-5)
+
+
+def test_two_prompt_sets_give_a_finite_ratio_interval():
+    """K = 2 (one degree of freedom) is the smallest comparison: its interval is wide but finite."""
+    model = offset_only_model(n_heads=1)
+    decompositions = [decompose(model, toy_tokens(8, LENGTH, bos=False, seed=k),
+                                fwd_hooks=[synthetic_scores(k)],
+                                bootstrap=Bootstrap(n_resamples=50), batch_size=8, progress=False)
+                      for k in range(2)]
+    summary = between_sets(decompositions).summary
+    assert (summary["n_sets"] == 2).all()
+    assert np.isfinite(summary[["sd_ratio_lo", "sd_ratio_hi"]].to_numpy()).all()
+    assert (summary["sd_ratio_lo"] <= summary["sd_ratio"]).all()
+    assert (summary["sd_ratio"] <= summary["sd_ratio_hi"]).all()
