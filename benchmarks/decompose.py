@@ -22,8 +22,10 @@ keeps the fastest: on a busy machine the minimum is the least disturbed measurem
 ``--suite`` runs the issue's three measurements one after the other: the overhead over a bare
 forward pass for SmolLM2-135M at T=256 (target <= 1.2x) and Gemma-3-270M at T=640, the
 sliding-window case where the analysed pairs grow as T² (target <= 1.3x), both N=16; and the
-analysis memory of the streamed decomposition of SmolLM2 at T=256 for N=16 and N=64 (it should
-not grow with N). ``--fast`` halves N in the overhead runs.
+analysis memory of the streamed decomposition of SmolLM2 at T=256 for N=16 and N=64, with
+bootstrap intervals and without (``streamed-no-intervals``), and the bytes of statistics it keeps:
+with intervals one group of sequences per sequence up to ``MAX_GROUPS`` (the bootstrap resamples
+them), without only the two halves. ``--fast`` halves N in the overhead runs.
 
 ``--threads`` sets ``torch.set_num_threads`` in every run (default 1: on a small shared
 machine, multi-threaded kernels spin-wait for busy cores and every timing becomes noise;
@@ -46,7 +48,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-MODES = ("bare", "streamed", "dense")
+MODES = ("bare", "streamed", "dense", "streamed-no-intervals")
 COMPONENT_COLUMNS = ["T", "R", "M", "C", "T_heldout", "R_heldout", "M_heldout", "C_heldout"]
 
 
@@ -86,13 +88,15 @@ def worker(mode: str, model_name: str, tokens_path: str, batch_size: int, thread
 
     if threads > 0:
         torch.set_num_threads(threads)
-    from lens_position.decompose import decompose, decompose_dense
+    from lens_position.decompose import DecompositionReducer, decompose_dense
+    from lens_position.intervals import NO_INTERVALS, Bootstrap
     from lens_position.models import load_model
+    from lens_position.stream import stream
 
     loaded = load_model(model_name)
     tokens = torch.load(tokens_path)
     gc.collect()
-    times = []
+    times, kept = [], None
     with PeakSampler() as memory:
         for _ in range(1 if mode == "dense" else repeats):
             start = time.perf_counter()
@@ -101,8 +105,15 @@ def worker(mode: str, model_name: str, tokens_path: str, batch_size: int, thread
                     for first in range(0, len(tokens), batch_size):
                         loaded.model(tokens[first:first + batch_size], stop_at_layer=loaded.model.cfg.n_layers)
                 heads = None
-            elif mode == "streamed":
-                heads = decompose(loaded, tokens, batch_size=batch_size, progress=False).heads
+            elif mode in ("streamed", "streamed-no-intervals"):
+                # what decompose() does, keeping the reducer to weigh the statistics it keeps
+                reducer = DecompositionReducer(loaded, tokens, bootstrap=Bootstrap() if mode == "streamed"
+                                               else NO_INTERVALS)
+                stream(loaded, tokens, [reducer], batch_size=batch_size, progress=False)
+                heads = reducer.result(batch_size=batch_size).heads
+                kept = {"groups": reducer.n_groups, "bytes": sum(
+                    t.nbytes for s in reducer.stats.values()
+                    for t in (s.xty_t, s.xty_z, s.row_t, s.sum_y, s.sum_y2, s.n_sequences))}
             else:
                 heads = decompose_dense(loaded, tokens).heads
             times.append(time.perf_counter() - start)
@@ -112,7 +123,7 @@ def worker(mode: str, model_name: str, tokens_path: str, batch_size: int, thread
     result = {"mode": mode, "seconds": seconds, "all_seconds": times, "analysis_peak_bytes": memory.peak - memory.start,
               "rss_before_bytes": memory.start,
               "process_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-              "threads": torch.get_num_threads()}
+              "threads": torch.get_num_threads(), "kept_statistics": kept}
     Path(out).write_text(json.dumps(result))
 
 
@@ -123,9 +134,11 @@ def suite(args: argparse.Namespace) -> None:
     """The overhead and memory measurements of the module docstring, each printed as it ends."""
     import copy
 
+    from lens_position.decompose import MAX_GROUPS
+
     n = 8 if args.fast else 16
     summaries = []
-    for model, T in (("smollm2-135m", 256), ("gemma3-270m", 640)):
+    for model, T in () if args.memory_only else (("smollm2-135m", 256), ("gemma3-270m", 640)):
         case = copy.copy(args)
         case.model, case.T, case.N, case.skip_dense = model, T, n, True
         summary = run_all(case)
@@ -134,16 +147,27 @@ def suite(args: argparse.Namespace) -> None:
         print(f"==> {model} T={T} N={n}: streamed / bare = {ratio:.2f}x (target <= {OVERHEAD_TARGETS[model]}x: "
               f"{'met' if ratio <= OVERHEAD_TARGETS[model] else 'NOT met'})", flush=True)
         summaries.append(summary)
-    memory = {}
+    memory, kept = {}, {}
+    modes = ("streamed", "streamed-no-intervals")
     for n_seq in (16, 64):
         case = copy.copy(args)
-        case.model, case.T, case.N, case.skip_dense, case.modes = "smollm2-135m", 256, n_seq, True, ("streamed",)
+        case.model, case.T, case.N, case.skip_dense, case.modes = "smollm2-135m", 256, n_seq, True, modes
         summary = run_all(case)
-        memory[n_seq] = summary["runs"]["streamed"]["analysis_peak_bytes"] / 2**20
+        for mode in modes:
+            memory[mode, n_seq] = summary["runs"][mode]["analysis_peak_bytes"] / 2**20
+            kept[mode, n_seq] = summary["runs"][mode]["kept_statistics"]
         summaries.append(summary)
-    print(f"==> analysis peak memory, streamed decomposition, smollm2-135m T=256: N=16 {memory[16]:.0f} MiB, "
-          f"N=64 {memory[64]:.0f} MiB (ratio {memory[64] / max(memory[16], 1e-9):.2f}; independent of N "
-          "means about 1)", flush=True)
+    for mode, label in zip(modes, ("with intervals", "without intervals (n_resamples=0)")):
+        groups = {n: kept[mode, n]["groups"] for n in (16, 64)}
+        print(f"==> analysis peak memory, streamed decomposition, smollm2-135m T=256, {label}: "
+              f"N=16 {memory[mode, 16]:.0f} MiB, N=64 {memory[mode, 64]:.0f} MiB "
+              f"(ratio {memory[mode, 64] / max(memory[mode, 16], 1e-9):.2f}); statistics kept: "
+              f"{kept[mode, 16]['bytes'] / 2**20:.1f} MiB in {groups[16]} groups at N=16, "
+              f"{kept[mode, 64]['bytes'] / 2**20:.1f} MiB in {groups[64]} groups at N=64 "
+              f"({kept[mode, 64]['bytes'] / groups[64] / 2**20:.2f} MiB per group of sequences)", flush=True)
+    print(f"==> with intervals every sequence is its own resampling group up to {MAX_GROUPS} groups "
+          f"(lens_position.decompose.MAX_GROUPS), so the kept statistics grow with N up to N={MAX_GROUPS} and "
+          "not beyond; without intervals only the two halves are kept", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(summaries, indent=1, default=str))
 
@@ -161,7 +185,7 @@ def run_all(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         tokens_path = os.path.join(folder, "tokens.pt")
         torch.save(prompts.tokens, tokens_path)
-        for mode in getattr(args, "modes", MODES):
+        for mode in getattr(args, "modes", ("bare", "streamed", "dense")):
             if mode == "dense" and args.skip_dense:
                 continue
             out = os.path.join(folder, f"{mode}.json")
@@ -235,6 +259,7 @@ def main() -> None:
     parser.add_argument("--json", help="also write the summary here")
     parser.add_argument("--suite", action="store_true", help="the overhead and memory measurements (docstring)")
     parser.add_argument("--fast", action="store_true", help="with --suite: N=8 in the overhead runs")
+    parser.add_argument("--memory-only", action="store_true", help="with --suite: only the memory measurements")
     parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--tokens", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
