@@ -173,6 +173,9 @@ def combine(verdicts: list[str]) -> str:
 def _decide_text(n: int | None, estimate: Estimate, threshold: float, what: str) -> tuple[float, str]:
     """(N that would decide it, the sentence saying so) for an inconclusive comparison."""
     if not estimate.has_interval:
+        if n is not None and n < 2:
+            return math.nan, (f"No interval was computed for {what}: with N = {n} sequence there is nothing to "
+                              "resample (and no held-out half), so nothing is decided; rerun with more sequences.")
         return math.nan, (f"No interval was computed for {what} (intervals were switched off), so nothing is "
                           "decided; rerun with intervals.")
     needed = units_to_decide(n, estimate, threshold)

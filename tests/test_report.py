@@ -182,3 +182,12 @@ def test_browser_check_catches_a_javascript_error(tmp_path, report_file):
 def test_build_report_with_no_tables_still_shows_the_claims():
     text = build_report({})
     assert 'id="claim-C1"' in text and "not measured" in text
+
+
+def test_a_single_sequence_is_not_explained_as_intervals_switched_off():
+    """N = 1: no interval because there is nothing to resample, which the explanation says."""
+    tables = {k: v for k, v in fake_results().items() if not k.endswith("replicates")}
+    tables = {k: (v.assign(n_sequences=1) if "n_sequences" in v.columns else v) for k, v in tables.items()}
+    explanation = _rows(claims_table(tables), "C1")["explanation"].iloc[0]
+    assert "with N = 1 sequence there is nothing to resample" in explanation
+    assert "switched off" not in explanation
