@@ -156,11 +156,13 @@ def sweep_sentence(table: "pd.DataFrame", eps: float = 0.3) -> str:
                 f"{first['max_sink_score']:.3f} at the zoo's budget.")
     biggest = table.loc[(table["tokens"] * table["parameters"]).idxmax()]
     top = table.loc[table["max_sink_score"].idxmax()]
-    return (f"No point of the sweep formed a sink (every head score ≤ ε = {eps:g}; sink rates "
-            f"{table['sink_rate'].min():.3f}–{table['sink_rate'].max():.3f}). The largest head score went from "
-            f"{first['max_sink_score']:.3f} at the zoo's budget ({first['tokens'] / 1e6:.1f} M tokens) to "
-            f"{biggest['max_sink_score']:.3f} at the largest budget tried (`{biggest['point']}`: "
-            f"{biggest['tokens'] / 1e6:.1f} M tokens, {biggest['parameters'] / 1e6:.2f} M parameters); the highest, "
-            f"{top['max_sink_score']:.3f}, at `{top['point']}` ({top['change']}). Sinks need a larger budget than "
-            f"any tried here (up to {table['tokens'].max() / 1e6:.1f} M tokens, {table['parameters'].max() / 1e6:.2f} M "
-            f"parameters, context {table['context'].max()}).")
+    low, high = table["sink_rate"].min(), table["sink_rate"].max()
+    rates = f"sink rate {low:.3f} at every point" if low == high else f"sink rates {low:.3f}–{high:.3f}"
+    highest = "" if top["point"] == biggest["point"] else (
+        f" The highest score, {top['max_sink_score']:.3f}, is at `{top['point']}` ({top['change']}).")
+    return (f"No point of the sweep formed a sink (every head's mean score ≤ ε = {eps:g}; {rates}). The largest "
+            f"head score went from {first['max_sink_score']:.3f} at the zoo's budget ({first['tokens'] / 1e6:.1f} M "
+            f"tokens) to {biggest['max_sink_score']:.3f} at the largest budget tried (`{biggest['point']}`: "
+            f"{biggest['tokens'] / 1e6:.1f} M tokens, {biggest['parameters'] / 1e6:.2f} M parameters).{highest} "
+            f"Sinks need a larger budget than any tried here (up to {table['tokens'].max() / 1e6:.1f} M tokens, "
+            f"{table['parameters'].max() / 1e6:.2f} M parameters, context {table['context'].max()}).")
