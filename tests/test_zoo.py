@@ -306,7 +306,7 @@ def test_sweep_sentence_names_where_sinks_form_or_the_trend_without():
     from lens_position.zoo.sweep import sweep_sentence
 
     rows = [("zoo", "the shipped recipe", 614_400, 298_435, 128, 0.0, 0.097),
-            ("steps-4x", "4x the steps (tokens)", 2_457_600, 298_435, 128, 0.0, 0.15),
+            ("steps-4x", "4x the steps", 2_457_600, 298_435, 128, 0.0, 0.15),
             ("width-128", "4x the steps, d_model 128", 2_457_600, 1_120_899, 128, 0.01, 0.21)]
     table = pd.DataFrame(rows, columns=["point", "change", "tokens", "parameters", "context", "sink_rate",
                                         "max_sink_score"])
@@ -334,3 +334,16 @@ def test_a_run_with_other_models_keeps_the_zoo_out_of_the_papers_claims(tmp_path
     main_part, zoo_part = text.split('<section id="zoo">')
     assert "zoo:ntk" not in main_part.split("<h2>Provenance</h2>")[0].split('id="claims"')[1].split("</table>")[0]
     assert "ntk − ntk-control (R)" in zoo_part
+
+
+def test_the_shipped_sink_sweep_table_is_the_sweeps_points():
+    from lens_position.zoo.sweep import SINK_SWEEP, measured_sweep, point_recipe
+
+    table = measured_sweep()
+    unigram = find("zoo:rope").meta["unigram_bits_per_byte"]
+    assert list(table["point"]) == [p for p, _, _ in SINK_SWEEP]
+    for row in table.itertuples():
+        recipe = point_recipe(row.point)
+        assert (row.steps, row.tokens, row.d_model, row.context) == (recipe.steps, recipe.tokens, recipe.d_model,
+                                                                     recipe.context)
+        assert 0 <= row.sink_rate <= 1 and 0 < row.max_sink_score < 1 and row.held_out_bits < unigram

@@ -47,10 +47,10 @@ MEASURED = Path(__file__).parent / "sink_sweep.csv"
 #: (point, what changes, changes to the ``rope`` recipe), cheapest first.
 SINK_SWEEP: tuple[tuple[str, str, dict], ...] = (
     ("zoo", "the shipped recipe", {}),
-    ("steps-4x", "4x the steps (tokens)", {"steps": 1200}),
+    ("steps-4x", "4x the steps", {"steps": 1200}),
     ("context-512", "4x the steps, context 512 (batch 4)", {"steps": 1200, "context": 512, "batch": 4}),
     ("width-128", "4x the steps, d_model 128, d_mlp 512", {"steps": 1200, "d_model": 128, "d_mlp": 512}),
-    ("steps-12x", "12x the steps (tokens)", {"steps": 3600}),
+    ("steps-12x", "12x the steps", {"steps": 3600}),
 )
 
 
