@@ -39,6 +39,8 @@ WORKDIR = Path(tempfile.mkdtemp(prefix="lens_position_zoo_"))
 import dataclasses
 
 import pandas as pd
+import plotly.io as pio
+from IPython.display import Markdown
 
 from lens_position.data import build_prompts
 from lens_position.decompose import decompose
@@ -47,6 +49,9 @@ from lens_position.zoo import c3
 from lens_position.zoo.commands import list_table
 from lens_position.zoo.recipe import VARIANTS, recipe_for
 from lens_position.zoo.store import checkpoints
+from lens_position.zoo.sweep import measured_sweep, sweep_sentence
+
+pio.renderers.default = "plotly_mimetype+notebook"
 
 # %% [markdown]
 # ## 1. Recipes
@@ -106,6 +111,21 @@ table
 c3.loss_figure(checkpoints())
 
 # %% [markdown]
+# ### Did attention sinks form?
+#
+# Each checkpoint's JSON records its sink measurement (pydoc topics, T = 64, N = 32, ε = 0.3).
+# If none formed, is the training budget why? `lens-position zoo sink-sweep` trains the standard
+# RoPE recipe with more steps, a longer context and a wider model and measures the same numbers;
+# the table it measured when the zoo was trained ships with the package (rerunning the sweep
+# takes tens of minutes of one core, so it is read here, not run).
+
+# %%
+print(c3.sinks_sentence(checkpoints()))
+sweep = measured_sweep()
+sweep[["point", "change", "tokens", "parameters", "context", "held_out_bits", "train_seconds", "sink_rate",
+       "max_sink_score", "max_sink_score_by_layer"]]
+
+# %% [markdown]
 # ## 4. C3 from the zoo
 #
 # Decompose every shipped model (`load_model("zoo:ntk:seed1")` loads one by name), then answer
@@ -128,3 +148,27 @@ answer[["question", "a", "b", "metric", "a_mean", "b_mean", "difference", "low",
 
 # %%
 c3.depth_figure(tables)
+
+# %% [markdown]
+# ## Takeaways
+#
+# Built from the numbers computed above (rerun the notebook and they follow the data).
+
+# %%
+shipped = table[table["variant"].isin(VARIANTS)]
+below = bool((shipped["held_out_bits"] < shipped["unigram_bits"]).all())
+points = [
+    f"{len(shipped)} shipped models, {shipped['variant'].nunique()} variants; held-out loss "
+    f"{shipped['held_out_bits'].min():.2f}–{shipped['held_out_bits'].max():.2f} bits/byte against the unigram "
+    f"baseline's {shipped['unigram_bits'].iloc[0]:.2f}: every model is "
+    + ("below it." if below else "not below it."),
+    c3.sinks_sentence(checkpoints()),
+    sweep_sentence(sweep),
+]
+for r in answer.itertuples():
+    if r.n_seeds == 0:
+        continue
+    interval = f" [{r.low:+.4f}, {r.high:+.4f}]" if pd.notna(r.low) else ""
+    points.append(f"{r.question} {r.a} − {r.b} ({r.metric}) = {r.difference:+.4f}{interval} over {r.n_seeds} "
+                  f"paired seeds: **{r.verdict}**.")
+Markdown("\n".join(f"- {p}" for p in points))
