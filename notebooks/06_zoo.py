@@ -169,6 +169,6 @@ for r in answer.itertuples():
     if r.n_seeds == 0:
         continue
     interval = f" [{r.low:+.4f}, {r.high:+.4f}]" if pd.notna(r.low) else ""
-    points.append(f"{r.question} {r.a} − {r.b} ({r.metric}) = {r.difference:+.4f}{interval} over {r.n_seeds} "
-                  f"paired seeds: **{r.verdict}**.")
+    points.append(f"{r.question} ({r.a} − {r.b}, {r.metric}): {r.difference:+.4f}{interval} over {r.n_seeds} "
+                  f"paired seeds, **{r.verdict}**.")
 Markdown("\n".join(f"- {p}" for p in points))

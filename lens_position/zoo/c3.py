@@ -335,8 +335,8 @@ def sinks_sentence(checkpoints_in_run: Sequence[Any], eps: float = 0.3) -> str:
     return (f"No zoo model formed an attention sink: no head's mean attention on position 0 reaches ε = {eps:g} "
             f"in any of the {len(measured)} models (the largest, {score:.3f}, is a head of {top.name}; Gu et al.'s "
             f"sink rate, per prompt, is {min(rates):.3f}–{max(rates):.3f}). The zoo's training budget is too small "
-            "for sinks to form, so C5's sink part is not applicable on it and the C3 answers above are answers for "
-            "models without sinks; `lens-position zoo sink-sweep` measures the budget at which they form.")
+            "for sinks to form, so C5's sink part is not applicable on it and the zoo's C3 answers are answers for "
+            "models without sinks; `lens-position zoo sink-sweep` looks for the budget at which they form.")
 
 
 def report_section(tables: Mapping[str, pd.DataFrame], claims: pd.DataFrame) -> tuple[str, list[Any], str]:
