@@ -40,8 +40,8 @@ import dataclasses
 
 import pandas as pd
 import plotly.io as pio
-from IPython.display import Markdown
 
+from lens_position import takeaways
 from lens_position.data import build_prompts
 from lens_position.decompose import decompose
 from lens_position.models import load_model
@@ -150,9 +150,10 @@ answer[["question", "a", "b", "metric", "a_mean", "b_mean", "difference", "low",
 c3.depth_figure(tables)
 
 # %% [markdown]
-# ## Takeaways
+# ## What the numbers show
 #
-# Built from the numbers computed above (rerun the notebook and they follow the data).
+# Built from the numbers computed above (rerun the notebook and they follow the data): the zoo's
+# answers come from paired seed differences, not from the paper's claims table.
 
 # %%
 shipped = table[table["variant"].isin(VARIANTS)]
@@ -171,4 +172,4 @@ for r in answer.itertuples():
     interval = f" [{r.low:+.4f}, {r.high:+.4f}]" if pd.notna(r.low) else ""
     points.append(f"{r.question} ({r.a} − {r.b}, {r.metric}): {r.difference:+.4f}{interval} over {r.n_seeds} "
                   f"paired seeds, **{r.verdict}**.")
-Markdown("\n".join(f"- {p}" for p in points))
+takeaways.Takeaway.join("\n".join(f"- {p}" for p in points))
