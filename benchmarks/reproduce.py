@@ -16,7 +16,8 @@ and the slowest step. Target for the full default run on 2 cores: at most 15 min
         # (git worktree add /tmp/base 0b39ad5): the same command line run by each, one after
         # the other in a fresh process and output folder; prints both wall and CPU times, their
         # ratio (target <= 0.6x) and the max |difference| over every numeric column of every
-        # table both write (target <= 1e-10). --fast: smollm2-135m only.
+        # table both write (target <= 1e-10). --fast: smollm2-135m only; --threads 1: both on one
+        # torch thread (steadier CPU times on a busy machine).
     python benchmarks/reproduce.py --intervals-ratio       # also rerun without intervals: the cost ratio
 
 With ``--intervals-ratio`` the same reproduction runs a second time in this invocation with
@@ -101,6 +102,8 @@ def _timed_cli(pythonpath: Path, args: argparse.Namespace, models: str, out: Pat
     command += ["--T", str(args.T)] if args.T else []
     command += ["--N", str(args.N)] if args.N else []
     env = {**os.environ, "PYTHONPATH": str(pythonpath)}
+    if args.threads:  # both versions' torch on this many threads (the baseline has no --threads option)
+        env.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     completed = subprocess.run(command, env=env, cwd=str(pythonpath), capture_output=True, text=True)
@@ -245,7 +248,8 @@ def compare_with_baseline(args: argparse.Namespace) -> int:
     """This version and the baseline, the same reproduction each (module docstring)."""
     here = Path(__file__).resolve().parent.parent
     models = ",".join(FAST_MODELS) if args.fast else args.models
-    print(f"load before: {os.getloadavg()}, {os.cpu_count()} CPUs; models {models}", flush=True)
+    print(f"load before: {os.getloadavg()}, {os.cpu_count()} CPUs; models {models}; torch threads "
+          f"{args.threads or 'default'}", flush=True)
     runs = {}
     with tempfile.TemporaryDirectory(prefix="lens-position-bench-baseline-") as tmp:
         for name, path in (("baseline", args.baseline.resolve()), ("this version", here)):
@@ -305,6 +309,9 @@ def main() -> int:
     parser.add_argument("--baseline", type=Path, default=None,
                         help="a checkout of an earlier commit: time both versions and compare their tables")
     parser.add_argument("--fast", action="store_true", help="with --baseline: smollm2-135m only")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="with --baseline: torch threads of both runs (OMP_NUM_THREADS; default: torch's own). "
+                             "On a busy machine 1 keeps OpenMP's spin-waiting out of the CPU times")
     parser.add_argument("--intervals-ratio", action="store_true",
                         help="rerun without bootstrap intervals and print the cost ratio")
     args = parser.parse_args()
