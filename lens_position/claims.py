@@ -56,7 +56,8 @@ class PaperNumbers:
 
 
 PAPER = PaperNumbers()
-ROLE_NAMES = {"standard": "standard RoPE", "ntk": "NTK-scaled RoPE", "sliding": "sliding window"}
+ROLE_NAMES = {"standard": "standard RoPE", "ntk": "NTK-scaled RoPE", "sliding": "sliding window",
+              "no-rope": "no RoPE"}
 # The split the claims are decided on (module docstring): column suffix of its components.
 CLAIM_SPLIT = "_rf"
 
@@ -419,6 +420,11 @@ def _evaluate_c3(results: Tables, criteria: Criteria) -> list[Evaluation]:
             rows.append(_not_measured("C3", arch))
             continue
         measured = f"R'/(R'+M') = {b.share.format()}, depth slope of R' (per unit of relative depth) = {b.slope.format('+.3f')}"
+        if role == "no-rope":
+            rows.append(Evaluation("C3", arch, NOT_MEASURED, "R'/(R'+M')", b.share,
+                                   measured + "; not part of C3, which compares RoPE variants (this model has no "
+                                   "RoPE: NoPE or learned absolute positions)", b.n))
+            continue
         if missing:
             rows.append(Evaluation("C3", arch, NOT_MEASURED, "R'/(R'+M')", b.share,
                                    measured + "; not compared: needs " + ", ".join(missing), b.n))
@@ -437,7 +443,8 @@ def _evaluate_c3(results: Tables, criteria: Criteria) -> list[Evaluation]:
             elif part_verdict == FAILS and role != "standard":
                 texts.append(_c3_fail_text(arch, text, estimate))
         if role == "standard" and verdict != HOLDS:
-            owners = {b2.arch: combine([p[1] for p in parts[b2.arch]]) for b2 in balances if b2.role != "standard"}
+            owners = {b2.arch: combine([p[1] for p in parts[b2.arch]]) for b2 in balances
+                      if b2.role in ("ntk", "sliding")}
             texts.append(f"{arch} sits between only if every comparison holds; "
                          + "; ".join(f"{owner}: {v}" for owner, v in owners.items() if v != HOLDS)
                          + " (see those rows).")

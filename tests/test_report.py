@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import re
 
+import pandas as pd
 import pytest
 
 from fake_results import N_SEQUENCES, fake_results
@@ -191,3 +192,30 @@ def test_a_single_sequence_is_not_explained_as_intervals_switched_off():
     explanation = _rows(claims_table(tables), "C1")["explanation"].iloc[0]
     assert "with N = 1 sequence there is nothing to resample" in explanation
     assert "switched off" not in explanation
+
+
+def test_a_model_without_rope_is_outside_C3_and_leaves_the_comparison_alone():
+    """NoPE / learned absolute positions (role 'no-rope') are not a standard-RoPE model: C3
+    says so for them, and the verdicts of the RoPE models do not change."""
+    tables = fake_results()
+    extra = {}
+    for name, frame in tables.items():
+        if "role" in frame.columns:
+            other = frame[frame["role"] == "standard"].assign(role="no-rope", architecture="no RoPE: nope",
+                                                             model="nope")
+            extra[name] = pd.concat([frame, other], ignore_index=True)
+        else:
+            extra[name] = frame
+    before, after = claims_table(tables), claims_table(extra)
+    row = _rows(after, "C3").set_index("architecture").loc["no RoPE: nope"]
+    assert row["verdict"] == NOT_MEASURED and "not part of C3" in row["measured"]
+    c3_before = _rows(before, "C3").set_index("architecture")["verdict"]
+    c3_after = _rows(after, "C3").set_index("architecture")["verdict"].drop("no RoPE: nope")
+    assert c3_after.to_dict() == c3_before.to_dict()
+
+
+def test_zoo_models_without_rope_get_their_own_role():
+    from lens_position.models import load_model
+
+    roles = {v: load_model(f"zoo:{v}").spec.role for v in ("rope", "ntk", "window", "nope", "learned")}
+    assert roles == {"rope": "standard", "ntk": "ntk", "window": "sliding", "nope": "no-rope", "learned": "no-rope"}

@@ -191,8 +191,11 @@ def test_position_options_are_refused_on_zoo_models():
 
 
 def _layers(variant: str, seed: int, per_layer: list[float]) -> pd.DataFrame:
+    """``per_layer`` is R' (the reference-free split the claims use); the self-referenced R is a
+    constant, so an answer read off the wrong split resolves nothing."""
     return pd.DataFrame({"model": model_name(variant, seed), "layer": range(len(per_layer)), "keys": "all",
-                         "R_heldout": per_layer, "M_heldout": 0.1, "T_heldout": 0.2})
+                         "R_rf_heldout": per_layer, "M_rf_heldout": 0.1, "R_heldout": 0.3, "M_heldout": 0.2,
+                         "T_heldout": 0.2})
 
 
 def test_c3_answers_come_from_paired_seed_differences():
@@ -208,6 +211,8 @@ def test_c3_answers_come_from_paired_seed_differences():
     assert ntk["difference"] == pytest.approx(-0.05 + 0.001 * (0 + 1 + 4) / 3)
     assert answer.loc[("window", "rope", "R_slope")]["verdict"] == "higher"
     assert answer.loc[("nope", "rope", "R")]["verdict"].startswith("not resolved")
+    models = c3.models_table({"decompose_layers": pd.concat(frames)})
+    assert (models["R_self"] == 0.3).all() and (models["M_self"] == 0.2).all()
 
 
 def test_t_interval_uses_student_t_quantiles():

@@ -14,7 +14,7 @@ from lens_position.errors import ContextLengthError
 
 RopeKind = Literal["standard", "ntk-aware", "ntk-by-parts", "none"]
 Family = Literal["llama", "mistral", "qwen2", "gemma3", "custom"]
-Role = Literal["standard", "ntk", "sliding"]
+Role = Literal["standard", "ntk", "sliding", "no-rope"]
 
 
 @dataclass(frozen=True)
@@ -82,11 +82,14 @@ class ModelSpec:
     @property
     def role(self) -> Role:
         """The architecture role in a reproduction: ``"sliding"`` if any layer is local, else
-        ``"ntk"`` if its RoPE is NTK-scaled (aware or by-parts), else ``"standard"``."""
+        ``"ntk"`` if its RoPE is NTK-scaled (aware or by-parts), ``"no-rope"`` without RoPE (NoPE,
+        learned absolute positions: no part of C3's comparison), else ``"standard"``."""
         if self.has_sliding_window:
             return "sliding"
         if self.rope_kind in ("ntk-aware", "ntk-by-parts"):
             return "ntk"
+        if self.rope_kind == "none":  # NoPE or learned absolute positions: not a RoPE model
+            return "no-rope"
         return "standard"
 
     @property

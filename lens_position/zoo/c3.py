@@ -5,8 +5,10 @@ Input: the tables of a reproduction run over zoo models (``decompose_layers``, a
 present ``probe_layers``, ``sink_rate``, ``bos_overall``). Per model:
 
 - ``R``, ``M``, ``T``: held-out residual, mask and total shares of Var(log A), means over
-  layers (``R_heldout`` etc. of ``lens_position.decompose``; fractions in [0, 1]);
-- ``R_slope``: least-squares slope of the per-layer ``R_heldout`` against the layer index
+  layers, on the reference-free split the paper's claims are decided on (``R_rf_heldout``,
+  ``M_rf_heldout``, ``T_heldout`` of ``lens_position.decompose``; fractions in [0, 1]);
+  ``R_self``, ``M_self``: the same on the self-referenced split, beside them;
+- ``R_slope``: least-squares slope of the per-layer ``R_rf_heldout`` against the layer index
   (share per layer: "does R accumulate with depth");
 - ``probe_r2_last``: held-out R² of the position probe at the last layer's input;
 - ``sink_rate`` (natural text) and ``bos_removed`` (mean fraction of R removed by BOS
@@ -32,7 +34,7 @@ from lens_position.errors import BadInputError
 from lens_position.zoo.recipe import VARIANTS
 from lens_position.zoo.store import parse_name
 
-METRICS = ("R", "M", "T", "R_slope", "probe_r2_last", "sink_rate", "bos_removed")
+METRICS = ("R", "M", "T", "R_slope", "R_self", "M_self", "probe_r2_last", "sink_rate", "bos_removed")
 #: (question, variant a, variant b, metric): each answered by the paired difference a - b.
 QUESTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("Does NTK-aware scaling lower the residual share relative to its unscaled control?",
@@ -103,10 +105,11 @@ def models_table(tables: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
         variant, seed = parse_name(model)
         frame = frame.sort_values("layer")
         row: dict[str, Any] = {
-            "model": model, "variant": variant, "seed": seed, "R": frame["R_heldout"].mean(),
-            "M": frame["M_heldout"].mean(), "T": frame["T_heldout"].mean(),
-            "R_slope": _slope(frame["layer"], frame["R_heldout"]),
-            "R_first_layer": frame["R_heldout"].iloc[0], "R_last_layer": frame["R_heldout"].iloc[-1],
+            "model": model, "variant": variant, "seed": seed, "R": frame["R_rf_heldout"].mean(),
+            "M": frame["M_rf_heldout"].mean(), "T": frame["T_heldout"].mean(),
+            "R_slope": _slope(frame["layer"], frame["R_rf_heldout"]),
+            "R_first_layer": frame["R_rf_heldout"].iloc[0], "R_last_layer": frame["R_rf_heldout"].iloc[-1],
+            "R_self": frame["R_heldout"].mean(), "M_self": frame["M_heldout"].mean(),
         }
         probe = tables.get("probe_layers")
         if probe is not None and (probe["model"] == model).any():
@@ -173,7 +176,8 @@ def answer_markdown(answer: pd.DataFrame) -> str:
 
 
 def depth_figure(tables: Mapping[str, pd.DataFrame]) -> Any:
-    """Per-layer held-out R of each variant: mean over seeds, with the seeds' min-max as error bars."""
+    """Per-layer held-out R' (reference-free split) of each variant: mean over seeds, with the
+    seeds' min-max as error bars."""
     import plotly.graph_objects as go
 
     layers = tables["decompose_layers"]
@@ -183,13 +187,13 @@ def depth_figure(tables: Mapping[str, pd.DataFrame]) -> Any:
     zoo["variant"] = zoo["model"].map(lambda m: parse_name(m)[0])
     figure = go.Figure()
     for variant, frame in zoo.groupby("variant", sort=False):
-        stats = frame.groupby("layer")["R_heldout"].agg(["mean", "min", "max", "count"])
+        stats = frame.groupby("layer")["R_rf_heldout"].agg(["mean", "min", "max", "count"])
         figure.add_trace(go.Scatter(
             x=stats.index, y=stats["mean"], mode="lines+markers", name=f"{variant} (n={stats['count'].iloc[0]})",
             error_y=dict(type="data", symmetric=False, array=stats["max"] - stats["mean"],
                          arrayminus=stats["mean"] - stats["min"])))
-    figure.update_layout(title="Zoo: residual component R (held-out) by layer, mean over seeds (bars: min-max)",
-                         xaxis_title="layer", yaxis_title="R = Var(abs(t)) / Var(log A)", template="plotly_white")
+    figure.update_layout(title="Zoo: residual component R' (held-out, reference-free) by layer, mean over seeds "
+                         "(bars: min-max)", xaxis_title="layer", yaxis_title="R' (share of Var(log A))", template="plotly_white")
     return figure
 
 
