@@ -119,9 +119,10 @@ def at_least(estimate: Estimate, threshold: float) -> str:
     """``estimate >= threshold``, decided from its interval."""
     if not estimate.has_interval:
         return INCONCLUSIVE
-    if estimate.lo >= threshold:
+    low, high = estimate.decision_bounds
+    if low >= threshold:
         return HOLDS
-    if estimate.hi < threshold:
+    if high < threshold:
         return FAILS
     return INCONCLUSIVE
 
@@ -130,9 +131,10 @@ def below(estimate: Estimate, threshold: float) -> str:
     """``estimate < threshold``, decided from its interval."""
     if not estimate.has_interval:
         return INCONCLUSIVE
-    if estimate.hi < threshold:
+    low, high = estimate.decision_bounds
+    if high < threshold:
         return HOLDS
-    if estimate.lo >= threshold:
+    if low >= threshold:
         return FAILS
     return INCONCLUSIVE
 
@@ -141,9 +143,10 @@ def above(estimate: Estimate, threshold: float) -> str:
     """``estimate > threshold``, decided from its interval."""
     if not estimate.has_interval:
         return INCONCLUSIVE
-    if estimate.lo > threshold:
+    low, high = estimate.decision_bounds
+    if low > threshold:
         return HOLDS
-    if estimate.hi <= threshold:
+    if high <= threshold:
         return FAILS
     return INCONCLUSIVE
 
@@ -152,9 +155,10 @@ def within(estimate: Estimate, lo: float, hi: float) -> str:
     """``lo <= estimate <= hi``, decided from its interval."""
     if not estimate.has_interval:
         return INCONCLUSIVE
-    if lo <= estimate.lo and estimate.hi <= hi:
+    low, high = estimate.decision_bounds
+    if lo <= low and high <= hi:
         return HOLDS
-    if estimate.hi < lo or estimate.lo > hi:
+    if high < lo or low > hi:
         return FAILS
     return INCONCLUSIVE
 

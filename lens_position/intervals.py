@@ -151,12 +151,27 @@ class Estimate:
     def has_interval(self) -> bool:
         return math.isfinite(self.lo) and math.isfinite(self.hi)
 
+    @property
+    def off_centre(self) -> bool:
+        """Whether the estimate lies outside its own percentile interval: the resampling
+        distribution is off-centre (a ratio with a small, noisy denominator, say), and the
+        interval understates the uncertainty on the estimate's side."""
+        return self.has_interval and not self.lo <= self.value <= self.hi
+
+    @property
+    def decision_bounds(self) -> tuple[float, float]:
+        """``(lo, hi)`` widened to include the estimate: what verdicts are decided on, so that an
+        off-centre interval never decides more than the estimate itself supports."""
+        return min(self.lo, self.value), max(self.hi, self.value)
+
     def format(self, spec: str = ".3f", percent: bool = False) -> str:
-        """``"0.123 [0.100, 0.140]"`` (or in percent)."""
+        """``"0.123 [0.100, 0.140]"`` (or in percent); an off-centre interval says so."""
         scale, unit = (100.0, "%") if percent else (1.0, "")
         text = f"{self.value * scale:{spec}}{unit}"
         if self.has_interval:
             text += f" [{self.lo * scale:{spec}}{unit}, {self.hi * scale:{spec}}{unit}]"
+        if self.off_centre:
+            text += " (the estimate lies outside its bootstrap interval: an off-centre resampling distribution)"
         return text
 
 

@@ -35,6 +35,8 @@ def _cell(row: pd.Series) -> str:
         text = f"{value:.1e} (exact)"
     else:
         text = f"{value:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if math.isfinite(lo) else "")
+    if math.isfinite(lo) and math.isfinite(hi) and not lo <= value <= hi:
+        text += " (outside its interval: off-centre bootstrap)"
     return f"{text}: **{row['verdict']}**"
 
 

@@ -88,3 +88,21 @@ def test_nominal_95_percent_intervals_cover_the_truth_in_about_95_percent_of_rep
     print("coverage of nominal 95% intervals:", rates)
     for name, rate in rates.items():
         assert 0.87 <= rate <= 0.99, (name, rate)
+
+
+def test_an_estimate_outside_its_interval_is_flagged_and_decides_on_the_widened_interval():
+    """A ratio with a small, noisy denominator can have an off-centre bootstrap distribution whose
+    percentile interval excludes the estimate (measured: Gemma-3's fraction of R' removed by BOS
+    replacement, 0.892 [0.777, 0.877]). The number says so, and a verdict never rests on the
+    part of the interval that excludes the estimate."""
+    from lens_position.claims import FAILS, HOLDS, INCONCLUSIVE, above, below, within
+    from lens_position.intervals import Estimate
+
+    inside, outside = Estimate(0.80, 0.78, 0.88), Estimate(0.892, 0.777, 0.877)
+    assert not inside.off_centre and outside.off_centre
+    assert "outside its bootstrap interval" in outside.format() and "outside" not in inside.format()
+    assert outside.decision_bounds == (0.777, 0.892)
+    assert below(outside, 0.88) == INCONCLUSIVE  # the interval alone would say holds
+    assert above(outside, 0.88) == INCONCLUSIVE
+    assert within(outside, 0.25, 0.55) == FAILS and within(outside, 0.7, 0.9) == HOLDS
+    assert within(outside, 0.7, 0.88) == INCONCLUSIVE
