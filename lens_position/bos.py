@@ -145,5 +145,6 @@ def bos_replacement(
             fraction_removed=comparison.provenance["fraction_removed"],
             fraction_removed_raw=comparison.provenance["fraction_removed_raw"],
             fraction_removed_rf=comparison.provenance["fraction_removed_rf"],
-            intervals={**bootstrap.to_dict("sequence"), "pairing": comparison.provenance["intervals"]},
+            intervals={**bootstrap.to_dict("sequence", comparison.provenance["intervals"]["bias_corrected"]),
+                       "pairing": comparison.provenance["intervals"]},
         ))

@@ -39,7 +39,7 @@ from typing import Callable, Mapping
 import numpy as np
 import pandas as pd
 
-from lens_position.intervals import LEVEL, Estimate, from_replicates, units_to_decide
+from lens_position.intervals import LEVEL, Estimate, from_replicates, interval_method, units_to_decide
 
 Tables = Mapping[str, pd.DataFrame]
 
@@ -489,11 +489,11 @@ def _evaluate_c4(results: Tables, criteria: Criteria) -> list[Evaluation]:
             reps = reps_frame.pivot(index="replicate", columns="replacement", values=column
                                     ).mean(axis=1).to_numpy(dtype=float)
         n = int(overall["n_sequences"].iloc[0]) if "n_sequences" in overall.columns else None
-        mean = from_replicates(value, reps, n=n)
+        mean = from_replicates(value, reps, n=n, method=interval_method(column))
         per = []
         for _, row in overall.iterrows():
             est = Estimate(float(row[column]), float(row.get(f"{column}_lo", math.nan)),
-                           float(row.get(f"{column}_hi", math.nan)))
+                           float(row.get(f"{column}_hi", math.nan)), method=interval_method(column))
             per.append(f"{row['replacement']} {est.format('.0f', percent=True)}")
         measured = f"fraction of {label} removed: " + ", ".join(per) + f"; mean {mean.format('.0f', percent=True)}"
         verdict = within(mean, lo, hi)
@@ -609,7 +609,8 @@ CLAIMS: tuple[Claim, ...] = (
 )
 
 COLUMNS = ["claim", "statement", "criterion", "architecture", "verdict", "quantity", "value", "value_lo",
-           "value_hi", "level", "n_sequences", "n_to_decide", "measured", "explanation"]
+           "value_hi", "level", "interval_method", "interval_note", "n_sequences", "n_to_decide", "measured",
+           "explanation"]
 
 
 def evaluate(results: Tables, criteria: Criteria = Criteria()) -> list[Evaluation]:
@@ -640,13 +641,16 @@ def _overall(key: str, rows: list[Evaluation]) -> Evaluation:
 def claims_table(results: Tables, criteria: Criteria = Criteria()) -> pd.DataFrame:
     """The claims as one table (``claims.csv``): one row per (claim, architecture) and one
     ``"overall"`` row per claim; columns :data:`COLUMNS`. ``value``/``value_lo``/``value_hi``
-    are the estimate the criterion is applied to and its interval (``level``)."""
+    are the estimate the criterion is applied to and its interval (``level``; ``interval_method``
+    ``"percentile"`` or ``"bias-corrected percentile"``, for a quantity computed from in-sample
+    fits; ``interval_note`` says when the estimate lies outside its interval)."""
     statements = {c.key: c.statement for c in CLAIMS}
     criteria_text = {c.key: c.criterion(criteria) for c in CLAIMS}
     rows = [{
         "claim": e.claim, "statement": statements[e.claim], "criterion": criteria_text[e.claim],
         "architecture": e.architecture, "verdict": e.verdict, "quantity": e.quantity,
         "value": e.estimate.value, "value_lo": e.estimate.lo, "value_hi": e.estimate.hi, "level": e.estimate.level,
+        "interval_method": e.estimate.method if e.estimate.has_interval else "", "interval_note": e.estimate.note,
         "n_sequences": e.n, "n_to_decide": e.n_to_decide, "measured": e.measured, "explanation": e.explanation,
     } for e in evaluate(results, criteria)]
     return pd.DataFrame(rows, columns=COLUMNS).astype({"n_sequences": "Int64"})

@@ -22,8 +22,11 @@ summary every experiment reports in one place:
 
 **Intervals.** When base and condition carry bootstrap replicates (``Decomposition.replicates``)
 they resample the same sequences in each replicate (the prompts are the same), so every
-fraction's and every change's interval (``*_lo``/``*_hi``) is the percentile interval of that
-quantity computed replicate by replicate: a paired bootstrap. Per head, the changes' intervals
+fraction's and every change's interval (``*_lo``/``*_hi``) comes from that quantity computed
+replicate by replicate: a paired bootstrap. It is the bias-corrected percentile interval for the
+quantities computed from in-sample components (``fraction_removed``, ``fraction_removed_rf``,
+``R_change``, ``R_rf_change``) and the percentile interval for ``R_heldout_change``
+(:mod:`lens_position.intervals`: why). Per head, the changes' intervals
 come the same way from ``Decomposition.head_replicates``. ``Comparison.replicates`` keeps the
 overall fractions and changes per replicate. Both sides must have been decomposed with the
 same number of resamples (and seed); otherwise the intervals are NaN.
@@ -43,7 +46,7 @@ from transformer_lens import HookedTransformer
 
 from lens_position.decompose import Decomposition, decompose
 from lens_position.errors import BadInputError
-from lens_position.intervals import Bootstrap, percentile_interval
+from lens_position.intervals import BIAS_CORRECTED_QUANTITIES, Bootstrap, bootstrap_interval, interval_method
 from lens_position.models.spec import LoadedModel
 from lens_position.patching import Patch, as_tokens
 from lens_position.progress import progress as progress_bar
@@ -144,7 +147,8 @@ def _replicate_layer_fractions(base: Decomposition, condition: Decomposition
 
 def _with_intervals(row: dict[str, Any], fractions: dict[str, np.ndarray] | None, level: float) -> dict[str, Any]:
     for name in PAIRED:
-        lo, hi = (np.nan, np.nan) if fractions is None else percentile_interval(fractions[name], level)
+        lo, hi = (np.nan, np.nan) if fractions is None else bootstrap_interval(row[name], fractions[name], level,
+                                                                               interval_method(name))
         row[f"{name}_lo"], row[f"{name}_hi"] = float(lo), float(hi)
     return row
 
@@ -163,7 +167,9 @@ def _head_change_intervals(base: Decomposition, condition: Decomposition, level:
     for name, column in zip(HEAD_CHANGES, columns):
         paired[name] = paired[f"{column}_condition"] - paired[f"{column}_base"]
         grid = paired.pivot(index="replicate", columns=HEAD_KEYS, values=name)
-        lo, hi = percentile_interval(grid.to_numpy(), level)
+        estimate = (condition.heads.set_index(HEAD_KEYS)[column] - base.heads.set_index(HEAD_KEYS)[column]
+                    ).reindex(grid.columns).to_numpy(dtype=float)
+        lo, hi = bootstrap_interval(estimate, grid.to_numpy(), level, interval_method(name))
         frame = pd.DataFrame({"layer": grid.columns.get_level_values(0).astype(int),
                               "head": grid.columns.get_level_values(1).astype(int), f"{name}_lo": lo, f"{name}_hi": hi})
         out = frame if out is None else out.merge(frame, on=HEAD_KEYS)
@@ -232,8 +238,12 @@ def compare(base: Decomposition, conditions: Mapping[str, Decomposition]) -> Com
                     "fraction_removed_rf": "1 - R_rf_condition / R_rf_base (reference-free split)",
                     "R_change": "R_condition - R_base (per head; per layer and overall: of the means over heads)",
                     "intervals": {"method": "paired bootstrap: base and condition resample the same sequences per "
-                                            "replicate; each interval is the percentile interval of the quantity "
-                                            "computed replicate by replicate",
+                                            "replicate; each interval comes from the quantity computed replicate "
+                                            "by replicate: the bias-corrected percentile interval for the "
+                                            "quantities under 'bias_corrected' (computed from in-sample fits), "
+                                            "else the percentile "
+                                            "interval",
+                                  "bias_corrected": [name for name in PAIRED if name in BIAS_CORRECTED_QUANTITIES],
                                   **{k: v for k, v in ((base.provenance.get("options") or {}).get("intervals")
                                                        or {}).items() if k in ("level", "n_resamples", "seed")},
                                   "columns": [f"{name}_lo/_hi" for name in PAIRED],

@@ -59,7 +59,8 @@ from lens_position import provenance
 from lens_position.checks import check_count, check_layers, check_query_range
 from lens_position.errors import BadInputError, UnsupportedArchitectureError
 from lens_position.inputs import checked_prompts
-from lens_position.intervals import Bootstrap, percentile_interval, resample_counts, small_sample_widening
+from lens_position.intervals import (BIAS_CORRECTED_QUANTITIES, Bootstrap, bootstrap_interval, interval_method,
+                                    resample_counts, small_sample_widening)
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.results import SavedResult
 from lens_position.stream import stream
@@ -520,9 +521,11 @@ class Decomposition(SavedResult):
     no signal, NaN with a single sequence. ``R_rf, M_rf, C_rf`` (and ``*_heldout``) are
     the reference-free split of the same ``T`` (module docstring), ``T = R_rf + M_rf + C_rf``;
     NaN with ``keys="no-bos"``. Every component ``X`` has its bootstrap interval
-    ``X_lo``/``X_hi`` (NaN when intervals are off).
-    ``layers``: one row per layer, the mean over heads of each component, its interval (the
-    percentiles of that mean over the replicates), ``relative_depth`` = layer / (n_layers − 1),
+    ``X_lo``/``X_hi`` (NaN when intervals are off): the percentile interval for the held-out
+    components, the bias-corrected percentile one for the in-sample components, whose replicates
+    carry the in-sample fit's optimism once more (:mod:`lens_position.intervals`).
+    ``layers``: one row per layer, the mean over heads of each component, its interval (from
+    that mean over the replicates, the same method), ``relative_depth`` = layer / (n_layers − 1),
     ``query_stop`` and ``n_sequences``.
     ``provenance``: model spec, data spec, seed, options (bins, query range, keys), the
     interval method, level and number of resamples, versions.
@@ -699,7 +702,8 @@ class DecompositionReducer:
                 replicates = _components(fitters[window], self.stats[layer], weights)
                 replicates = {k: widen(torch.as_tensor(values[k]), v) for k, v in replicates.items()}
                 for name in COMPONENTS:
-                    bounds[name] = percentile_interval(replicates[name].numpy(), level)
+                    bounds[name] = bootstrap_interval(values[name], replicates[name].numpy(), level,
+                                                      interval_method(name))
                 replicate_frames.append(pd.DataFrame({
                     "replicate": np.arange(len(weights)), "layer": layer,
                     **{name: replicates[name].mean(-1).numpy() for name in COMPONENTS}}))
@@ -727,14 +731,17 @@ class DecompositionReducer:
                 per_layer[f"{name}_lo"] = per_layer[f"{name}_hi"] = np.nan
                 continue
             grid = replicates.pivot(index="replicate", columns="layer", values=name)
-            lo, hi = percentile_interval(grid[per_layer["layer"].tolist()].to_numpy(), level)
+            lo, hi = bootstrap_interval(per_layer[name].to_numpy(dtype=float),
+                                        grid[per_layer["layer"].tolist()].to_numpy(), level, interval_method(name))
             per_layer[f"{name}_lo"], per_layer[f"{name}_hi"] = lo, hi
         prov = provenance.collect(
             model=self.loaded.spec, data=self.data, seed=self.seed, layers=self.layers,
             query_range=[self.query_start, self.query_stop], keys=self.keys, **options,
             bins={**self.bins.to_dict(), "position_edges": self.bins.edges(self.length).tolist(), "offsets": "exact"},
             heldout=HELDOUT_DEFINITION, reference_free=REFERENCE_FREE_DEFINITION,
-            intervals={**self.bootstrap.to_dict("sequence"), "groups": self.n_groups,
+            intervals={**self.bootstrap.to_dict("sequence", [c for c in COMPONENTS
+                                                               if c in BIAS_CORRECTED_QUANTITIES]),
+                       "groups": self.n_groups,
                        "strata": "halves (even / odd sequences), resampled separately"},
             mask_windows={str(layer): self.windows[layer] for layer in self.layers},
         )

@@ -24,6 +24,27 @@ Two rules make the replicates useful beyond one number:
 Units can be stratified (the decomposition's held-out fit needs both halves of the
 sequences): units are then drawn with replacement within each stratum, so every
 replicate keeps the sizes of the strata.
+
+**Two interval methods, chosen by the estimator.** A held-out value (a cross-fit), a mean
+of scores or rates, and what is computed from them, keep the *percentile* interval: their
+replicates are centred on the estimate. An *in-sample* fit (the decomposition's ``T``,
+``R``, ``M``, ``C``, ``R'``, ``M'``, ``C'`` without ``_heldout``, and the fractions and
+changes computed from them) is biased: its fitted absolute part also fits noise, by an
+amount that shrinks as ``1/N``. A bootstrap replicate refits on a resample and takes the same
+bias once more, so its replicates sit beside the estimate by about that bias and the
+percentile interval lies on the wrong side (on SmolLM2-135M every in-sample ``T`` and ``R'``
+layer mean lies below all or nearly all of its replicates; on synthetic scores the
+percentile intervals of the in-sample ``M`` and ``C`` cover the truth in 7% and 0% of
+repetitions). Such quantities get the *bias-corrected percentile* interval: the percentile
+interval moved by twice the bootstrap's median bias ``β = median(replicates) − estimate``,
+``[q_lo − 2β, q_hi − 2β]``, centred on the bias-corrected estimate ``estimate − β`` with the
+replicates' own (possibly skewed) spread. It is the location form of Efron's bias
+correction; Efron's BC and BCa intervals correct the same bias by picking other percentiles
+instead, which for a bias of more than about a third of the replicates' spread lie beyond the
+outermost of 200 replicates (and with every replicate on one side of the estimate, as for
+Gemma-3's fraction of ``R'`` removed by BOS replacement, are undefined). The *basic* interval
+``2·estimate − (q_hi, q_lo)`` corrects it too, but reflects the replicates' skew the wrong
+way for a ratio. tests/test_intervals.py measures all four.
 """
 
 from __future__ import annotations
@@ -34,6 +55,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
+import pandas as pd
 import torch
 from jaxtyping import Float, Int
 
@@ -42,7 +64,29 @@ from lens_position.errors import BadInputError
 LEVEL = 0.95
 N_RESAMPLES = 200
 BOOTSTRAP_SEED = 20_260_606  # fixed so that analyses of the same prompts draw the same replicates
-METHOD = "percentile bootstrap over whole units, replicates widened by sqrt(m / (m - 1))"
+PERCENTILE, BIAS_CORRECTED = "percentile", "bias-corrected percentile"
+INTERVAL_METHODS = {
+    PERCENTILE: "percentile interval: the (1 - level) / 2 and (1 + level) / 2 quantiles of the replicates",
+    BIAS_CORRECTED: "bias-corrected percentile interval: those quantiles minus twice the bootstrap's median bias "
+                    "(median of the replicates - estimate), for in-sample fits and what is computed from them, "
+                    "whose replicates take the fit's bias once more",
+}
+# The in-sample quantities (module docstring), by column name wherever they are written: the
+# decomposition's in-sample components, and the fractions and changes lens_position.compare
+# computes from them. Each gets the bias-corrected percentile interval; every other quantity the
+# percentile one.
+BIAS_CORRECTED_QUANTITIES = frozenset({"T", "R", "M", "C", "R_rf", "M_rf", "C_rf",
+                              "fraction_removed", "fraction_removed_rf", "R_change", "R_rf_change"})
+
+
+def interval_method(quantity: str) -> str:
+    """The interval method of a quantity (a column name): :data:`BIAS_CORRECTED` for
+    :data:`BIAS_CORRECTED_QUANTITIES`, else :data:`PERCENTILE`."""
+    return BIAS_CORRECTED if quantity in BIAS_CORRECTED_QUANTITIES else PERCENTILE
+
+
+METHOD = ("bootstrap over whole units, replicates widened by sqrt(m / (m - 1)); percentile interval, "
+          "bias-corrected percentile interval for in-sample fits and the quantities computed from them")
 
 
 @dataclass(frozen=True)
@@ -66,10 +110,17 @@ class Bootstrap:
     def enabled(self) -> bool:
         return self.n_resamples > 0
 
-    def to_dict(self, unit: str = "sequence") -> dict[str, Any]:
-        return {"method": f"percentile bootstrap over whole {unit}s, the replicates' spread widened by "
-                          "sqrt(m / (m - 1)) for m units per stratum", "level": self.level,
-                "n_resamples": self.n_resamples, "seed": self.seed}
+    def to_dict(self, unit: str = "sequence", bias_corrected: Sequence[str] = ()) -> dict[str, Any]:
+        """The provenance of the intervals; ``bias_corrected`` names the quantities whose interval
+        is the bias-corrected percentile one, every other interval being the percentile one."""
+        out = {"method": f"bootstrap over whole {unit}s, the replicates' spread widened by sqrt(m / (m - 1)) "
+                         "for m units per stratum; " + (
+                             f"{INTERVAL_METHODS[BIAS_CORRECTED]} (the quantities under 'bias_corrected'), else "
+                             f"the {INTERVAL_METHODS[PERCENTILE]}" if bias_corrected else INTERVAL_METHODS[PERCENTILE]),
+               "level": self.level, "n_resamples": self.n_resamples, "seed": self.seed}
+        if bias_corrected:
+            out["bias_corrected"] = list(bias_corrected)
+        return out
 
 
 NO_INTERVALS = Bootstrap(n_resamples=0)
@@ -129,6 +180,25 @@ def percentile_interval(replicates: np.ndarray | torch.Tensor, level: float = LE
     return lo.reshape(values.shape[1:])[()], hi.reshape(values.shape[1:])[()]
 
 
+def bootstrap_interval(estimate: float | np.ndarray, replicates: np.ndarray | torch.Tensor, level: float = LEVEL,
+                       method: str = PERCENTILE) -> tuple[np.ndarray, np.ndarray]:
+    """``(lo, hi)`` from ``replicates`` (axis 0) of ``estimate`` (shape ``replicates.shape[1:]``):
+    the percentile interval, or with ``method = BIAS_CORRECTED`` the same moved by twice the
+    median bias ``median(replicates) − estimate`` (module docstring: which quantities get which).
+    NaN replicates are ignored, as in :func:`percentile_interval`."""
+    lo, hi = percentile_interval(replicates, level)
+    if method == PERCENTILE:
+        return lo, hi
+    if method != BIAS_CORRECTED:
+        raise BadInputError(f"unknown interval method {method!r}; use {PERCENTILE!r} or {BIAS_CORRECTED!r}")
+    values = np.asarray(replicates, dtype=float)
+    with warnings.catch_warnings():  # an all-NaN column is a legitimate "no interval"
+        warnings.simplefilter("ignore", RuntimeWarning)
+        median = np.nanmedian(values, axis=0) if np.isnan(values).any() else np.median(values, axis=0)
+    shift = 2 * (median - np.asarray(estimate, dtype=float))
+    return (lo - shift)[()], (hi - shift)[()]
+
+
 def _nan_percentiles(values: np.ndarray, tail: float) -> tuple[np.ndarray, np.ndarray]:
     """The percentiles ``tail`` and ``1 - tail`` along axis 0, ignoring NaN."""
     with warnings.catch_warnings():  # an all-NaN column is a legitimate "no interval"
@@ -139,13 +209,15 @@ def _nan_percentiles(values: np.ndarray, tail: float) -> tuple[np.ndarray, np.nd
 @dataclass(frozen=True)
 class Estimate:
     """A number with its interval: ``value`` (the estimate on all the data), ``lo``, ``hi``
-    (the interval at ``level``; NaN when not computed) and ``n`` (the units it rests on)."""
+    (the interval at ``level``; NaN when not computed), ``n`` (the units it rests on) and
+    ``method`` (:data:`PERCENTILE`, or :data:`BIAS_CORRECTED` for an in-sample fit)."""
 
     value: float
     lo: float = math.nan
     hi: float = math.nan
     level: float = LEVEL
     n: int | None = None
+    method: str = PERCENTILE
 
     @property
     def has_interval(self) -> bool:
@@ -153,34 +225,83 @@ class Estimate:
 
     @property
     def off_centre(self) -> bool:
-        """Whether the estimate lies outside its own percentile interval: the resampling
-        distribution is off-centre (a ratio with a small, noisy denominator, say), and the
-        interval understates the uncertainty on the estimate's side."""
+        """Whether the estimate lies outside its own interval. For a percentile interval the
+        resampling distribution is off-centre and the interval understates the uncertainty on
+        the estimate's side; for a bias-corrected interval (an in-sample fit) the
+        bootstrap's bias is larger than the interval's half-width on the estimate's side, and the
+        interval has corrected it."""
         return self.has_interval and not self.lo <= self.value <= self.hi
 
     @property
     def decision_bounds(self) -> tuple[float, float]:
-        """``(lo, hi)`` widened to include the estimate: what verdicts are decided on, so that an
-        off-centre interval never decides more than the estimate itself supports."""
+        """What verdicts are decided on: a bias-corrected interval as it is (an estimate outside it
+        is the bias it corrected); a percentile interval widened to include the estimate, so that
+        an off-centre one never decides more than the estimate itself supports."""
+        if self.method == BIAS_CORRECTED:
+            return self.lo, self.hi
         return min(self.lo, self.value), max(self.hi, self.value)
 
+    @property
+    def note(self) -> str:
+        """What a reader needs to know about the interval beyond its bounds ("" for a centred
+        percentile interval): :func:`interval_note`."""
+        return interval_note(self.method, self.value, self.lo, self.hi)
+
     def format(self, spec: str = ".3f", percent: bool = False) -> str:
-        """``"0.123 [0.100, 0.140]"`` (or in percent); an off-centre interval says so."""
+        """``"0.123 [0.100, 0.140]"`` (or in percent), followed by :attr:`note` in brackets."""
         scale, unit = (100.0, "%") if percent else (1.0, "")
         text = f"{self.value * scale:{spec}}{unit}"
         if self.has_interval:
             text += f" [{self.lo * scale:{spec}}{unit}, {self.hi * scale:{spec}}{unit}]"
-        if self.off_centre:
-            text += " (the estimate lies outside its bootstrap interval: an off-centre resampling distribution)"
+        if self.note:
+            text += f" ({self.note})"
         return text
 
 
-def from_replicates(value: float, replicates: np.ndarray, level: float = LEVEL, n: int | None = None) -> Estimate:
-    """An :class:`Estimate` of ``value`` with the percentile interval of ``replicates``."""
+def interval_note(method: str, value: float, lo: float, hi: float) -> str:
+    """The words that go with an interval wherever it is written (``Estimate.format``, the
+    tables' ``interval_notes``, the figures' hover text): its method when it is not the
+    percentile one, and whether the estimate lies outside it ("" for a centred percentile
+    interval or no interval)."""
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return ""
+    side = "above" if value > hi else "below" if value < lo else ""
+    if method == BIAS_CORRECTED:
+        return f"bias-corrected interval; the in-sample estimate lies {side} it" if side else "bias-corrected interval"
+    return "the estimate lies outside its bootstrap interval: an off-centre resampling distribution" if side else ""
+
+
+def annotate_intervals(frame: pd.DataFrame,
+                       bias_corrected: Sequence[str] | frozenset[str] = BIAS_CORRECTED_QUANTITIES) -> pd.DataFrame:
+    """``frame`` with two columns that say what its ``*_lo``/``*_hi`` columns are:
+    ``interval_method`` (which quantities have the bias-corrected percentile interval; the same
+    on every row) and ``outside_interval`` (per row, the quantities whose estimate lies outside
+    its own interval, comma-separated; "" when none). Nothing is added to a frame without
+    interval columns, or whose intervals were not computed."""
+    quantities = [c[:-3] for c in frame.columns if c.endswith("_lo") and f"{c[:-3]}_hi" in frame.columns
+                  and c[:-3] in frame.columns]
+    if not quantities or frame[[f"{q}_lo" for q in quantities]].isna().all().all():
+        return frame
+    frame = frame.copy()
+    corrected = [q for q in quantities if q in set(bias_corrected)]
+    frame["interval_method"] = (f"bias-corrected percentile: {', '.join(corrected)}; percentile: the others"
+                                if corrected else "percentile")
+    outside = np.zeros((len(frame), len(quantities)), dtype=bool)
+    for k, q in enumerate(quantities):
+        value, lo, hi = (frame[c].to_numpy(dtype=float) for c in (q, f"{q}_lo", f"{q}_hi"))
+        with np.errstate(invalid="ignore"):
+            outside[:, k] = (value < lo) | (value > hi)
+    frame["outside_interval"] = [", ".join(q for q, out in zip(quantities, row) if out) for row in outside]
+    return frame
+
+
+def from_replicates(value: float, replicates: np.ndarray, level: float = LEVEL, n: int | None = None,
+                    method: str = PERCENTILE) -> Estimate:
+    """An :class:`Estimate` of ``value`` with the interval (``method``) of ``replicates``."""
     if replicates is None or len(replicates) == 0:
-        return Estimate(float(value), level=level, n=n)
-    lo, hi = percentile_interval(np.asarray(replicates, dtype=float), level)
-    return Estimate(float(value), float(lo), float(hi), level, n)
+        return Estimate(float(value), level=level, n=n, method=method)
+    lo, hi = bootstrap_interval(float(value), np.asarray(replicates, dtype=float), level, method)
+    return Estimate(float(value), float(lo), float(hi), level, n, method)
 
 
 def bootstrap_mean(values: Float[np.ndarray, "unit ..."], bootstrap: Bootstrap = Bootstrap()

@@ -35,7 +35,10 @@ def _cell(row: pd.Series) -> str:
         text = f"{value:.1e} (exact)"
     else:
         text = f"{value:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if math.isfinite(lo) else "")
-    if math.isfinite(lo) and math.isfinite(hi) and not lo <= value <= hi:
+    note = row.get("interval_note")
+    if isinstance(note, str) and note:  # the claims module's words (Estimate.note): method, estimate outside
+        text += f" ({note})"
+    elif math.isfinite(lo) and math.isfinite(hi) and not lo <= value <= hi:  # a claims.csv without the column
         text += " (outside its interval: off-centre bootstrap)"
     return f"{text}: **{row['verdict']}**"
 

@@ -54,11 +54,17 @@ CHANGE_INTERVALS = {"fraction_removed_lo", "fraction_removed_hi", "fraction_remo
 def test_changes_of_R_have_paired_intervals_per_head_per_layer_and_overall():
     """A self patch leaves every replicate unchanged, so its paired intervals have zero width
     (an unpaired bootstrap would not); a real patch's change has an interval of positive width
-    around it. Each interval is the percentile interval of the change computed replicate by
-    replicate, per head from ``head_replicates``, per layer from ``replicates``."""
+    around it. Each interval comes from the change computed replicate by replicate, per head from
+    ``head_replicates``, per layer from ``replicates``: the percentile interval for a held-out
+    component's change, the bias-corrected percentile interval for an in-sample one's."""
     import numpy as np
 
-    from lens_position.intervals import percentile_interval
+    from lens_position.intervals import BIAS_CORRECTED, bootstrap_interval, percentile_interval
+
+    def intervals_differ(row, name, layer_reps):
+        """The bias correction moved the interval (the replicates' median is not the estimate)."""
+        lo, _ = percentile_interval((layer_reps["R_rf_condition"] - layer_reps["R_rf_base"]).to_numpy())
+        return abs(row[f"{name}_lo"] - lo) > 1e-9
     from lens_position.toy import random_model
 
     loaded = random_model(n_layers=2, d_vocab=50)
@@ -80,7 +86,8 @@ def test_changes_of_R_have_paired_intervals_per_head_per_layer_and_overall():
                   .to_numpy()).max() < 1e-12
     assert comparison.overall.set_index("condition").loc["self", "R_rf_change_hi"] == pytest.approx(0.0, abs=1e-12)
     patched = comparison.heads[comparison.heads.condition == "token 0"]
-    assert ((patched.R_change_lo <= patched.R_change) & (patched.R_change <= patched.R_change_hi)).all()
+    assert ((patched.R_heldout_change_lo <= patched.R_heldout_change)
+            & (patched.R_heldout_change <= patched.R_heldout_change_hi)).all()
     assert (patched.R_change_hi - patched.R_change_lo).min() > 0
     # explicit: the per-head and per-layer replicate differences
     reps = base.head_replicates.merge(conditions["token 0"].head_replicates, on=["replicate", "layer", "head"],
@@ -93,11 +100,15 @@ def test_changes_of_R_have_paired_intervals_per_head_per_layer_and_overall():
     layer_reps = base.replicates.merge(conditions["token 0"].replicates, on=["replicate", "layer"],
                                        suffixes=("_base", "_condition"))
     layer_reps = layer_reps[layer_reps.layer == 0]
-    lo, hi = percentile_interval((layer_reps["R_rf_condition"] - layer_reps["R_rf_base"]).to_numpy())
     layer = comparison.layers.set_index(["condition", "layer"]).loc[("token 0", 0)]
+    # R' is an in-sample component: its change gets the bias-corrected percentile interval
+    lo, hi = bootstrap_interval(layer.R_rf_change, (layer_reps["R_rf_condition"] - layer_reps["R_rf_base"]).to_numpy(),
+                                0.95, BIAS_CORRECTED)
     assert (layer.R_rf_change_lo, layer.R_rf_change_hi) == (pytest.approx(lo, abs=1e-12), pytest.approx(hi, abs=1e-12))
+    assert intervals_differ(layer, "R_rf_change", layer_reps)
     intervals = comparison.provenance["intervals"]
     assert intervals["n_resamples"] == 200 and intervals["level"] == 0.95 and "paired" in intervals["method"]
+    assert intervals["bias_corrected"] == ["fraction_removed", "fraction_removed_rf", "R_change", "R_rf_change"]
 
 
 def test_change_intervals_are_nan_when_the_sides_drew_different_replicates():

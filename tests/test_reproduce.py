@@ -382,7 +382,10 @@ def test_prompt_sets_are_opt_in_and_reported_beside_the_claims(tmp_path):
     sets, summary = pd.read_csv(out / "prompt_sets.csv"), pd.read_csv(out / "prompt_sets_summary.csv")
     assert list(sets.columns) == ["architecture", "role", "model", *SET_COLUMNS]
     assert sorted(sets["set"].unique()) == [1, 2, 3]
-    assert list(summary.columns) == ["architecture", "role", "model", *SUMMARY_COLUMNS]
+    # a written table with intervals says how they were made (lens_position.intervals.annotate_intervals)
+    assert list(summary.columns) == ["architecture", "role", "model", *SUMMARY_COLUMNS, "interval_method",
+                                     "outside_interval"]
+    assert set(summary["interval_method"]) == {"percentile"}
     assert summary["quantity"].tolist() == ["T_heldout", "R_rf_heldout", "M_rf_heldout"]
     assert (summary["n_sets"] == 3).all() and (summary["bootstrap_sd"] > 0).all()
     report = (out / "report.html").read_text()

@@ -21,6 +21,7 @@ from lens_position import claims as claims_module
 from lens_position import provenance as provenance_module
 from lens_position import report as report_module
 from lens_position.errors import LensPositionError, MissingPackageError, is_input_error
+from lens_position.intervals import annotate_intervals
 from lens_position.pipeline import steps as steps_module
 from lens_position.pipeline.cache import StepCache, jsonable
 from lens_position.pipeline.config import RunConfig
@@ -237,8 +238,10 @@ def run_provenance(config: RunConfig, plan: Plan, collected: Collected) -> dict[
 
 def write_outputs(folder: OutputFolder, tables: Mapping[str, pd.DataFrame], claims: pd.DataFrame,
                   fmt: str) -> dict[str, Path]:
-    """The tables and the claims, each written whole."""
-    files = {name: folder.table(name, frame, fmt) for name, frame in tables.items()}
+    """The tables and the claims, each written whole; a table with intervals gets the columns
+    that say which method made them and where an estimate lies outside its own
+    (:func:`lens_position.intervals.annotate_intervals`)."""
+    files = {name: folder.table(name, annotate_intervals(frame), fmt) for name, frame in tables.items()}
     files["claims"] = folder.table("claims", claims, "csv")
     return files
 
