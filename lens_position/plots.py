@@ -24,6 +24,7 @@ from plotly.subplots import make_subplots
 
 from lens_position.claims import PAPER
 from lens_position.errors import BadInputError
+from lens_position.intervals import interval_method, interval_note
 
 _PALETTE = qualitative.Plotly
 _DASHES = ("solid", "dash", "dot", "dashdot", "longdash")
@@ -76,14 +77,42 @@ def _as_list(values: Sequence) -> list:
 def _error_bars(frame: pd.DataFrame, column: str, scale: float = 1.0) -> dict | None:
     """plotly ``error_y`` drawing the interval ``[column_lo, column_hi]`` around ``column``
     (None when the frame has no interval columns). Bars are asymmetric: a bootstrap
-    interval need not be centred on the estimate."""
+    interval need not be centred on the estimate. An interval that excludes its estimate
+    cannot be drawn around it: its bar spans the interval and the estimate, and the point
+    says so (:func:`_interval_marks`: an open marker or a hatched bar, and the hover text)."""
     lo, hi = f"{column}_lo", f"{column}_hi"
     if lo not in frame.columns or hi not in frame.columns:
         return None
     value = frame[column].to_numpy(dtype=float)
-    above = _as_list(scale * (frame[hi].to_numpy(dtype=float) - value))
-    under = _as_list(scale * (value - frame[lo].to_numpy(dtype=float)))
+    with np.errstate(invalid="ignore"):
+        above = _as_list(scale * np.maximum(frame[hi].to_numpy(dtype=float) - value, 0.0))
+        under = _as_list(scale * np.maximum(value - frame[lo].to_numpy(dtype=float), 0.0))
     return dict(type="data", symmetric=False, array=above, arrayminus=under, thickness=1.2, width=3)
+
+
+def _interval_marks(frame: pd.DataFrame, column: str, scale: float = 1.0, spec: str = ".4f"
+                    ) -> tuple[list[bool], list[str]]:
+    """Per point of ``column``: whether its estimate lies outside its own interval, and the hover
+    text of the interval, ``"interval [lo, hi]"`` and its note (:func:`lens_position.intervals.interval_note`:
+    the method when it is the bias-corrected one, an estimate outside). No interval: all False, ""."""
+    if f"{column}_lo" not in frame.columns or f"{column}_hi" not in frame.columns:
+        return [False] * len(frame), [""] * len(frame)
+    method = interval_method(column)
+    outside, texts = [], []
+    for value, lo, hi in frame[[column, f"{column}_lo", f"{column}_hi"]].to_numpy(dtype=float):
+        if not (np.isfinite(lo) and np.isfinite(hi)):
+            outside.append(False)
+            texts.append("")
+            continue
+        note = interval_note(method, value, lo, hi)
+        outside.append(not lo <= value <= hi)
+        texts.append(f"interval [{scale * lo:{spec}}, {scale * hi:{spec}}]" + (f" ({note})" if note else ""))
+    return outside, texts
+
+
+def _marker_symbols(outside: list[bool], symbol: str = "circle") -> list[str]:
+    """An open marker where the estimate lies outside its interval."""
+    return [f"{symbol}-open" if out else symbol for out in outside]
 
 
 def _relative_depth(frame: pd.DataFrame) -> list:
@@ -129,7 +158,8 @@ def layer_components(layers: pd.DataFrame, *, by: str = "architecture",
     component: the reference-free split (``R_rf``, ``M_rf``) beside the self-referenced one.
     x = relative depth layer / (n_layers − 1) when the frame has ``relative_depth`` (the
     axis C3's depth slope is computed on), else the layer index; error bars = the
-    ``*_lo``/``*_hi`` interval when present.
+    ``*_lo``/``*_hi`` interval when present (an open marker: the estimate lies outside its
+    interval; hovering a point gives the interval and its method).
     """
     cols = [c + ("_heldout" if heldout else "") for c in components]
     _require(layers, ["layer", *cols], "layer_components")
@@ -140,12 +170,14 @@ def layer_components(layers: pd.DataFrame, *, by: str = "architecture",
     for gi, (name, frame) in enumerate(_groups(layers, by)):
         frame = frame.sort_values("layer")
         for ci, col in enumerate(cols):
+            outside, texts = _interval_marks(frame, col)
             fig.add_trace(go.Scatter(
                 x=_relative_depth(frame), y=_as_list(frame[col]), mode="lines+markers",
-                error_y=_error_bars(frame, col), customdata=_as_list(frame["layer"]),
+                error_y=_error_bars(frame, col), customdata=_as_list(frame["layer"]), text=texts,
+                marker=dict(symbol=_marker_symbols(outside), size=7),
                 name=name, legendgroup=name, showlegend=ci == 0,
                 line=dict(color=_color(gi)), meta={"group": name, "quantity": col},
-                hovertemplate=f"{name}<br>layer %{{customdata}}<br>{col} = %{{y:.4f}}<extra></extra>",
+                hovertemplate=f"{name}<br>layer %{{customdata}}<br>{col} = %{{y:.4f}}<br>%{{text}}<extra></extra>",
             ), row=1, col=ci + 1)
             fig.update_xaxes(title_text=x_title, row=1, col=ci + 1)
     fig.update_yaxes(title_text="fraction of Var(log A)", row=1, col=1)
@@ -161,7 +193,7 @@ def head_heatmaps(heads: pd.DataFrame, *, by: str = "architecture",
     the components, fractions of Var(log A)); by default the held-out T and the reference-free
     R' and M'. Colour = fraction, one shared scale from min(0, smallest) to the largest value
     shown; ``z[layer][head]``; hovering a cell shows its interval when the frame has
-    ``*_lo``/``*_hi`` columns.
+    ``*_lo``/``*_hi`` columns, and says when the estimate lies outside it.
     """
     _require(heads, ["layer", "head", *components], "head_heatmaps")
     groups = _groups(heads, by)
@@ -183,9 +215,12 @@ def head_heatmaps(heads: pd.DataFrame, *, by: str = "architecture",
             if f"{col}_lo" in frame.columns and f"{col}_hi" in frame.columns:
                 bounds = [frame.pivot_table(index="layer", columns="head", values=f"{col}_{side}", aggfunc="first")
                           .reindex(index=layer_ids, columns=head_ids).to_numpy(dtype=float) for side in ("lo", "hi")]
-                interval = [[[_as_list([lo])[0], _as_list([hi])[0]] for lo, hi in zip(row_lo, row_hi)]
-                            for row_lo, row_hi in zip(*bounds)]
-                hover_interval = " [%{customdata[0]:.4f}, %{customdata[1]:.4f}]"
+                estimates = grid.to_numpy(dtype=float)
+                method = interval_method(col)
+                interval = [[[_as_list([lo])[0], _as_list([hi])[0], interval_note(method, value, lo, hi)]
+                             for value, lo, hi in zip(row_value, row_lo, row_hi)]
+                            for row_value, row_lo, row_hi in zip(estimates, *bounds)]
+                hover_interval = " [%{customdata[0]:.4f}, %{customdata[1]:.4f}] %{customdata[2]}"
             fig.add_trace(go.Heatmap(
                 z=[_as_list(row) for row in grid.to_numpy(dtype=float)],
                 x=[int(h) for h in head_ids], y=[int(layer) for layer in layer_ids], customdata=interval,
@@ -212,14 +247,19 @@ def probe_r2(probe: pd.DataFrame, *, by: str = "architecture") -> go.Figure:
     fig = go.Figure()
     for gi, (name, frame) in enumerate(_groups(probe, by)):
         frame = frame.sort_values("layer")
+        outside, texts = _interval_marks(frame, "r2_heldout")
         fig.add_trace(go.Scatter(
             x=_as_list(frame["layer"]), y=_as_list(frame["r2_heldout"]), mode="lines+markers",
-            name=name, legendgroup=name, line=dict(color=_color(gi)),
+            name=name, legendgroup=name, line=dict(color=_color(gi)), text=texts,
+            marker=dict(symbol=_marker_symbols(outside), size=7),
+            hovertemplate=f"{name}<br>layer %{{x}}<br>r2_heldout = %{{y:.4f}}<br>%{{text}}<extra></extra>",
             error_y=_error_bars(frame, "r2_heldout"), meta={"group": name, "quantity": "r2_heldout"},
         ))
+        _, texts = _interval_marks(frame, "r2_shuffled")
         fig.add_trace(go.Scatter(
             x=_as_list(frame["layer"]), y=_as_list(frame["r2_shuffled"]), mode="lines",
-            name=f"{name} (shuffled positions)", legendgroup=name,
+            name=f"{name} (shuffled positions)", legendgroup=name, text=texts,
+            hovertemplate=f"{name} (shuffled)<br>layer %{{x}}<br>r2_shuffled = %{{y:.4f}}<br>%{{text}}<extra></extra>",
             line=dict(color=_color(gi), dash="dot"), error_y=_error_bars(frame, "r2_shuffled"),
             meta={"group": name, "quantity": "r2_shuffled"},
         ))
@@ -244,7 +284,8 @@ def bos_fraction_removed(layers: pd.DataFrame, overall: pd.DataFrame | None = No
     per layer, one panel per replacement. The dashed line marks the paper's 40%. ``column``:
     the fraction drawn (default ``fraction_removed_rf``, the reference-free R' that claim C4
     is decided on, when the frame has it; else ``fraction_removed``); error bars: its
-    ``_lo``/``_hi`` interval.
+    ``_lo``/``_hi`` interval (bias-corrected, :mod:`lens_position.intervals`; a hatched bar or
+    an open marker: the estimate lies outside it; hovering gives the interval and its method).
     """
     column = column or ("fraction_removed_rf" if "fraction_removed_rf" in layers.columns else "fraction_removed")
     _require(layers, ["replacement", "layer", column], "bos_fraction_removed")
@@ -257,10 +298,13 @@ def bos_fraction_removed(layers: pd.DataFrame, overall: pd.DataFrame | None = No
         _require(overall, ["replacement", column], "bos_fraction_removed")
         offset = 1
         for gi, (name, frame) in enumerate(_groups(overall, by)):
+            outside, texts = _interval_marks(frame, column, spec=".3f")
             fig.add_trace(go.Bar(
                 x=_as_list(frame["replacement"]), y=_as_list(frame[column]),
-                error_y=_error_bars(frame, column),
+                error_y=_error_bars(frame, column), text=texts, textposition="none",
+                hovertemplate=f"{name}<br>%{{x}}: {column} = %{{y:.3f}}<br>%{{text}}<extra></extra>",
                 name=name, legendgroup=name, marker_color=_color(gi),
+                marker_pattern_shape=["/" if out else "" for out in outside],
                 meta={"group": name, "quantity": f"{column} (overall)"},
             ), row=1, col=1)
         fig.update_xaxes(title_text="replacement of the BOS embedding", row=1, col=1)
@@ -268,9 +312,12 @@ def bos_fraction_removed(layers: pd.DataFrame, overall: pd.DataFrame | None = No
     for ri, rep in enumerate(replacements):
         for gi, (name, frame) in enumerate(groups):
             frame = frame[frame["replacement"] == rep].sort_values("layer")
+            outside, texts = _interval_marks(frame, column, spec=".3f")
             fig.add_trace(go.Scatter(
                 x=_as_list(frame["layer"]), y=_as_list(frame[column]),
-                error_y=_error_bars(frame, column),
+                error_y=_error_bars(frame, column), text=texts,
+                marker=dict(symbol=_marker_symbols(outside), size=7),
+                hovertemplate=f"{name}<br>layer %{{x}}: {column} = %{{y:.3f}}<br>%{{text}}<extra></extra>",
                 mode="lines+markers", name=name, legendgroup=name,
                 showlegend=overall is None and ri == 0, line=dict(color=_color(gi)),
                 meta={"group": name, "quantity": f"{column} ({rep})"},
@@ -405,6 +452,9 @@ def sink_rate_bars(rates: pd.DataFrame, *, by: str = "architecture") -> go.Figur
         fig.add_trace(go.Bar(
             x=_as_list(frame["condition"]), y=[None if v is None else 100.0 * v for v in _as_list(frame["sink_rate"])],
             error_y=_error_bars(frame, "sink_rate", scale=100.0), offsetgroup=str(gi),
+            text=_interval_marks(frame, "sink_rate", scale=100.0, spec=".1f")[1], textposition="none",
+            hovertemplate=f"{name}<br>%{{x}}: sink rate %{{y:.1f}}%<br>%{{text}}<extra></extra>",
+            marker_pattern_shape=["/" if out else "" for out in _interval_marks(frame, "sink_rate")[0]],
             name=name, marker_color=_color(gi), meta={"group": name, "quantity": "sink_rate_percent"},
         ))
         if "sink_rate_pooled" in frame.columns:
@@ -445,9 +495,13 @@ def sink_ablation(ablation: pd.DataFrame, *, by: str = "architecture", heldout: 
                 name=f"{name}: before", legendgroup=f"{name}b", showlegend=ki == 0,
                 line=dict(color=_color(gi)), meta={"group": name, "quantity": f"{before} ({kind})"},
             ), row=1, col=ki + 1)
+            outside, texts = _interval_marks(part, change)
             fig.add_trace(go.Scatter(
                 x=_as_list(part["layer"]), y=_as_list(part[after]), mode="lines+markers",
                 name=f"{name}: after", legendgroup=f"{name}a", showlegend=ki == 0,
+                text=[f"change {t}" if t else "" for t in texts],
+                marker=dict(symbol=_marker_symbols(outside), size=7),
+                hovertemplate=f"{name}: after<br>layer %{{x}}: {after} = %{{y:.4f}}<br>%{{text}}<extra></extra>",
                 line=dict(color=_color(gi), dash="dash"), error_y=_change_bars(part, change),
                 meta={"group": name, "quantity": f"{after} ({kind})"},
             ), row=1, col=ki + 1)
@@ -462,9 +516,10 @@ def _change_bars(frame: pd.DataFrame, change: str) -> dict | None:
     if not {change, f"{change}_lo", f"{change}_hi"} <= set(frame.columns):
         return None
     value = frame[change].to_numpy(dtype=float)
-    return dict(type="data", symmetric=False, thickness=1.2, width=3,
-                array=_as_list(frame[f"{change}_hi"].to_numpy(dtype=float) - value),
-                arrayminus=_as_list(value - frame[f"{change}_lo"].to_numpy(dtype=float)))
+    with np.errstate(invalid="ignore"):  # a change outside its interval: the bar spans both (_error_bars)
+        return dict(type="data", symmetric=False, thickness=1.2, width=3,
+                    array=_as_list(np.maximum(frame[f"{change}_hi"].to_numpy(dtype=float) - value, 0.0)),
+                    arrayminus=_as_list(np.maximum(value - frame[f"{change}_lo"].to_numpy(dtype=float), 0.0)))
 
 
 def trace_data(fig: go.Figure) -> list[dict]:

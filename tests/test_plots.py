@@ -62,7 +62,7 @@ def test_head_heatmaps_hold_every_head_value_heldout_by_default(tables):
                 i = list(trace["y"]).index(row.layer)
                 j = list(trace["x"]).index(row.head)
                 assert trace["z"][i][j] == pytest.approx(getattr(row, quantity))
-                assert trace["customdata"][i][j] == pytest.approx(
+                assert trace["customdata"][i][j][:2] == pytest.approx(
                     [getattr(row, f"{quantity}_lo"), getattr(row, f"{quantity}_hi")])
 
 
@@ -75,6 +75,38 @@ def test_probe_figure_draws_heldout_and_shuffled_r2_with_their_intervals(tables)
             assert _same(list(trace["y"]), part[quantity].tolist())
             assert _same(list(trace["error_y"]["array"]), (part[f"{quantity}_hi"] - part[quantity]).tolist())
             assert _same(list(trace["error_y"]["arrayminus"]), (part[quantity] - part[f"{quantity}_lo"]).tolist())
+
+
+def test_an_interval_that_excludes_its_estimate_is_marked_and_says_its_method_when_hovered():
+    """A bias-corrected interval may lie beside its in-sample estimate: the error bar then spans
+    the interval and the estimate (it cannot be drawn around it), the marker is open (a bar is
+    hatched), and the hover text gives the interval and says what it is."""
+    layers = pd.DataFrame({"architecture": "a", "layer": [0, 1], "relative_depth": [0.0, 1.0],
+                           "R_rf": [0.30, 0.20], "R_rf_lo": [0.20, 0.15], "R_rf_hi": [0.28, 0.25],
+                           "M_rf": [0.1, 0.1], "M_rf_lo": [0.05, 0.05], "M_rf_hi": [0.15, 0.15]})
+    fig = plots.layer_components(layers, heldout=False, components=("R_rf", "M_rf"))
+    trace = _traces(fig, "R_rf")["a"]
+    assert list(trace["marker"]["symbol"]) == ["circle-open", "circle"]
+    assert _same(list(trace["error_y"]["array"]), [0.0, 0.05]) and _same(list(trace["error_y"]["arrayminus"]),
+                                                                         [0.10, 0.05])
+    assert list(trace["text"]) == [
+        "interval [0.2000, 0.2800] (bias-corrected interval; the in-sample estimate lies above it)",
+        "interval [0.1500, 0.2500] (bias-corrected interval)"]
+    assert "%{text}" in trace["hovertemplate"]
+    assert list(_traces(fig, "M_rf")["a"]["marker"]["symbol"]) == ["circle", "circle"]
+
+    overall = pd.DataFrame({"architecture": "a", "replacement": ["token", "mean"], "fraction_removed_rf": [0.9, 0.7],
+                            "fraction_removed_rf_lo": [0.92, 0.6], "fraction_removed_rf_hi": [0.97, 0.8]})
+    per_layer = overall.assign(layer=0)
+    bars = _traces(plots.bos_fraction_removed(per_layer, overall), "fraction_removed_rf (overall)")["a"]
+    assert list(bars["marker"]["pattern"]["shape"]) == ["/", ""]
+    assert list(bars["text"])[0] == "interval [0.920, 0.970] (bias-corrected interval; the in-sample estimate lies below it)"
+
+    probe = pd.DataFrame({"architecture": "a", "layer": [0], "r2_heldout": [0.5], "r2_heldout_lo": [0.55],
+                          "r2_heldout_hi": [0.6], "r2_shuffled": [0.0], "r2_shuffled_lo": [-0.1], "r2_shuffled_hi": [0.1]})
+    r2 = _traces(plots.probe_r2(probe), "r2_heldout")["a"]  # a percentile interval: the off-centre words
+    assert list(r2["text"]) == ["interval [0.5500, 0.6000] (the estimate lies outside its bootstrap interval: an "
+                                "off-centre resampling distribution)"]
 
 
 def test_bos_figure_draws_overall_and_per_layer_fractions(tables):
