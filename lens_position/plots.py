@@ -241,7 +241,7 @@ def probe_r2(probe: pd.DataFrame, *, by: str = "architecture") -> go.Figure:
     ``probe`` is ``ProbeResult.layers`` stacked over models (``layer``, ``r2_heldout``,
     ``r2_shuffled``). Solid line: held-out R² (unitless, ≤ 1); dotted: the same probe
     trained on shuffled positions (a chance baseline). Error bars: the ``*_lo``/``*_hi``
-    interval (bootstrap over held-out sequences) when the frame has it.
+    interval (held-out bootstrap and refit jackknife, lens_position.probes) when the frame has it.
     """
     _require(probe, ["layer", "r2_heldout", "r2_shuffled"], "probe_r2")
     fig = go.Figure()

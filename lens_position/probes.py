@@ -21,27 +21,40 @@ correlation matrix (1 = an average direction). The intercept is not penalised. B
 training sequences (the held-out sequences are never used to choose it); the shuffled
 control uses the same penalty.
 
-**Intervals.** ``r2_heldout`` and ``r2_shuffled`` get a bootstrap interval over whole
-held-out sequences (:mod:`lens_position.intervals`), with no extra forward pass. Once the
-probe's weights ``w, c`` are known, a held-out sequence enters R² only through its error
-sum ``sum_i (y_i - c - x_i·w)^2`` and its label sums, so the reducer keeps every held-out
-sequence's *rows* (``resid_pre`` as the model produced it, in float32, exact for a float32,
-bfloat16 or float16 model) and evaluates the fitted probes on them after the stream; a
-replicate re-weights those per-sequence sums. The held-out sequences are grouped into at
-most ``PROBE_INTERVAL_GROUPS`` units (each its own unit up to that many; sequence ``k`` of
-the held-out half in unit ``k % units`` beyond), and a unit whose rows reach ``d_model``
-folds them into its float64 moments (a ``d_model x d_model`` Gram matrix). Memory for the
-intervals is therefore ``4 x d_model`` bytes per held-out row and probed layer while no unit
-has folded, and never more than ``units x 12 x d_model^2`` bytes per probed layer (a Gram
-matrix and up to ``d_model`` float32 rows per unit), whatever N: about 70 MB for
-SmolLM2-135M at the reproduction's sizes (8 held-out sequences of 127 rows, d_model 576,
-30 layers; the probe's own moments take 80 MB), at most 32 MB per layer. The interval is
-conditional on the fitted probe:
-it resamples the held-out sequences, not the training ones (refitting per replicate would
-need a Gram matrix per training unit), so it understates the spread of a refit on other
-prompts: on SmolLM2-135M, over 4 disjoint prompt sets, the held-out R² varied 1.3 to 1.7
-times as much as the interval predicts at layers 1, 5 and 10, and 3.0 times at layer 15
-(where the cross-validated penalty ranged from 0.1 to 10).
+**Intervals.** ``r2_heldout`` and ``r2_shuffled`` get a bootstrap interval
+(:mod:`lens_position.intervals`) that holds both sources of their uncertainty, with no extra
+forward pass: which sequences were held out, and which ones the probe was trained on.
+
+- *Held-out sequences.* Once a probe's weights ``w, c`` are known, a held-out sequence enters
+  R² only through its error sum ``sum_i (y_i - c - x_i·w)^2`` and its label sums, so the reducer
+  keeps every held-out sequence's *rows* (``resid_pre`` as the model produced it, in float32,
+  exact for a float32, bfloat16 or float16 model) and evaluates the fitted probes on them after
+  the stream; a bootstrap replicate re-weights those per-sequence sums.
+- *Training sequences.* The reducer keeps the training sequences' rows the same way (with
+  both targets' labels), so the probe can be refitted without any of them. The delete-one-unit
+  jackknife over the training units refits the probe once per unit left out (exactly, with the
+  penalty chosen on all the training sequences; :func:`_refit`) and scores each refit on all
+  the held-out rows; its variance is the refit's share of the uncertainty. The interval is
+  the held-out bootstrap's, its spread stretched about the estimate so that its variance is
+  the sum of both (the two sets of sequences are disjoint, so the two variances add).
+
+A full bootstrap that refits the probe on every replicate's training units measures the same
+spread (on SmolLM2-135M at layers 1, 15 and 29 its 95% intervals were 0.25, 0.18 and 0.47 wide,
+against 0.23, 0.14 and 0.49 here), but costs one ``d³`` solve (or 20 to 80 conjugate-gradient
+iterations) per replicate and layer: 0.7 to 2 s per layer on one thread, more than the whole
+reproduction may spend on intervals. It also puts its replicates below the estimate, because a
+probe trained on a resample sees fewer distinct sequences than the estimate's did. The
+jackknife costs one Cholesky factorisation per training unit and layer (about 0.13 s per layer
+on SmolLM2-135M).
+
+The units: at most ``PROBE_INTERVAL_GROUPS`` on each side (each sequence its own unit up to
+that many; sequence ``k`` of a side in unit ``k % units`` beyond), and a unit whose rows reach
+``d_model`` folds them into its float64 moments (a ``d_model x d_model`` Gram matrix). Memory
+for the intervals is therefore ``4 x d_model`` bytes per row and probed layer while no unit has
+folded, and never more than ``2 x units x 12 x d_model^2`` bytes per probed layer, whatever N:
+about 140 MB for SmolLM2-135M at the reproduction's sizes (16 sequences of 127 rows, d_model
+576, 30 layers; the probe's own moments take 80 MB), at most 64 MB per layer. The penalty's own
+choice (cross-validated on all the training sequences) is kept fixed by the refits.
 """
 
 from __future__ import annotations
@@ -102,47 +115,64 @@ class _Moments:
         self.sum_y2 += (y * y).sum(0)
 
 
-class _HeldoutUnit:
-    """One resampling unit of held-out sequences: their rows ``x`` (uncentred, float32 unless
-    the model is float64) and true labels until they reach ``d_model`` rows, then their
-    float64 moments (centred on the layer's reference); enough to evaluate any fitted probe on
-    them once its weights are known (module docstring)."""
+class _Unit:
+    """One resampling unit of sequences: their rows ``x`` (uncentred, float32 unless the model is
+    float64) and labels (one column per target) until they reach ``d_model`` rows, then their
+    float64 moments (centred on the layer's reference); enough to refit a probe on them or to
+    evaluate any fitted probe on them after the stream (module docstring)."""
 
-    def __init__(self, d_model: int) -> None:
-        self.d_model = d_model
+    def __init__(self, d_model: int, n_targets: int = 1) -> None:
+        self.d_model, self.n_targets = d_model, n_targets
         self.rows: list[torch.Tensor] = []
         self.labels: list[torch.Tensor] = []
         self.n_rows = 0
         self.folded: _Moments | None = None
 
-    def add(self, x: Float[torch.Tensor, "row d"], y: Float[torch.Tensor, "row"],
+    def add(self, x: Float[torch.Tensor, "row d"], y: Float[torch.Tensor, "row target"],
             reference: Float[torch.Tensor, "d"]) -> None:
         self.rows.append(x if x.dtype == torch.float64 else x.to(torch.float32))
         self.labels.append(y)
         self.n_rows += x.shape[0]
         if self.n_rows >= self.d_model:  # more rows would cost more than the float64 Gram matrix they fold into
-            moments = _Moments.zeros(self.d_model, 1)
-            moments.add(torch.cat(self.rows).to(torch.float64) - reference, torch.cat(self.labels)[:, None])
+            moments = _Moments.zeros(self.d_model, self.n_targets)
+            moments.add(torch.cat(self.rows).to(torch.float64) - reference, torch.cat(self.labels))
             self.folded = moments if self.folded is None else self.folded + moments
             self.rows, self.labels, self.n_rows = [], [], 0
 
-    def sums(self, reference: Float[torch.Tensor, "d"], probes: Sequence[tuple[torch.Tensor, torch.Tensor]]
-             ) -> tuple[float, float, float, list[float]]:
-        """``(rows, sum y, sum y², [sum (y - c - x·w)² for each probe (w, c)])`` over this unit."""
-        n, sum_y, sum_y2, errors = 0.0, 0.0, 0.0, [0.0] * len(probes)
-        if self.rows:
-            x = torch.cat(self.rows).to(torch.float64) - reference
-            y = torch.cat(self.labels)
-            n, sum_y, sum_y2 = float(len(y)), float(y.sum()), float((y * y).sum())
-            for k, (w, c) in enumerate(probes):
-                errors[k] += float(((y - c - x @ w) ** 2).sum())
+    def centred_rows(self, reference: Float[torch.Tensor, "d"]
+                     ) -> tuple[Float[torch.Tensor, "row d"], Float[torch.Tensor, "row target"]]:
+        """The rows not yet folded, centred on ``reference`` (float64), and their labels."""
+        if not self.rows:
+            return torch.zeros(0, self.d_model, dtype=torch.float64), torch.zeros(0, self.n_targets,
+                                                                                  dtype=torch.float64)
+        return torch.cat(self.rows).to(torch.float64) - reference, torch.cat(self.labels)
+
+    def moments(self, reference: Float[torch.Tensor, "d"]) -> _Moments:
+        """Everything this unit holds as moments (the unfolded rows folded in, the unit unchanged)."""
+        x, y = self.centred_rows(reference)
+        moments = _Moments.zeros(self.d_model, self.n_targets)
+        moments.add(x, y)
+        return moments if self.folded is None else moments + self.folded
+
+    def label_sums(self) -> tuple[float, float, float]:
+        """``(rows, sum y, sum y²)`` of the first target (the true labels)."""
+        y = torch.cat(self.labels)[:, 0] if self.labels else torch.zeros(0, dtype=torch.float64)
+        n, sum_y, sum_y2 = float(len(y)), float(y.sum()), float((y * y).sum())
         if self.folded is not None:
             m = self.folded
             n, sum_y, sum_y2 = n + m.n, sum_y + float(m.sum_y[0]), sum_y2 + float(m.sum_y2[0])
-            for k, (w, c) in enumerate(probes):
-                errors[k] += float(m.sum_y2[0] - 2 * (c * m.sum_y[0] + w @ m.xty[0]) + m.n * c * c
-                                   + 2 * c * (w @ m.sum_x) + w @ m.gram @ w)
-        return n, sum_y, sum_y2, errors
+        return n, sum_y, sum_y2
+
+    def errors(self, reference: Float[torch.Tensor, "d"], w: Float[torch.Tensor, "probe d"],
+               c: Float[torch.Tensor, "probe"]) -> Float[torch.Tensor, "probe"]:
+        """``sum (y - c - x·w)²`` over this unit for each probe ``(w, c)``, against the true labels."""
+        x, y = self.centred_rows(reference)
+        out = ((y[:, :1] - c - x @ w.T) ** 2).sum(0)
+        if self.folded is not None:
+            m = self.folded
+            out = out + (m.sum_y2[0] - 2 * (c * m.sum_y[0] + w @ m.xty[0]) + m.n * c * c
+                         + 2 * c * (w @ m.sum_x) + ((w @ m.gram) * w).sum(-1))
+        return out
 
 
 def _fit(train: _Moments, targets: Sequence[int], ridges: Sequence[float]
@@ -169,6 +199,30 @@ def _fit(train: _Moments, targets: Sequence[int], ridges: Sequence[float]
     return out
 
 
+def _refit(units: Sequence[_Unit], reference: Float[torch.Tensor, "d"], counts: np.ndarray, ridge: float
+           ) -> tuple[Float[torch.Tensor, "target fit d"], Float[torch.Tensor, "target fit"]]:
+    """The probe refitted on re-weighted training ``units`` (``counts``: ``[fit, unit]``
+    multiplicities; the jackknife's rows leave one unit out), every target, the same penalty
+    ``ridge``: weights and intercepts as :func:`_fit` computes them from the weighted moments.
+    Its normal equations ``(Cov + ridge · diag(Var)) w = Cov(x, y)`` are :func:`_fit`'s
+    standardised ridge in raw units, solved directly (one Cholesky factorisation per row)."""
+    moments = [unit.moments(reference) for unit in units]
+    weights = torch.as_tensor(counts, dtype=torch.float64)
+    n = weights @ torch.tensor([float(m.n) for m in moments], dtype=torch.float64)
+    mean_x = weights @ torch.stack([m.sum_x for m in moments]) / n[:, None]
+    cov = (torch.einsum("fu,uij->fij", weights, torch.stack([m.gram for m in moments])) / n[:, None, None]
+           - mean_x[:, :, None] * mean_x[:, None, :])
+    std = cov.diagonal(dim1=-2, dim2=-1).clamp(min=0).sqrt()
+    std = torch.where(std > 1e-12 * std.amax(-1, keepdim=True).clamp(min=1e-300), std, torch.ones_like(std))
+    mean_y = weights @ torch.stack([m.sum_y for m in moments]) / n[:, None]
+    cxy = (torch.einsum("fu,utd->ftd", weights, torch.stack([m.xty for m in moments])) / n[:, None, None]
+           - mean_y[..., None] * mean_x[:, None, :])
+    factor, _ = torch.linalg.cholesky_ex(cov + torch.diag_embed(ridge * std ** 2))
+    w = torch.cholesky_solve(cxy.transpose(1, 2), factor).transpose(1, 2)
+    intercept = mean_y - (w * mean_x[:, None, :]).sum(-1)
+    return w.transpose(0, 1), intercept.T
+
+
 def _choose_ridge(fold_a: _Moments, fold_b: _Moments, grid: Sequence[float]) -> float:
     """The penalty with the best mean R² across the two folds (fit on one, score the other)."""
     scores = np.zeros(len(grid))
@@ -192,9 +246,9 @@ class ProbeResult(SavedResult):
     """``layers``: one row per layer: ``r2_heldout`` (R² of log(i+1) on held-out sequences,
     at most 1), ``r2_train``, ``r2_shuffled`` (probe trained on shuffled positions, scored on
     true held-out positions), ``ridge`` (the penalty used), ``n_train``/``n_test`` (rows:
-    sequences x positions), and the bootstrap intervals over held-out sequences
-    ``r2_heldout_lo``/``_hi`` and ``r2_shuffled_lo``/``_hi`` (NaN when intervals are off or
-    fewer than 2 sequences are held out; module docstring).
+    sequences x positions), and the intervals ``r2_heldout_lo``/``_hi`` and
+    ``r2_shuffled_lo``/``_hi`` (held-out bootstrap and refit jackknife; NaN when intervals are
+    off or fewer than 2 sequences are held out or trained on; module docstring).
     ``provenance``: model, data, seed, options, and ``intervals`` (method, level, resamples,
     units, scope)."""
 
@@ -244,7 +298,15 @@ class ProbeReducer:
         self.unit_of = torch.full((n_seq,), -1, dtype=torch.long)
         if self.n_units:
             self.unit_of[test_rows] = torch.arange(len(test_rows)) % self.n_units
-        self.units = {layer: [_HeldoutUnit(self.d_model) for _ in range(self.n_units)] for layer in layers}
+        self.units = {layer: [_Unit(self.d_model) for _ in range(self.n_units)] for layer in layers}
+        # training sequence k (in index order) belongs to training unit k % n_train_units, left out in turn
+        train_rows = (self.split > 0).nonzero().squeeze(1)
+        self.n_train_units = min(len(train_rows), PROBE_INTERVAL_GROUPS) if self.n_units else 0
+        self.train_unit_of = torch.full((n_seq,), -1, dtype=torch.long)
+        if self.n_train_units:
+            self.train_unit_of[train_rows] = torch.arange(len(train_rows)) % self.n_train_units
+        self.train_units = {layer: [_Unit(self.d_model, n_targets=2) for _ in range(self.n_train_units)]
+                            for layer in layers}
         self.reference: dict[int, torch.Tensor] = {}
         self.hook_names = tuple(f"blocks.{layer}.hook_resid_pre" for layer in layers)
         self._layer_of = dict(zip(self.hook_names, layers))
@@ -257,9 +319,12 @@ class ProbeReducer:
         if layer not in self.reference:  # centre on the first batch's mean (avoids cancellation)
             self.reference[layer] = x.reshape(-1, self.d_model).mean(0)
         x = x - self.reference[layer]
-        for unit, k in zip(self.unit_of[rows].tolist(), range(len(rows))):
+        for k, (unit, train_unit) in enumerate(zip(self.unit_of[rows].tolist(), self.train_unit_of[rows].tolist())):
             if unit >= 0:
-                self.units[layer][unit].add(raw[k], self.label, self.reference[layer])
+                self.units[layer][unit].add(raw[k], self.label[:, None], self.reference[layer])
+            if train_unit >= 0:
+                self.train_units[layer][train_unit].add(raw[k], torch.stack([self.label, self.shuffled[rows[k]]], -1),
+                                                        self.reference[layer])
         for part, moment in enumerate(self.moments[layer]):
             chosen = (self.split[rows] == part).nonzero().squeeze(1)
             if len(chosen) == 0:
@@ -278,8 +343,8 @@ class ProbeReducer:
             penalty = self.ridge if self.ridge is not None else _choose_ridge(fold_a, fold_b, RIDGE_GRID)
             ((w, c),), ((w_shuffled, c_shuffled),) = _fit(train, (0, 1), [penalty])  # true and shuffled labels
             r2_heldout, r2_shuffled = _r2(test, 0, w, c), _r2(test, 0, w_shuffled, c_shuffled)
-            bounds = self._intervals(layer, {"r2_heldout": (r2_heldout, w, c),
-                                             "r2_shuffled": (r2_shuffled, w_shuffled, c_shuffled)})
+            bounds = self._intervals(layer, penalty, [(w, c), (w_shuffled, c_shuffled)],
+                                     {"r2_heldout": r2_heldout, "r2_shuffled": r2_shuffled})
             records.append({
                 "layer": layer, "r2_heldout": r2_heldout, "r2_train": _r2(train, 0, w, c),
                 "r2_shuffled": r2_shuffled, "ridge": penalty, "n_train": train.n, "n_test": test.n, **bounds,
@@ -292,32 +357,47 @@ class ProbeReducer:
                                   split="half of the sequences held out (seeded)",
                                   test_sequences=(self.split == 0).nonzero().squeeze(1).tolist(),
                                   control="labels permuted within each training sequence",
-                                  intervals={**self.bootstrap.to_dict("held-out sequence"), "units": self.n_units,
-                                             "scope": "the held-out sequences are resampled with the fitted "
-                                                      "probe's weights fixed (training sequences not resampled)",
+                                  intervals={**self.bootstrap.to_dict("sequence"), "units": self.n_units,
+                                             "training_units": self.n_train_units,
+                                             "scope": "bootstrap over units of held-out sequences of the fitted "
+                                                      "probe's held-out R², its spread stretched about the "
+                                                      "estimate to add the refit's variance: the delete-one-unit "
+                                                      "jackknife over the training units, each fit refitted with "
+                                                      "the penalty chosen on all the training sequences",
                                              "columns": ["r2_heldout", "r2_shuffled"]})
         return ProbeResult(layers=pd.DataFrame(records), provenance=prov)
 
-    def _intervals(self, layer: int, probes: dict[str, tuple[float, torch.Tensor, torch.Tensor]]
-                   ) -> dict[str, float]:
-        """``{name_lo, name_hi}`` for each fitted probe: the percentile interval of its held-out
-        R² over bootstrap resamples of the held-out units (NaN without intervals or with
-        fewer than 2 units)."""
-        names = list(probes)
+    def _intervals(self, layer: int, ridge: float, fitted: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                   estimates: dict[str, float]) -> dict[str, float]:
+        """``{name_lo, name_hi}`` for each probe (the true and the shuffled target, in that order,
+        fitted as ``fitted``): the bootstrap over held-out units of its held-out R² with the
+        fitted weights, its spread stretched about the estimate so that its variance also holds
+        the refit's, the delete-one-unit jackknife variance over the training units (each
+        jackknife fit refitted exactly, :func:`_refit`; module docstring). NaN without
+        intervals or with fewer than 2 units on either side."""
+        names = list(estimates)
         out = {f"{name}_{side}": float("nan") for name in names for side in ("lo", "hi")}
-        if self.n_units < 2:
+        if self.n_units < 2 or self.n_train_units < 2:
             return out
-        reference = self.reference[layer]
-        sums = [unit.sums(reference, [(w, c) for _, w, c in probes.values()]) for unit in self.units[layer]]
-        n, sum_y, sum_y2 = (np.array([s[k] for s in sums]) for k in range(3))
-        errors = np.array([s[3] for s in sums])  # [unit, probe]
+        reference, units = self.reference[layer], self.units[layer]
+        n, sum_y, sum_y2 = (torch.tensor(v, dtype=torch.float64) for v in zip(*(unit.label_sums() for unit in units)))
+        total = float(sum_y2.sum() - sum_y.sum() ** 2 / n.sum())
         counts = resample_counts(self.n_units, self.bootstrap.n_resamples, self.bootstrap.seed).numpy().astype(float)
-        n_b, sum_y_b, sum_y2_b = counts @ n, counts @ sum_y, counts @ sum_y2
+        n_b, sum_y_b, sum_y2_b = counts @ n.numpy(), counts @ sum_y.numpy(), counts @ sum_y2.numpy()
         total_b = sum_y2_b - sum_y_b ** 2 / n_b
+        leave_one_out = 1.0 - np.eye(self.n_train_units)
+        refits, intercepts = _refit(self.train_units[layer], reference, leave_one_out, ridge)
         for k, name in enumerate(names):
-            replicates = 1.0 - (counts @ errors[:, k]) / total_b
-            replicates = small_sample_widening(probes[name][0], replicates, self.n_units)
-            lo, hi = percentile_interval(replicates, self.bootstrap.level)
+            w, c = fitted[k]
+            errors = torch.stack([unit.errors(reference, w[None], c[None])[0] for unit in units]).numpy()
+            replicates = small_sample_widening(estimates[name], 1.0 - counts @ errors / total_b, self.n_units)
+            jackknife_errors = torch.stack([unit.errors(reference, refits[k], intercepts[k]) for unit in units])
+            jackknife = (1.0 - jackknife_errors.sum(0) / total).numpy()
+            refit_variance = (len(jackknife) - 1) / len(jackknife) * ((jackknife - jackknife.mean()) ** 2).sum()
+            heldout_variance = float(np.var(replicates))
+            stretch = np.sqrt(1.0 + refit_variance / heldout_variance) if heldout_variance > 0 else 1.0
+            lo, hi = percentile_interval(estimates[name] + (replicates - estimates[name]) * stretch,
+                                         self.bootstrap.level)
             out[f"{name}_lo"], out[f"{name}_hi"] = float(lo), float(hi)
         return out
 
@@ -347,8 +427,8 @@ def position_probe(
             position 0, whose activation is a fixed point of the model (claim C5 on the concepts page)
             rather than a position to read.
         batch_size: sequences per forward pass.
-        bootstrap: the intervals of the held-out R² over held-out sequences (module
-            docstring; ``NO_INTERVALS`` switches them off and keeps no held-out rows).
+        bootstrap: the intervals of the held-out R² (module docstring; ``NO_INTERVALS``
+            switches them off and keeps no rows).
         progress: show a progress bar.
 
     To probe in the same pass as other statistics, stream a :class:`ProbeReducer` with them.

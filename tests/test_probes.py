@@ -88,52 +88,103 @@ def test_penalty_is_chosen_within_the_training_sequences():
     assert second.layers.r2_train[0] == pytest.approx(first.layers.r2_train[0], abs=1e-12)
 
 
-def _explicit_heldout_errors(loaded, tokens, result, layer, ridge):
-    """Per held-out sequence: rows, sum y, sum y², and the squared errors of the true and the
-    shuffled probe (both fitted explicitly on the training sequences)."""
-    test_rows = result.provenance["options"]["test_sequences"]
-    is_test = np.isin(np.arange(len(tokens)), test_rows)
+def _explicit_fit(x, label, rows, weight, ridge):
+    """The standardised ridge probe fitted explicitly on the sequences ``rows`` of ``x`` (each with
+    its ``weight``): ``(mean, std, mean_y, beta)``."""
+    train_x = x[rows].reshape(-1, x.shape[-1])
+    train_y = np.tile(label, len(rows))
+    row_weight = np.repeat(weight, len(label))
+    total = row_weight.sum()
+    mean = row_weight @ train_x / total
+    std = np.sqrt(row_weight @ (train_x - mean) ** 2 / total)
+    standard = (train_x - mean) / std
+    mean_y = row_weight @ train_y / total
+    beta = np.linalg.solve(standard.T @ (row_weight[:, None] * standard) + ridge * total * np.eye(x.shape[-1]),
+                           standard.T @ (row_weight * (train_y - mean_y)))
+    return mean, std, mean_y, beta
+
+
+def _explicit_interval(loaded, tokens, result, layer, ridge, n_resamples=200):
+    """The held-out R² interval, explicitly: held-out and training sequences grouped into units
+    (sequence k of each side in unit k % units); the all-data probe's squared errors per held-out
+    unit, bootstrapped over those units (widened like every bootstrap here); the jackknife over
+    training units, each leaving one unit out and refitting the probe, scored on all held-out
+    rows; the bootstrap's spread stretched about the estimate to add the jackknife variance."""
+    from lens_position.intervals import percentile_interval, resample_counts, small_sample_widening
+    from lens_position.probes import PROBE_INTERVAL_GROUPS
+
+    test_rows = sorted(result.provenance["options"]["test_sequences"])
+    train_rows = [n for n in range(len(tokens)) if n not in set(test_rows)]
     _, cache = loaded.model.run_with_cache(tokens)
     x = cache[f"blocks.{layer}.hook_resid_pre"][:, 1:].double().numpy()
-    length = x.shape[1]
-    label = np.log1p(np.arange(1, length + 1))
-    train_x = x[~is_test].reshape(-1, x.shape[-1])
-    mean, std = train_x.mean(0), train_x.std(0)
-    standard = (train_x - mean) / std
-    train_y = np.tile(label, (~is_test).sum())
-    beta = np.linalg.solve(standard.T @ standard + ridge * len(train_y) * np.eye(x.shape[-1]),
-                           standard.T @ (train_y - train_y.mean()))
-    errors = [((label - train_y.mean() - ((x[n] - mean) / std) @ beta) ** 2).sum() for n in sorted(test_rows)]
-    return np.array(errors), label
+    label = np.log1p(np.arange(1, x.shape[1] + 1))
+    test_units, train_units = min(len(test_rows), PROBE_INTERVAL_GROUPS), min(len(train_rows), PROBE_INTERVAL_GROUPS)
+
+    def errors(fit):
+        mean, std, mean_y, beta = fit
+        return np.array([((label - mean_y - ((x[n] - mean) / std) @ beta) ** 2).sum() for n in test_rows])
+
+    total = len(test_rows) * ((label - label.mean()) ** 2).sum()
+    fitted = errors(_explicit_fit(x, label, train_rows, np.ones(len(train_rows)), ridge))
+    estimate = 1 - fitted.sum() / total
+    unit_errors = np.array([fitted[u::test_units].sum() for u in range(test_units)])
+    unit_sequences = np.array([len(fitted[u::test_units]) for u in range(test_units)], dtype=float)
+    counts = resample_counts(test_units, n_resamples).numpy().astype(float)
+    n_b = counts @ unit_sequences
+    total_b = n_b * (label ** 2).sum() - (n_b * label.sum()) ** 2 / (n_b * len(label))
+    replicates = small_sample_widening(estimate, 1 - counts @ unit_errors / total_b, test_units)
+    jackknife = np.array([1 - errors(_explicit_fit(x, label, train_rows, (np.arange(len(train_rows)) % train_units
+                                                                         != u).astype(float), ridge)).sum() / total
+                          for u in range(train_units)])
+    refit_variance = (train_units - 1) / train_units * ((jackknife - jackknife.mean()) ** 2).sum()
+    stretch = np.sqrt(1 + refit_variance / np.var(replicates))
+    return estimate, percentile_interval(estimate + (replicates - estimate) * stretch)
 
 
 @pytest.mark.parametrize("n_sequences, length", [(12, 20), (12, 48), (40, 20)],
                          ids=["rows kept", "rows folded into moments", "several sequences per unit"])
-def test_heldout_r2_interval_is_the_bootstrap_of_the_heldout_sequences_errors(n_sequences, length):
-    """The interval equals an explicit bootstrap over units of held-out sequences of the explicit
-    ridge probe's squared errors (weights fixed), with the same draws and widening."""
-    from lens_position.intervals import percentile_interval, resample_counts, small_sample_widening
+def test_heldout_r2_interval_holds_the_heldout_bootstrap_and_the_refit_jackknife(n_sequences, length):
+    """The interval equals an explicit computation: the bootstrap over held-out units of the
+    fitted probe's errors, stretched by the jackknife variance of a probe refitted without each
+    training unit in turn (same draws, widening and units)."""
     from lens_position.probes import PROBE_INTERVAL_GROUPS
 
     loaded = random_model(n_layers=1, d_vocab=50)
     tokens = torch.randint(0, 50, (n_sequences, length), generator=torch.Generator().manual_seed(6))
     ridge = 0.05
     result = position_probe(loaded, tokens, ridge=ridge, seed=2, batch_size=5, progress=False)
-    errors, label = _explicit_heldout_errors(loaded, tokens, result, 0, ridge)
-    n_units = min(len(errors), PROBE_INTERVAL_GROUPS)
-    assert result.provenance["options"]["intervals"]["units"] == n_units
-    unit_errors = np.array([errors[u::n_units].sum() for u in range(n_units)])
-    unit_sequences = np.array([len(errors[u::n_units]) for u in range(n_units)], dtype=float)
-    counts = resample_counts(n_units, 200).numpy().astype(float)
-    n_b = counts @ unit_sequences
-    total = n_b * (label ** 2).sum() - (n_b * label.sum()) ** 2 / (n_b * len(label))
-    replicates = 1 - counts @ unit_errors / total
+    estimate, (lo, hi) = _explicit_interval(loaded, tokens, result, 0, ridge)
+    intervals = result.provenance["options"]["intervals"]
+    assert intervals["units"] == min(n_sequences // 2, PROBE_INTERVAL_GROUPS) == intervals["training_units"]
     row = result.layers.iloc[0]
-    assert row.r2_heldout == pytest.approx(1 - errors.sum() / (len(errors) * ((label - label.mean()) ** 2).sum()),
-                                           abs=1e-9)
-    lo, hi = percentile_interval(small_sample_widening(row.r2_heldout, replicates, n_units))
+    assert row.r2_heldout == pytest.approx(estimate, abs=1e-9)
     assert (row.r2_heldout_lo, row.r2_heldout_hi) == (pytest.approx(lo, abs=1e-8), pytest.approx(hi, abs=1e-8))
-    assert row.r2_shuffled_lo <= row.r2_shuffled <= row.r2_shuffled_hi
+    assert row.r2_shuffled_lo < row.r2_shuffled_hi
+
+
+def test_the_refit_widens_the_heldout_r2_interval():
+    """The refit's own variability is part of the interval: on a probe whose weights depend on
+    which training sequences it sees (random model, few sequences), the interval is wider than
+    the bootstrap of the held-out sequences with the fitted weights kept."""
+    from lens_position.intervals import percentile_interval, resample_counts, small_sample_widening
+    from lens_position.probes import ProbeReducer, _fit
+    from lens_position.stream import stream
+
+    loaded = random_model(n_layers=1, d_vocab=50)
+    tokens = torch.randint(0, 50, (16, 24), generator=torch.Generator().manual_seed(9))
+    reducer = ProbeReducer(loaded, tokens, ridge=0.05, seed=1)
+    stream(loaded, tokens, [reducer], batch_size=8, progress=False)
+    row = reducer.result().layers.iloc[0]
+    test, fold_a, fold_b = reducer.moments[0]
+    ((w, c),), = _fit(fold_a + fold_b, (0,), [0.05])
+    units, reference = reducer.units[0], reducer.reference[0]
+    errors = np.array([float(u.errors(reference, w[None], c[None])[0]) for u in units])
+    sums = np.array([u.label_sums() for u in units])
+    counts = resample_counts(len(units), 200).numpy().astype(float)
+    n_b, sum_y_b, sum_y2_b = (counts @ sums[:, k] for k in range(3))
+    fixed = small_sample_widening(row.r2_heldout, 1 - counts @ errors / (sum_y2_b - sum_y_b ** 2 / n_b), len(units))
+    fixed_lo, fixed_hi = percentile_interval(fixed)
+    assert row.r2_heldout_hi - row.r2_heldout_lo > 1.2 * (fixed_hi - fixed_lo)
 
 
 def test_probe_of_a_written_position_has_a_tight_interval_near_one_and_provenance_says_how():
@@ -144,13 +195,13 @@ def test_probe_of_a_written_position_has_a_tight_interval_near_one_and_provenanc
     assert row.r2_shuffled_lo < 0.05
     intervals = result.provenance["options"]["intervals"]
     assert intervals["level"] == 0.95 and intervals["n_resamples"] == 200
-    assert "held-out sequence" in intervals["method"] and intervals["units"] == 4
+    assert "sequence" in intervals["method"] and intervals["units"] == 4 == intervals["training_units"]
     assert list(result.layers.columns) == ["layer", "r2_heldout", "r2_train", "r2_shuffled", "ridge", "n_train",
                                            "n_test", "r2_heldout_lo", "r2_heldout_hi", "r2_shuffled_lo",
                                            "r2_shuffled_hi"]
 
 
-def test_probe_without_intervals_keeps_no_heldout_rows_and_reports_nan():
+def test_probe_without_intervals_keeps_no_rows_and_reports_nan():
     from lens_position.intervals import NO_INTERVALS
     from lens_position.probes import ProbeReducer
     from lens_position.stream import stream
@@ -159,6 +210,6 @@ def test_probe_without_intervals_keeps_no_heldout_rows_and_reports_nan():
     tokens = torch.randint(0, 50, (8, 20), generator=torch.Generator().manual_seed(7))
     reducer = ProbeReducer(loaded, tokens, ridge=0.1, bootstrap=NO_INTERVALS)
     stream(loaded, tokens, [reducer], batch_size=4, progress=False)
-    assert reducer.units == {0: []}
+    assert reducer.units == {0: []} and reducer.train_units == {0: []}
     row = reducer.result().layers.iloc[0]
     assert np.isnan([row.r2_heldout_lo, row.r2_heldout_hi, row.r2_shuffled_lo, row.r2_shuffled_hi]).all()

@@ -265,7 +265,8 @@ def test_subcommand_writes_csv_tables_and_a_report(tmp_path):
     assert (out / "report.html").is_file() and not (out / "report.png").exists()
     prov = _provenance(out)
     intervals = prov["steps"][-1]["provenance"]["options"]["intervals"]
-    assert {"method", "level", "n_resamples", "units"} <= set(intervals) and "held-out" in intervals["method"]
+    assert {"method", "level", "n_resamples", "units", "training_units"} <= set(intervals)
+    assert "held-out" in intervals["scope"] and "jackknife over the training units" in intervals["scope"]
     assert prov["settings"]["T"] == 24 and prov["data"]["source"] == "random"
     assert [s["step"] for s in prov["steps"]] == ["load", "probe"]
 
