@@ -110,17 +110,19 @@ def report_figures(results: Mapping[str, pd.DataFrame]) -> list[ReportFigure]:
     add("probe", ("probe_layers",), "Position probe on the residual stream",
         "Held-out R² of a ridge probe from resid_pre at each layer to log(position + 1); dotted: the "
         "same probe fitted to shuffled positions (the axis is clipped at -1 when a value falls below; hover "
-        "shows every value). Error bars: 95% bootstrap intervals over the held-out sequences, the fitted "
-        "probe fixed: they leave out the variability of refitting the probe on other prompts, so they are "
-        "narrower than the spread between independent prompt sets. An independent view of absolute position in the residual stream (C3: "
-        "accumulation with depth).",
+        "shows every value). Error bars: 95% intervals that hold which sequences were held out (a bootstrap "
+        "over them) and which ones the probe was trained on (a jackknife of the refitted probe); in the "
+        "middle layers the spread between independent prompt sets is still about twice as wide. An "
+        "independent view of absolute position in the residual stream (C3: accumulation with depth).",
         lambda f: plots.probe_r2(f))
     add("bos", ("bos_layers", "bos_overall"), "C4: BOS replacement",
         "Fraction of the reference-free residual component R' removed at early queries (the number claim C4 "
         "is decided on) when the embedding at position 0 "
         "is replaced before the forward pass by another token's embedding, the mean embedding, or a "
         "random vector of the same norm; overall and per layer, with 95% bootstrap intervals over whole "
-        "sequences (paired: the base and the replaced runs resample the same sequences). Dashed: the paper's "
+        "sequences (paired: the base and the replaced runs resample the same sequences; bias-corrected, since "
+        "R' is an in-sample fit whose replicates overstate it once more; a hatched bar or an open marker: the "
+        "estimate lies outside its interval). Dashed: the paper's "
         f"{PAPER.c4_fraction_removed:.0%}.",
         lambda f, o: plots.bos_fraction_removed(f, o))
     add("fingerprint", ("fingerprint",), "C5: the position-0 fingerprint",
