@@ -225,3 +225,56 @@ def test_streaming_keeps_no_attention_scores():
     gc.collect()
     assert len(seen) == 2 * 6 and all(ref() is None for ref in seen)
     assert len(result.heads) == 2 * 4
+
+
+def test_a_bootstrap_replicate_is_the_decomposition_of_its_resampled_sequences():
+    """A replicate re-weights the sequences' statistics by their multiplicities and refits; it
+    must be the decomposition of the resampled sequences themselves, every component (in-sample,
+    held-out, reference-free), per head and per layer. The resampled sequences keep their halves
+    (even indices half 0, odd half 1), as the stratified draws do. A sliding-window layer (window
+    8 < T) and a global one; more replicates than the refits handle at once."""
+    from lens_position.decompose import COMPONENTS, HEAD_REPLICATE_COMPONENTS, DecompositionReducer
+    from lens_position.intervals import NO_INTERVALS, Bootstrap
+    from lens_position.stream import stream
+
+    loaded = random_model()
+    tokens = torch.randint(0, 50, (8, 24), generator=torch.Generator().manual_seed(7))
+    reducer = DecompositionReducer(loaded, tokens, query_range=(2, 24), bootstrap=Bootstrap(n_resamples=70))
+    stream(loaded, tokens, [reducer], batch_size=3, progress=False)
+    result = reducer.result()
+    counts = reducer.resample_weights().long()
+    widening = np.sqrt(4 / 3)  # the replicates' spread is widened by sqrt(m / (m - 1)), m = 4 per half
+    layer_estimates = result.heads.groupby("layer")[COMPONENTS].mean()
+    for b in (0, 33, 69):
+        halves = [[n for n in range(half, 8, 2) for _ in range(int(counts[b, n]))] for half in (0, 1)]
+        order = [n for pair in zip(*halves) for n in pair]
+        direct = decompose(loaded, tokens[order], query_range=(2, 24), bootstrap=NO_INTERVALS, progress=False)
+        heads = result.head_replicates[result.head_replicates.replicate == b].sort_values(["layer", "head"])
+        for name in HEAD_REPLICATE_COMPONENTS:
+            estimate = result.heads[name].to_numpy()
+            refit = estimate + (heads[name].to_numpy() - estimate) / widening
+            np.testing.assert_allclose(refit, direct.heads[name], rtol=1e-9, atol=1e-12)
+        layers = result.replicates[result.replicates.replicate == b].set_index("layer")[COMPONENTS]
+        refit = layer_estimates + (layers - layer_estimates) / widening
+        np.testing.assert_allclose(refit.to_numpy(), direct.layers.set_index("layer")[COMPONENTS].to_numpy(),
+                                   rtol=1e-9, atol=1e-12)
+
+
+def test_fast_logcumsumexp_equals_torchs():
+    """The refits' cumulative logsumexp (shift by the row's maximum, exp, cumsum, log) against
+    torch.logcumsumexp: float64 round-off on ordinary rows, and torch's own values on rows where
+    the shifted prefix underflows, that are constant, or that hold NaN or -inf."""
+    from lens_position.decompose import _logcumsumexp
+
+    x = torch.randn(50, 3, 64, generator=torch.Generator().manual_seed(8), dtype=torch.float64) * 20
+    x[0, 0, :3] = -2000.0  # the first values underflow after the shift
+    x[1, 1] = 3.0
+    x[2, 2, 5] = float("nan")
+    x[3, 0, :4] = float("-inf")
+    x[4, 1] = float("-inf")
+    fast, exact = _logcumsumexp(x), torch.logcumsumexp(x, dim=-1)
+    assert torch.equal(fast.isnan(), exact.isnan()) and torch.equal(fast.isinf(), exact.isinf())
+    finite = exact.isfinite()
+    torch.testing.assert_close(fast[finite], exact[finite], rtol=1e-13, atol=1e-13)
+    for row in ((0, 0), (2, 2), (3, 0), (4, 1)):
+        assert torch.equal(fast[row].nan_to_num(), exact[row].nan_to_num())
