@@ -272,6 +272,11 @@ def self_referenced_scores(
 
 
 _CHUNK_BYTES = 8 * 2**20  # heads are reduced in chunks of about this many float64 bytes (cache-sized)
+# Query rows reduced together on the CPU. A block needs only the keys its queries see (up to its last
+# query, from its first query's window start), so blocks skip most of the masked scores (at T=256, 8
+# blocks of 32 rows touch 56% of a causal layer's T x T scores) and stay small enough for the cache:
+# SmolLM2's 9 heads at T=256, batch 8, 45 -> 22 ms per layer. On an accelerator, one block.
+_BLOCK_ROWS = 32
 
 
 def _reduce(scores: Float[torch.Tensor, "batch head query key"], design: PairDesign,
@@ -283,14 +288,15 @@ def _reduce(scores: Float[torch.Tensor, "batch head query key"], design: PairDes
     ``t = s - s[i, i]`` and ``z = lse - s[i, i]``, so the per-feature sums of ``t`` are those
     of ``s`` minus the diagonal spread over each row's analysed keys. Rows of the same group
     are summed first (every statistic is linear in the scores), so the cost per batch grows
-    with the number of distinct groups in it, not with the number of groups kept. Heads are
-    processed a few at a time so that each float64 copy of the scores stays in cache.
+    with the number of distinct groups in it, not with the number of groups kept. Queries are
+    processed in blocks of rows, each over the keys its rows can see (the others are masked
+    and add nothing), and heads a few at a time so that each float64 copy of the scores stays
+    in cache.
     """
     s = scores[:, :, design.query_start:design.query_stop]
-    n_batch, n_heads = s.shape[:2]
-    per_head = n_batch * s.shape[2] * s.shape[3] * 8
-    chunk = max(1, _CHUNK_BYTES // per_head)
-    count = design.analysed_per_query
+    n_batch, n_heads, n_rows, length = s.shape
+    rows_per_block = _BLOCK_ROWS if s.device.type == "cpu" else n_rows
+    window = design.window if design.window is not None else length
     groups, inverse = torch.unique(group_of_row.cpu(), return_inverse=True)
     one_per_row = len(groups) == n_batch
     in_order = one_per_row and torch.equal(inverse, torch.arange(n_batch))  # consecutive rows: no copy needed
@@ -304,27 +310,36 @@ def _reduce(scores: Float[torch.Tensor, "batch head query key"], design: PairDes
             return x[torch.argsort(inverse)]
         return torch.zeros((len(groups), *x.shape[1:]), dtype=x.dtype, device=x.device).index_add_(0, inverse, x)
 
-    for first in range(0, n_heads, chunk):
-        heads = slice(first, min(first + chunk, n_heads))
-        # copy=True: a float64 model's scores would otherwise be masked in place, changing the forward pass
-        s64 = s[:, heads].to(torch.float64, copy=True)
-        lse = torch.logsumexp(s64, dim=-1)  # [batch, head, query]
-        diagonal = s64.diagonal(offset=design.query_start, dim1=-2, dim2=-1).clone()
-        s64.masked_fill_(~design.analysed, 0.0)
-        row_s = s64.sum(-1)
-        row_s2 = torch.einsum("bhqk,bhqk->bhq", s64, s64)  # a batched matmul: 10x faster than (s*s).sum
-        sum_y = (row_s - count * lse).sum(-1)  # [batch, head]
-        sum_y2 = (row_s2 - 2 * lse * row_s + count * lse * lse).sum(-1)
-        score_sum = by_group(s64)  # [group, head, Q, T]
-        xty_s = score_sum.sum(-1) @ design.query_indicator + score_sum.sum(-2) @ design.key_indicator
-        xty_s[..., : design.length].index_add_(2, design.offset_index.to(s.device), score_sum.flatten(2))
-        diagonal_sum = by_group(diagonal)
-        # the sums stay where the statistics are (the scores' device; back on the CPU in result())
-        stats.xty_t[groups, heads] += (xty_s - diagonal_sum @ design.row_features).to(stats.xty_t.device)
-        stats.xty_z[groups, heads] += (by_group(lse - diagonal) @ design.row_features).to(stats.xty_t.device)
-        stats.row_t[groups, heads] += (by_group(row_s) - count * diagonal_sum).to(stats.xty_t.device)
-        stats.sum_y[groups, heads] += by_group(sum_y).to(stats.xty_t.device)
-        stats.sum_y2[groups, heads] += by_group(sum_y2).to(stats.xty_t.device)
+    for first_row in range(0, n_rows, rows_per_block):
+        rows = slice(first_row, min(first_row + rows_per_block, n_rows))
+        first_query = design.query_start + first_row
+        keys = slice(max(0, first_query - window + 1), design.query_start + rows.stop)  # K(i) of its queries
+        count = design.analysed_per_query[rows]
+        analysed = design.analysed[rows, keys]
+        offsets = design.offset_index.view(n_rows, length)[rows, keys].reshape(-1)
+        row_features = design.row_features[rows]
+        chunk = max(1, _CHUNK_BYTES // (n_batch * (rows.stop - rows.start) * (keys.stop - keys.start) * 8))
+        for first in range(0, n_heads, chunk):
+            heads = slice(first, min(first + chunk, n_heads))
+            # copy=True: a float64 model's scores would otherwise be masked in place, changing the forward pass
+            s64 = s[:, heads, rows, keys].to(torch.float64, copy=True)
+            lse = torch.logsumexp(s64, dim=-1)  # [batch, head, query]
+            diagonal = s64.diagonal(offset=first_query - keys.start, dim1=-2, dim2=-1).clone()
+            s64.masked_fill_(~analysed, 0.0)
+            row_s = s64.sum(-1)
+            row_s2 = torch.einsum("bhqk,bhqk->bhq", s64, s64)  # a batched matmul: 10x faster than (s*s).sum
+            sum_y = (row_s - count * lse).sum(-1)  # [batch, head]
+            sum_y2 = (row_s2 - 2 * lse * row_s + count * lse * lse).sum(-1)
+            score_sum = by_group(s64)  # [group, head, rows, keys]
+            xty_s = score_sum.sum(-1) @ design.query_indicator[rows] + score_sum.sum(-2) @ design.key_indicator[keys]
+            xty_s[..., :length].index_add_(2, offsets, score_sum.flatten(2))
+            diagonal_sum = by_group(diagonal)
+            # the sums stay where the statistics are (the scores' device; back on the CPU in result())
+            stats.xty_t[groups, heads] += (xty_s - diagonal_sum @ row_features).to(stats.xty_t.device)
+            stats.xty_z[groups, heads] += (by_group(lse - diagonal) @ row_features).to(stats.xty_t.device)
+            stats.row_t[groups, heads, rows] += (by_group(row_s) - count * diagonal_sum).to(stats.xty_t.device)
+            stats.sum_y[groups, heads] += by_group(sum_y).to(stats.xty_t.device)
+            stats.sum_y2[groups, heads] += by_group(sum_y2).to(stats.xty_t.device)
     stats.n_sequences.index_add_(0, groups, torch.bincount(inverse.cpu(), minlength=len(groups)).to(torch.float64))
 
 

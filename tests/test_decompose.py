@@ -278,3 +278,29 @@ def test_fast_logcumsumexp_equals_torchs():
     torch.testing.assert_close(fast[finite], exact[finite], rtol=1e-13, atol=1e-13)
     for row in ((0, 0), (2, 2), (3, 0), (4, 1)):
         assert torch.equal(fast[row].nan_to_num(), exact[row].nan_to_num())
+
+
+@pytest.mark.parametrize("options", [dict(), dict(query_range=(3, 37), keys="no-bos")])
+@pytest.mark.parametrize("bootstrap_on", [True, False])
+def test_statistics_do_not_depend_on_how_the_queries_are_blocked(monkeypatch, options, bootstrap_on):
+    """The reduction works on blocks of query rows, each over the keys its queries see; any
+    block size gives the same sums (float64 round-off), on a sliding-window layer and a global
+    one, with a query range, and with several sequences per group (intervals off: two halves)."""
+    import lens_position.decompose as decompose_module
+    from lens_position.decompose import DecompositionReducer
+    from lens_position.intervals import NO_INTERVALS, Bootstrap
+    from lens_position.stream import stream
+
+    loaded = random_model(n_layers=2, attn_types=("local", "global"), window=8, n_heads=4, n_kv_heads=2)
+    tokens = torch.randint(0, 50, (7, 40), generator=torch.Generator().manual_seed(9))
+    stats = {}
+    for block_rows in (5, 1000):
+        monkeypatch.setattr(decompose_module, "_BLOCK_ROWS", block_rows)
+        reducer = DecompositionReducer(loaded, tokens, bootstrap=Bootstrap() if bootstrap_on else NO_INTERVALS,
+                                       **options)
+        stream(loaded, tokens, [reducer], batch_size=3, progress=False)
+        stats[block_rows] = reducer.stats
+    for layer, blocked in stats[5].items():
+        whole = stats[1000][layer]
+        for name in ("xty_t", "xty_z", "row_t", "sum_y", "sum_y2", "n_sequences"):
+            torch.testing.assert_close(getattr(blocked, name), getattr(whole, name), rtol=1e-12, atol=1e-9)
