@@ -18,7 +18,10 @@ is the one loop that feeds them.
    ``prompts`` (so a reducer that splits prompts, by parity or by a seeded draw, never
    counts batches itself),
 4. stops after the last block any reducer reads (TransformerLens ``stop_at_layer``: the
-   final norm and the unembedding are skipped unless a reducer reads ``"logits"``).
+   final norm and the unembedding are skipped unless a reducer reads ``"logits"``), and
+   within that block as soon as every hook the pass runs for has run (a decomposition of the
+   last layer reads its attention scores: the rest of that block, its MLP included, is
+   skipped).
 
 Several statistics on the same prompts therefore cost one pass, not one each::
 
@@ -76,6 +79,10 @@ class Reducer(Protocol):
 
     def update(self, hook_name: str, activation: torch.Tensor, rows: Int[torch.Tensor, "batch"]) -> None:
         ...
+
+
+class _PassDone(Exception):
+    """Raised by the last hook a pass runs for: nothing after it is read."""
 
 
 def block_of(hook_name: str) -> int | None:
@@ -175,6 +182,19 @@ def stream(
 
     hooks = [(name, apply_patches) for name in patches_at] + list(fwd_hooks)
     hooks += [(name, read) for name in readers if name != LOGITS]
+    # The pass ends once every hook it runs for has run (the output is read only for "logits"; a hook
+    # given as a name filter could match anything, so it keeps the pass whole).
+    watched = set(readers) | set(patches_at) | {name for name, _ in fwd_hooks}
+    end_early = LOGITS not in readers and all(isinstance(name, str) for name, _ in fwd_hooks)
+    pending: set[str] = set()
+
+    def done(activation: torch.Tensor, hook: Any) -> None:
+        pending.discard(hook.name)
+        if not pending:
+            raise _PassDone
+
+    if end_early:
+        hooks += [(name, done) for name in watched]  # after the others at the same hook: they run first
     device = hooked.cfg.device or next(hooked.parameters()).device
     started = time.perf_counter()
     with progress_bar(desc, total=n_prompts, enabled=progress) as bar, torch.no_grad(), \
@@ -182,9 +202,13 @@ def stream(
         for first in range(0, n_prompts, batch_size):
             rows = torch.arange(first, min(first + batch_size, n_prompts))
             current["rows"] = rows
+            pending.update(watched)
             batch = inputs[first:first + batch_size].to(device)
-            output = hooked(batch, stop_at_layer=stop, start_at_layer=start_at_layer,
-                            return_type="logits" if LOGITS in readers else None)
+            try:
+                output = hooked(batch, stop_at_layer=stop, start_at_layer=start_at_layer,
+                                return_type="logits" if LOGITS in readers else None)
+            except _PassDone:
+                output = None
             for reducer in readers.get(LOGITS, ()):
                 reducer.update(LOGITS, output.detach(), rows)
             bar.update(len(rows))

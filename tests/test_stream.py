@@ -73,6 +73,28 @@ def test_the_pass_stops_after_the_last_block_any_reducer_reads():
         stream(loaded, tokens, [ResidualNorm([1]), Forbidden(2)], progress=False)
 
 
+def test_the_pass_ends_within_the_last_block_once_every_hook_it_runs_for_has_run():
+    """Reading block 1's attention scores, the rest of block 1 (its MLP) never runs; the
+    statistics are those of the whole pass. A hook given by a name filter, or a reader of the
+    logits, keeps the pass whole."""
+    loaded = random_model(n_layers=3, attn_types=None)
+    tokens = torch.randint(0, 50, (5, 12), generator=torch.Generator().manual_seed(0))
+    ran = []
+    loaded.model.blocks[1].hook_mlp_out.add_hook(lambda activation, hook: ran.append(hook.name))
+    try:
+        early = DecompositionReducer(loaded, tokens, layers=[1])
+        stream(loaded, tokens, [early], batch_size=2, progress=False)
+        assert ran == []
+        whole = DecompositionReducer(loaded, tokens, layers=[1])
+        stream(loaded, tokens, [whole], batch_size=2, fwd_hooks=[(lambda name: False, lambda a, hook: a)],
+               progress=False)
+        assert ran == ["blocks.1.hook_mlp_out"] * 3
+    finally:
+        loaded.model.reset_hooks(including_permanent=True)
+    for name in ("xty_t", "xty_z", "row_t", "sum_y", "sum_y2"):
+        assert torch.equal(getattr(early.stats[1], name), getattr(whole.stats[1], name))
+
+
 def test_per_prompt_patch_values_follow_the_prompts_across_batches():
     """A patch holding one value per prompt gives each prompt its own value whatever the
     batch size: batched and single-pass decompositions agree."""
