@@ -32,15 +32,15 @@ replicates are centred on the estimate. An *in-sample* fit (the decomposition's 
 changes computed from them) is biased: its fitted absolute part also fits noise, by an
 amount that shrinks as ``1/N``. A bootstrap replicate refits on a resample and takes the same
 bias once more, so its replicates sit beside the estimate by about that bias and the
-percentile interval lies on the wrong side (on SmolLM2-135M every in-sample ``T`` and ``R'``
-layer mean lies below all or nearly all of its replicates; on synthetic scores the
+percentile interval lies on the wrong side (on SmolLM2-135M the in-sample ``T`` and ``R'``,
+averaged over layers, lie below every one of their replicates; on synthetic scores the
 percentile intervals of the in-sample ``M`` and ``C`` cover the truth in 7% and 0% of
 repetitions). Such quantities get the *bias-corrected percentile* interval: the percentile
 interval moved by twice the bootstrap's median bias ``β = median(replicates) − estimate``,
 ``[q_lo − 2β, q_hi − 2β]``, centred on the bias-corrected estimate ``estimate − β`` with the
 replicates' own (possibly skewed) spread. It is the location form of Efron's bias
 correction; Efron's BC and BCa intervals correct the same bias by picking other percentiles
-instead, which for a bias of more than about a third of the replicates' spread lie beyond the
+instead, which for a bias of more than about a third of the replicates' standard deviation lie beyond the
 outermost of 200 replicates (and with every replicate on one side of the estimate, as for
 Gemma-3's fraction of ``R'`` removed by BOS replacement, are undefined). The *basic* interval
 ``2·estimate − (q_hi, q_lo)`` corrects it too, but reflects the replicates' skew the wrong
