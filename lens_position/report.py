@@ -440,18 +440,28 @@ def check_in_browser(report: str | Path, *, screenshot: str | Path | None = None
                      width: int = 1300, height: int | None = None, timeout_s: float = 120.0) -> BrowserCheck:
     """Open ``report`` in headless Chromium and check it: no JavaScript error, every figure drawn.
 
-    Two runs: one dumps the DOM after the page's scripts finish (each figure div must carry
+    Chromium dumps the DOM after the page's scripts finish (each figure div must carry
     ``data-drawn`` and contain plotly's ``svg.main-svg``; ``<body data-js-errors>`` must be 0;
-    the console log on stderr must have no error), one saves a PNG screenshot of the page
-    (``width`` × ``height`` pixels; the height defaults to the figures' total height).
+    the console log on stderr must have no error) and, when asked, saves a PNG screenshot of the
+    page (``width`` × ``height`` pixels; the height defaults to the figures' total height), both
+    from one launch; a Chromium that does one thing per launch is started again for the
+    screenshot.
     """
     report = Path(report).resolve()
     text = report.read_text(encoding="utf-8")
     keys = re.findall(r'<div class="plot" id="plot-([\w-]+)"', text)
     binary = find_chromium()
     url = report.as_uri()
+    shot = None if screenshot is None else Path(screenshot).resolve()
+    shot_args: list[str] = []
+    if shot is not None:
+        if height is None:
+            specs = report_figure_specs(text)
+            height = 1400 + sum(int(s["layout"].get("height", 450)) + 160 for s in specs.values())
+        shot_args = [f"--window-size={width},{height}", f"--screenshot={shot}"]
+        shot.unlink(missing_ok=True)  # so that only this launch's file counts
     with tempfile.TemporaryDirectory(prefix="lens-position-chromium-") as profile:
-        args = _chromium_args(binary, profile) + ["--virtual-time-budget=30000", "--dump-dom", url]
+        args = _chromium_args(binary, profile) + ["--virtual-time-budget=30000", *shot_args, "--dump-dom", url]
         try:
             proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired as exc:
@@ -475,16 +485,11 @@ def check_in_browser(report: str | Path, *, screenshot: str | Path | None = None
         chunk = chunk[:end] if end > 0 else chunk
         if start is None or 'data-drawn="1"' not in chunk[:2000] or "main-svg" not in chunk:
             undrawn.append(key)
-    shot = None
-    if screenshot is not None:
-        shot = Path(screenshot).resolve()
-        if height is None:
-            specs = report_figure_specs(text)
-            height = 1400 + sum(int(s["layout"].get("height", 450)) + 160 for s in specs.values())
-        with tempfile.TemporaryDirectory(prefix="lens-position-chromium-") as profile:
-            args = _chromium_args(binary, profile) + [
-                "--virtual-time-budget=30000", f"--window-size={width},{height}", f"--screenshot={shot}", url]
-            subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)
+    if shot is not None:
+        if not shot.exists():
+            with tempfile.TemporaryDirectory(prefix="lens-position-chromium-") as profile:
+                args = _chromium_args(binary, profile) + ["--virtual-time-budget=30000", *shot_args, url]
+                subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)
         if not shot.exists():
             js_errors.append(f"Chromium wrote no screenshot to {shot}")
             shot = None

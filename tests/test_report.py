@@ -169,6 +169,36 @@ def test_report_opens_in_chromium_without_errors_and_draws_every_figure(report_f
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 50_000
 
 
+def test_one_chromium_launch_checks_the_report_and_takes_the_screenshot(tmp_path, report_file, monkeypatch):
+    """One launch dumps the DOM and saves the screenshot; a Chromium that ignores the
+    screenshot beside --dump-dom (one thing per launch) is started again for it."""
+    import subprocess
+
+    from lens_position import report as report_module
+
+    launches = []
+    real_run = subprocess.run
+
+    def run(args, **kwargs):
+        launches.append(args)
+        return real_run(args, **kwargs)
+
+    monkeypatch.setattr(report_module.subprocess, "run", run)
+    check = check_in_browser(report_file, screenshot=tmp_path / "one.png")
+    assert check.ok and check.screenshot is not None and len(launches) == 1
+
+    def dom_only(args, **kwargs):  # an older Chromium: --dump-dom wins, no screenshot
+        launches.append(args)
+        if "--dump-dom" in args:
+            args = [a for a in args if not a.startswith(("--screenshot", "--window-size"))]
+        return real_run(args, **kwargs)
+
+    launches.clear()
+    monkeypatch.setattr(report_module.subprocess, "run", dom_only)
+    check = check_in_browser(report_file, screenshot=tmp_path / "two.png")
+    assert check.ok and (tmp_path / "two.png").stat().st_size > 50_000 and len(launches) == 2
+
+
 def test_browser_check_catches_a_javascript_error(tmp_path, report_file):
     broken = tmp_path / "broken.html"
     text = report_file.read_text()
