@@ -217,7 +217,7 @@ def _refit(units: Sequence[_Unit], reference: Float[torch.Tensor, "d"], counts: 
     mean_y = weights @ torch.stack([m.sum_y for m in moments]) / n[:, None]
     cxy = (torch.einsum("fu,utd->ftd", weights, torch.stack([m.xty for m in moments])) / n[:, None, None]
            - mean_y[..., None] * mean_x[:, None, :])
-    factor, _ = torch.linalg.cholesky_ex(cov + torch.diag_embed(ridge * std ** 2))
+    factor = torch.linalg.cholesky(cov + torch.diag_embed(ridge * std ** 2))  # positive definite: ridge > 0
     w = torch.cholesky_solve(cxy.transpose(1, 2), factor).transpose(1, 2)
     intercept = mean_y - (w * mean_x[:, None, :]).sum(-1)
     return w.transpose(0, 1), intercept.T
