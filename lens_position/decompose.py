@@ -254,6 +254,13 @@ class HeadStatistics:
     def n_groups(self) -> int:
         return int(self.n_sequences.shape[0])
 
+    @classmethod
+    def side_by_side(cls, layers: Sequence["HeadStatistics"]) -> "HeadStatistics":
+        """Several layers' statistics (same sequences, same features) as one layer whose heads are
+        theirs one after the other, so that one refit serves them all."""
+        return cls(*(torch.cat([getattr(stats, name) for stats in layers], dim=1)
+                     for name in ("xty_t", "xty_z", "row_t", "sum_y", "sum_y2")), layers[0].n_sequences)
+
     @property
     def halves(self) -> Float[torch.Tensor, "group"]:
         """Half of every group (0: even-indexed sequences, 1: odd)."""
@@ -433,9 +440,10 @@ class _Variant:
 
 
 _UNDERFLOW = 1e-300  # exp(x - max) below this leaves a float64 sum without its full precision
-# Replicates refitted together. Blocks of 32 keep the refits' working tensors (three weightings of 32
-# replicates x heads x offsets) in the cache: 0.7 s instead of 1.3 s for all 200 at once, SmolLM2 at T=256.
-_REPLICATE_BLOCK = 32
+# Replicates refitted together: as many as keep the refits' working tensors (three weightings x replicates
+# x heads x the values per head) near this many float64 values, small enough for the cache. On SmolLM2 at
+# T=256 (32 replicates per layer) the refits took 0.7 s instead of 1.3 s for all 200 at once.
+_REPLICATE_BLOCK_VALUES = 2**17
 
 
 def _logcumsumexp(x: Float[torch.Tensor, "... n"]) -> Float[torch.Tensor, "... n"]:
@@ -501,7 +509,8 @@ def _components(fit: _Fitter, stats: HeadStatistics,
         stats.sum_y[..., None], stats.sum_y2[..., None],
     ], dim=-1)
     # replicates are independent: a block at a time keeps the working tensors small enough for the cache
-    blocks = [_weighted_components(fit, stats, per_group, block) for block in weights.split(_REPLICATE_BLOCK)]
+    per_block = max(1, _REPLICATE_BLOCK_VALUES // (per_group.shape[1] * per_group.shape[2]))
+    blocks = [_weighted_components(fit, stats, per_group, block) for block in weights.split(per_block)]
     return {name: torch.cat([block[name] for block in blocks]) for name in blocks[0]}
 
 
@@ -749,15 +758,26 @@ class DecompositionReducer:
             return small_sample_widening(estimate, replicates, per_half)
 
         rows, replicate_frames, head_replicate_frames = [], [], []
-        fitters = {window: _Fitter(design) for window, design in self.designs.items()}  # once per key set
+        # the layers of one key set are refitted together (their heads side by side): one design, one refit
+        estimates, refits = {}, {}
+        for window, design in self.designs.items():
+            fit = _Fitter(design)
+            group = [layer for layer in self.layers if self.windows[layer] == window]
+            stats = HeadStatistics.side_by_side([self.stats[layer] for layer in group])
+            together = _components(fit, stats)
+            replicates = _components(fit, stats, weights) if weights is not None else None
+            for k, layer in enumerate(group):
+                heads = slice(k * n_heads, (k + 1) * n_heads)
+                estimates[layer] = {name: v[0, heads].numpy() for name, v in together.items()}
+                if replicates is not None:
+                    refits[layer] = {name: v[:, heads] for name, v in replicates.items()}
         for layer in self.layers:
             window = self.windows[layer]
             design = self.designs[window]
-            values = {k: v[0].numpy() for k, v in _components(fitters[window], self.stats[layer]).items()}
+            values = estimates[layer]
             bounds: dict[str, tuple[np.ndarray, np.ndarray]] = {}
             if weights is not None:
-                replicates = _components(fitters[window], self.stats[layer], weights)
-                replicates = {k: widen(torch.as_tensor(values[k]), v) for k, v in replicates.items()}
+                replicates = {k: widen(torch.as_tensor(values[k]), v) for k, v in refits[layer].items()}
                 for name in COMPONENTS:
                     bounds[name] = bootstrap_interval(values[name], replicates[name].numpy(), level,
                                                       interval_method(name))

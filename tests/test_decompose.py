@@ -227,17 +227,19 @@ def test_streaming_keeps_no_attention_scores():
     assert len(result.heads) == 2 * 4
 
 
-def test_a_bootstrap_replicate_is_the_decomposition_of_its_resampled_sequences():
+def test_a_bootstrap_replicate_is_the_decomposition_of_its_resampled_sequences(monkeypatch):
     """A replicate re-weights the sequences' statistics by their multiplicities and refits; it
     must be the decomposition of the resampled sequences themselves, every component (in-sample,
     held-out, reference-free), per head and per layer. The resampled sequences keep their halves
     (even indices half 0, odd half 1), as the stratified draws do. A sliding-window layer (window
-    8 < T) and a global one; more replicates than the refits handle at once."""
+    8 < T) and two global ones (refitted together); the replicates refitted a few at a time."""
+    import lens_position.decompose as decompose_module
     from lens_position.decompose import COMPONENTS, HEAD_REPLICATE_COMPONENTS, DecompositionReducer
     from lens_position.intervals import NO_INTERVALS, Bootstrap
     from lens_position.stream import stream
 
-    loaded = random_model()
+    monkeypatch.setattr(decompose_module, "_REPLICATE_BLOCK_VALUES", 5000)  # several blocks of replicates
+    loaded = random_model(n_layers=3, attn_types=("global", "local", "global"))
     tokens = torch.randint(0, 50, (8, 24), generator=torch.Generator().manual_seed(7))
     reducer = DecompositionReducer(loaded, tokens, query_range=(2, 24), bootstrap=Bootstrap(n_resamples=70))
     stream(loaded, tokens, [reducer], batch_size=3, progress=False)
