@@ -758,29 +758,32 @@ class DecompositionReducer:
             return small_sample_widening(estimate, replicates, per_half)
 
         rows, replicate_frames, head_replicate_frames = [], [], []
-        # the layers of one key set are refitted together (their heads side by side): one design, one refit
-        estimates, refits = {}, {}
+        # the layers of one key set are refitted together (their heads side by side): one design, one
+        # refit, and each component's per-head intervals in one call
+        estimates, refits, intervals = {}, {}, {}
         for window, design in self.designs.items():
             fit = _Fitter(design)
             group = [layer for layer in self.layers if self.windows[layer] == window]
             stats = HeadStatistics.side_by_side([self.stats[layer] for layer in group])
-            together = _components(fit, stats)
-            replicates = _components(fit, stats, weights) if weights is not None else None
+            together = {name: v[0].numpy() for name, v in _components(fit, stats).items()}
+            if weights is not None:
+                replicates = {name: widen(torch.as_tensor(together[name]), v)
+                              for name, v in _components(fit, stats, weights).items()}
+                all_bounds = {name: bootstrap_interval(together[name], replicates[name].numpy(), level,
+                                                   interval_method(name)) for name in COMPONENTS}
             for k, layer in enumerate(group):
                 heads = slice(k * n_heads, (k + 1) * n_heads)
-                estimates[layer] = {name: v[0, heads].numpy() for name, v in together.items()}
-                if replicates is not None:
+                estimates[layer] = {name: v[heads] for name, v in together.items()}
+                if weights is not None:
                     refits[layer] = {name: v[:, heads] for name, v in replicates.items()}
+                    intervals[layer] = {name: (lo[heads], hi[heads]) for name, (lo, hi) in all_bounds.items()}
         for layer in self.layers:
             window = self.windows[layer]
             design = self.designs[window]
             values = estimates[layer]
-            bounds: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+            bounds = intervals.get(layer, {})
             if weights is not None:
-                replicates = {k: widen(torch.as_tensor(values[k]), v) for k, v in refits[layer].items()}
-                for name in COMPONENTS:
-                    bounds[name] = bootstrap_interval(values[name], replicates[name].numpy(), level,
-                                                      interval_method(name))
+                replicates = refits[layer]
                 replicate_frames.append(pd.DataFrame({
                     "replicate": np.arange(len(weights)), "layer": layer,
                     **{name: replicates[name].mean(-1).numpy() for name in COMPONENTS}}))
