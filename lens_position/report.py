@@ -111,8 +111,8 @@ def report_figures(results: Mapping[str, pd.DataFrame]) -> list[ReportFigure]:
         "Held-out R² of a ridge probe from resid_pre at each layer to log(position + 1); dotted: the "
         "same probe fitted to shuffled positions (the axis is clipped at -1 when a value falls below; hover "
         "shows every value). Error bars: 95% intervals that hold which sequences were held out (a bootstrap "
-        "over them) and which ones the probe was trained on (a jackknife of the refitted probe); in the "
-        "middle layers the spread between independent prompt sets is still about twice as wide. An "
+        "over them) and which ones the probe was trained on (a jackknife of the refitted probe); in "
+        "SmolLM2's middle layers the spread between independent prompt sets is still about twice as wide. An "
         "independent view of absolute position in the residual stream (C3: accumulation with depth).",
         lambda f: plots.probe_r2(f))
     add("bos", ("bos_layers", "bos_overall"), "C4: BOS replacement",
