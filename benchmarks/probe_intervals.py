@@ -7,7 +7,7 @@ intervals are as wide as the spread between disjoint prompt sets.
 For each of ``--sets`` disjoint prompt sets of N natural-text windows (T positions;
 ``lens_position.prompt_sets.disjoint_prompt_sets``, the reproduction's probe sizes by default),
 it streams two :class:`~lens_position.probes.ProbeReducer` in one pass, one with intervals
-(every bootstrap replicate refits the probe on its training units) and one without, and times
+(the held-out bootstrap and the jackknife of the refitted probe over the training units) and one without, and times
 their ``result()``. Per layer it then prints the held-out R² of every set, the spread between
 sets (sample SD) and the SD the bootstrap predicts (mean interval width / 3.92), and their
 ratio with the exact chi-square 95% interval (K - 1 degrees of freedom): a ratio near 1 says
@@ -60,7 +60,7 @@ def main() -> None:
         assert np.allclose(with_intervals.layers["r2_heldout"], without.layers["r2_heldout"], atol=0, rtol=0)
         timings.append((seconds_with, seconds_without))
         frames.append(with_intervals.layers.assign(set=k))
-        print(f"set {k}: result() {seconds_with:.1f} s with intervals (refit per replicate), "
+        print(f"set {k}: result() {seconds_with:.1f} s with intervals (held-out bootstrap, refit jackknife), "
               f"{seconds_without:.1f} s without; torch threads {torch.get_num_threads()}", flush=True)
     import pandas as pd
 
