@@ -62,6 +62,50 @@ def test_interrupted_training_resumes_to_the_same_weights(small_corpus, tmp_path
         assert torch.equal(whole.parameters[name], resumed.parameters[name]), name
 
 
+def test_measurements_along_training_change_no_weight_and_land_in_the_curve(small_corpus, tmp_path):
+    from lens_position.zoo.sweep import sinks_along_training
+
+    recipe = minute_recipe(small_corpus, context=64)  # the sink measurement reads T = 64
+    plain = train(recipe, work_dir=tmp_path / "a", progress=False, corpus=small_corpus)
+    measured = train(recipe, work_dir=tmp_path / "b", progress=False, corpus=small_corpus,
+                     on_eval=lambda model: sinks_along_training(model, recipe=recipe))
+    for name in plain.parameters:
+        assert torch.equal(plain.parameters[name], measured.parameters[name]), name
+    assert [c["step"] for c in measured.curve] == [6, 12]
+    for point in measured.curve:
+        assert 0 <= point["sink_rate"] <= 1 and 0 < point["max_sink_score"] <= 1
+    assert "max_sink_score" not in plain.curve[0]
+    # the last point's score is the finished model's, measured as a checkpoint is measured
+    from lens_position.zoo.architecture import build_model, load_parameters
+    from lens_position.zoo.measure import sink_measurement
+    from lens_position.zoo.store import as_loaded_model
+
+    model = build_model(recipe, initialise=False)
+    load_parameters(model, measured.parameters)
+    final = sink_measurement(as_loaded_model(model, recipe, name="zoo:tiny-test", source="test"))
+    assert measured.curve[-1]["max_sink_score"] == pytest.approx(final["max_sink_score"], abs=1e-6)
+
+
+def test_sink_trajectory_reads_a_point_while_it_trains_and_once_it_is_done(monkeypatch, tmp_path):
+    from lens_position.zoo import sweep
+
+    monkeypatch.setenv("LENS_POSITION_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(sweep, "SINK_SWEEP", (("tiny", "8 steps", {"steps": 8, "warmup": 2, "evaluations": 4}),))
+    assert sweep.sink_trajectory("tiny", root=tmp_path / "sweep").empty
+    recipe = sweep.point_recipe("tiny")
+    from lens_position.zoo.commands import default_work_dir
+
+    train(recipe, work_dir=default_work_dir(), progress=False, stop_after=4,
+          on_eval=lambda model: sweep.sinks_along_training(model, recipe=recipe))
+    partial = sweep.sink_trajectory("tiny", root=tmp_path / "sweep")
+    assert list(partial["step"]) == [2, 4] and not partial["finished"].any()
+    table = sweep.sink_sweep(root=tmp_path / "sweep", progress=False)  # resumes, finishes, measures
+    done = sweep.sink_trajectory("tiny", root=tmp_path / "sweep")
+    assert list(done["step"]) == [2, 4, 6, 8] and done["finished"].all()
+    assert done["max_sink_score"].iloc[-1] == pytest.approx(table.loc[0, "max_sink_score"], abs=1e-6)
+    assert list(done["lr"]) == [recipe.lr_at(s - 1) for s in (2, 4, 6, 8)]
+
+
 def test_another_seed_trains_other_weights(small_corpus, tmp_path):
     a = train(minute_recipe(small_corpus, steps=4, extend_at=0), work_dir=tmp_path, progress=False,
               corpus=small_corpus)
@@ -339,6 +383,23 @@ def test_a_run_with_other_models_keeps_the_zoo_out_of_the_papers_claims(tmp_path
     main_part, zoo_part = text.split('<section id="zoo">')
     assert "zoo:ntk" not in main_part.split("<h2>Provenance</h2>")[0].split('id="claims"')[1].split("</table>")[0]
     assert "ntk − ntk-control (R)" in zoo_part
+
+
+def test_trajectory_sentence_names_the_first_crossing_or_how_far_the_score_got():
+    from lens_position.zoo.sweep import TRAJECTORY_POINT, trajectory_figure, trajectory_sentence
+
+    def trajectory(scores, finished=True):
+        return pd.DataFrame([{"point": TRAJECTORY_POINT, "step": 800 * (k + 1), "tokens": 800 * (k + 1) * 2048,
+                              "lr": 0.003, "held_out_bits": 2.0, "sink_rate": 0.05 * (s > 0.3),
+                              "max_sink_score": s, "finished": finished} for k, s in enumerate(scores)])
+
+    formed = trajectory_sentence(trajectory([0.1, 0.2, 0.29, 0.35, 0.5]))
+    assert "first exceeds ε = 0.3 at 6.6 M tokens (step 3200" in formed and "0.350, after 0.290 at 4.9 M" in formed
+    assert "sink rate 0.050 there" in formed and "so far" not in formed
+    unfinished = trajectory_sentence(trajectory([0.1, 0.12, 0.2], finished=False))
+    assert unfinished.startswith("No sink") and "measured up to 4.9 M tokens so far" in unfinished
+    assert "from 0.100 at 1.6 M tokens to 0.200 at 4.9 M" in unfinished
+    assert len(trajectory_figure(trajectory([0.1, 0.35])).data) == 2
 
 
 def test_the_shipped_sink_sweep_table_is_the_sweeps_points():

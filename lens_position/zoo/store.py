@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from safetensors.torch import load_file, save_file
+from transformer_lens import HookedTransformer
 
 from lens_position.errors import BadInputError, CorruptFileError, UnknownModelError
 from lens_position.models.load import attach_tokenizer
@@ -172,8 +173,19 @@ def load_zoo_model(name: str, *, root: Path = SHIPPED, device: str = "cpu") -> L
     recipe = verify(checkpoint)
     model = build_model(recipe, device=device, initialise=False)
     load_parameters(model, {k: v.to(device) for k, v in load_file(str(checkpoint.weights)).items()})
+    return as_loaded_model(model, recipe, name=checkpoint.name, source=f"zoo:{root / recipe.variant}",
+                           weights_sha256=checkpoint.meta["weights_sha256"],
+                           held_out_bits=checkpoint.meta["held_out_bits_per_byte"],
+                           recipe_sha256=checkpoint.meta["recipe_sha256"])
+
+
+def as_loaded_model(model: HookedTransformer, recipe: Recipe, *, name: str, source: str,
+                    weights_sha256: str | None = None, held_out_bits: float | None = None,
+                    recipe_sha256: str | None = None) -> LoadedModel:
+    """A zoo-architecture model (a checkpoint's, or one still training) as a ``LoadedModel``
+    in eval mode, with the byte-level tokenizer and BOS policy of ``recipe``."""
     model.eval()
-    model.cfg.model_name = checkpoint.name
+    model.cfg.model_name = name
     tokenizer = byte_tokenizer(prepend_bos=recipe.bos)
     prepends_bos = tokenizer_prepends_bos(tokenizer)  # the recipe's bos, as the tokenizer does it
     attach_tokenizer(model, tokenizer, prepends_bos)
@@ -181,14 +193,14 @@ def load_zoo_model(name: str, *, root: Path = SHIPPED, device: str = "cpu") -> L
     # recipe adds what the config cannot tell: how the final base was reached (NTK-aware).
     ntk = recipe.position == "rope" and recipe.ntk_alpha != 1.0
     spec = spec_from_config(
-        model, name=checkpoint.name, family="custom", source=f"zoo:{root / recipe.variant}",
+        model, name=name, family="custom", source=source,
         **({"rope_kind": "ntk-aware", "ntk_alpha": recipe.ntk_alpha} if ntk else {}),
         tokenizer_prepends_bos=prepends_bos, bos_token_id=tokenizer.bos_token_id,
-        weights_sha256=checkpoint.meta["weights_sha256"],
+        weights_sha256=weights_sha256,
         extra={"zoo_variant": recipe.variant, "zoo_seed": recipe.seed, "position": recipe.position,
-               "recipe_sha256": checkpoint.meta["recipe_sha256"], "extend_at": recipe.extend_at,
+               "recipe_sha256": recipe_sha256 or recipe.sha256(), "extend_at": recipe.extend_at,
                "pretrain_rotary_base": recipe.rotary_base,
-               "held_out_bits_per_byte": checkpoint.meta["held_out_bits_per_byte"],
+               "held_out_bits_per_byte": held_out_bits,
                "d_vocab": model.cfg.d_vocab},
     )
     return LoadedModel(model=model, tokenizer=tokenizer, spec=spec)

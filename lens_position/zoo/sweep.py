@@ -28,21 +28,28 @@ the tutorial notebook read it without retraining.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from lens_position.errors import BadInputError
 from lens_position.zoo.recipe import Recipe, recipe_for
 
 if TYPE_CHECKING:
     import pandas as pd
+    from transformer_lens import HookedTransformer
 
 log = logging.getLogger(__name__)
 
 #: The sweep's table as measured on the 2-core machine the zoo was trained on.
 MEASURED = Path(__file__).parent / "sink_sweep.csv"
+#: The sink score along the longest point's training (:func:`sink_trajectory`), as measured.
+MEASURED_TRAJECTORY = Path(__file__).parent / "sink_trajectory.csv"
+#: The point whose sinks are measured along training (its every evaluation).
+TRAJECTORY_POINT = "steps-64x"
 
 #: (point, what changes, changes to the ``rope`` recipe), cheapest first.
 SINK_SWEEP: tuple[tuple[str, str, dict], ...] = (
@@ -51,6 +58,7 @@ SINK_SWEEP: tuple[tuple[str, str, dict], ...] = (
     ("context-512", "4x the steps, context 512 (batch 4)", {"steps": 1200, "context": 512, "batch": 4}),
     ("width-128", "4x the steps, d_model 128, d_mlp 512", {"steps": 1200, "d_model": 128, "d_mlp": 512}),
     ("steps-12x", "12x the steps", {"steps": 3600}),
+    ("steps-64x", "64x the steps (sinks measured along the run)", {"steps": 19200, "evaluations": 24}),
 )
 
 
@@ -73,8 +81,9 @@ def point_recipe(point: str, seed: int = 0) -> Recipe:
     base = recipe_for("rope", seed)
     if not changes:
         return base
+    changes = dict(changes)
     steps = changes.get("steps", base.steps)
-    every = max(1, steps // 6)
+    every = max(1, steps // changes.pop("evaluations", 6))
     return dataclasses.replace(base, variant=f"sink-{point}", eval_every=every, checkpoint_every=every, **changes)
 
 
@@ -105,7 +114,8 @@ def sink_sweep(points: Sequence[str] | None = None, *, root: Path | None = None,
             if corpus is None:
                 corpus = load_corpus()
                 unigram = unigram_bits_per_byte(corpus)
-            result = train(recipe, work_dir=default_work_dir(), device=device, progress=progress, corpus=corpus)
+            result = train(recipe, work_dir=default_work_dir(), device=device, progress=progress, corpus=corpus,
+                           on_eval=partial(sinks_along_training, recipe=recipe))
             checkpoint = save_checkpoint(root, result, corpus, unigram)
         if "sinks" not in checkpoint.meta:
             checkpoint = measure_sinks(checkpoint, root=checkpoint.weights.parents[1])
@@ -121,6 +131,52 @@ def sink_sweep(points: Sequence[str] | None = None, *, root: Path | None = None,
         })
         log.info("sink sweep %s: sink rate %.3f, max score %.3f", point, sinks["sink_rate"], sinks["max_sink_score"])
     return pd.DataFrame(rows)
+
+
+def sinks_along_training(model: "HookedTransformer", *, recipe: Recipe) -> dict[str, float]:
+    """The sink measurement of a model still training (on a copy, in eval mode): its sink
+    rate and largest per-head sink score, as :func:`measure.sink_measurement` measures a
+    finished checkpoint. ``train``'s ``on_eval`` adds them to each point of the loss curve."""
+    from lens_position.zoo.measure import sink_measurement
+    from lens_position.zoo.store import as_loaded_model
+
+    loaded = as_loaded_model(copy.deepcopy(model), recipe, name=f"zoo:{recipe.variant} (training)",
+                             source="training")
+    sinks = sink_measurement(loaded)
+    return {"sink_rate": sinks["sink_rate"], "max_sink_score": sinks["max_sink_score"]}
+
+
+def sink_trajectory(point: str, *, root: Path | None = None, seed: int = 0) -> "pd.DataFrame":
+    """How the sink score grew along one sweep point's training: one row per evaluation
+    (``step``, ``tokens``, learning rate at that step, held-out bits per byte, sink rate,
+    largest per-head sink score), read from the finished checkpoint or, while the point is
+    still training (or was interrupted), from its resume file. Empty when the point has not
+    been trained with sink measurements (points trained before they were added)."""
+    import pandas as pd
+    import torch
+
+    from lens_position.zoo.commands import default_work_dir
+    from lens_position.zoo.store import checkpoints, model_name
+
+    recipe = point_recipe(point, seed)
+    root = root or default_sweep_dir()
+    found = {c.name: c for c in checkpoints(root)}.get(model_name(recipe.variant, recipe.seed))
+    curve: list[dict] = []
+    finished = found is not None and found.meta["recipe_sha256"] == recipe.sha256()
+    if finished:
+        curve = found.meta["curve"]
+    else:
+        resume = default_work_dir() / f"{recipe.variant}-seed{recipe.seed}.resume.pt"
+        if resume.is_file():
+            state = torch.load(resume, map_location="cpu", weights_only=False)
+            if state["recipe_sha256"] == recipe.sha256():
+                curve = state["curve"]
+    rows = [{"point": point, "step": c["step"], "tokens": c["tokens"], "lr": recipe.lr_at(c["step"] - 1),
+             "held_out_bits": c["held_out_bits"], "sink_rate": c["sink_rate"],
+             "max_sink_score": c["max_sink_score"], "finished": finished}
+            for c in curve if "max_sink_score" in c]
+    columns = ["point", "step", "tokens", "lr", "held_out_bits", "sink_rate", "max_sink_score", "finished"]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def sweep_markdown(table: pd.DataFrame) -> str:
@@ -140,6 +196,58 @@ def measured_sweep() -> "pd.DataFrame":
     import pandas as pd
 
     return pd.read_csv(MEASURED)
+
+
+def measured_trajectory() -> "pd.DataFrame":
+    """The shipped trajectory table (``MEASURED_TRAJECTORY``): the columns of :func:`sink_trajectory`."""
+    import pandas as pd
+
+    return pd.read_csv(MEASURED_TRAJECTORY)
+
+
+def trajectory_sentence(trajectory: "pd.DataFrame", eps: float = 0.3) -> str:
+    """When, along one long training run, a head's sink score first exceeded ``eps``, in
+    words built from the trajectory's numbers (or how far it got if it never did)."""
+    if trajectory.empty:
+        return "No trajectory measured (the long sweep point has not been trained with sink measurements)."
+    point = trajectory["point"].iloc[0]
+    last = trajectory.iloc[-1]
+    total = point_recipe(point).tokens
+    run = (f"along `{point}` ({total / 1e6:.1f} M tokens, cosine learning-rate schedule"
+           + ("" if bool(last["finished"]) else f"; measured up to {last['tokens'] / 1e6:.1f} M tokens so far") + ")")
+    first = trajectory.iloc[0]
+    crossed = trajectory[trajectory["max_sink_score"] > eps]
+    if len(crossed):
+        at = crossed.iloc[0]
+        before = trajectory[trajectory["step"] < at["step"]]
+        since = (f", after {before['max_sink_score'].iloc[-1]:.3f} at {before['tokens'].iloc[-1] / 1e6:.1f} M"
+                 if len(before) else "")
+        return (f"Sinks form {run}: the largest head score first exceeds ε = {eps:g} at {at['tokens'] / 1e6:.1f} M "
+                f"tokens (step {int(at['step'])}, learning rate {at['lr']:.2g}): {at['max_sink_score']:.3f}{since}; "
+                f"sink rate {at['sink_rate']:.3f} there and {last['sink_rate']:.3f} at the last measurement "
+                f"({last['tokens'] / 1e6:.1f} M tokens, largest score {last['max_sink_score']:.3f}).")
+    top = trajectory.loc[trajectory["max_sink_score"].idxmax()]
+    return (f"No sink {run}: the largest head score went from {first['max_sink_score']:.3f} at "
+            f"{first['tokens'] / 1e6:.1f} M tokens to {last['max_sink_score']:.3f} at {last['tokens'] / 1e6:.1f} M "
+            f"(highest {top['max_sink_score']:.3f}, at {top['tokens'] / 1e6:.1f} M), never above ε = {eps:g}.")
+
+
+def trajectory_figure(trajectory: "pd.DataFrame", eps: float = 0.3) -> Any:
+    """The largest head sink score and the sink rate along training (x: tokens seen, M),
+    with ε drawn: where the score crosses it, a sink has formed."""
+    import plotly.graph_objects as go
+
+    millions = trajectory["tokens"] / 1e6
+    figure = go.Figure([
+        go.Scatter(x=millions, y=trajectory["max_sink_score"], mode="lines+markers", name="largest head sink score"),
+        go.Scatter(x=millions, y=trajectory["sink_rate"], mode="lines+markers", name="sink rate (fraction of heads > ε)"),
+    ])
+    figure.add_hline(y=eps, line_dash="dash", annotation_text=f"ε = {eps:g}")
+    point = trajectory["point"].iloc[0] if len(trajectory) else "?"
+    figure.update_layout(title=f"Attention sinks along training (`{point}`, the rope recipe with more steps)",
+                         xaxis_title="training tokens (millions)", yaxis_title="score / rate (fraction)",
+                         yaxis_range=[0, 1], template="plotly_white")
+    return figure
 
 
 def sweep_sentence(table: "pd.DataFrame", eps: float = 0.3) -> str:

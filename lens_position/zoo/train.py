@@ -24,7 +24,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -113,7 +113,8 @@ def _save_partial(path: Path, model: HookedTransformer, optimizer: torch.optim.A
 
 
 def train(recipe: Recipe, *, work_dir: Path, device: str | None = None, progress: bool = True,
-          corpus: Corpus | None = None, stop_after: int | None = None, threads: int = 1) -> TrainResult:
+          corpus: Corpus | None = None, stop_after: int | None = None, threads: int = 1,
+          on_eval: Callable[[HookedTransformer], dict[str, Any]] | None = None) -> TrainResult:
     """Train ``recipe`` (resuming from ``work_dir/<variant>-seed<k>.resume.pt`` when it holds
     a checkpoint of the same recipe) and return the final parameters and measurements.
 
@@ -121,20 +122,24 @@ def train(recipe: Recipe, *, work_dir: Path, device: str | None = None, progress
     (simulates an interruption; the result is then incomplete and says so by its step).
     ``threads``: CPU threads for the run (default 1: on a shared 2-core machine two threads
     contend and run ~5x slower than one; the thread count is part of "same machine" for
-    bit-identical weights). Raises BadInputError when this interpreter's corpus is not the
-    recipe's.
+    bit-identical weights). ``on_eval``: called with the model (in eval mode, under
+    ``torch.no_grad``) at every evaluation; the fields it returns are added to that point of
+    the loss curve (measurements along training, e.g. sink scores; they never touch the
+    weights, the batches or any RNG the training draws from). Raises BadInputError when this
+    interpreter's corpus is not the recipe's.
     """
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         return _train(recipe, work_dir=work_dir, device=device, progress=progress, corpus=corpus,
-                      stop_after=stop_after)
+                      stop_after=stop_after, on_eval=on_eval)
     finally:
         torch.set_num_threads(previous_threads)
 
 
 def _train(recipe: Recipe, *, work_dir: Path, device: str | None, progress: bool,
-           corpus: Corpus | None, stop_after: int | None) -> TrainResult:
+           corpus: Corpus | None, stop_after: int | None,
+           on_eval: Callable[[HookedTransformer], dict[str, Any]] | None) -> TrainResult:
     corpus = corpus or load_corpus()
     if corpus.sha256 != recipe.corpus_sha256:
         raise BadInputError(
@@ -195,6 +200,9 @@ def _train(recipe: Recipe, *, work_dir: Path, device: str | None, progress: bool
                               "train_bits": running / running_n,
                               "held_out_bits": held_out_bits(model, recipe, corpus, device),
                               "seconds": seconds_before + time.perf_counter() - started})
+                if on_eval is not None:
+                    with torch.no_grad():
+                        curve[-1].update(on_eval(model))
                 model.train()
                 running, running_n = 0.0, 0
                 bar.set_postfix(f"train {curve[-1]['train_bits']:.3f}, held-out {curve[-1]['held_out_bits']:.3f} bits")
