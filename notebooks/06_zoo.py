@@ -49,7 +49,8 @@ from lens_position.zoo import c3
 from lens_position.zoo.commands import list_table
 from lens_position.zoo.recipe import VARIANTS, recipe_for
 from lens_position.zoo.store import checkpoints
-from lens_position.zoo.sweep import measured_sweep, sweep_sentence
+from lens_position.zoo.sweep import (measured_sweep, measured_trajectory, sweep_sentence, trajectory_figure,
+                                     trajectory_sentence)
 
 pio.renderers.default = "plotly_mimetype+notebook"
 
@@ -116,14 +117,21 @@ c3.loss_figure(checkpoints())
 # Each checkpoint's JSON records its sink measurement (pydoc topics, T = 64, N = 32, ε = 0.3).
 # If none formed, is the training budget why? `lens-position zoo sink-sweep` trains the standard
 # RoPE recipe with more steps, a longer context and a wider model and measures the same numbers;
-# the table it measured when the zoo was trained ships with the package (rerunning the sweep
-# takes tens of minutes of one core, so it is read here, not run).
+# its two longest points (64× the steps, 39 M tokens, with and without learning-rate decay)
+# measure the sinks at every evaluation along training. The tables it measured ship with the
+# package (rerunning the sweep takes hours of one core, so they are read here, not run).
 
 # %%
 print(c3.sinks_sentence(checkpoints()))
 sweep = measured_sweep()
 sweep[["point", "change", "tokens", "parameters", "context", "held_out_bits", "train_seconds", "sink_rate",
        "max_sink_score", "max_sink_score_by_layer"]]
+
+# %%
+trajectory = measured_trajectory()
+for point, rows in trajectory.groupby("point", sort=False):
+    print(trajectory_sentence(rows))
+trajectory_figure(trajectory)
 
 # %% [markdown]
 # ## 4. C3 from the zoo
@@ -165,6 +173,7 @@ points = [
     + ("below it." if below else "not below it."),
     c3.sinks_sentence(checkpoints()),
     sweep_sentence(sweep),
+    *(trajectory_sentence(rows) for _, rows in trajectory.groupby("point", sort=False)),
 ]
 for r in answer.itertuples():
     if r.n_seeds == 0:

@@ -321,11 +321,12 @@ def test_sinks_sentence_says_plainly_when_no_sink_formed():
     some = c3.sinks_sentence([fake("zoo:rope", 0.0, 0.12), fake("zoo:learned", 0.06, 0.41)])
     assert some.startswith("1 of 2 zoo models have a head") and "0.410, in zoo:learned" in some
 
-def test_sink_sweep_points_change_only_the_budget_of_the_rope_recipe():
+def test_sink_sweep_points_change_only_the_budget_and_schedule_of_the_rope_recipe():
     from lens_position.zoo.sweep import SINK_SWEEP, point_recipe
 
     rope = recipe_for("rope").to_dict()
-    budget = {"variant", "steps", "context", "batch", "d_model", "d_mlp", "eval_every", "checkpoint_every"}
+    budget = {"variant", "steps", "context", "batch", "d_model", "d_mlp", "eval_every", "checkpoint_every",
+              "final_lr_fraction"}
     assert point_recipe("zoo") == recipe_for("rope")
     for point, _, _ in SINK_SWEEP[1:]:
         changed = {k for k, v in point_recipe(point).to_dict().items() if rope[k] != v}
@@ -386,10 +387,10 @@ def test_a_run_with_other_models_keeps_the_zoo_out_of_the_papers_claims(tmp_path
 
 
 def test_trajectory_sentence_names_the_first_crossing_or_how_far_the_score_got():
-    from lens_position.zoo.sweep import TRAJECTORY_POINT, trajectory_figure, trajectory_sentence
+    from lens_position.zoo.sweep import TRAJECTORY_POINTS, trajectory_figure, trajectory_sentence
 
-    def trajectory(scores, finished=True):
-        return pd.DataFrame([{"point": TRAJECTORY_POINT, "step": 800 * (k + 1), "tokens": 800 * (k + 1) * 2048,
+    def trajectory(scores, finished=True, point=TRAJECTORY_POINTS[0]):
+        return pd.DataFrame([{"point": point, "step": 800 * (k + 1), "tokens": 800 * (k + 1) * 2048,
                               "lr": 0.003, "held_out_bits": 2.0, "sink_rate": 0.05 * (s > 0.3),
                               "max_sink_score": s, "finished": finished} for k, s in enumerate(scores)])
 
@@ -399,7 +400,14 @@ def test_trajectory_sentence_names_the_first_crossing_or_how_far_the_score_got()
     unfinished = trajectory_sentence(trajectory([0.1, 0.12, 0.2], finished=False))
     assert unfinished.startswith("No sink") and "measured up to 4.9 M tokens so far" in unfinished
     assert "from 0.100 at 1.6 M tokens to 0.200 at 4.9 M" in unfinished
-    assert len(trajectory_figure(trajectory([0.1, 0.35])).data) == 2
+    both = pd.concat([trajectory([0.1, 0.35]), trajectory([0.2, 0.25], point=TRAJECTORY_POINTS[1])])
+    from lens_position.zoo.sweep import trajectory_markdown
+
+    table = trajectory_markdown(both, every=2).splitlines()
+    assert len(table) == 2 + 2 and "| 1600 | 3.3 M | 0.003 | 2.000 | 0.050 | 0.350 |" in table[2]
+    assert len(trajectory_figure(both).data) == 4  # score and rate per point
+    with pytest.raises(ValueError, match="one point"):
+        trajectory_sentence(both)
 
 
 def test_the_shipped_sink_sweep_table_is_the_sweeps_points():

@@ -42,6 +42,8 @@ def add_parser(subs: argparse._SubParsersAction) -> None:
     sweep.add_argument("--seed", type=int, default=0, help="training seed (default 0)")
     sweep.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     sweep.add_argument("--out", type=Path, default=None, help="also write the table here (.csv or .md)")
+    sweep.add_argument("--trajectory-out", type=Path, default=None,
+                       help="also write the sink scores measured along the long points' training here (.csv)")
     sweep.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 
 
@@ -52,10 +54,17 @@ def run(args: argparse.Namespace) -> str:
     from lens_position.zoo.store import SHIPPED
 
     if args.zoo_command == "sink-sweep":
-        from lens_position.zoo.sweep import sink_sweep, sweep_markdown
+        from lens_position.zoo.sweep import sink_sweep, sink_trajectory, sweep_markdown, trajectory_sentence
 
         table = sink_sweep(args.points, root=args.root, seed=args.seed, device=args.device, progress=args.progress)
-        text = sweep_markdown(table)
+        trajectories = [sink_trajectory(p, root=args.root, seed=args.seed) for p in table["point"]]
+        trajectories = [t for t in trajectories if not t.empty]
+        text = "\n\n".join([sweep_markdown(table), *(trajectory_sentence(t) for t in trajectories)])
+        if args.trajectory_out is not None and trajectories:
+            import pandas as pd
+
+            args.trajectory_out.parent.mkdir(parents=True, exist_ok=True)
+            pd.concat(trajectories, ignore_index=True).to_csv(args.trajectory_out, index=False)
         if args.out is not None:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             if args.out.suffix == ".csv":

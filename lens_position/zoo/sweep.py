@@ -48,8 +48,8 @@ log = logging.getLogger(__name__)
 MEASURED = Path(__file__).parent / "sink_sweep.csv"
 #: The sink score along the longest point's training (:func:`sink_trajectory`), as measured.
 MEASURED_TRAJECTORY = Path(__file__).parent / "sink_trajectory.csv"
-#: The point whose sinks are measured along training (its every evaluation).
-TRAJECTORY_POINT = "steps-64x"
+#: The points whose sinks are measured along training (at every evaluation).
+TRAJECTORY_POINTS = ("steps-64x", "steps-64x-constant-lr")
 
 #: (point, what changes, changes to the ``rope`` recipe), cheapest first.
 SINK_SWEEP: tuple[tuple[str, str, dict], ...] = (
@@ -59,6 +59,8 @@ SINK_SWEEP: tuple[tuple[str, str, dict], ...] = (
     ("width-128", "4x the steps, d_model 128, d_mlp 512", {"steps": 1200, "d_model": 128, "d_mlp": 512}),
     ("steps-12x", "12x the steps", {"steps": 3600}),
     ("steps-64x", "64x the steps (sinks measured along the run)", {"steps": 19200, "evaluations": 24}),
+    ("steps-64x-constant-lr", "64x the steps, no learning-rate decay (sinks measured along the run)",
+     {"steps": 19200, "evaluations": 24, "final_lr_fraction": 1.0}),
 )
 
 
@@ -206,10 +208,12 @@ def measured_trajectory() -> "pd.DataFrame":
 
 
 def trajectory_sentence(trajectory: "pd.DataFrame", eps: float = 0.3) -> str:
-    """When, along one long training run, a head's sink score first exceeded ``eps``, in
+    """When, along one long training run (the rows of one point), a head's sink score first exceeded ``eps``, in
     words built from the trajectory's numbers (or how far it got if it never did)."""
     if trajectory.empty:
         return "No trajectory measured (the long sweep point has not been trained with sink measurements)."
+    if trajectory["point"].nunique() > 1:
+        raise ValueError("trajectory_sentence reads one point's trajectory; pass the rows of one point")
     point = trajectory["point"].iloc[0]
     last = trajectory.iloc[-1]
     total = point_recipe(point).tokens
@@ -232,19 +236,36 @@ def trajectory_sentence(trajectory: "pd.DataFrame", eps: float = 0.3) -> str:
             f"(highest {top['max_sink_score']:.3f}, at {top['tokens'] / 1e6:.1f} M), never above ε = {eps:g}.")
 
 
-def trajectory_figure(trajectory: "pd.DataFrame", eps: float = 0.3) -> Any:
-    """The largest head sink score and the sink rate along training (x: tokens seen, M),
-    with ε drawn: where the score crosses it, a sink has formed."""
-    import plotly.graph_objects as go
+def trajectory_markdown(trajectory: "pd.DataFrame", every: int = 1) -> str:
+    """The trajectory as a Markdown table (every ``every``-th evaluation of each point, and
+    always its last), for the docs."""
+    lines = ["| point | step | tokens | learning rate | held-out bits/byte | sink rate | max sink score |",
+             "|---|---|---|---|---|---|---|"]
+    for _, rows in trajectory.groupby("point", sort=False):
+        keep = [k for k in range(len(rows)) if (k + 1) % every == 0 or k == len(rows) - 1]
+        for r in rows.iloc[keep].itertuples():
+            lines.append(f"| `{r.point}` | {r.step} | {r.tokens / 1e6:.1f} M | {r.lr:.2g} | {r.held_out_bits:.3f} | "
+                         f"{r.sink_rate:.3f} | {r.max_sink_score:.3f} |")
+    return "\n".join(lines)
 
-    millions = trajectory["tokens"] / 1e6
-    figure = go.Figure([
-        go.Scatter(x=millions, y=trajectory["max_sink_score"], mode="lines+markers", name="largest head sink score"),
-        go.Scatter(x=millions, y=trajectory["sink_rate"], mode="lines+markers", name="sink rate (fraction of heads > ε)"),
-    ])
+
+def trajectory_figure(trajectory: "pd.DataFrame", eps: float = 0.3) -> Any:
+    """The largest head sink score (solid) and the sink rate (dotted) along training, one
+    colour per sweep point (x: tokens seen, millions), with ε drawn: where the score crosses
+    it, a sink has formed."""
+    import plotly.graph_objects as go
+    from plotly.colors import qualitative
+
+    figure = go.Figure()
+    for k, (point, rows) in enumerate(trajectory.groupby("point", sort=False)):
+        colour = qualitative.Plotly[k % len(qualitative.Plotly)]
+        millions = rows["tokens"] / 1e6
+        figure.add_scatter(x=millions, y=rows["max_sink_score"], mode="lines+markers", line_color=colour,
+                           name=f"{point}: largest head sink score")
+        figure.add_scatter(x=millions, y=rows["sink_rate"], mode="lines", line=dict(color=colour, dash="dot"),
+                           name=f"{point}: sink rate (fraction of (prompt, head) > ε)")
     figure.add_hline(y=eps, line_dash="dash", annotation_text=f"ε = {eps:g}")
-    point = trajectory["point"].iloc[0] if len(trajectory) else "?"
-    figure.update_layout(title=f"Attention sinks along training (`{point}`, the rope recipe with more steps)",
+    figure.update_layout(title="Attention sinks along training (the rope recipe with more steps)",
                          xaxis_title="training tokens (millions)", yaxis_title="score / rate (fraction)",
                          yaxis_range=[0, 1], template="plotly_white")
     return figure
