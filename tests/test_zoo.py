@@ -421,3 +421,17 @@ def test_the_shipped_sink_sweep_table_is_the_sweeps_points():
         assert (row.steps, row.tokens, row.d_model, row.context) == (recipe.steps, recipe.tokens, recipe.d_model,
                                                                      recipe.context)
         assert 0 <= row.sink_rate <= 1 and 0 < row.max_sink_score < 1 and row.held_out_bits < unigram
+
+
+def test_the_shipped_trajectories_are_the_long_points_whole_runs():
+    from lens_position.zoo.sweep import TRAJECTORY_POINTS, measured_sweep, measured_trajectory, point_recipe
+
+    trajectory, table = measured_trajectory(), measured_sweep().set_index("point")
+    assert list(trajectory["point"].unique()) == list(TRAJECTORY_POINTS) and trajectory["finished"].all()
+    for point, rows in trajectory.groupby("point"):
+        recipe = point_recipe(point)
+        assert list(rows["step"]) == list(range(recipe.eval_every, recipe.steps + 1, recipe.eval_every))
+        assert list(rows["lr"]) == pytest.approx([recipe.lr_at(s - 1) for s in rows["step"]])
+        last = rows.iloc[-1]  # measured along training = measured on the saved checkpoint
+        assert last["max_sink_score"] == pytest.approx(table.loc[point, "max_sink_score"], abs=1e-6)
+        assert last["held_out_bits"] == pytest.approx(table.loc[point, "held_out_bits"])

@@ -15,7 +15,10 @@ sized to about 10 minutes of one CPU core on an idle machine (16 000 tokens/s at
 - ``steps-4x``: 1 200 steps (2.5 M tokens);
 - ``context-512``: 1 200 steps at 512 positions (batch 4: the same tokens per step);
 - ``width-128``: 1 200 steps with d_model 128, d_mlp 512 (four heads of 32; 4× the parameters);
-- ``steps-12x``: 3 600 steps (7.4 M tokens).
+- ``steps-12x``: 3 600 steps (7.4 M tokens);
+- ``steps-64x``: 19 200 steps (39.3 M tokens; about 50 minutes of one core), the sinks measured at
+  each of its 24 evaluations (:func:`sink_trajectory`);
+- ``steps-64x-constant-lr``: the same without learning-rate decay (is the decay what moves the score?).
 
 Each trained point is a checkpoint (safetensors + JSON, as the zoo's) in the sweep folder
 (default ``$LENS_POSITION_CACHE/zoo/sink-sweep``); a point whose checkpoint of the same
@@ -217,7 +220,10 @@ def trajectory_sentence(trajectory: "pd.DataFrame", eps: float = 0.3) -> str:
     point = trajectory["point"].iloc[0]
     last = trajectory.iloc[-1]
     total = point_recipe(point).tokens
-    run = (f"along `{point}` ({total / 1e6:.1f} M tokens, cosine learning-rate schedule"
+    recipe = point_recipe(point)
+    schedule = ("constant learning rate after warm-up" if recipe.final_lr_fraction == 1.0
+                else f"cosine learning-rate decay to {recipe.final_lr_fraction:g} of its peak")
+    run = (f"along `{point}` ({total / 1e6:.1f} M tokens, {schedule}"
            + ("" if bool(last["finished"]) else f"; measured up to {last['tokens'] / 1e6:.1f} M tokens so far") + ")")
     first = trajectory.iloc[0]
     crossed = trajectory[trajectory["max_sink_score"] > eps]
