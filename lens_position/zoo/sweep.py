@@ -219,8 +219,8 @@ def trajectory_sentence(trajectory: "pd.DataFrame", eps: float = 0.3) -> str:
         raise ValueError("trajectory_sentence reads one point's trajectory; pass the rows of one point")
     point = trajectory["point"].iloc[0]
     last = trajectory.iloc[-1]
-    total = point_recipe(point).tokens
     recipe = point_recipe(point)
+    total = recipe.tokens
     schedule = ("constant learning rate after warm-up" if recipe.final_lr_fraction == 1.0
                 else f"cosine learning-rate decay to {recipe.final_lr_fraction:g} of its peak")
     run = (f"along `{point}` ({total / 1e6:.1f} M tokens, {schedule}"
