@@ -143,7 +143,6 @@ class PairDesign:
     analysed: torch.Tensor  # bool [query_stop-query_start, length]: (i, j) analysed
     row_features: Float[torch.Tensor, "query feature"]  # per query row: sum of X over its pairs
     flat: Int[torch.Tensor, "pair"]  # (i - query_start) * length + j
-    offset_index: Int[torch.Tensor, "query_key"]  # offset of each (row, key) cell, flattened
     query_indicator: Float[torch.Tensor, "query feature"]  # row -> its query bin and the intercept
     key_indicator: Float[torch.Tensor, "key feature"]  # key -> its key bin
     analysed_per_query: Float[torch.Tensor, "query"]
@@ -186,8 +185,6 @@ class PairDesign:
             row_features.index_put_((rows, columns[:, a]), torch.ones(len(query), dtype=torch.float64),
                                     accumulate=True)
         relative = torch.cat([torch.arange(length), torch.tensor([n_features - 1])])
-        # cells outside the analysed pairs hold zeros when these are used, so any index will do
-        offset_index = (i - j).clamp(min=0).reshape(-1)
         all_rows = torch.arange(query_stop - query_start)
         query_indicator = torch.zeros(len(all_rows), n_features, dtype=torch.float64)
         query_indicator[all_rows, length + torch.from_numpy(bins.assign(all_rows.numpy() + query_start, length))] = 1
@@ -198,7 +195,7 @@ class PairDesign:
         return cls(length=length, window=window, query_start=query_start, query_stop=query_stop,
                    keys=keys, query=query, key=key, columns=columns, n_features=n_features,
                    relative=relative, gram=gram, key_set=key_set, analysed=analysed,
-                   row_features=row_features, flat=rows * length + key, offset_index=offset_index,
+                   row_features=row_features, flat=rows * length + key,
                    query_indicator=query_indicator, key_indicator=key_indicator,
                    analysed_per_query=analysed.sum(-1).to(torch.float64))
 
@@ -286,21 +283,50 @@ _CHUNK_BYTES = 8 * 2**20  # heads are reduced in chunks of about this many float
 _BLOCK_ROWS = 32
 
 
+def _runs(flags: Sequence[bool]) -> list[tuple[int, int]]:
+    """``(start, stop)`` of every run of consecutive True values in ``flags``."""
+    runs: list[tuple[int, int]] = []
+    for k, flag in enumerate(flags):
+        if flag and runs and runs[-1][1] == k:
+            runs[-1] = (runs[-1][0], k + 1)
+        elif flag:
+            runs.append((k, k + 1))
+    return runs
+
+
+class _Workspace:
+    """Float64 buffers reused by every batch's reduction. Allocating them anew for each block of scores
+    cost more than the arithmetic on them (fresh pages from the system, each time)."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def buffer(self, name: str, shape: Sequence[int], device: torch.device) -> torch.Tensor:
+        """An uninitialised float64 tensor of ``shape`` on ``device``, the same memory on every call."""
+        size = int(np.prod(shape))
+        kept = self._buffers.get(name)
+        if kept is None or kept.numel() < size or kept.device != device:
+            kept = self._buffers[name] = torch.empty(size, dtype=torch.float64, device=device)
+        return kept[:size].view(*shape)
+
+
 def _reduce(scores: Float[torch.Tensor, "batch head query key"], design: PairDesign,
-            group_of_row: Int[torch.Tensor, "batch"], stats: HeadStatistics) -> None:
+            group_of_row: Int[torch.Tensor, "batch"], stats: HeadStatistics,
+            workspace: _Workspace | None = None) -> None:
     """Add one batch's statistics to ``stats``; batch row ``b`` belongs to group
     ``group_of_row[b]``.
 
-    Works on the raw scores: with ``lse[i] = logsumexp_j s[i, j]``, ``log A = s - lse``,
-    ``t = s - s[i, i]`` and ``z = lse - s[i, i]``, so the per-feature sums of ``t`` are those
-    of ``s`` minus the diagonal spread over each row's analysed keys. Rows of the same group
-    are summed first (every statistic is linear in the scores), so the cost per batch grows
-    with the number of distinct groups in it, not with the number of groups kept. Queries are
-    processed in blocks of rows, each over the keys its rows can see (the others are masked
-    and add nothing), and heads a few at a time so that each float64 copy of the scores stays
-    in cache.
+    Each block of scores is copied once into a float64 buffer as ``t = s - s[i, i]``; ``z`` is
+    ``log sum exp t`` over the key set (about the diagonal, where ``t = 0``, so the sum is at least
+    1 and no row maximum is needed), ``log A = t - z``. Rows of the same group are summed first
+    (every statistic is linear in ``t`` and ``z``), so the cost per batch grows with the number of
+    distinct groups in it, not with the number of groups kept. Queries are processed in blocks of
+    rows, each over the keys its rows can see (the others are masked and add nothing), and heads a
+    few at a time so that each float64 buffer stays in cache; the per-offset sums are read along
+    the block's diagonals (a strided view) instead of scattered cell by cell.
     """
     s = scores[:, :, design.query_start:design.query_stop]
+    workspace = workspace if workspace is not None else _Workspace()
     n_batch, n_heads, n_rows, length = s.shape
     rows_per_block = _BLOCK_ROWS if s.device.type == "cpu" else n_rows
     window = design.window if design.window is not None else length
@@ -308,6 +334,8 @@ def _reduce(scores: Float[torch.Tensor, "batch head query key"], design: PairDes
     one_per_row = len(groups) == n_batch
     in_order = one_per_row and torch.equal(inverse, torch.arange(n_batch))  # consecutive rows: no copy needed
     inverse = inverse.to(s.device)
+    # the groups' rows of the statistics: a slice when they are consecutive (an in-place add, no gather and scatter)
+    to = slice(int(groups[0]), int(groups[-1]) + 1) if int(groups[-1] - groups[0]) + 1 == len(groups) else groups
 
     def by_group(x: torch.Tensor) -> torch.Tensor:
         """Sum the rows of ``x`` that share a group: ``[distinct groups, ...]``."""
@@ -323,30 +351,44 @@ def _reduce(scores: Float[torch.Tensor, "batch head query key"], design: PairDes
         keys = slice(max(0, first_query - window + 1), design.query_start + rows.stop)  # K(i) of its queries
         count = design.analysed_per_query[rows]
         analysed = design.analysed[rows, keys]
-        offsets = design.offset_index.view(n_rows, length)[rows, keys].reshape(-1)
         row_features = design.row_features[rows]
         chunk = max(1, _CHUNK_BYTES // (n_batch * (rows.stop - rows.start) * (keys.stop - keys.start) * 8))
+        masked_runs = _runs((~analysed).any(0).tolist())  # the key columns with a masked cell
+        # per-offset sums: an offset up to the block's first query's (top_offset) is seen by every row of the
+        # block, one cell per row along a diagonal; larger offsets lie in the strict lower triangle of the
+        # first columns
+        n_block, n_keys = rows.stop - rows.start, keys.stop - keys.start
+        top_offset = first_query - keys.start
+        tri_row, tri_key = torch.tril_indices(n_block, n_block, offset=-1, device=s.device)
+        tri_cells, tri_offsets = tri_row * n_keys + tri_key, top_offset + tri_row - tri_key
         for first in range(0, n_heads, chunk):
             heads = slice(first, min(first + chunk, n_heads))
-            # copy=True: a float64 model's scores would otherwise be masked in place, changing the forward pass
-            s64 = s[:, heads, rows, keys].to(torch.float64, copy=True)
-            lse = torch.logsumexp(s64, dim=-1)  # [batch, head, query]
-            diagonal = s64.diagonal(offset=first_query - keys.start, dim1=-2, dim2=-1).clone()
-            s64.masked_fill_(~analysed, 0.0)
-            row_s = s64.sum(-1)
-            row_s2 = torch.einsum("bhqk,bhqk->bhq", s64, s64)  # a batched matmul: 10x faster than (s*s).sum
-            sum_y = (row_s - count * lse).sum(-1)  # [batch, head]
-            sum_y2 = (row_s2 - 2 * lse * row_s + count * lse * lse).sum(-1)
-            score_sum = by_group(s64)  # [group, head, rows, keys]
-            xty_s = score_sum.sum(-1) @ design.query_indicator[rows] + score_sum.sum(-2) @ design.key_indicator[keys]
-            xty_s[..., :length].index_add_(2, offsets, score_sum.flatten(2))
-            diagonal_sum = by_group(diagonal)
+            block = s[:, heads, rows, keys]
+            diagonal = block.diagonal(offset=top_offset, dim1=-2, dim2=-1).to(torch.float64)
+            # float64, in a buffer of the workspace (the scores untouched)
+            t = workspace.buffer("t", block.shape, s.device).copy_(block).sub_(diagonal[..., None])
+            z = torch.exp(t, out=workspace.buffer("exp", block.shape, s.device)).sum(-1).log_()  # about the diagonal
+            if not torch.isfinite(z).all():  # exp overflowed (a score more than ~700 above its diagonal)
+                z = torch.logsumexp(t, dim=-1)
+            for a, b in masked_runs:
+                t[..., a:b].masked_fill_(~analysed[:, a:b], 0.0)
+            row_t = t.sum(-1)
+            row_t2 = torch.einsum("bhqk,bhqk->bhq", t, t)  # a batched matmul: 10x faster than (t*t).sum
+            sum_y = (row_t - count * z).sum(-1)  # log A = t - z; [batch, head]
+            sum_y2 = (row_t2 - 2 * z * row_t + count * z * z).sum(-1)
+            t_sum = by_group(t).contiguous()  # [group, head, rows, keys]
+            row_sum = by_group(row_t)
+            xty_t = row_sum @ design.query_indicator[rows] + t_sum.sum(-2) @ design.key_indicator[keys]
+            size, stride = t_sum.shape, t_sum.stride()
+            along = t_sum.as_strided((*size[:2], n_block, top_offset + 1), (*stride[:2], n_keys + 1, 1))
+            xty_t[..., :top_offset + 1] += along.sum(-2).flip(-1)
+            xty_t[..., :length].index_add_(2, tri_offsets, t_sum.flatten(2)[..., tri_cells])
             # the sums stay where the statistics are (the scores' device; back on the CPU in result())
-            stats.xty_t[groups, heads] += (xty_s - diagonal_sum @ row_features).to(stats.xty_t.device)
-            stats.xty_z[groups, heads] += (by_group(lse - diagonal) @ row_features).to(stats.xty_t.device)
-            stats.row_t[groups, heads, rows] += (by_group(row_s) - count * diagonal_sum).to(stats.xty_t.device)
-            stats.sum_y[groups, heads] += by_group(sum_y).to(stats.xty_t.device)
-            stats.sum_y2[groups, heads] += by_group(sum_y2).to(stats.xty_t.device)
+            stats.xty_t[to, heads] += xty_t.to(stats.xty_t.device)
+            stats.xty_z[to, heads] += (by_group(z) @ row_features).to(stats.xty_t.device)
+            stats.row_t[to, heads, rows] += row_sum.to(stats.xty_t.device)
+            stats.sum_y[to, heads] += by_group(sum_y).to(stats.xty_t.device)
+            stats.sum_y2[to, heads] += by_group(sum_y2).to(stats.xty_t.device)
     stats.n_sequences.index_add_(0, groups, torch.bincount(inverse.cpu(), minlength=len(groups)).to(torch.float64))
 
 
@@ -713,6 +755,7 @@ class DecompositionReducer:
         self._layer_of = dict(zip(self.hook_names, self.layers))
         self._checked: set[int] = set()
         self._on_device: dict[int | None, PairDesign] = {}
+        self._workspace = _Workspace()
 
     def update(self, hook_name: str, scores: Float[torch.Tensor, "batch head query key"],
                rows: Int[torch.Tensor, "batch"]) -> None:
@@ -727,7 +770,7 @@ class DecompositionReducer:
         if layer not in self._checked:
             _check_mask(scores, design, layer)
             self._checked.add(layer)
-        _reduce(scores, design, rows % self.n_groups, self.stats[layer])
+        _reduce(scores, design, rows % self.n_groups, self.stats[layer], self._workspace)
 
     def resample_weights(self) -> Float[torch.Tensor, "replicate group"] | None:
         """Multiplicities of the groups in every bootstrap replicate, drawn within halves
