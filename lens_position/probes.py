@@ -199,27 +199,39 @@ def _fit(train: _Moments, targets: Sequence[int], ridges: Sequence[float]
     return out
 
 
+def _solve(n: Float[torch.Tensor, "fit"], sum_x: Float[torch.Tensor, "fit d"], gram: Float[torch.Tensor, "fit d d"],
+           xty: Float[torch.Tensor, "fit target d"], sum_y: Float[torch.Tensor, "fit target"], ridge: float
+           ) -> tuple[Float[torch.Tensor, "fit target d"], Float[torch.Tensor, "fit target"]]:
+    """Weights and intercepts of :func:`_fit`'s standardised ridge with penalty ``ridge``, for every
+    fit's moments (``n`` rows, their sums, Gram matrix and ``X'y`` per target), as its normal
+    equations in raw units, ``(Cov + ridge · diag(Var)) w = Cov(x, y)``, solved directly: one
+    Cholesky factorisation per fit (about a sixth of an eigendecomposition's cost; the two agree
+    to float64 round-off). ``gram`` is overwritten."""
+    mean_x = sum_x / n[:, None]
+    cov = gram.div_(n[:, None, None]).sub_(mean_x[:, :, None] * mean_x[:, None, :])
+    variance = cov.diagonal(dim1=-2, dim2=-1)
+    std = variance.clamp(min=0).sqrt()
+    std = torch.where(std > 1e-12 * std.amax(-1, keepdim=True).clamp(min=1e-300), std, torch.ones_like(std))
+    mean_y = sum_y / n[:, None]
+    cxy = xty / n[:, None, None] - mean_y[..., None] * mean_x[:, None, :]
+    variance.add_(ridge * std ** 2)  # positive definite: ridge > 0
+    w = torch.cholesky_solve(cxy.transpose(1, 2), torch.linalg.cholesky(cov)).transpose(1, 2)
+    return w, mean_y - (w * mean_x[:, None, :]).sum(-1)
+
+
 def _refit(units: Sequence[_Unit], reference: Float[torch.Tensor, "d"], counts: np.ndarray, ridge: float
            ) -> tuple[Float[torch.Tensor, "target fit d"], Float[torch.Tensor, "target fit"]]:
     """The probe refitted on re-weighted training ``units`` (``counts``: ``[fit, unit]``
     multiplicities; the jackknife's rows leave one unit out), every target, the same penalty
-    ``ridge``: weights and intercepts as :func:`_fit` computes them from the weighted moments.
-    Its normal equations ``(Cov + ridge · diag(Var)) w = Cov(x, y)`` are :func:`_fit`'s
-    standardised ridge in raw units, solved directly (one Cholesky factorisation per row)."""
+    ``ridge``: weights and intercepts as :func:`_fit` computes them from the weighted moments
+    (:func:`_solve`)."""
     moments = [unit.moments(reference) for unit in units]
     weights = torch.as_tensor(counts, dtype=torch.float64)
-    n = weights @ torch.tensor([float(m.n) for m in moments], dtype=torch.float64)
-    mean_x = weights @ torch.stack([m.sum_x for m in moments]) / n[:, None]
-    cov = (torch.einsum("fu,uij->fij", weights, torch.stack([m.gram for m in moments])) / n[:, None, None]
-           - mean_x[:, :, None] * mean_x[:, None, :])
-    std = cov.diagonal(dim1=-2, dim2=-1).clamp(min=0).sqrt()
-    std = torch.where(std > 1e-12 * std.amax(-1, keepdim=True).clamp(min=1e-300), std, torch.ones_like(std))
-    mean_y = weights @ torch.stack([m.sum_y for m in moments]) / n[:, None]
-    cxy = (torch.einsum("fu,utd->ftd", weights, torch.stack([m.xty for m in moments])) / n[:, None, None]
-           - mean_y[..., None] * mean_x[:, None, :])
-    factor = torch.linalg.cholesky(cov + torch.diag_embed(ridge * std ** 2))  # positive definite: ridge > 0
-    w = torch.cholesky_solve(cxy.transpose(1, 2), factor).transpose(1, 2)
-    intercept = mean_y - (w * mean_x[:, None, :]).sum(-1)
+    w, intercept = _solve(weights @ torch.tensor([float(m.n) for m in moments], dtype=torch.float64),
+                          weights @ torch.stack([m.sum_x for m in moments]),
+                          torch.einsum("fu,uij->fij", weights, torch.stack([m.gram for m in moments])),
+                          torch.einsum("fu,utd->ftd", weights, torch.stack([m.xty for m in moments])),
+                          weights @ torch.stack([m.sum_y for m in moments]), ridge)
     return w.transpose(0, 1), intercept.T
 
 
@@ -227,18 +239,19 @@ def _choose_ridge(fold_a: _Moments, fold_b: _Moments, grid: Sequence[float]) -> 
     """The penalty with the best mean R² across the two folds (fit on one, score the other)."""
     scores = np.zeros(len(grid))
     for fit_on, score_on in ((fold_a, fold_b), (fold_b, fold_a)):
-        for k, (w, c) in enumerate(_fit(fit_on, (0,), grid)[0]):
-            scores[k] += _r2(score_on, 0, w, c)
+        weights, intercepts = zip(*_fit(fit_on, (0,), grid)[0])
+        scores += _r2(score_on, 0, torch.stack(weights), torch.stack(intercepts)).numpy()
     return float(grid[int(np.argmax(scores))])
 
 
-def _r2(test: _Moments, target: int, w: torch.Tensor, c: torch.Tensor) -> float:
-    """R² of ``c + x @ w`` against the test labels ``target``."""
+def _r2(test: _Moments, target: int, w: Float[torch.Tensor, "*probe d"], c: Float[torch.Tensor, "*probe"]
+        ) -> Float[torch.Tensor, "*probe"]:
+    """R² of ``c + x @ w`` against the test labels ``target``, for one probe or a stack of them."""
     n = test.n
     sse = (test.sum_y2[target] - 2 * (c * test.sum_y[target] + w @ test.xty[target])
-           + n * c * c + 2 * c * (w @ test.sum_x) + w @ test.gram @ w)
+           + n * c * c + 2 * c * (w @ test.sum_x) + ((w @ test.gram) * w).sum(-1))
     sst = test.sum_y2[target] - test.sum_y[target] ** 2 / n
-    return float(1 - sse / sst)
+    return 1 - sse / sst
 
 
 @dataclass
@@ -341,12 +354,14 @@ class ProbeReducer:
                 raise BadInputError("the probe's prompts were not streamed (no test or training rows)")
             train = fold_a + fold_b
             penalty = self.ridge if self.ridge is not None else _choose_ridge(fold_a, fold_b, RIDGE_GRID)
-            ((w, c),), ((w_shuffled, c_shuffled),) = _fit(train, (0, 1), [penalty])  # true and shuffled labels
-            r2_heldout, r2_shuffled = _r2(test, 0, w, c), _r2(test, 0, w_shuffled, c_shuffled)
+            weights, intercepts = _solve(torch.tensor([float(train.n)], dtype=torch.float64), train.sum_x[None],
+                                         train.gram[None].clone(), train.xty[None], train.sum_y[None], penalty)
+            (w, w_shuffled), (c, c_shuffled) = weights[0], intercepts[0]  # true and shuffled labels
+            r2_heldout, r2_shuffled = float(_r2(test, 0, w, c)), float(_r2(test, 0, w_shuffled, c_shuffled))
             bounds = self._intervals(layer, penalty, [(w, c), (w_shuffled, c_shuffled)],
                                      {"r2_heldout": r2_heldout, "r2_shuffled": r2_shuffled})
             records.append({
-                "layer": layer, "r2_heldout": r2_heldout, "r2_train": _r2(train, 0, w, c),
+                "layer": layer, "r2_heldout": r2_heldout, "r2_train": float(_r2(train, 0, w, c)),
                 "r2_shuffled": r2_shuffled, "ridge": penalty, "n_train": train.n, "n_test": test.n, **bounds,
             })
         ridge = self.ridge if self.ridge is not None else {"grid": list(RIDGE_GRID),
