@@ -345,7 +345,7 @@ def cache_activations(
     The forward pass stops after the last block that is read.
     """
     hooked = _hooked(model)
-    tokens = as_tokens(hooked, prompts)
+    tokens = as_tokens(model, prompts)
     names = [act_name(name) for name in names]
     cache = ActivationCache(names)
     stream(hooked, tokens, [cache], fwd_hooks=fwd_hooks, batch_size=max(1, len(tokens)), progress=False,
@@ -359,7 +359,7 @@ def resid_pre_stack(
     """``resid_pre`` of every block on ``prompts``, stacked: the cache that patches resume from."""
     hooked = _hooked(model)
     names = [f"blocks.{layer}.hook_resid_pre" for layer in range(hooked.cfg.n_layers)]
-    store = cache_activations(hooked, prompts, names)
+    store = cache_activations(model, prompts, names)
     return torch.stack([store[n] for n in names])
 
 
@@ -401,7 +401,7 @@ def run_patches(
     passes. Hooks are removed after every pass, also on errors.
     """
     hooked = _hooked(model)
-    tokens = as_tokens(hooked, prompts)
+    tokens = as_tokens(model, prompts)
     n_rows, n_pos = tokens.shape
     conditions = [[c] if isinstance(c, Patch) else list(c) for c in conditions]
     for condition in conditions:
@@ -488,13 +488,13 @@ def replacement_embedding(
       embedding it replaces.
     """
     hooked = _hooked(model)
-    tokens = as_tokens(hooked, prompts)
+    tokens = as_tokens(model, prompts)
     _check_position(position, tokens.shape[1])
     W_E = hooked.W_E.detach()
     original = W_E[tokens[:, position]]
     if replacement == "token":
         if token is None:
-            token = default_replacement_token(hooked, tokens, position=position, seed=seed)
+            token = default_replacement_token(model, tokens, position=position, seed=seed)
         if not 0 <= token < hooked.cfg.d_vocab:
             raise BadInputError(f"replacement token {token} is outside the vocabulary")
         return W_E[token].expand_as(original).clone()
@@ -515,7 +515,7 @@ def default_replacement_token(
     special tokens (BOS, EOS, padding, chat markers), when there is a tokenizer."""
     loaded = as_loaded(model)
     hooked = loaded.model
-    tokens = as_tokens(hooked, prompts)
+    tokens = as_tokens(model, prompts)
     avoid = set(tokens[:, position].tolist())
     if loaded.tokenizer is not None:
         avoid |= set(getattr(loaded.tokenizer, "all_special_ids", []))
@@ -545,7 +545,7 @@ def embedding_patch(
     ``Float[Tensor, "batch d_model"]``."""
     hooked = _hooked(model)
     if isinstance(replacement, torch.Tensor):
-        _check_position(position, as_tokens(hooked, prompts).shape[1])
+        _check_position(position, as_tokens(model, prompts).shape[1])
         value, label = replacement, "given"
     else:
         value = replacement_embedding(
@@ -693,7 +693,7 @@ def resid_pre_sweep(
     (layers x positions x target prompts).
     """
     hooked = _hooked(model)
-    target_tokens = as_tokens(hooked, target)
+    target_tokens = as_tokens(model, target)
     cached = not isinstance(source, torch.Tensor) and hasattr(source, "keys")
     if not cached:
         check_same_layout(target, source)
@@ -711,7 +711,7 @@ def resid_pre_sweep(
                 raise BadInputError(f"the source cache holds batch x pos {shape} at layer {layer} but the target "
                                     f"tokens are {tuple(target_tokens.shape)}; cache a run of the same shape")
     with progress_bar("resid_pre sweep", enabled=progress):
-        source_run = source if cached else resid_pre_stack(hooked, as_tokens(hooked, source))
+        source_run = source if cached else resid_pre_stack(hooked, as_tokens(model, source))
         conditions = [[resid_pre_patch(source_run, l, p)] for l in layers for p in positions]
         flat = run_patches(hooked, target_tokens, conditions, metric, batch_size=batch_size)
     values = flat.reshape(len(layers), len(positions), *flat.shape[1:])

@@ -110,7 +110,7 @@ class SinkScoreReducer:
     def __init__(self, model: LoadedModel | HookedTransformer, prompts: Any, *,
                  query_range: tuple[int, int] | None = None) -> None:
         hooked = as_loaded(model).model
-        tokens = as_tokens(hooked, prompts)
+        tokens = as_tokens(model, prompts)
         self.start, self.stop = check_query_range(query_range, tokens.shape[1])
         n_layers = hooked.cfg.n_layers
         self.hook_names = tuple(f"blocks.{layer}.attn.hook_pattern" for layer in range(n_layers))
@@ -452,7 +452,7 @@ def sink_reading_scores(
     the base run (:func:`sink_reading_base`). Returns the ranked frame of
     :class:`SinkReading`."""
     hooked = as_loaded(model).model
-    tokens = as_tokens(hooked, prompts)
+    tokens = as_tokens(model, prompts)
     query_range = check_query_range(query_range, tokens.shape[1])
     z_names = [f"blocks.{l}.attn.hook_z" for l in range(hooked.cfg.n_layers)]
     patched = DecompositionReducer(model, prompts, query_range=query_range, bootstrap=bootstrap)

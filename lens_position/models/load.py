@@ -28,7 +28,7 @@ from lens_position.models.adapters import FAMILY_OF_ARCHITECTURE, build_hooked, 
 from lens_position.models.cache import CachedModel, cached_convert, file_identity, state_dict_sha256
 from lens_position.models.registry import REGISTRY, is_zoo_name, lookup, unknown_model_message
 from lens_position.models.rope import apply_position_options
-from lens_position.models.spec import LoadedModel, check_length, spec_from_config, tokenizer_prepends_bos
+from lens_position.models.spec import LoadedModel, check_length, remember, spec_from_config, tokenizer_prepends_bos
 from lens_position.models.tiny import tiny_hf_model
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ def load_model(
                "from_cache": base.from_cache, "ungrouped_kv_hooks": True, "d_vocab": cfg["d_vocab"],
                "load_seconds": round(time.perf_counter() - started, 3)},
     )
-    return LoadedModel(model=model, tokenizer=tokenizer, spec=spec)
+    return remember(LoadedModel(model=model, tokenizer=tokenizer, spec=spec))
 
 
 def _load_zoo(name: str, device: str, **options: Any) -> LoadedModel:

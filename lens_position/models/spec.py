@@ -179,6 +179,14 @@ _BARE: "weakref.WeakKeyDictionary[HookedTransformer, tuple[tuple[int, ...], Any,
     weakref.WeakKeyDictionary()
 
 
+def remember(loaded: LoadedModel) -> LoadedModel:
+    """Make :func:`as_loaded` of ``loaded.model`` alone (the bare model, as the analyses hand it to
+    one another) return ``loaded``, with its spec, instead of hashing the weights again to build a
+    spec of its own (2.4 s for Gemma-3-270M), until a weight is written to. Returns ``loaded``."""
+    _BARE[loaded.model] = (_weights_version(loaded.model), loaded.tokenizer, loaded)
+    return loaded
+
+
 def _weights_version(model: HookedTransformer) -> tuple[int, ...]:
     return tuple(t._version for t in model.state_dict(keep_vars=True).values())
 
