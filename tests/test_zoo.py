@@ -123,10 +123,36 @@ def test_training_refuses_a_corpus_that_is_not_the_recipes(small_corpus, tmp_pat
 def test_recipe_hash_changes_with_every_field():
     base = VARIANTS["rope"]
     changed = {"seed": 1, "lr": 1e-3, "steps": 301, "context": 64, "bos": False, "window": 16,
-               "ntk_alpha": 2.0, "corpus_sha256": "x"}
+               "ntk_alpha": 2.0, "corpus_sha256": "x", "train_fraction": 0.5}
     for field, value in changed.items():
         assert dataclasses.replace(base, **{field: value}).sha256() != base.sha256(), field
     assert Recipe.from_dict(base.to_dict()) == base
+    # train_fraction came later: at 1.0 it is left out, so older recipes keep their hashes
+    assert "train_fraction" not in base.to_dict()
+    half = dataclasses.replace(base, train_fraction=0.5)
+    assert Recipe.from_dict(half.to_dict()) == half
+    with pytest.raises(BadInputError, match="train_fraction"):
+        dataclasses.replace(base, train_fraction=0.0)
+
+
+def test_train_subset_keeps_evenly_spaced_blocks_and_training_reads_only_them(small_corpus, tmp_path):
+    from lens_position.zoo.corpus import SUBSET_BLOCK, train_subset
+
+    stream = torch.arange(10 * SUBSET_BLOCK, dtype=torch.int64).to(torch.uint8)
+    assert train_subset(stream, 1.0) is stream
+    quarter = train_subset(torch.arange(10 * SUBSET_BLOCK) // SUBSET_BLOCK, 0.25)
+    assert quarter.unique().tolist() == [3, 7]  # blocks 3 and 7 of 0-9: spread over the stream
+    assert len(train_subset(small_corpus.train, 0.5)) == pytest.approx(len(small_corpus.train) / 2,
+                                                                      abs=SUBSET_BLOCK)
+    with pytest.raises(BadInputError, match="keeps no"):
+        train_subset(stream[:SUBSET_BLOCK], 0.5)
+    # a recipe on half the text trains other weights than on all of it, reproducibly
+    half = minute_recipe(small_corpus, train_fraction=0.5)
+    a = train(half, work_dir=tmp_path / "a", progress=False, corpus=small_corpus)
+    b = train(half, work_dir=tmp_path / "b", progress=False, corpus=small_corpus)
+    whole = train(minute_recipe(small_corpus), work_dir=tmp_path / "c", progress=False, corpus=small_corpus)
+    assert all(torch.equal(a.parameters[k], b.parameters[k]) for k in a.parameters)
+    assert not torch.equal(a.parameters["embed.W_E"], whole.parameters["embed.W_E"])
 
 
 def test_variants_differ_only_in_their_position_fields():
@@ -321,15 +347,15 @@ def test_sinks_sentence_says_plainly_when_no_sink_formed():
     some = c3.sinks_sentence([fake("zoo:rope", 0.0, 0.12), fake("zoo:learned", 0.06, 0.41)])
     assert some.startswith("1 of 2 zoo models have a head") and "0.410, in zoo:learned" in some
 
-def test_sink_sweep_points_change_only_the_budget_and_schedule_of_the_rope_recipe():
+def test_sink_sweep_points_change_only_the_budget_schedule_decay_or_text_of_the_rope_recipe():
     from lens_position.zoo.sweep import SINK_SWEEP, point_recipe
 
-    rope = recipe_for("rope").to_dict()
+    rope = dataclasses.asdict(recipe_for("rope"))
     budget = {"variant", "steps", "context", "batch", "d_model", "d_mlp", "eval_every", "checkpoint_every",
-              "final_lr_fraction"}
+              "final_lr_fraction", "weight_decay", "train_fraction"}
     assert point_recipe("zoo") == recipe_for("rope")
     for point, _, _ in SINK_SWEEP[1:]:
-        changed = {k for k, v in point_recipe(point).to_dict().items() if rope[k] != v}
+        changed = {k for k, v in dataclasses.asdict(point_recipe(point)).items() if rope[k] != v}
         assert changed <= budget and "variant" in changed, (point, changed)
         assert point_recipe(point).tokens >= recipe_for("rope").tokens
     with pytest.raises(BadInputError, match="steps-4x"):
@@ -362,7 +388,8 @@ def test_sweep_sentence_names_where_sinks_form_or_the_trend_without():
                                         "max_sink_score"])
     none = sweep_sentence(table)
     assert none.startswith("No point of the sweep formed a sink") and "from 0.097" in none
-    assert "0.210 at the largest budget tried (`width-128`" in none and "up to 2.5 M tokens" in none
+    assert "0.210 at the largest budget tried (`width-128`" in none
+    assert "the most tokens: `steps-4x`, 2.5 M; the most parameters: `width-128`, 1.12 M" in none
     formed = sweep_sentence(table.assign(max_sink_score=[0.097, 0.35, 0.5], sink_rate=[0, 0.06, 0.2]))
     assert formed.startswith("Sinks form at `steps-4x`") and "0.350 > ε = 0.3" in formed
 

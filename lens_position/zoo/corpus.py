@@ -25,6 +25,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import io
+import math
 import os
 import platform
 import sysconfig
@@ -154,6 +155,25 @@ def corpus_of(documents: list[str]) -> Corpus:
         held_out=torch.frombuffer(bytearray(held_out.encode()), dtype=torch.uint8),
         sha256=hashlib.sha256(text.encode()).hexdigest(), n_documents=len(documents),
         n_held_out_documents=sum(held), python=platform.python_version())
+
+
+#: The unit of :func:`train_subset`: long enough to keep documents whole in the main, short
+#: enough that a subset samples the whole standard library (the train split is ~60 blocks).
+SUBSET_BLOCK = 64 * 1024
+
+
+def train_subset(stream: UInt8[torch.Tensor, "n"], fraction: float) -> UInt8[torch.Tensor, "m"]:
+    """The share ``fraction`` of ``stream``: its ``SUBSET_BLOCK``-byte blocks ``i`` for which
+    ``floor((i + 1) * fraction) > floor(i * fraction)`` (evenly spaced over the stream, so a
+    subset spans every part of the standard library), joined. ``fraction`` = 1: the stream."""
+    if fraction >= 1:
+        return stream
+    n_blocks = -(-len(stream) // SUBSET_BLOCK)
+    kept = [i for i in range(n_blocks) if math.floor((i + 1) * fraction) > math.floor(i * fraction)]
+    if not kept:
+        raise BadInputError(f"train_fraction {fraction} keeps no {SUBSET_BLOCK}-byte block of a "
+                            f"{len(stream)}-byte train split; use a larger fraction")
+    return torch.cat([stream[i * SUBSET_BLOCK:(i + 1) * SUBSET_BLOCK] for i in kept])
 
 
 def sample_batch(stream: UInt8[torch.Tensor, "n"], *, batch: int, context: int, bos: bool,

@@ -48,7 +48,11 @@ class Recipe:
     matrices, gradient norm clipped at ``grad_clip``. Position: see the module docstring;
     ``extend_at`` > 0 trains the first ``extend_at`` steps at ``context // 2`` positions
     (``2 * batch`` sequences) with base ``rotary_base``, the rest at ``context`` with base
-    ``rotary_base * ntk_alpha ** (d_head / (d_head - 2))``.
+    ``rotary_base * ntk_alpha ** (d_head / (d_head - 2))``. Data: ``train_fraction`` < 1
+    trains on that share of the train split only (evenly spaced 64 KiB blocks of it,
+    :func:`lens_position.zoo.corpus.train_subset`; the held-out split is unchanged), to ask
+    how much distinct text a result needs; a recipe at 1.0 omits it from its JSON, so the
+    hashes of recipes written before the field existed are unchanged.
     """
 
     variant: str
@@ -79,6 +83,7 @@ class Recipe:
     init_std: float = 0.02
     # data and bookkeeping
     corpus_sha256: str = CORPUS_SHA256
+    train_fraction: float = 1.0
     eval_every: int = 100
     checkpoint_every: int = 100
     n_eval_sequences: int = 64
@@ -92,6 +97,8 @@ class Recipe:
             raise BadInputError("d_model / n_heads must be an even whole number (RoPE rotates pairs)")
         if not 0 <= self.extend_at < self.steps:
             raise BadInputError(f"extend_at must be in [0, steps), got {self.extend_at}")
+        if not 0 < self.train_fraction <= 1:
+            raise BadInputError(f"train_fraction must be in (0, 1], got {self.train_fraction}")
 
     @property
     def d_head(self) -> int:
@@ -129,6 +136,8 @@ class Recipe:
         d = dataclasses.asdict(self)
         d["attn_types"] = list(self.attn_types)
         d["betas"] = list(self.betas)
+        if self.train_fraction == 1.0:  # added later: absent means all, as before
+            del d["train_fraction"]
         return d
 
     @classmethod

@@ -18,7 +18,13 @@ sized to about 10 minutes of one CPU core on an idle machine (16 000 tokens/s at
 - ``steps-12x``: 3 600 steps (7.4 M tokens);
 - ``steps-64x``: 19 200 steps (39.3 M tokens; about 50 minutes of one core), the sinks measured at
   each of its 24 evaluations (:func:`sink_trajectory`);
-- ``steps-64x-constant-lr``: the same without learning-rate decay (is the decay what moves the score?).
+- ``steps-64x-constant-lr``: the same without learning-rate decay (is the decay what moves the score?);
+- ``wd-0.5``, ``wd-0``: ``steps-12x`` with weight decay 0.5 and 0 (the recipe's is 0.1); Gu et al.
+  (2025, Table 2) found moderate weight decay the strongest lever towards sinks;
+- ``text-1/4``, ``text-1/16``: ``steps-12x`` on a quarter and a sixteenth of the train text (the
+  same number of training tokens, repeated more often); Gu et al. found that sinks need enough
+  *distinct* text (none at 50 M tokens of it, at 60 M parameters), and the zoo's whole train split
+  is 3.9 MB: does less distinct text lower the score here too?
 
 Each trained point is a checkpoint (safetensors + JSON, as the zoo's) in the sweep folder
 (default ``$LENS_POSITION_CACHE/zoo/sink-sweep``); a point whose checkpoint of the same
@@ -64,6 +70,10 @@ SINK_SWEEP: tuple[tuple[str, str, dict], ...] = (
     ("steps-64x", "64x the steps (sinks measured along the run)", {"steps": 19200, "evaluations": 24}),
     ("steps-64x-constant-lr", "64x the steps, no learning-rate decay (sinks measured along the run)",
      {"steps": 19200, "evaluations": 24, "final_lr_fraction": 1.0}),
+    ("wd-0.5", "12x the steps, weight decay 0.5 (5x)", {"steps": 3600, "weight_decay": 0.5}),
+    ("wd-0", "12x the steps, no weight decay", {"steps": 3600, "weight_decay": 0.0}),
+    ("text-1/4", "12x the steps on a quarter of the train text", {"steps": 3600, "train_fraction": 0.25}),
+    ("text-1/16", "12x the steps on a sixteenth of the train text", {"steps": 3600, "train_fraction": 0.0625}),
 )
 
 
@@ -128,6 +138,7 @@ def sink_sweep(points: Sequence[str] | None = None, *, root: Path | None = None,
         rows.append({
             "point": point, "change": described[point], "steps": recipe.steps, "tokens": recipe.tokens,
             "d_model": recipe.d_model, "context": recipe.context, "parameters": checkpoint.meta["n_parameters"],
+            "weight_decay": recipe.weight_decay, "train_text_bytes": train_text_bytes(recipe.train_fraction),
             "held_out_bits": checkpoint.meta["held_out_bits_per_byte"],
             "train_seconds": checkpoint.meta["train_seconds"],
             "tokens_per_second": checkpoint.meta["tokens_per_second"],
@@ -136,6 +147,13 @@ def sink_sweep(points: Sequence[str] | None = None, *, root: Path | None = None,
         })
         log.info("sink sweep %s: sink rate %.3f, max score %.3f", point, sinks["sink_rate"], sinks["max_sink_score"])
     return pd.DataFrame(rows)
+
+
+def train_text_bytes(fraction: float) -> int:
+    """Bytes of distinct text a recipe with this ``train_fraction`` trains on (this Python's corpus)."""
+    from lens_position.zoo.corpus import load_corpus, train_subset
+
+    return len(train_subset(load_corpus().train, fraction))
 
 
 def sinks_along_training(model: "HookedTransformer", *, recipe: Recipe) -> dict[str, float]:
@@ -295,9 +313,14 @@ def sweep_sentence(table: "pd.DataFrame", eps: float = 0.3) -> str:
     rates = f"sink rate {low:.3f} at every point" if low == high else f"sink rates {low:.3f}–{high:.3f}"
     highest = "" if top["point"] == biggest["point"] else (
         f" The highest score, {top['max_sink_score']:.3f}, is at `{top['point']}` ({top['change']}).")
+    extremes = "; ".join(
+        f"the most {what}: `{row['point']}`, {fmt(row[column])}"
+        for what, column, fmt in (("tokens", "tokens", lambda x: f"{x / 1e6:.1f} M"),
+                                  ("parameters", "parameters", lambda x: f"{x / 1e6:.2f} M"),
+                                  ("context", "context", lambda x: f"{x}"))
+        for row in [table.loc[table[column].idxmax()]])
     return (f"No point of the sweep formed a sink (every head's mean score ≤ ε = {eps:g}; {rates}). The largest "
             f"head score went from {first['max_sink_score']:.3f} at the zoo's budget ({first['tokens'] / 1e6:.1f} M "
             f"tokens) to {biggest['max_sink_score']:.3f} at the largest budget tried (`{biggest['point']}`: "
             f"{biggest['tokens'] / 1e6:.1f} M tokens, {biggest['parameters'] / 1e6:.2f} M parameters).{highest} "
-            f"Sinks need a larger budget than any tried here (up to {table['tokens'].max() / 1e6:.1f} M tokens, "
-            f"{table['parameters'].max() / 1e6:.2f} M parameters, context {table['context'].max()}).")
+            f"Sinks need a larger budget than any point tried here ({extremes}).")

@@ -34,7 +34,7 @@ from transformer_lens import HookedTransformer
 from lens_position.errors import BadInputError
 from lens_position.progress import progress as progress_bar
 from lens_position.zoo.architecture import build_model, load_parameters, parameters_of
-from lens_position.zoo.corpus import Corpus, evaluation_batch, load_corpus, sample_batch
+from lens_position.zoo.corpus import Corpus, evaluation_batch, load_corpus, sample_batch, train_subset
 from lens_position.zoo.recipe import Recipe
 
 LN2 = math.log(2.0)
@@ -147,6 +147,7 @@ def _train(recipe: Recipe, *, work_dir: Path, device: str | None, progress: bool
             f"written for {recipe.corpus_sha256[:12]} (CPython 3.11.7); training here would not "
             "reproduce the recipe. Use that Python version, or make a recipe with "
             "dataclasses.replace(recipe, corpus_sha256=load_corpus().sha256)")
+    train_text = train_subset(corpus.train, recipe.train_fraction)
     device = device or default_device()
     if device.startswith("cuda"):
         torch.use_deterministic_algorithms(True)
@@ -181,7 +182,7 @@ def _train(recipe: Recipe, *, work_dir: Path, device: str | None, progress: bool
             if step_base != base:
                 model, optimizer = _rebuild(model, optimizer, recipe, step_base, device)
                 base = step_base
-            tokens = sample_batch(corpus.train, batch=batch, context=context, bos=recipe.bos,
+            tokens = sample_batch(train_text, batch=batch, context=context, bos=recipe.bos,
                                   generator=batch_generator(recipe, step)).to(device)
             for group in optimizer.param_groups:
                 group["lr"] = recipe.lr_at(step)
