@@ -21,7 +21,7 @@ sized to about 10 minutes of one CPU core on an idle machine (16 000 tokens/s at
 - ``steps-64x-constant-lr``: the same without learning-rate decay (is the decay what moves the score?);
 - ``wd-0.5``, ``wd-0``: ``steps-12x`` with weight decay 0.5 and 0 (the recipe's is 0.1); Gu et al.
   (2025, Table 2) found moderate weight decay the strongest lever towards sinks;
-- ``text-1/4``, ``text-1/16``: ``steps-12x`` on a quarter and a sixteenth of the train text (the
+- ``text-0.25``, ``text-0.0625``: ``steps-12x`` on a quarter and a sixteenth of the train text (the
   same number of training tokens, repeated more often); Gu et al. found that sinks need enough
   *distinct* text (none at 50 M tokens of it, at 60 M parameters), and the zoo's whole train split
   is 3.9 MB: does less distinct text lower the score here too?
@@ -72,8 +72,8 @@ SINK_SWEEP: tuple[tuple[str, str, dict], ...] = (
      {"steps": 19200, "evaluations": 24, "final_lr_fraction": 1.0}),
     ("wd-0.5", "12x the steps, weight decay 0.5 (5x)", {"steps": 3600, "weight_decay": 0.5}),
     ("wd-0", "12x the steps, no weight decay", {"steps": 3600, "weight_decay": 0.0}),
-    ("text-1/4", "12x the steps on a quarter of the train text", {"steps": 3600, "train_fraction": 0.25}),
-    ("text-1/16", "12x the steps on a sixteenth of the train text", {"steps": 3600, "train_fraction": 0.0625}),
+    ("text-0.25", "12x the steps on a quarter of the train text", {"steps": 3600, "train_fraction": 0.25}),
+    ("text-0.0625", "12x the steps on a sixteenth of the train text", {"steps": 3600, "train_fraction": 0.0625}),
 )
 
 
