@@ -357,6 +357,8 @@ def test_sink_sweep_points_change_only_the_budget_schedule_decay_or_text_of_the_
     for point, _, _ in SINK_SWEEP[1:]:
         changed = {k for k, v in dataclasses.asdict(point_recipe(point)).items() if rope[k] != v}
         assert changed <= budget and "variant" in changed, (point, changed)
+        variant = point_recipe(point).variant  # its checkpoint's name must read back (measure_sinks loads it)
+        assert parse_name(model_name(variant, 0)) == (variant, 0)
         assert point_recipe(point).tokens >= recipe_for("rope").tokens
     with pytest.raises(BadInputError, match="steps-4x"):
         point_recipe("no-such-point")

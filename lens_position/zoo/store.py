@@ -32,7 +32,7 @@ from lens_position.zoo.architecture import build_model, load_parameters
 from lens_position.zoo.recipe import VARIANTS, Recipe, recipe_for
 
 SHIPPED = Path(__file__).parent / "checkpoints"
-_NAME = re.compile(r"^zoo:(?P<variant>[a-z0-9-]+)(?::seed(?P<seed>\d+))?$")
+_NAME = re.compile(r"^zoo:(?P<variant>[a-z0-9.-]+)(?::seed(?P<seed>\d+))?$")
 
 
 @dataclass(frozen=True)
