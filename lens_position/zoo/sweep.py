@@ -25,6 +25,8 @@ sized to about 10 minutes of one CPU core on an idle machine (16 000 tokens/s at
   same number of training tokens, repeated more often); Gu et al. found that sinks need enough
   *distinct* text (none at 50 M tokens of it, at 60 M parameters), and the zoo's whole train split
   is 3.9 MB: does less distinct text lower the score here too?
+- ``steps-64x-wd-0.5``: ``steps-64x`` with weight decay 0.5, measured along the run (the two
+  levers that raised the score most, together).
 
 Each trained point is a checkpoint (safetensors + JSON, as the zoo's) in the sweep folder
 (default ``$LENS_POSITION_CACHE/zoo/sink-sweep``); a point whose checkpoint of the same
@@ -58,7 +60,7 @@ MEASURED = Path(__file__).parent / "sink_sweep.csv"
 #: The sink score along the longest point's training (:func:`sink_trajectory`), as measured.
 MEASURED_TRAJECTORY = Path(__file__).parent / "sink_trajectory.csv"
 #: The points whose sinks are measured along training (at every evaluation).
-TRAJECTORY_POINTS = ("steps-64x", "steps-64x-constant-lr")
+TRAJECTORY_POINTS = ("steps-64x", "steps-64x-constant-lr", "steps-64x-wd-0.5")
 
 #: (point, what changes, changes to the ``rope`` recipe), cheapest first.
 SINK_SWEEP: tuple[tuple[str, str, dict], ...] = (
@@ -74,6 +76,8 @@ SINK_SWEEP: tuple[tuple[str, str, dict], ...] = (
     ("wd-0", "12x the steps, no weight decay", {"steps": 3600, "weight_decay": 0.0}),
     ("text-0.25", "12x the steps on a quarter of the train text", {"steps": 3600, "train_fraction": 0.25}),
     ("text-0.0625", "12x the steps on a sixteenth of the train text", {"steps": 3600, "train_fraction": 0.0625}),
+    ("steps-64x-wd-0.5", "64x the steps, weight decay 0.5 (sinks measured along the run)",
+     {"steps": 19200, "evaluations": 24, "weight_decay": 0.5}),
 )
 
 
