@@ -85,7 +85,7 @@ def _query_range(text: str) -> tuple[int, int]:
 
 
 def _add_common(sub: argparse.ArgumentParser, *, many_models: bool, out: Path) -> None:
-    from lens_position.pipeline.config import DEFAULT_MODELS
+    from lens_position.models.registry import DEFAULT_MODELS
 
     if many_models:
         # The zoo's 24 models are tiny (about 5 s of CPU each for every step at the full sizes), so

@@ -149,3 +149,19 @@ def test_bad_analysis_options_are_a_one_line_error(capsys, argv, needle):
     status, _, err = _run_main(capsys, argv)
     assert status == EXIT_USAGE
     _assert_one_line_error(err, needle)
+
+
+def test_the_parser_and_help_do_not_import_transformer_lens():
+    """`lens-position --help` (and any argument error) must not wait for TransformerLens."""
+    code = ("import sys\nfrom lens_position.cli import build_parser\nbuild_parser().format_help()\n"
+            "from lens_position.models import KNOWN_MODELS\nassert KNOWN_MODELS\n"
+            "print(sorted(m for m in ('transformer_lens', 'lens_position.pipeline.run') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+    # the lazy names still resolve, and only to what they named before
+    import lens_position.models as models
+    from lens_position.models.load import load_model
+
+    assert models.load_model is load_model and "load_model" in dir(models)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        models.nope  # noqa: B018
