@@ -426,6 +426,9 @@ def test_trajectory_sentence_names_the_first_crossing_or_how_far_the_score_got()
     formed = trajectory_sentence(trajectory([0.1, 0.2, 0.29, 0.35, 0.5]))
     assert "first exceeds ε = 0.3 at 6.6 M tokens (step 3200" in formed and "0.350, after 0.290 at 4.9 M" in formed
     assert "sink rate 0.050 there" in formed and "so far" not in formed
+    assert "above ε at 2 of the 2 measurements from there on" in formed
+    wavering = trajectory_sentence(trajectory([0.2, 0.31, 0.25, 0.33, 0.28], point="steps-64x-wd-0.5"))
+    assert "above ε at 2 of the 4 measurements" in wavering and "weight decay 0.5" in wavering
     unfinished = trajectory_sentence(trajectory([0.1, 0.12, 0.2], finished=False))
     assert unfinished.startswith("No sink") and "measured up to 4.9 M tokens so far" in unfinished
     assert "from 0.100 at 1.6 M tokens to 0.200 at 4.9 M" in unfinished

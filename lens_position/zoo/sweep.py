@@ -208,12 +208,13 @@ def sink_trajectory(point: str, *, root: Path | None = None, seed: int = 0) -> "
 
 def sweep_markdown(table: pd.DataFrame) -> str:
     """The sweep's table as Markdown (for the docs)."""
-    lines = ["| point | change | steps | tokens | d_model | context | parameters | held-out bits/byte | "
-             "train s | sink rate | max sink score | max score by layer |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| point | change | steps | tokens | d_model | context | parameters | weight decay | distinct text | "
+             "held-out bits/byte | train s | sink rate | max sink score | max score by layer |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in table.itertuples():
         lines.append(f"| `{r.point}` | {r.change} | {r.steps} | {r.tokens / 1e6:.1f} M | {r.d_model} | {r.context} | "
-                     f"{r.parameters / 1e6:.2f} M | {r.held_out_bits:.3f} | {r.train_seconds:.0f} | "
+                     f"{r.parameters / 1e6:.2f} M | {r.weight_decay:g} | {r.train_text_bytes / 1e6:.2f} MB | "
+                     f"{r.held_out_bits:.3f} | {r.train_seconds:.0f} | "
                      f"{r.sink_rate:.3f} | {r.max_sink_score:.3f} | {r.max_sink_score_by_layer} |")
     return "\n".join(lines)
 
@@ -245,6 +246,8 @@ def trajectory_sentence(trajectory: "pd.DataFrame", eps: float = 0.3) -> str:
     total = recipe.tokens
     schedule = ("constant learning rate after warm-up" if recipe.final_lr_fraction == 1.0
                 else f"cosine learning-rate decay to {recipe.final_lr_fraction:g} of its peak")
+    if recipe.weight_decay != recipe_for("rope").weight_decay:
+        schedule += f", weight decay {recipe.weight_decay:g}"
     run = (f"along `{point}` ({total / 1e6:.1f} M tokens, {schedule}"
            + ("" if bool(last["finished"]) else f"; measured up to {last['tokens'] / 1e6:.1f} M tokens so far") + ")")
     first = trajectory.iloc[0]
@@ -254,8 +257,11 @@ def trajectory_sentence(trajectory: "pd.DataFrame", eps: float = 0.3) -> str:
         before = trajectory[trajectory["step"] < at["step"]]
         since = (f", after {before['max_sink_score'].iloc[-1]:.3f} at {before['tokens'].iloc[-1] / 1e6:.1f} M"
                  if len(before) else "")
+        after = trajectory[trajectory["step"] >= at["step"]]
+        held = int((after["max_sink_score"] > eps).sum())
         return (f"Sinks form {run}: the largest head score first exceeds ε = {eps:g} at {at['tokens'] / 1e6:.1f} M "
                 f"tokens (step {int(at['step'])}, learning rate {at['lr']:.2g}): {at['max_sink_score']:.3f}{since}; "
+                f"it is above ε at {held} of the {len(after)} measurements from there on; "
                 f"sink rate {at['sink_rate']:.3f} there and {last['sink_rate']:.3f} at the last measurement "
                 f"({last['tokens'] / 1e6:.1f} M tokens, largest score {last['max_sink_score']:.3f}).")
     top = trajectory.loc[trajectory["max_sink_score"].idxmax()]
