@@ -4,7 +4,8 @@
 lists the registry names (the embedded SmolLM2 / Gemma-3 defaults and tiny in-code models).
 """
 
-from lens_position.lazy import lazy_exports
+import importlib
+from typing import Any
 
 _EXPORTS = {
     **dict.fromkeys(["describe", "load_model"], "lens_position.models.load"),
@@ -13,5 +14,17 @@ _EXPORTS = {
                     "lens_position.models.spec"),
 }
 __all__ = sorted(_EXPORTS)
-# TransformerLens is imported when a name that needs it is first used, not by the registry.
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    """Import a name's module on first use: the registry (read by the command line's parser)
+    must not pull in TransformerLens, which ``load`` and ``spec`` import."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

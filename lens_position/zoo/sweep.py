@@ -24,7 +24,7 @@ sized to about 10 minutes of one CPU core on an idle machine (16 000 tokens/s at
 - ``text-0.25``, ``text-0.0625``: ``steps-12x`` on a quarter and a sixteenth of the train text (the
   same number of training tokens, repeated more often); Gu et al. found that sinks need enough
   *distinct* text (none at 50 M tokens of it, at 60 M parameters), and the zoo's whole train split
-  is 3.9 MB: does less distinct text lower the score here too?
+  is 4.6 MB: does less distinct text lower the score here too?
 - ``steps-64x-wd-0.5``: ``steps-64x`` with weight decay 0.5, measured along the run (the two
   levers that raised the score most, together).
 
