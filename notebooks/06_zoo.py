@@ -116,16 +116,17 @@ c3.loss_figure(checkpoints())
 #
 # Each checkpoint's JSON records its sink measurement (pydoc topics, T = 64, N = 32, ε = 0.3).
 # If none formed, is the training budget why? `lens-position zoo sink-sweep` trains the standard
-# RoPE recipe with more steps, a longer context and a wider model and measures the same numbers;
-# its two longest points (64× the steps, 39 M tokens, with and without learning-rate decay)
-# measure the sinks at every evaluation along training. The tables it measured ship with the
-# package (rerunning the sweep takes hours of one core, so they are read here, not run).
+# RoPE recipe with more steps, a longer context, a wider model, another weight decay or less
+# distinct text, and measures the same numbers; its three longest points (64× the steps, 39 M
+# tokens: with and without learning-rate decay, and with weight decay 0.5) measure the sinks at
+# every evaluation along training. The tables it measured ship with the package (rerunning the
+# sweep takes hours of one core, so they are read here, not run).
 
 # %%
 print(c3.sinks_sentence(checkpoints()))
 sweep = measured_sweep()
-sweep[["point", "change", "tokens", "parameters", "context", "held_out_bits", "train_seconds", "sink_rate",
-       "max_sink_score", "max_sink_score_by_layer"]]
+sweep[["point", "change", "tokens", "parameters", "context", "weight_decay", "train_text_bytes", "held_out_bits",
+       "train_seconds", "sink_rate", "max_sink_score", "max_sink_score_by_layer"]]
 
 # %%
 trajectory = measured_trajectory()
