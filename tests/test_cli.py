@@ -163,5 +163,6 @@ def test_the_parser_and_help_do_not_import_transformer_lens():
     from lens_position.models.load import load_model
 
     assert models.load_model is load_model and "load_model" in dir(models)
+    assert sorted(models.__all__) == sorted(models._EXPORTS)  # the static list names every lazy export
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         models.nope  # noqa: B018

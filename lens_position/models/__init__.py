@@ -5,7 +5,12 @@ lists the registry names (the embedded SmolLM2 / Gemma-3 defaults and tiny in-co
 """
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what the lazy names are, for type checkers and the API reference
+    from lens_position.models.load import describe, load_model
+    from lens_position.models.registry import DEFAULT_MODELS, KNOWN_MODELS
+    from lens_position.models.spec import LoadedModel, ModelSpec, as_loaded, check_length, spec_from_config
 
 _EXPORTS = {
     **dict.fromkeys(["describe", "load_model"], "lens_position.models.load"),
@@ -13,7 +18,8 @@ _EXPORTS = {
     **dict.fromkeys(["LoadedModel", "ModelSpec", "as_loaded", "check_length", "spec_from_config"],
                     "lens_position.models.spec"),
 }
-__all__ = sorted(_EXPORTS)
+__all__ = ["DEFAULT_MODELS", "KNOWN_MODELS", "LoadedModel", "ModelSpec", "as_loaded", "check_length",
+           "describe", "load_model", "spec_from_config"]
 
 
 def __getattr__(name: str) -> Any:
