@@ -380,6 +380,24 @@ def test_sink_sweep_trains_measures_and_then_reads_its_points(monkeypatch, tmp_p
     assert again.loc[1, "train_seconds"] == table.loc[1, "train_seconds"]
 
 
+def test_the_sink_sweep_command_trains_each_point_once_per_seed_and_writes_both_tables(monkeypatch, tmp_path):
+    from lens_position.cli import main
+    from lens_position.zoo import sweep
+
+    monkeypatch.setenv("LENS_POSITION_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(sweep, "SINK_SWEEP", (("tiny", "6 steps", {"steps": 6, "warmup": 2, "evaluations": 3}),))
+    out, trajectory_out = tmp_path / "sweep.csv", tmp_path / "trajectory.csv"
+    assert main(["zoo", "sink-sweep", "--root", str(tmp_path / "sweep"), "--seed", "0", "1", "--no-progress",
+                 "--out", str(out), "--trajectory-out", str(trajectory_out)]) == 0
+    table, trajectory = pd.read_csv(out), pd.read_csv(trajectory_out)
+    assert list(zip(table["point"], table["seed"])) == [("tiny", 0), ("tiny", 1)]
+    assert table.loc[0, "max_sink_score"] != table.loc[1, "max_sink_score"]  # two trainings, not one read twice
+    assert list(trajectory["seed"]) == [0, 0, 0, 1, 1, 1] and list(trajectory["step"]) == [2, 4, 6] * 2
+    for seed in (0, 1):
+        last = trajectory[trajectory["seed"] == seed].iloc[-1]
+        assert last["max_sink_score"] == pytest.approx(table.loc[seed, "max_sink_score"], abs=1e-6)
+
+
 def test_sweep_sentence_names_where_sinks_form_or_the_trend_without():
     from lens_position.zoo.sweep import sweep_sentence
 
@@ -394,6 +412,12 @@ def test_sweep_sentence_names_where_sinks_form_or_the_trend_without():
     assert "the most tokens: `steps-4x`, 2.5 M; the most parameters: `width-128`, 1.12 M" in none
     formed = sweep_sentence(table.assign(max_sink_score=[0.097, 0.35, 0.5], sink_rate=[0, 0.06, 0.2]))
     assert formed.startswith("Sinks form at `steps-4x`") and "0.350 > ε = 0.3" in formed
+    assert "seeds measured there" not in formed  # one seed: nothing to count
+    # More seeds of a point: the sentence says in how many of them the score exceeded ε.
+    seeds = pd.concat([table.assign(seed=0, max_sink_score=[0.097, 0.35, 0.2]),
+                       table.iloc[[1, 1, 1]].assign(seed=[1, 2, 3], max_sink_score=[0.2, 0.31, 0.1])])
+    counted = sweep_sentence(seeds)
+    assert "0.350 > ε = 0.3, sink rate 0.000 in seed 0, and above ε in 2 of the 4 seeds measured there" in counted
 
 
 def test_a_run_with_other_models_keeps_the_zoo_out_of_the_papers_claims(tmp_path):
@@ -418,13 +442,14 @@ def test_a_run_with_other_models_keeps_the_zoo_out_of_the_papers_claims(tmp_path
 def test_trajectory_sentence_names_the_first_crossing_or_how_far_the_score_got():
     from lens_position.zoo.sweep import TRAJECTORY_POINTS, trajectory_figure, trajectory_sentence
 
-    def trajectory(scores, finished=True, point=TRAJECTORY_POINTS[0]):
-        return pd.DataFrame([{"point": point, "step": 800 * (k + 1), "tokens": 800 * (k + 1) * 2048,
+    def trajectory(scores, finished=True, point=TRAJECTORY_POINTS[0], seed=0):
+        return pd.DataFrame([{"point": point, "seed": seed, "step": 800 * (k + 1), "tokens": 800 * (k + 1) * 2048,
                               "lr": 0.003, "held_out_bits": 2.0, "sink_rate": 0.05 * (s > 0.3),
                               "max_sink_score": s, "finished": finished} for k, s in enumerate(scores)])
 
     formed = trajectory_sentence(trajectory([0.1, 0.2, 0.29, 0.35, 0.5]))
     assert "first exceeds ε = 0.3 at 6.6 M tokens (step 3200" in formed and "0.350, after 0.290 at 4.9 M" in formed
+    assert f"along `{TRAJECTORY_POINTS[0]}` seed 0 (" in formed
     assert "sink rate 0.050 there" in formed and "so far" not in formed
     assert "above ε at 2 of the 2 measurements from there on" in formed
     wavering = trajectory_sentence(trajectory([0.2, 0.31, 0.25, 0.33, 0.28], point="steps-64x-wd-0.5"))
@@ -436,10 +461,35 @@ def test_trajectory_sentence_names_the_first_crossing_or_how_far_the_score_got()
     from lens_position.zoo.sweep import trajectory_markdown
 
     table = trajectory_markdown(both, every=2).splitlines()
-    assert len(table) == 2 + 2 and "| 1600 | 3.3 M | 0.003 | 2.000 | 0.050 | 0.350 |" in table[2]
+    assert len(table) == 2 + 2 and "| 0 | 1600 | 3.3 M | 0.003 | 2.000 | 0.050 | 0.350 |" in table[2]
     assert len(trajectory_figure(both).data) == 4  # score and rate per point
-    with pytest.raises(ValueError, match="one point"):
+    with pytest.raises(ValueError, match="one point and seed"):
         trajectory_sentence(both)
+    two_seeds = pd.concat([trajectory([0.1, 0.35]), trajectory([0.2, 0.25], seed=1)])
+    assert len(trajectory_figure(two_seeds).data) == 4  # score and rate per seed
+    with pytest.raises(ValueError, match="one point and seed"):
+        trajectory_sentence(two_seeds)
+    assert "seed 1 (" in trajectory_sentence(trajectory([0.2, 0.25], seed=1))
+
+
+def test_seeds_sentence_counts_the_seeds_that_formed_a_sink():
+    from lens_position.zoo.sweep import seeds_sentence
+
+    def run(scores, seed, finished=True):
+        return pd.DataFrame([{"point": "steps-64x-wd-0.5", "seed": seed, "step": 800 * (k + 1),
+                              "tokens": 800 * (k + 1) * 2048, "lr": 0.003, "held_out_bits": 2.0, "sink_rate": 0.0,
+                              "max_sink_score": s, "finished": finished} for k, s in enumerate(scores)])
+
+    runs = pd.concat([run([0.1, 0.35, 0.47], 0), run([0.1, 0.243, 0.233], 1), run([0.12, 0.29], 2, finished=False)])
+    text = seeds_sentence(runs)
+    assert text.startswith("Across 3 seeds of `steps-64x-wd-0.5` (39.3 M tokens each), a head's sink score "
+                           "exceeded ε = 0.3 in 1: seed 0 (first at 3.3 M tokens, 0.470 at the last measurement).")
+    assert "It never did in seeds 1 and 2 (highest score 0.243 and 0.290 respectively)." in text
+    assert "Still training: seed 2 up to 3.3 M tokens measured." in text
+    one = seeds_sentence(run([0.1, 0.2], 4))
+    assert "in 0." in one and "It never did in seed 4 (highest score 0.200)." in one
+    with pytest.raises(ValueError, match="one point"):
+        seeds_sentence(pd.concat([runs, run([0.1], 0).assign(point="steps-64x")]))
 
 
 def test_the_shipped_sink_sweep_table_is_the_sweeps_points():
@@ -447,9 +497,10 @@ def test_the_shipped_sink_sweep_table_is_the_sweeps_points():
 
     table = measured_sweep()
     unigram = find("zoo:rope").meta["unigram_bits_per_byte"]
-    assert list(table["point"]) == [p for p, _, _ in SINK_SWEEP]
+    assert list(table.loc[table["seed"] == 0, "point"]) == [p for p, _, _ in SINK_SWEEP]
+    assert not table.duplicated(["point", "seed"]).any()
     for row in table.itertuples():
-        recipe = point_recipe(row.point)
+        recipe = point_recipe(row.point, row.seed)
         assert (row.steps, row.tokens, row.d_model, row.context) == (recipe.steps, recipe.tokens, recipe.d_model,
                                                                      recipe.context)
         assert 0 <= row.sink_rate <= 1 and 0 < row.max_sink_score < 1 and row.held_out_bits < unigram
@@ -458,12 +509,13 @@ def test_the_shipped_sink_sweep_table_is_the_sweeps_points():
 def test_the_shipped_trajectories_are_the_long_points_whole_runs():
     from lens_position.zoo.sweep import TRAJECTORY_POINTS, measured_sweep, measured_trajectory, point_recipe
 
-    trajectory, table = measured_trajectory(), measured_sweep().set_index("point")
-    assert list(trajectory["point"].unique()) == list(TRAJECTORY_POINTS) and trajectory["finished"].all()
-    for point, rows in trajectory.groupby("point"):
-        recipe = point_recipe(point)
+    trajectory, table = measured_trajectory(), measured_sweep().set_index(["point", "seed"])
+    assert list(trajectory.loc[trajectory["seed"] == 0, "point"].unique()) == list(TRAJECTORY_POINTS)
+    assert set(trajectory["point"]) == set(TRAJECTORY_POINTS) and trajectory["finished"].all()
+    for (point, seed), rows in trajectory.groupby(["point", "seed"]):
+        recipe = point_recipe(point, seed)
         assert list(rows["step"]) == list(range(recipe.eval_every, recipe.steps + 1, recipe.eval_every))
         assert list(rows["lr"]) == pytest.approx([recipe.lr_at(s - 1) for s in rows["step"]])
         last = rows.iloc[-1]  # measured along training = measured on the saved checkpoint
-        assert last["max_sink_score"] == pytest.approx(table.loc[point, "max_sink_score"], abs=1e-6)
-        assert last["held_out_bits"] == pytest.approx(table.loc[point, "held_out_bits"])
+        assert last["max_sink_score"] == pytest.approx(table.loc[(point, seed), "max_sink_score"], abs=1e-6)
+        assert last["held_out_bits"] == pytest.approx(table.loc[(point, seed), "held_out_bits"])

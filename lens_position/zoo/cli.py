@@ -39,7 +39,8 @@ def add_parser(subs: argparse._SubParsersAction) -> None:
                        help="sweep point (repeatable; default: every point, cheapest first)")
     sweep.add_argument("--root", type=Path, default=None,
                        help="checkpoint folder of the sweep (default: $LENS_POSITION_CACHE/zoo/sink-sweep)")
-    sweep.add_argument("--seed", type=int, default=0, help="training seed (default 0)")
+    sweep.add_argument("--seed", type=int, nargs="+", default=[0],
+                       help="training seed, or several (each point is trained once per seed; default 0)")
     sweep.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     sweep.add_argument("--out", type=Path, default=None, help="also write the table here (.csv or .md)")
     sweep.add_argument("--trajectory-out", type=Path, default=None,
@@ -54,15 +55,20 @@ def run(args: argparse.Namespace) -> str:
     from lens_position.zoo.store import SHIPPED
 
     if args.zoo_command == "sink-sweep":
-        from lens_position.zoo.sweep import sink_sweep, sink_trajectory, sweep_markdown, trajectory_sentence
+        import pandas as pd
 
-        table = sink_sweep(args.points, root=args.root, seed=args.seed, device=args.device, progress=args.progress)
-        trajectories = [sink_trajectory(p, root=args.root, seed=args.seed) for p in table["point"]]
+        from lens_position.zoo.sweep import (seeds_sentence, sink_sweep, sink_trajectory, sweep_markdown,
+                                             trajectory_sentence)
+
+        table = pd.concat([sink_sweep(args.points, root=args.root, seed=seed, device=args.device,
+                                      progress=args.progress) for seed in args.seed], ignore_index=True)
+        trajectories = [sink_trajectory(p, root=args.root, seed=s) for p, s in zip(table["point"], table["seed"])]
         trajectories = [t for t in trajectories if not t.empty]
-        text = "\n\n".join([sweep_markdown(table), *(trajectory_sentence(t) for t in trajectories)])
+        seeded = [rows for _, rows in pd.concat(trajectories).groupby("point", sort=False)
+                  if rows["seed"].nunique() > 1] if trajectories else []
+        text = "\n\n".join([sweep_markdown(table), *(trajectory_sentence(t) for t in trajectories),
+                             *(seeds_sentence(rows) for rows in seeded)])
         if args.trajectory_out is not None and trajectories:
-            import pandas as pd
-
             args.trajectory_out.parent.mkdir(parents=True, exist_ok=True)
             pd.concat(trajectories, ignore_index=True).to_csv(args.trajectory_out, index=False)
         if args.out is not None:

@@ -108,8 +108,8 @@ def point_recipe(point: str, seed: int = 0) -> Recipe:
 
 def sink_sweep(points: Sequence[str] | None = None, *, root: Path | None = None, seed: int = 0,
                device: str | None = None, progress: bool = True) -> pd.DataFrame:
-    """Train (or read) every sweep point and measure its sinks; one row per point: its
-    budget (steps, tokens, d_model, context, parameters), held-out bits per byte, training
+    """Train (or read) every sweep point with training seed ``seed`` and measure its sinks;
+    one row per point: the seed, its budget (steps, tokens, d_model, context, parameters), held-out bits per byte, training
     seconds and tokens/s, the sink rate (fraction of heads above ε = 0.3), the largest
     per-head sink score and the largest per layer."""
     import pandas as pd
@@ -140,7 +140,7 @@ def sink_sweep(points: Sequence[str] | None = None, *, root: Path | None = None,
             checkpoint = measure_sinks(checkpoint, root=checkpoint.weights.parents[1])
         sinks = checkpoint.meta["sinks"]
         rows.append({
-            "point": point, "change": described[point], "steps": recipe.steps, "tokens": recipe.tokens,
+            "point": point, "seed": seed, "change": described[point], "steps": recipe.steps, "tokens": recipe.tokens,
             "d_model": recipe.d_model, "context": recipe.context, "parameters": checkpoint.meta["n_parameters"],
             "weight_decay": recipe.weight_decay, "train_text_bytes": train_text_bytes(recipe.train_fraction),
             "held_out_bits": checkpoint.meta["held_out_bits_per_byte"],
@@ -174,8 +174,8 @@ def sinks_along_training(model: "HookedTransformer", *, recipe: Recipe) -> dict[
 
 
 def sink_trajectory(point: str, *, root: Path | None = None, seed: int = 0) -> "pd.DataFrame":
-    """How the sink score grew along one sweep point's training: one row per evaluation
-    (``step``, ``tokens``, learning rate at that step, held-out bits per byte, sink rate,
+    """How the sink score grew along one sweep point's training with ``seed``: one row per
+    evaluation (``seed``, ``step``, ``tokens``, learning rate at that step, held-out bits per byte, sink rate,
     largest per-head sink score), read from the finished checkpoint or, while the point is
     still training (or was interrupted), from its resume file. Empty when the point has not
     been trained with sink measurements (points trained before they were added)."""
@@ -198,25 +198,30 @@ def sink_trajectory(point: str, *, root: Path | None = None, seed: int = 0) -> "
             state = torch.load(resume, map_location="cpu", weights_only=False)
             if state["recipe_sha256"] == recipe.sha256():
                 curve = state["curve"]
-    rows = [{"point": point, "step": c["step"], "tokens": c["tokens"], "lr": recipe.lr_at(c["step"] - 1),
+    rows = [{"point": point, "seed": seed, "step": c["step"], "tokens": c["tokens"], "lr": recipe.lr_at(c["step"] - 1),
              "held_out_bits": c["held_out_bits"], "sink_rate": c["sink_rate"],
              "max_sink_score": c["max_sink_score"], "finished": finished}
             for c in curve if "max_sink_score" in c]
-    columns = ["point", "step", "tokens", "lr", "held_out_bits", "sink_rate", "max_sink_score", "finished"]
+    columns = ["point", "seed", "step", "tokens", "lr", "held_out_bits", "sink_rate", "max_sink_score", "finished"]
     return pd.DataFrame(rows, columns=columns)
 
 
 def sweep_markdown(table: pd.DataFrame) -> str:
     """The sweep's table as Markdown (for the docs)."""
-    lines = ["| point | change | steps | tokens | d_model | context | parameters | weight decay | distinct text | "
+    lines = ["| point | seed | change | steps | tokens | d_model | context | parameters | weight decay | distinct text | "
              "held-out bits/byte | train s | sink rate | max sink score | max score by layer |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in table.itertuples():
-        lines.append(f"| `{r.point}` | {r.change} | {r.steps} | {r.tokens / 1e6:.1f} M | {r.d_model} | {r.context} | "
-                     f"{r.parameters / 1e6:.2f} M | {r.weight_decay:g} | {r.train_text_bytes / 1e6:.2f} MB | "
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in _with_seeds(table).itertuples():
+        lines.append(f"| `{r.point}` | {r.seed} | {r.change} | {r.steps} | {r.tokens / 1e6:.1f} M | {r.d_model} | "
+                     f"{r.context} | {r.parameters / 1e6:.2f} M | {r.weight_decay:g} | {r.train_text_bytes / 1e6:.2f} MB | "
                      f"{r.held_out_bits:.3f} | {r.train_seconds:.0f} | "
                      f"{r.sink_rate:.3f} | {r.max_sink_score:.3f} | {r.max_sink_score_by_layer} |")
     return "\n".join(lines)
+
+
+def _with_seeds(table: "pd.DataFrame") -> "pd.DataFrame":
+    """``table`` with a ``seed`` column (tables written before seeds were recorded are seed 0's)."""
+    return table if "seed" in table.columns else table.assign(seed=0)
 
 
 def measured_sweep() -> "pd.DataFrame":
@@ -234,13 +239,14 @@ def measured_trajectory() -> "pd.DataFrame":
 
 
 def trajectory_sentence(trajectory: "pd.DataFrame", eps: float = 0.3) -> str:
-    """When, along one long training run (the rows of one point), a head's sink score first exceeded ``eps``, in
-    words built from the trajectory's numbers (or how far it got if it never did)."""
+    """When, along one long training run (the rows of one point and seed), a head's sink score first exceeded
+    ``eps``, in words built from the trajectory's numbers (or how far it got if it never did)."""
     if trajectory.empty:
         return "No trajectory measured (the long sweep point has not been trained with sink measurements)."
-    if trajectory["point"].nunique() > 1:
-        raise ValueError("trajectory_sentence reads one point's trajectory; pass the rows of one point")
-    point = trajectory["point"].iloc[0]
+    trajectory = _with_seeds(trajectory)
+    if trajectory[["point", "seed"]].drop_duplicates().shape[0] > 1:
+        raise ValueError("trajectory_sentence reads one run's trajectory; pass the rows of one point and seed")
+    point, seed = trajectory["point"].iloc[0], int(trajectory["seed"].iloc[0])
     last = trajectory.iloc[-1]
     recipe = point_recipe(point)
     total = recipe.tokens
@@ -248,7 +254,7 @@ def trajectory_sentence(trajectory: "pd.DataFrame", eps: float = 0.3) -> str:
                 else f"cosine learning-rate decay to {recipe.final_lr_fraction:g} of its peak")
     if recipe.weight_decay != recipe_for("rope").weight_decay:
         schedule += f", weight decay {recipe.weight_decay:g}"
-    run = (f"along `{point}` ({total / 1e6:.1f} M tokens, {schedule}"
+    run = (f"along `{point}` seed {seed} ({total / 1e6:.1f} M tokens, {schedule}"
            + ("" if bool(last["finished"]) else f"; measured up to {last['tokens'] / 1e6:.1f} M tokens so far") + ")")
     first = trajectory.iloc[0]
     crossed = trajectory[trajectory["max_sink_score"] > eps]
@@ -270,34 +276,74 @@ def trajectory_sentence(trajectory: "pd.DataFrame", eps: float = 0.3) -> str:
             f"(highest {top['max_sink_score']:.3f}, at {top['tokens'] / 1e6:.1f} M), never above ε = {eps:g}.")
 
 
+def seeds_sentence(trajectory: "pd.DataFrame", eps: float = 0.3) -> str:
+    """In how many of one point's seeds a head's sink score exceeded ``eps`` along training, with
+    when each one first did and how high the others got, in words built from the trajectories
+    (the rows of one point, any number of seeds)."""
+    trajectory = _with_seeds(trajectory)
+    if trajectory.empty:
+        return "No trajectory measured."
+    if trajectory["point"].nunique() > 1:
+        raise ValueError("seeds_sentence reads one point's trajectories; pass the rows of one point")
+    point = trajectory["point"].iloc[0]
+    formed, never, partial = [], [], []
+    for seed, rows in trajectory.groupby("seed", sort=True):
+        last = rows.iloc[-1]
+        if not bool(last["finished"]):
+            partial.append(f"seed {seed} up to {last['tokens'] / 1e6:.1f} M")
+        crossed = rows[rows["max_sink_score"] > eps]
+        if len(crossed):
+            formed.append(f"seed {seed} (first at {crossed['tokens'].iloc[0] / 1e6:.1f} M tokens, "
+                          f"{last['max_sink_score']:.3f} at the last measurement)")
+        else:
+            never.append((seed, rows["max_sink_score"].max()))
+    n = trajectory["seed"].nunique()
+    tokens = point_recipe(point).tokens
+    text = (f"Across {n} seed{'s' * (n != 1)} of `{point}` ({tokens / 1e6:.1f} M tokens each), a head's sink "
+            f"score exceeded ε = {eps:g} in {len(formed)}" + (": " + "; ".join(formed) if formed else "") + ".")
+    if never:
+        seeds = _in_words([f"{seed}" for seed, _ in never])
+        highest = _in_words([f"{top:.3f}" for _, top in never])
+        text += (f" It never did in seed{'s' * (len(never) > 1)} {seeds} "
+                 f"(highest score {highest}{' respectively' * (len(never) > 1)}).")
+    if partial:
+        text += f" Still training: {', '.join(partial)} tokens measured."
+    return text
+
+
+def _in_words(items: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
 def trajectory_markdown(trajectory: "pd.DataFrame", every: int = 1) -> str:
     """The trajectory as a Markdown table (every ``every``-th evaluation of each point, and
     always its last), for the docs."""
-    lines = ["| point | step | tokens | learning rate | held-out bits/byte | sink rate | max sink score |",
-             "|---|---|---|---|---|---|---|"]
-    for _, rows in trajectory.groupby("point", sort=False):
+    lines = ["| point | seed | step | tokens | learning rate | held-out bits/byte | sink rate | max sink score |",
+             "|---|---|---|---|---|---|---|---|"]
+    for _, rows in _with_seeds(trajectory).groupby(["point", "seed"], sort=False):
         keep = [k for k in range(len(rows)) if (k + 1) % every == 0 or k == len(rows) - 1]
         for r in rows.iloc[keep].itertuples():
-            lines.append(f"| `{r.point}` | {r.step} | {r.tokens / 1e6:.1f} M | {r.lr:.2g} | {r.held_out_bits:.3f} | "
+            lines.append(f"| `{r.point}` | {r.seed} | {r.step} | {r.tokens / 1e6:.1f} M | {r.lr:.2g} | {r.held_out_bits:.3f} | "
                          f"{r.sink_rate:.3f} | {r.max_sink_score:.3f} |")
     return "\n".join(lines)
 
 
 def trajectory_figure(trajectory: "pd.DataFrame", eps: float = 0.3) -> Any:
     """The largest head sink score (solid) and the sink rate (dotted) along training, one
-    colour per sweep point (x: tokens seen, millions), with ε drawn: where the score crosses
-    it, a sink has formed."""
+    colour per sweep point and seed (x: tokens seen, millions), with ε drawn: where the score
+    crosses it, a sink has formed."""
     import plotly.graph_objects as go
     from plotly.colors import qualitative
 
     figure = go.Figure()
-    for k, (point, rows) in enumerate(trajectory.groupby("point", sort=False)):
+    for k, ((point, seed), rows) in enumerate(_with_seeds(trajectory).groupby(["point", "seed"], sort=False)):
         colour = qualitative.Plotly[k % len(qualitative.Plotly)]
         millions = rows["tokens"] / 1e6
         figure.add_scatter(x=millions, y=rows["max_sink_score"], mode="lines+markers", line_color=colour,
-                           name=f"{point}: largest head sink score")
+                           name=f"{point} seed {seed}: largest head sink score")
         figure.add_scatter(x=millions, y=rows["sink_rate"], mode="lines", line=dict(color=colour, dash="dot"),
-                           name=f"{point}: sink rate (fraction of (prompt, head) > ε)")
+                           name=f"{point} seed {seed}: sink rate (fraction of (prompt, head) > ε)")
     figure.add_hline(y=eps, line_dash="dash", annotation_text=f"ε = {eps:g}")
     figure.update_layout(title="Attention sinks along training (the rope recipe with more steps)",
                          xaxis_title="training tokens (millions)", yaxis_title="score / rate (fraction)",
@@ -309,13 +355,18 @@ def sweep_sentence(table: "pd.DataFrame", eps: float = 0.3) -> str:
     """What the sweep found, in words built from its numbers: the cheapest point where a head's
     mean attention on position 0 exceeds ``eps``, or (none) how the largest head score moved
     from the zoo's budget to the largest budget tried."""
+    table = _with_seeds(table)
     formed = table[table["max_sink_score"] > eps]
     first = table.iloc[0]
     if len(formed):
         point = formed.iloc[0]
+        seeds = table[table["point"] == point["point"]]
+        which = ("" if len(seeds) == 1 else
+                 f" in seed {point['seed']}, and above ε in {int((seeds['max_sink_score'] > eps).sum())} of the "
+                 f"{len(seeds)} seeds measured there")
         return (f"Sinks form at `{point['point']}` ({point['change']}: {point['tokens'] / 1e6:.1f} M tokens, "
                 f"{point['parameters'] / 1e6:.2f} M parameters, context {point['context']}): largest head score "
-                f"{point['max_sink_score']:.3f} > ε = {eps:g}, sink rate {point['sink_rate']:.3f}, against "
+                f"{point['max_sink_score']:.3f} > ε = {eps:g}, sink rate {point['sink_rate']:.3f}{which}, against "
                 f"{first['max_sink_score']:.3f} at the zoo's budget.")
     biggest = table.loc[(table["tokens"] * table["parameters"]).idxmax()]
     top = table.loc[table["max_sink_score"].idxmax()]
