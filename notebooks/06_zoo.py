@@ -50,7 +50,7 @@ from lens_position.zoo.commands import list_table
 from lens_position.zoo.recipe import VARIANTS, recipe_for
 from lens_position.zoo.store import checkpoints
 from lens_position.zoo.sweep import (measured_sweep, measured_trajectory, sweep_sentence, trajectory_figure,
-                                     trajectory_sentence)
+                                     trajectory_sentences)
 
 pio.renderers.default = "plotly_mimetype+notebook"
 
@@ -125,13 +125,13 @@ c3.loss_figure(checkpoints())
 # %%
 print(c3.sinks_sentence(checkpoints()))
 sweep = measured_sweep()
-sweep[["point", "change", "tokens", "parameters", "context", "weight_decay", "train_text_bytes", "held_out_bits",
+sweep[["point", "seed", "change", "tokens", "parameters", "context", "weight_decay", "train_text_bytes", "held_out_bits",
        "train_seconds", "sink_rate", "max_sink_score", "max_sink_score_by_layer"]]
 
 # %%
 trajectory = measured_trajectory()
-for point, rows in trajectory.groupby("point", sort=False):
-    print(trajectory_sentence(rows))
+for sentence in trajectory_sentences(trajectory):
+    print(sentence)
 trajectory_figure(trajectory)
 
 # %% [markdown]
@@ -174,7 +174,7 @@ points = [
     + ("below it." if below else "not below it."),
     c3.sinks_sentence(checkpoints()),
     sweep_sentence(sweep),
-    *(trajectory_sentence(rows) for _, rows in trajectory.groupby("point", sort=False)),
+    *trajectory_sentences(trajectory),
 ]
 for r in answer.itertuples():
     if r.n_seeds == 0:

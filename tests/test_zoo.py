@@ -486,6 +486,12 @@ def test_seeds_sentence_counts_the_seeds_that_formed_a_sink():
                            "exceeded ε = 0.3 in 1: seed 0 (first at 3.3 M tokens, 0.470 at the last measurement).")
     assert "It never did in seeds 1 and 2 (highest score 0.243 and 0.290 respectively)." in text
     assert "Still training: seed 2 up to 3.3 M tokens measured." in text
+    from lens_position.zoo.sweep import trajectory_sentences
+
+    sentences = trajectory_sentences(runs)  # one per run, then the count over seeds
+    assert len(sentences) == 4 and [" seed 0 (" in x for x in sentences[:3]] == [True, False, False]
+    assert sentences[1].startswith("No sink along `steps-64x-wd-0.5` seed 1 (") and sentences[3] == text
+    assert len(trajectory_sentences(run([0.1, 0.2], 4))) == 1  # one seed: nothing to count
     one = seeds_sentence(run([0.1, 0.2], 4))
     assert "in 0." in one and "It never did in seed 4 (highest score 0.200)." in one
     with pytest.raises(ValueError, match="one point"):

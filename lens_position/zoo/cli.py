@@ -57,17 +57,14 @@ def run(args: argparse.Namespace) -> str:
     if args.zoo_command == "sink-sweep":
         import pandas as pd
 
-        from lens_position.zoo.sweep import (seeds_sentence, sink_sweep, sink_trajectory, sweep_markdown,
-                                             trajectory_sentence)
+        from lens_position.zoo.sweep import sink_sweep, sink_trajectory, sweep_markdown, trajectory_sentences
 
         table = pd.concat([sink_sweep(args.points, root=args.root, seed=seed, device=args.device,
                                       progress=args.progress) for seed in args.seed], ignore_index=True)
         trajectories = [sink_trajectory(p, root=args.root, seed=s) for p, s in zip(table["point"], table["seed"])]
         trajectories = [t for t in trajectories if not t.empty]
-        seeded = [rows for _, rows in pd.concat(trajectories).groupby("point", sort=False)
-                  if rows["seed"].nunique() > 1] if trajectories else []
-        text = "\n\n".join([sweep_markdown(table), *(trajectory_sentence(t) for t in trajectories),
-                             *(seeds_sentence(rows) for rows in seeded)])
+        sentences = trajectory_sentences(pd.concat(trajectories, ignore_index=True)) if trajectories else []
+        text = "\n\n".join([sweep_markdown(table), *sentences])
         if args.trajectory_out is not None and trajectories:
             args.trajectory_out.parent.mkdir(parents=True, exist_ok=True)
             pd.concat(trajectories, ignore_index=True).to_csv(args.trajectory_out, index=False)

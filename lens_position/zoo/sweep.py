@@ -311,6 +311,16 @@ def seeds_sentence(trajectory: "pd.DataFrame", eps: float = 0.3) -> str:
     return text
 
 
+def trajectory_sentences(trajectory: "pd.DataFrame", eps: float = 0.3) -> list[str]:
+    """Every run's :func:`trajectory_sentence` (one per point and seed, in the table's order), then
+    :func:`seeds_sentence` for each point measured with more than one seed."""
+    trajectory = _with_seeds(trajectory)
+    runs = [trajectory_sentence(rows, eps) for _, rows in trajectory.groupby(["point", "seed"], sort=False)]
+    seeded = [seeds_sentence(rows, eps) for _, rows in trajectory.groupby("point", sort=False)
+              if rows["seed"].nunique() > 1]
+    return runs + seeded
+
+
 def _in_words(items: list[str]) -> str:
     """``a``, ``a and b``, ``a, b and c``."""
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
