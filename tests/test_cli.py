@@ -153,7 +153,7 @@ def test_bad_analysis_options_are_a_one_line_error(capsys, argv, needle):
 
 def test_the_parser_and_help_do_not_import_transformer_lens():
     """`lens-position --help` (and any argument error) must not wait for TransformerLens."""
-    code = ("import sys\nfrom lens_position.cli import build_parser\nbuild_parser().format_help()\n"
+    code = ("import sys\nimport lens_position\nfrom lens_position.cli import build_parser\nbuild_parser().format_help()\n"
             "from lens_position.models import KNOWN_MODELS\nassert KNOWN_MODELS\n"
             "print(sorted(m for m in ('transformer_lens', 'lens_position.pipeline.run') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -163,6 +163,11 @@ def test_the_parser_and_help_do_not_import_transformer_lens():
     from lens_position.models.load import load_model
 
     assert models.load_model is load_model and "load_model" in dir(models)
+    import lens_position
+
+    assert lens_position.load_model is load_model  # `from lens_position import load_model` works too
+    with pytest.raises(AttributeError, match="no attribute 'decompose_everything'"):
+        lens_position.decompose_everything  # noqa: B018
     assert sorted(models.__all__) == sorted(models._EXPORTS)  # the static list names every lazy export
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         models.nope  # noqa: B018
