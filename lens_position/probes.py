@@ -219,13 +219,12 @@ def _solve(n: Float[torch.Tensor, "fit"], sum_x: Float[torch.Tensor, "fit d"], g
     return w, mean_y - (w * mean_x[:, None, :]).sum(-1)
 
 
-def _refit(units: Sequence[_Unit], reference: Float[torch.Tensor, "d"], counts: np.ndarray, ridge: float
+def _refit(moments: Sequence[_Moments], counts: np.ndarray, ridge: float
            ) -> tuple[Float[torch.Tensor, "target fit d"], Float[torch.Tensor, "target fit"]]:
-    """The probe refitted on re-weighted training ``units`` (``counts``: ``[fit, unit]``
-    multiplicities; the jackknife's rows leave one unit out), every target, the same penalty
-    ``ridge``: weights and intercepts as :func:`_fit` computes them from the weighted moments
-    (:func:`_solve`)."""
-    moments = [unit.moments(reference) for unit in units]
+    """The probe refitted on re-weighted training units (``moments``: each unit's,
+    :meth:`_Unit.moments`; ``counts``: ``[fit, unit]`` multiplicities; the jackknife's rows leave
+    one unit out), every target, the same penalty ``ridge``: weights and intercepts as
+    :func:`_fit` computes them from the weighted moments (:func:`_solve`)."""
     weights = torch.as_tensor(counts, dtype=torch.float64)
     w, intercept = _solve(weights @ torch.tensor([float(m.n) for m in moments], dtype=torch.float64),
                           weights @ torch.stack([m.sum_x for m in moments]),
@@ -320,6 +319,15 @@ class ProbeReducer:
             self.train_unit_of[train_rows] = torch.arange(len(train_rows)) % self.n_train_units
         self.train_units = {layer: [_Unit(self.d_model, n_targets=2) for _ in range(self.n_train_units)]
                             for layer in layers}
+        # With intervals, every row is also kept by a unit, so each row enters one Gram matrix only: the
+        # held-out R² is read from the held-out units' rows (no Gram matrix of the held-out sequences), and
+        # when each training unit's sequences lie in one fold (at most PROBE_INTERVAL_GROUPS training
+        # sequences: one per unit), a fold's moments are the sum of its units'.
+        self.fold_of_unit: list[int] | None = None
+        if self.n_train_units:
+            folds = [set(self.split[(self.train_unit_of == unit)].tolist()) for unit in range(self.n_train_units)]
+            if all(len(fold) == 1 for fold in folds):
+                self.fold_of_unit = [fold.pop() for fold in folds]
         self.reference: dict[int, torch.Tensor] = {}
         self.hook_names = tuple(f"blocks.{layer}.hook_resid_pre" for layer in layers)
         self._layer_of = dict(zip(self.hook_names, layers))
@@ -339,6 +347,8 @@ class ProbeReducer:
                 self.train_units[layer][train_unit].add(raw[k], torch.stack([self.label, self.shuffled[rows[k]]], -1),
                                                         self.reference[layer])
         for part, moment in enumerate(self.moments[layer]):
+            if (self.n_units if part == 0 else self.fold_of_unit is not None):
+                continue  # read from the units after the stream (__init__)
             chosen = (self.split[rows] == part).nonzero().squeeze(1)
             if len(chosen) == 0:
                 continue
@@ -349,20 +359,38 @@ class ProbeReducer:
         """Fit the probes from the streamed moments (:class:`ProbeResult`)."""
         records = []
         for layer in self.layers:
+            if layer not in self.reference:
+                raise BadInputError("the probe's prompts were not streamed (no test or training rows)")
+            reference = self.reference[layer]
+            with_intervals = self.n_units >= 2 and self.n_train_units >= 2
+            unit_moments = ([unit.moments(reference) for unit in self.train_units[layer]]
+                            if with_intervals or self.fold_of_unit is not None else [])
+            if self.fold_of_unit is not None:
+                self.moments[layer][1:] = [sum((m for m, fold in zip(unit_moments, self.fold_of_unit) if fold == part),
+                                               _Moments.zeros(self.d_model, 2)) for part in (1, 2)]
             test, fold_a, fold_b = self.moments[layer]
-            if test.n == 0 or fold_a.n == 0:
+            if fold_a.n == 0:
                 raise BadInputError("the probe's prompts were not streamed (no test or training rows)")
             train = fold_a + fold_b
             penalty = self.ridge if self.ridge is not None else _choose_ridge(fold_a, fold_b, RIDGE_GRID)
             weights, intercepts = _solve(torch.tensor([float(train.n)], dtype=torch.float64), train.sum_x[None],
                                          train.gram[None].clone(), train.xty[None], train.sum_y[None], penalty)
             (w, w_shuffled), (c, c_shuffled) = weights[0], intercepts[0]  # true and shuffled labels
-            r2_heldout, r2_shuffled = float(_r2(test, 0, w, c)), float(_r2(test, 0, w_shuffled, c_shuffled))
-            bounds = self._intervals(layer, penalty, [(w, c), (w_shuffled, c_shuffled)],
+            fitted = [(w, c), (w_shuffled, c_shuffled)]
+            if self.n_units:  # held-out errors from the units' rows: [unit, probe]
+                units = self.units[layer]
+                errors = torch.stack([unit.errors(reference, weights[0], intercepts[0]) for unit in units])
+                n, sum_y, sum_y2 = (sum(v) for v in zip(*(unit.label_sums() for unit in units)))
+                r2_heldout, r2_shuffled = (1.0 - errors.sum(0) / (sum_y2 - sum_y ** 2 / n)).tolist()
+                n_test = int(n)
+            else:
+                r2_heldout, r2_shuffled = float(_r2(test, 0, w, c)), float(_r2(test, 0, w_shuffled, c_shuffled))
+                errors, n_test = None, test.n
+            bounds = self._intervals(layer, penalty, unit_moments, errors,
                                      {"r2_heldout": r2_heldout, "r2_shuffled": r2_shuffled})
             records.append({
                 "layer": layer, "r2_heldout": r2_heldout, "r2_train": float(_r2(train, 0, w, c)),
-                "r2_shuffled": r2_shuffled, "ridge": penalty, "n_train": train.n, "n_test": test.n, **bounds,
+                "r2_shuffled": r2_shuffled, "ridge": penalty, "n_train": train.n, "n_test": n_test, **bounds,
             })
         ridge = self.ridge if self.ridge is not None else {"grid": list(RIDGE_GRID),
                                                            "chosen_by": "2-fold CV within training"}
@@ -382,12 +410,13 @@ class ProbeReducer:
                                              "columns": ["r2_heldout", "r2_shuffled"]})
         return ProbeResult(layers=pd.DataFrame(records), provenance=prov)
 
-    def _intervals(self, layer: int, ridge: float, fitted: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    def _intervals(self, layer: int, ridge: float, unit_moments: Sequence[_Moments], errors: torch.Tensor | None,
                    estimates: dict[str, float]) -> dict[str, float]:
-        """``{name_lo, name_hi}`` for each probe (the true and the shuffled target, in that order,
-        fitted as ``fitted``): the bootstrap over held-out units of its held-out R² with the
-        fitted weights, its spread stretched about the estimate so that its variance also holds
-        the refit's, the delete-one-unit jackknife variance over the training units (each
+        """``{name_lo, name_hi}`` for each probe (the true and the shuffled target, in that order;
+        ``errors[unit, probe]``: the fitted probes' squared errors on each held-out unit): the
+        bootstrap over held-out units of its held-out R² with the fitted weights, its spread
+        stretched about the estimate so that its variance also holds the refit's, the
+        delete-one-unit jackknife variance over the training units (``unit_moments``; each
         jackknife fit refitted exactly, :func:`_refit`; module docstring). NaN without
         intervals or with fewer than 2 units on either side."""
         names = list(estimates)
@@ -401,11 +430,10 @@ class ProbeReducer:
         n_b, sum_y_b, sum_y2_b = counts @ n.numpy(), counts @ sum_y.numpy(), counts @ sum_y2.numpy()
         total_b = sum_y2_b - sum_y_b ** 2 / n_b
         leave_one_out = 1.0 - np.eye(self.n_train_units)
-        refits, intercepts = _refit(self.train_units[layer], reference, leave_one_out, ridge)
+        refits, intercepts = _refit(unit_moments, leave_one_out, ridge)
         for k, name in enumerate(names):
-            w, c = fitted[k]
-            errors = torch.stack([unit.errors(reference, w[None], c[None])[0] for unit in units]).numpy()
-            replicates = small_sample_widening(estimates[name], 1.0 - counts @ errors / total_b, self.n_units)
+            replicates = small_sample_widening(estimates[name], 1.0 - counts @ errors[:, k].numpy() / total_b,
+                                               self.n_units)
             jackknife_errors = torch.stack([unit.errors(reference, refits[k], intercepts[k]) for unit in units])
             jackknife = (1.0 - jackknife_errors.sum(0) / total).numpy()
             refit_variance = (len(jackknife) - 1) / len(jackknife) * ((jackknife - jackknife.mean()) ** 2).sum()
