@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from types import MethodType
 
 import pytest
 import torch
@@ -426,3 +427,36 @@ def test_changed_source_gets_a_new_entry_and_the_old_one_is_removed(tiny_checkpo
     reloaded = load_model(str(tiny_checkpoint), cache_dir=str(cache_dir))
     assert not reloaded.spec.extra["from_cache"]
     assert cache_entry(cache_dir) != old_entry and reloaded.model.cfg.eps == 1e-5
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gemma3"])
+def test_rotary_without_copies_gives_transformerlens_bits(name):
+    """The loaded model's apply_rotary is TransformerLens's, bit for bit: whole-head and
+    partial rotations, with a cache offset, and every activation of a forward pass."""
+    from lens_position.models.adapters import _apply_rotary
+
+    model = load_model(name).model
+    attn = model.blocks[0].attn
+    assert attn.apply_rotary.__func__ is _apply_rotary
+    x = torch.randn(3, 7, attn.cfg.n_heads, attn.cfg.d_head, generator=torch.Generator().manual_seed(0))
+    for offset in (0, 5):
+        assert torch.equal(attn.apply_rotary(x, offset), type(attn).apply_rotary(attn, x, offset))
+    rotary_dim = attn.cfg.rotary_dim
+    try:
+        attn.cfg.rotary_dim = rotary_dim // 2  # rotates the first half of the head only (cos, sin cut to match)
+        cos, sin = attn.rotary_cos, attn.rotary_sin
+        attn.rotary_cos, attn.rotary_sin = cos[:, :rotary_dim // 2], sin[:, :rotary_dim // 2]
+        assert torch.equal(attn.apply_rotary(x, 2), type(attn).apply_rotary(attn, x, 2))
+    finally:
+        attn.cfg.rotary_dim, attn.rotary_cos, attn.rotary_sin = rotary_dim, cos, sin
+    tokens = torch.randint(0, model.cfg.d_vocab, (2, 24), generator=torch.Generator().manual_seed(1))
+    logits, cache = model.run_with_cache(tokens)
+    for block in model.blocks:  # TransformerLens's own method on every layer
+        del block.attn.apply_rotary
+    try:
+        plain_logits, plain_cache = model.run_with_cache(tokens)
+    finally:
+        for block in model.blocks:
+            block.attn.apply_rotary = MethodType(_apply_rotary, block.attn)
+    assert torch.equal(logits, plain_logits)
+    assert all(torch.equal(cache[key], plain_cache[key]) for key in plain_cache.keys())

@@ -7,7 +7,7 @@ dict`` (HookedTransformerConfig kwargs) and ``convert_weights(hf_model, cfg) -> 
 
 from __future__ import annotations
 
-from types import ModuleType
+from types import MethodType, ModuleType
 from typing import Any
 
 import torch
@@ -62,6 +62,7 @@ def build_hooked(cfg_kwargs: dict[str, Any], state_dict: dict[str, torch.Tensor]
                            f"unexpected {result.unexpected_keys[:5]}")
     torch.nn.Module.to(model, device)  # HookedTransformer.to prints a line per call
     lay_out_for_linear(model)
+    rotate_without_copies(model)
     model.eval()
     return model
 
@@ -96,6 +97,41 @@ def lay_out_for_linear(model: HookedTransformer) -> None:
                         (module_name == "mlp" and not isinstance(module, GatedMLP)):
                     continue
                 param.data = param.data.permute(*permutation).contiguous().permute(*inverse)
+
+
+def rotate_without_copies(model: HookedTransformer) -> None:
+    """Give every rotary attention layer an ``apply_rotary`` (:func:`_apply_rotary`) that makes the
+    same float32 operations as TransformerLens's, in the same order, without its extra copies: the
+    same bits, in about half the time."""
+    for block in model.blocks:
+        attn = getattr(block, "attn", None)
+        if attn is not None and attn.cfg.positional_embedding_type == "rotary":
+            attn.apply_rotary = MethodType(_apply_rotary, attn)
+
+
+def _apply_rotary(self: Any, x: torch.Tensor, past_kv_pos_offset: int = 0,
+                  attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """TransformerLens's ``AbstractAttention.apply_rotary`` (``x·cos + rotate(x)·sin`` on the first
+    ``rotary_dim`` dimensions, rotate = the second half negated, then the first), computed as one
+    concatenation and two products added in place, where TransformerLens clones ``x``, writes the
+    rotation over the clone in two slices and concatenates the result with the unrotated dimensions
+    even when there are none. Each element gets the same products and sum, so the output is the
+    same bit for bit (tested); on Gemma-3-270M's queries at T = 640 it takes 58 ms instead of 119 ms
+    per layer and batch of 16. A padding mask, dynamic NTK scaling, adjacent pairs (GPT-J) or
+    positions beyond the sine and cosine tables go to TransformerLens's own method."""
+    x_pos = x.size(1)
+    cfg = self.cfg
+    if (attention_mask is not None or cfg.use_dynamic_ntk_rope or cfg.rotary_adjacent_pairs
+            or x.device != self.rotary_sin.device or past_kv_pos_offset + x_pos > self.rotary_cos.shape[0]):
+        return type(self).apply_rotary(self, x, past_kv_pos_offset, attention_mask)
+    x_rot = x[..., :cfg.rotary_dim]
+    half = cfg.rotary_dim // 2
+    cos = self.rotary_cos[None, past_kv_pos_offset:past_kv_pos_offset + x_pos, None, :]
+    sin = self.rotary_sin[None, past_kv_pos_offset:past_kv_pos_offset + x_pos, None, :]
+    rotated = (x_rot * cos).add_(torch.cat([-x_rot[..., half:], x_rot[..., :half]], dim=-1).mul_(sin))
+    if cfg.rotary_dim == x.size(-1):
+        return rotated.contiguous()
+    return torch.cat([rotated, x[..., cfg.rotary_dim:]], dim=-1)
 
 
 def convert_state_dict(hf_model: Any, cfg_kwargs: dict[str, Any]) -> dict[str, torch.Tensor]:
