@@ -55,6 +55,10 @@ folded, and never more than ``2 x units x 12 x d_model^2`` bytes per probed laye
 about 140 MB for SmolLM2-135M at the reproduction's sizes (16 sequences of 127 rows, d_model
 576, 30 layers; the probe's own moments take 80 MB), at most 64 MB per layer. The penalty's own
 choice (cross-validated on all the training sequences) is kept fixed by the refits.
+Since the units hold every row, the held-out R² itself is their errors summed (no Gram matrix
+of the held-out sequences is kept), and when each training unit lies in one fold (one sequence
+per unit, as at the reproduction's sizes) the folds' moments are the sum of their units': each
+row enters at most one Gram matrix.
 """
 
 from __future__ import annotations
@@ -325,7 +329,7 @@ class ProbeReducer:
         # sequences: one per unit), a fold's moments are the sum of its units'.
         self.fold_of_unit: list[int] | None = None
         if self.n_train_units:
-            folds = [set(self.split[(self.train_unit_of == unit)].tolist()) for unit in range(self.n_train_units)]
+            folds = [set(self.split[self.train_unit_of == unit].tolist()) for unit in range(self.n_train_units)]
             if all(len(fold) == 1 for fold in folds):
                 self.fold_of_unit = [fold.pop() for fold in folds]
         self.reference: dict[int, torch.Tensor] = {}
@@ -376,7 +380,6 @@ class ProbeReducer:
             weights, intercepts = _solve(torch.tensor([float(train.n)], dtype=torch.float64), train.sum_x[None],
                                          train.gram[None].clone(), train.xty[None], train.sum_y[None], penalty)
             (w, w_shuffled), (c, c_shuffled) = weights[0], intercepts[0]  # true and shuffled labels
-            fitted = [(w, c), (w_shuffled, c_shuffled)]
             if self.n_units:  # held-out errors from the units' rows: [unit, probe]
                 units = self.units[layer]
                 errors = torch.stack([unit.errors(reference, weights[0], intercepts[0]) for unit in units])
