@@ -118,7 +118,7 @@ c3.loss_figure(checkpoints())
 # If none formed, is the training budget why? `lens-position zoo sink-sweep` trains the standard
 # RoPE recipe with more steps, a longer context, a wider model, another weight decay or less
 # distinct text, and measures the same numbers; its three longest points (64× the steps, 39 M
-# tokens: with and without learning-rate decay, and with weight decay 0.5, the last in four seeds)
+# tokens: with and without learning-rate decay, and with weight decay 0.5, the last in five seeds)
 # measure the sinks at every evaluation along training. The tables it measured ship with the package (rerunning the
 # sweep takes hours of one core, so they are read here, not run).
 
