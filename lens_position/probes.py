@@ -384,11 +384,15 @@ class ProbeReducer:
                 units = self.units[layer]
                 errors = torch.stack([unit.errors(reference, weights[0], intercepts[0]) for unit in units])
                 n, sum_y, sum_y2 = (sum(v) for v in zip(*(unit.label_sums() for unit in units)))
-                r2_heldout, r2_shuffled = (1.0 - errors.sum(0) / (sum_y2 - sum_y ** 2 / n)).tolist()
                 n_test = int(n)
             else:
-                r2_heldout, r2_shuffled = float(_r2(test, 0, w, c)), float(_r2(test, 0, w_shuffled, c_shuffled))
                 errors, n_test = None, test.n
+            if n_test == 0:
+                raise BadInputError("the probe's held-out prompts were not streamed (no test rows)")
+            if errors is not None:
+                r2_heldout, r2_shuffled = (1.0 - errors.sum(0) / (sum_y2 - sum_y ** 2 / n)).tolist()
+            else:
+                r2_heldout, r2_shuffled = float(_r2(test, 0, w, c)), float(_r2(test, 0, w_shuffled, c_shuffled))
             bounds = self._intervals(layer, penalty, unit_moments, errors,
                                      {"r2_heldout": r2_heldout, "r2_shuffled": r2_shuffled})
             records.append({

@@ -213,3 +213,21 @@ def test_probe_without_intervals_keeps_no_rows_and_reports_nan():
     assert reducer.units == {0: []} and reducer.train_units == {0: []}
     row = reducer.result().layers.iloc[0]
     assert np.isnan([row.r2_heldout_lo, row.r2_heldout_hi, row.r2_shuffled_lo, row.r2_shuffled_hi]).all()
+
+
+@pytest.mark.parametrize("with_intervals", [True, False])
+def test_probe_fed_only_its_training_rows_refuses_rather_than_report_nan(with_intervals):
+    """Rows are handed to the reducer explicitly; if no held-out row ever arrives, the held-out
+    R² would be 0/0: result() says so instead (with intervals the units hold the held-out rows,
+    without them the held-out moments do)."""
+    from lens_position.intervals import NO_INTERVALS, Bootstrap
+    from lens_position.probes import ProbeReducer
+
+    loaded = random_model(n_layers=1, d_vocab=50)
+    tokens = torch.randint(0, 50, (8, 20), generator=torch.Generator().manual_seed(7))
+    reducer = ProbeReducer(loaded, tokens, ridge=0.1, bootstrap=Bootstrap() if with_intervals else NO_INTERVALS)
+    _, cache = loaded.model.run_with_cache(tokens, names_filter=reducer.hook_names[0])
+    train = (reducer.split > 0).nonzero().squeeze(1)
+    reducer.update(reducer.hook_names[0], cache[reducer.hook_names[0]][train], train)
+    with pytest.raises(BadInputError, match="no test rows"):
+        reducer.result()
