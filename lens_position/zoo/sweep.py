@@ -109,8 +109,8 @@ def point_recipe(point: str, seed: int = 0) -> Recipe:
 def sink_sweep(points: Sequence[str] | None = None, *, root: Path | None = None, seed: int = 0,
                device: str | None = None, progress: bool = True) -> pd.DataFrame:
     """Train (or read) every sweep point with training seed ``seed`` and measure its sinks;
-    one row per point: the seed, its budget (steps, tokens, d_model, context, parameters), held-out bits per byte, training
-    seconds and tokens/s, the sink rate (fraction of heads above ε = 0.3), the largest
+    one row per point: the seed, its budget (steps, tokens, d_model, context, parameters),
+    held-out bits per byte, training seconds and tokens/s, the sink rate (fraction of heads above ε = 0.3), the largest
     per-head sink score and the largest per layer."""
     import pandas as pd
 
@@ -175,8 +175,8 @@ def sinks_along_training(model: "HookedTransformer", *, recipe: Recipe) -> dict[
 
 def sink_trajectory(point: str, *, root: Path | None = None, seed: int = 0) -> "pd.DataFrame":
     """How the sink score grew along one sweep point's training with ``seed``: one row per
-    evaluation (``seed``, ``step``, ``tokens``, learning rate at that step, held-out bits per byte, sink rate,
-    largest per-head sink score), read from the finished checkpoint or, while the point is
+    evaluation (``seed``, ``step``, ``tokens``, learning rate at that step, held-out bits per
+    byte, sink rate, largest per-head sink score), read from the finished checkpoint or, while the point is
     still training (or was interrupted), from its resume file. Empty when the point has not
     been trained with sink measurements (points trained before they were added)."""
     import pandas as pd
@@ -198,7 +198,8 @@ def sink_trajectory(point: str, *, root: Path | None = None, seed: int = 0) -> "
             state = torch.load(resume, map_location="cpu", weights_only=False)
             if state["recipe_sha256"] == recipe.sha256():
                 curve = state["curve"]
-    rows = [{"point": point, "seed": seed, "step": c["step"], "tokens": c["tokens"], "lr": recipe.lr_at(c["step"] - 1),
+    rows = [{"point": point, "seed": seed, "step": c["step"], "tokens": c["tokens"],
+             "lr": recipe.lr_at(c["step"] - 1),
              "held_out_bits": c["held_out_bits"], "sink_rate": c["sink_rate"],
              "max_sink_score": c["max_sink_score"], "finished": finished}
             for c in curve if "max_sink_score" in c]
@@ -208,12 +209,13 @@ def sink_trajectory(point: str, *, root: Path | None = None, seed: int = 0) -> "
 
 def sweep_markdown(table: pd.DataFrame) -> str:
     """The sweep's table as Markdown (for the docs)."""
-    lines = ["| point | seed | change | steps | tokens | d_model | context | parameters | weight decay | distinct text | "
-             "held-out bits/byte | train s | sink rate | max sink score | max score by layer |",
+    lines = ["| point | seed | change | steps | tokens | d_model | context | parameters | weight decay | "
+             "distinct text | held-out bits/byte | train s | sink rate | max sink score | max score by layer |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in _with_seeds(table).itertuples():
         lines.append(f"| `{r.point}` | {r.seed} | {r.change} | {r.steps} | {r.tokens / 1e6:.1f} M | {r.d_model} | "
-                     f"{r.context} | {r.parameters / 1e6:.2f} M | {r.weight_decay:g} | {r.train_text_bytes / 1e6:.2f} MB | "
+                     f"{r.context} | {r.parameters / 1e6:.2f} M | {r.weight_decay:g} | "
+                     f"{r.train_text_bytes / 1e6:.2f} MB | "
                      f"{r.held_out_bits:.3f} | {r.train_seconds:.0f} | "
                      f"{r.sink_rate:.3f} | {r.max_sink_score:.3f} | {r.max_sink_score_by_layer} |")
     return "\n".join(lines)
@@ -334,8 +336,8 @@ def trajectory_markdown(trajectory: "pd.DataFrame", every: int = 1) -> str:
     for _, rows in _with_seeds(trajectory).groupby(["point", "seed"], sort=False):
         keep = [k for k in range(len(rows)) if (k + 1) % every == 0 or k == len(rows) - 1]
         for r in rows.iloc[keep].itertuples():
-            lines.append(f"| `{r.point}` | {r.seed} | {r.step} | {r.tokens / 1e6:.1f} M | {r.lr:.2g} | {r.held_out_bits:.3f} | "
-                         f"{r.sink_rate:.3f} | {r.max_sink_score:.3f} |")
+            lines.append(f"| `{r.point}` | {r.seed} | {r.step} | {r.tokens / 1e6:.1f} M | {r.lr:.2g} | "
+                         f"{r.held_out_bits:.3f} | {r.sink_rate:.3f} | {r.max_sink_score:.3f} |")
     return "\n".join(lines)
 
 
