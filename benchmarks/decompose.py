@@ -7,8 +7,8 @@ Same tokens for every measurement (natural text, the tokenizer's own BOS policy)
 the three runs happens in its own subprocess, one after the other:
 
 - ``bare``: the forward passes alone (``stop_at_layer`` = number of layers, no hooks);
-- ``streamed``: :func:`lens_position.decompose.decompose` (all layers, all queries and keys);
-- ``dense``: :func:`lens_position.decompose.decompose_dense` (every pattern cached, explicit
+- ``streamed``: :func:`lens_position.analyses.decompose.decompose` (all layers, all queries and keys);
+- ``dense``: :func:`lens_position.analyses.decompose.decompose_dense` (every pattern cached, explicit
   design matrix stacked over sequences, ``torch.linalg.lstsq``).
 
 Time is the wall time of the measured phase only (model loading excluded), and its CPU time
@@ -89,10 +89,10 @@ def worker(mode: str, model_name: str, tokens_path: str, batch_size: int, thread
 
     if threads > 0:
         torch.set_num_threads(threads)
-    from lens_position.decompose import DecompositionReducer, decompose_dense
-    from lens_position.intervals import NO_INTERVALS, Bootstrap
+    from lens_position.analyses.decompose import DecompositionReducer, decompose_dense
+    from lens_position.core.intervals import NO_INTERVALS, Bootstrap
     from lens_position.models import load_model
-    from lens_position.stream import stream
+    from lens_position.core.stream import stream
 
     loaded = load_model(model_name)
     tokens = torch.load(tokens_path)
@@ -137,7 +137,7 @@ def suite(args: argparse.Namespace) -> None:
     """The overhead and memory measurements of the module docstring, each printed as it ends."""
     import copy
 
-    from lens_position.decompose import MAX_GROUPS
+    from lens_position.analyses.decompose import MAX_GROUPS
 
     n = 8 if args.fast else 16
     summaries = []
@@ -170,7 +170,7 @@ def suite(args: argparse.Namespace) -> None:
               f"{kept[mode, 64]['bytes'] / 2**20:.1f} MiB in {groups[64]} groups at N=64 "
               f"({kept[mode, 64]['bytes'] / groups[64] / 2**20:.2f} MiB per group of sequences)", flush=True)
     print(f"==> with intervals every sequence is its own resampling group up to {MAX_GROUPS} groups "
-          f"(lens_position.decompose.MAX_GROUPS), so the kept statistics grow with N up to N={MAX_GROUPS} and "
+          f"(lens_position.analyses.decompose.MAX_GROUPS), so the kept statistics grow with N up to N={MAX_GROUPS} and "
           "not beyond; without intervals only the two halves are kept", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(summaries, indent=1, default=str))
@@ -180,7 +180,7 @@ def run_all(args: argparse.Namespace) -> dict:
     import pandas as pd
     import torch
 
-    from lens_position.data import build_prompts
+    from lens_position.core.data import build_prompts
     from lens_position.models import load_model
 
     loaded = load_model(args.model)

@@ -5,7 +5,7 @@ run into the target run and evaluate the metric on the logits.
 
 - TransformerLens: ``transformer_lens.patching.get_act_patch_resid_pre`` runs one full
   forward pass per (layer, position).
-- lens_position: ``lens_position.patching.resid_pre_sweep`` resumes each layer from the
+- lens_position: ``lens_position.analyses.patching.resid_pre_sweep`` resumes each layer from the
   cached target residual (``start_at_layer``) and batches all positions of a layer into one
   forward pass.
 
@@ -36,9 +36,9 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 import torch  # noqa: E402
 from transformer_lens.patching import get_act_patch_resid_pre  # noqa: E402
 
-from lens_position.data import build_prompts  # noqa: E402
+from lens_position.core.data import build_prompts  # noqa: E402
 from lens_position.models import load_model  # noqa: E402
-from lens_position.patching import resid_pre_sweep  # noqa: E402
+from lens_position.analyses.patching import resid_pre_sweep  # noqa: E402
 
 TOLERANCE = 1e-4
 TARGET_SPEEDUP = 5.0

@@ -5,8 +5,8 @@ intervals are as wide as the spread between disjoint prompt sets.
     python benchmarks/probe_intervals.py --model gemma3-270m --sets 4 --layers 1 5 10 15
 
 For each of ``--sets`` disjoint prompt sets of N natural-text windows (T positions;
-``lens_position.prompt_sets.disjoint_prompt_sets``, the reproduction's probe sizes by default),
-it streams two :class:`~lens_position.probes.ProbeReducer` in one pass, one with intervals
+``lens_position.analyses.prompt_sets.disjoint_prompt_sets``, the reproduction's probe sizes by default),
+it streams two :class:`~lens_position.analyses.probes.ProbeReducer` in one pass, one with intervals
 (the held-out bootstrap and the jackknife of the refitted probe over the training units) and one without, and times
 their ``result()``. Per layer it then prints the held-out R² of every set, the spread between
 sets (sample SD) and the SD the bootstrap predicts (mean interval width / 3.92), and their
@@ -38,11 +38,11 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from lens_position.intervals import NO_INTERVALS, Bootstrap
+    from lens_position.core.intervals import NO_INTERVALS, Bootstrap
     from lens_position.models import load_model
-    from lens_position.prompt_sets import _chi_square_quantile, disjoint_prompt_sets
-    from lens_position.probes import ProbeReducer
-    from lens_position.stream import stream
+    from lens_position.analyses.prompt_sets import _chi_square_quantile, disjoint_prompt_sets
+    from lens_position.analyses.probes import ProbeReducer
+    from lens_position.core.stream import stream
 
     loaded = load_model(args.model)
     sets = disjoint_prompt_sets(loaded, args.sets, T=args.T, N=args.N, seed=args.seed)

@@ -43,7 +43,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from lens_position.reproduce import DEFAULT_MODELS, RunConfig, run  # noqa: E402
+from lens_position.pipeline import DEFAULT_MODELS, RunConfig, run  # noqa: E402
 
 # Ray may cost at most this much more wall time than the serial executor on one 2-core machine
 # (its gain is on clusters; here it must not be a loss worth avoiding).
@@ -96,7 +96,7 @@ def _timed_cli(pythonpath: Path, args: argparse.Namespace, models: str, out: Pat
     wall time of the whole command, CPU time of the child (all its threads)."""
     import subprocess
 
-    command = [sys.executable, "-m", "lens_position.cli", "reproduce", "--models", models, "--out", str(out),
+    command = [sys.executable, "-m", "lens_position.cli.main", "reproduce", "--models", models, "--out", str(out),
                "--no-progress", "--no-cache"]
     command += ["--quick"] if args.quick else []
     command += ["--T", str(args.T)] if args.T else []
@@ -221,9 +221,9 @@ def _recompute_on_baseline_inputs(table: str, base: Path) -> float:
     sink heads under the baseline's protocol, ``windows``, and BOS policy)."""
     import pandas as pd
 
-    from lens_position.intervals import NO_INTERVALS
+    from lens_position.core.intervals import NO_INTERVALS
     from lens_position.pipeline.models import load_request
-    from lens_position.sinks import sink_rate
+    from lens_position.analyses.sinks import sink_rate
 
     if table != "sink_rate":
         raise ValueError(f"no recomputation on the baseline's inputs for {table}")

@@ -1,23 +1,66 @@
 """lens_position: where absolute position comes from in decoder-only transformers.
 
-``from lens_position import load_model`` is the same function as ``lens_position.models.load_model``
-(imported on first use, so ``import lens_position`` stays cheap); the analyses live in their
-modules (``lens_position.decompose``, ``lens_position.probes``, ...).
+The package is layered; each folder imports only from the folders below it (a contract the
+test suite checks with import-linter):
+
+- ``cli``: the ``lens-position`` command line;
+- ``pipeline``: the reproduction (steps as values, plan -> execute -> write -> report);
+- ``report``: takeaways, figures and the HTML report (reads tables, never runs an analysis);
+- ``analyses``: decomposition, probes, patching, BOS replacement, sinks, fingerprints, claims;
+- ``core``: prompt sets and the input door, checks, intervals, results, the stream loop, ``Patch``;
+- ``models``: loading, adapters, the tiny and hand-set models, the controlled zoo as a model source;
+- ``ground``: errors, progress bars, provenance.
+
+The names most used are importable from here (``from lens_position import load_model,
+decompose``); each is imported on first use, so ``import lens_position`` stays cheap (the
+command line's parser must not pull in TransformerLens).
 """
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from lens_position.models import load_model
+from lens_position.ground.version import __version__
 
-__version__ = "0.1.0"
-__all__ = ["load_model"]
+if TYPE_CHECKING:  # what the lazy names are, for type checkers and the API reference
+    from lens_position.analyses.bos import bos_replacement
+    from lens_position.analyses.compare import compare
+    from lens_position.analyses.decompose import Decomposition, decompose, decompose_dense
+    from lens_position.analyses.fingerprint import fingerprint
+    from lens_position.analyses.patching import resid_pre_sweep, run_patches
+    from lens_position.analyses.probes import position_probe
+    from lens_position.analyses.sinks import sink_heads, sink_rate, sink_reading_heads
+    from lens_position.core.data import build_prompts
+    from lens_position.core.patch import Patch
+    from lens_position.ground.errors import (BadInputError, ContextLengthError, CorruptFileError, LensPositionError,
+                                             MissingPackageError, UnknownModelError, UnsupportedArchitectureError)
+    from lens_position.models import describe, load_model
+
+_EXPORTS = {
+    **dict.fromkeys(["load_model", "describe"], "lens_position.models"),
+    **dict.fromkeys(["build_prompts"], "lens_position.core.data"),
+    **dict.fromkeys(["Patch"], "lens_position.core.patch"),
+    **dict.fromkeys(["Decomposition", "decompose", "decompose_dense"], "lens_position.analyses.decompose"),
+    **dict.fromkeys(["position_probe"], "lens_position.analyses.probes"),
+    **dict.fromkeys(["resid_pre_sweep", "run_patches"], "lens_position.analyses.patching"),
+    **dict.fromkeys(["compare"], "lens_position.analyses.compare"),
+    **dict.fromkeys(["bos_replacement"], "lens_position.analyses.bos"),
+    **dict.fromkeys(["sink_heads", "sink_rate", "sink_reading_heads"], "lens_position.analyses.sinks"),
+    **dict.fromkeys(["fingerprint"], "lens_position.analyses.fingerprint"),
+    **dict.fromkeys(["BadInputError", "ContextLengthError", "CorruptFileError", "LensPositionError",
+                     "MissingPackageError", "UnknownModelError", "UnsupportedArchitectureError"],
+                    "lens_position.ground.errors"),
+}
+__all__ = ["__version__", *sorted(_EXPORTS)]
 
 
 def __getattr__(name: str) -> Any:
-    """``load_model`` on first use (it pulls in TransformerLens, which the command line's parser must not)."""
-    if name == "load_model":
-        from lens_position.models import load_model
+    """Import a public name's module on first use."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
 
-        return load_model
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

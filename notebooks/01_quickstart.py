@@ -32,9 +32,9 @@ T, N = (32, 4) if FAST else (128, 16)
 # %%
 import plotly.io as pio
 
-from lens_position import plots, takeaways
-from lens_position.data import build_prompts
-from lens_position.decompose import decompose
+from lens_position.report import plots, takeaways
+from lens_position.core.data import build_prompts
+from lens_position.analyses.decompose import decompose
 from lens_position.models import load_model
 
 pio.renderers.default = "plotly_mimetype+notebook"
@@ -55,9 +55,9 @@ plots.layer_components(result.layers.assign(architecture=loaded.spec.name))
 # %% [markdown]
 # ## What the numbers show
 #
-# The text below is built from the tables above (`lens_position.takeaways`); the comparison
+# The text below is built from the tables above (`lens_position.report.takeaways`); the comparison
 # with the paper's claims C1 and C2, with verdicts decided from bootstrap intervals, comes from
-# `lens_position.claims`, where the paper's numbers are written once.
+# `lens_position.analyses.claims`, where the paper's numbers are written once.
 
 # %%
 tables = takeaways.result_tables(loaded.spec.name, loaded.spec.role, decomposition=result)

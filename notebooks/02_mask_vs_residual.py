@@ -24,7 +24,7 @@
 # * their **interaction** `C`, with `T = R + M + C` the total.
 #
 # We first run the decomposition on hand-set toy models whose answer is known by construction
-# (`lens_position.toy`), then on SmolLM2-135M (a tiny random model when `FAST`).
+# (`lens_position.models.toy`), then on SmolLM2-135M (a tiny random model when `FAST`).
 
 # %%
 import os
@@ -41,11 +41,11 @@ import plotly.express as px
 import plotly.io as pio
 import torch
 
-from lens_position import plots, takeaways
-from lens_position.data import build_prompts
-from lens_position.decompose import check_identity, decompose, self_referenced_scores
+from lens_position.report import plots, takeaways
+from lens_position.core.data import build_prompts
+from lens_position.analyses.decompose import check_identity, decompose, self_referenced_scores
 from lens_position.models import load_model
-from lens_position.toy import offset_only_model, toy_tokens
+from lens_position.models.toy import offset_only_model, toy_tokens
 
 pio.renderers.default = "plotly_mimetype+notebook"
 COLUMNS = ["layer", "head", "T", "R", "M", "C", "T_heldout", "R_heldout", "M_heldout"]
@@ -186,9 +186,9 @@ print("options:", {k: real.provenance["options"][k] for k in ("query_range", "ke
 # %% [markdown]
 # ## What the numbers show
 #
-# Built from the tables above (`lens_position.takeaways`): the toy ground truths, then the real
+# Built from the tables above (`lens_position.report.takeaways`): the toy ground truths, then the real
 # model, and how it compares with the paper's claims C1 and C2 (verdicts from bootstrap
-# intervals, by `lens_position.claims`).
+# intervals, by `lens_position.analyses.claims`).
 
 # %%
 toys = pd.concat([offset_only.heads[["T", "R", "M", "C"]].mean().rename("offset-only").to_frame().T, ground_truths])

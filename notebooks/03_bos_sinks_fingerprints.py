@@ -41,14 +41,14 @@ EARLY = (0, 16) if FAST else (0, 32)  # early queries, where C4 is measured (i <
 # %%
 import plotly.io as pio
 
-from lens_position import plots, takeaways
-from lens_position.bos import bos_replacement
-from lens_position.claims import PAPER
-from lens_position.data import build_prompts
-from lens_position.fingerprint import fingerprint
+from lens_position.report import plots, takeaways
+from lens_position.analyses.bos import bos_replacement
+from lens_position.analyses.claims import PAPER
+from lens_position.core.data import build_prompts
+from lens_position.analyses.fingerprint import fingerprint
 from lens_position.models import load_model
-from lens_position.sinks import sink_heads, sink_rate, sink_reading_heads
-from lens_position.trajectory import trajectory_patching
+from lens_position.analyses.sinks import sink_heads, sink_rate, sink_reading_heads
+from lens_position.analyses.trajectory import trajectory_patching
 
 pio.renderers.default = "plotly_mimetype+notebook"
 
@@ -149,9 +149,9 @@ plots.fingerprint_layers(fp.frame.assign(architecture=label))
 # %% [markdown]
 # ## What the numbers show
 #
-# Built from the results above (`lens_position.takeaways`): which way BOS replacement moved the
+# Built from the results above (`lens_position.report.takeaways`): which way BOS replacement moved the
 # residual component, then claims C4 and C5 against the paper (verdicts from bootstrap intervals,
-# by `lens_position.claims`, where the paper's ~40% is written once).
+# by `lens_position.analyses.claims`, where the paper's ~40% is written once).
 
 # %%
 tables = takeaways.result_tables(label, loaded.spec.role, bos=bos, sinks=sinks, fingerprint=fp, reading=reading)

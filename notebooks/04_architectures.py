@@ -57,11 +57,11 @@ import numpy as np
 import pandas as pd
 import plotly.io as pio
 
-from lens_position import plots, takeaways
-from lens_position.data import build_prompts
-from lens_position.decompose import decompose
+from lens_position.report import plots, takeaways
+from lens_position.core.data import build_prompts
+from lens_position.analyses.decompose import decompose
 from lens_position.models import load_model
-from lens_position.probes import position_probe
+from lens_position.analyses.probes import position_probe
 
 pio.renderers.default = "plotly_mimetype+notebook"
 
@@ -152,9 +152,9 @@ probes.pivot_table(index="layer", columns="architecture", values="r2_heldout", s
 # %% [markdown]
 # ## What the numbers show
 #
-# Built from the tables above (`lens_position.takeaways`): the components and the probe per
+# Built from the tables above (`lens_position.report.takeaways`): the components and the probe per
 # architecture, then claim C3 against the paper (verdicts from bootstrap intervals of the
-# differences between architectures, by `lens_position.claims`).
+# differences between architectures, by `lens_position.analyses.claims`).
 
 # %%
 takeaways.Takeaway.join(

@@ -40,12 +40,12 @@ WORKDIR = Path(tempfile.mkdtemp(prefix="lens_position_tutorial_"))
 import pandas as pd
 import torch
 
-from lens_position import takeaways
-from lens_position.data import build_prompts
-from lens_position.decompose import decompose
+from lens_position.report import takeaways
+from lens_position.core.data import build_prompts
+from lens_position.analyses.decompose import decompose
 from lens_position.models import load_model
 from lens_position.models.load import describe
-from lens_position.patching import Patch, cache_activations, patches_as_hooks, resid_pre_patch
+from lens_position.analyses.patching import Patch, cache_activations, patches_as_hooks, resid_pre_patch
 
 # %% [markdown]
 # ## 1. Loading a model
@@ -118,7 +118,7 @@ if not FAST:
 # the hub reachable). Offline, lens_position refuses with a message that says what to do instead.
 
 # %%
-from lens_position.errors import BadInputError
+from lens_position.ground.errors import BadInputError
 
 if ONLINE:
     from_hub = load_model("HuggingFaceTB/SmolLM2-135M", offline=False)
@@ -225,8 +225,8 @@ assert difference < 1e-6
 # %% [markdown]
 # ## What the numbers show
 #
-# Built from the results above (`lens_position.takeaways`). The checkpoint here is a small random
-# Qwen2, so the claims' verdicts (by `lens_position.claims`) only show what you get for your own
+# Built from the results above (`lens_position.report.takeaways`). The checkpoint here is a small random
+# Qwen2, so the claims' verdicts (by `lens_position.analyses.claims`) only show what you get for your own
 # model; on a trained one they compare it with the paper.
 
 # %%

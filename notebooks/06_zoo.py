@@ -41,15 +41,15 @@ import dataclasses
 import pandas as pd
 import plotly.io as pio
 
-from lens_position import takeaways
-from lens_position.data import build_prompts
-from lens_position.decompose import decompose
+from lens_position.report import takeaways
+from lens_position.core.data import build_prompts
+from lens_position.analyses.decompose import decompose
 from lens_position.models import load_model
-from lens_position.zoo import c3
-from lens_position.zoo.commands import list_table
-from lens_position.zoo.recipe import VARIANTS, recipe_for
-from lens_position.zoo.store import checkpoints
-from lens_position.zoo.sweep import (measured_sweep, measured_trajectory, sweep_sentence, trajectory_figure,
+from lens_position.report import zoo as c3
+from lens_position.analyses.zoo.training import list_table
+from lens_position.models.zoo.recipe import VARIANTS, recipe_for
+from lens_position.models.zoo.store import checkpoints
+from lens_position.analyses.zoo.sweep import (measured_sweep, measured_trajectory, sweep_sentence, trajectory_figure,
                                      trajectory_sentences)
 
 pio.renderers.default = "plotly_mimetype+notebook"
@@ -74,9 +74,9 @@ pd.DataFrame([{"variant": name, **{k: v for k, v in recipe.to_dict().items() if 
 # (a recipe names its corpus by hash, so the tiny recipe names that one).
 
 # %%
-from lens_position.zoo.corpus import corpus_of, load_corpus, unigram_bits_per_byte
-from lens_position.zoo.store import load_zoo_model, save_checkpoint
-from lens_position.zoo.train import train
+from lens_position.models.zoo.corpus import corpus_of, load_corpus, unigram_bits_per_byte
+from lens_position.models.zoo.store import load_zoo_model, save_checkpoint
+from lens_position.models.zoo.train import train
 
 if FAST:
     import pydoc_data.topics

@@ -42,8 +42,9 @@ from transformer_lens import HookedTransformer, HookedTransformerConfig
 from transformer_lens.patching import get_act_patch_resid_pre as tl_get_act_patch_resid_pre
 from transformer_lens.utilities import get_act_name
 
-from lens_position import patching, plots, takeaways
-from lens_position.decompose import decompose
+from lens_position.analyses import patching
+from lens_position.report import plots, takeaways
+from lens_position.analyses.decompose import decompose
 from lens_position.models import load_model
 
 pio.renderers.default = "plotly_mimetype+notebook"
@@ -149,10 +150,10 @@ torch.testing.assert_close(cache["resid_pre", 2], clean_cache["resid_pre", 2])
 # ## What the numbers show
 #
 # Every object above is TransformerLens's own: the model, the cache, the hook names and the
-# patching call. Built from the numbers above (`lens_position.takeaways`): how close our results
+# patching call. Built from the numbers above (`lens_position.report.takeaways`): how close our results
 # are to TransformerLens's, what the decomposition of the bare model recorded, and what it says
 # about claims C1 and C2 on this prompt (verdicts from bootstrap intervals, by
-# `lens_position.claims`).
+# `lens_position.analyses.claims`).
 
 # %%
 tables = takeaways.result_tables(spec["name"], "standard", decomposition=result)

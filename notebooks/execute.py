@@ -5,7 +5,7 @@
 
 The ``.py`` file (Jupytext percent format) is the source; this runs it top to bottom in a fresh
 kernel of this interpreter (``nbclient``, no Jupyter server) and writes ``<name>.ipynb`` next to
-it with the outputs. ``tests/test_notebooks.py`` checks that a stored ``.ipynb`` still matches its
+it with the outputs. ``tests/integration/test_notebooks.py`` checks that a stored ``.ipynb`` still matches its
 source. The hub is never contacted (``HF_HUB_OFFLINE=1``).
 """
 

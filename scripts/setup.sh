@@ -13,7 +13,7 @@ stamp=.venv/.lens_position-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ] ||
    [ scripts/setup.sh -nt "$stamp" ]; then
   # setuptools too: Python 3.11's venv brings 65.5, older than the build backend pyproject.toml
-  # needs (>= 77); tests/test_install.py builds the package without build isolation.
+  # needs (>= 77); tests/integration/test_install.py builds the package without build isolation.
   python -m pip install -q -c constraints.txt --upgrade pip setuptools
   # Every install goes through constraints.txt: pyproject.toml states ranges, this file the
   # exact versions tested. torch first: constraints.txt pins the CPU build that lies on disk here.

@@ -55,11 +55,11 @@ def _row(call: ast.Call, test: str) -> FaultRow:
 def collect(tests_dir: Path) -> list[FaultRow]:
     """Every ``fault`` mark on a test function under ``tests_dir``, sorted by area then test."""
     rows = []
-    for path in sorted(tests_dir.glob("test_*.py")):
+    for path in sorted(tests_dir.rglob("test_*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test_"):
-                test = f"tests/{path.name}::{node.name}"
+                test = f"tests/{path.relative_to(tests_dir).as_posix()}::{node.name}"
                 for decorator in node.decorator_list:
                     rows += [_row(call, test) for call in ast.walk(decorator) if _is_fault_mark(call)]
     return sorted(rows, key=lambda row: (row.area, row.test, row.given))

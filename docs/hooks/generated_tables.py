@@ -2,7 +2,7 @@
 
 - ``<!-- model-registry -->``: every name in ``lens_position.models.registry.REGISTRY`` with
   its kind, description and default load options.
-- ``<!-- result-tables -->``: the tables a reproduction writes (``lens_position.report.TABLES``).
+- ``<!-- result-tables -->``: the tables a reproduction writes (``lens_position.report.html.TABLES``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def model_registry() -> str:
 
 
 def result_tables() -> str:
-    from lens_position.report import TABLES
+    from lens_position.report.html import TABLES
 
     rows = ["| table | produced by |", "|---|---|"]
     for name, what in TABLES.items():

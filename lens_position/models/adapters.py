@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-from lens_position.errors import UnsupportedArchitectureError
+from lens_position.ground.errors import UnsupportedArchitectureError
 from lens_position.models import gemma3, llama, mistral, qwen2
 
 ADAPTERS: dict[str, ModuleType] = {

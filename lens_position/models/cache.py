@@ -48,7 +48,7 @@ import torch
 from filelock import FileLock
 from safetensors.torch import load_file, save_file
 
-from lens_position.provenance import package_versions
+from lens_position.ground.provenance import package_versions
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from transformer_lens.pretrained.weight_conversions import convert_llama_weights
 
-from lens_position.errors import UnsupportedArchitectureError
+from lens_position.ground.errors import UnsupportedArchitectureError
 from lens_position.models.rope import hf_rope_scaling_to_cfg, rope_theta
 
 FAMILY = "llama"

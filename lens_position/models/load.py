@@ -22,13 +22,13 @@ from typing import Any
 import torch
 from transformer_lens import HookedTransformer
 
-from lens_position.errors import BadInputError, UnknownModelError
+from lens_position.ground.errors import BadInputError, UnknownModelError
 from lens_position.models import sources
 from lens_position.models.adapters import FAMILY_OF_ARCHITECTURE, build_hooked, convert_state_dict, hooked_config
 from lens_position.models.cache import CachedModel, cached_convert, file_identity, state_dict_sha256
 from lens_position.models.registry import REGISTRY, is_zoo_name, lookup, unknown_model_message
 from lens_position.models.rope import apply_position_options
-from lens_position.models.spec import LoadedModel, check_length, remember, spec_from_config, tokenizer_prepends_bos
+from lens_position.models.spec import LoadedModel, attach_tokenizer, remember, spec_from_config, tokenizer_prepends_bos
 from lens_position.models.tiny import tiny_hf_model
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def _load_zoo(name: str, device: str, **options: Any) -> LoadedModel:
     if given:
         raise BadInputError(f"{name} loads as trained; position options ({', '.join(given)}) are not "
                             "applied to zoo models (each variant is its own trained model)")
-    from lens_position.zoo.store import load_zoo_model
+    from lens_position.models.zoo.store import load_zoo_model
 
     return load_zoo_model(name, device=device)
 
@@ -204,26 +204,6 @@ def _load_tokenizer(folder: Path) -> Any:
 def adapter_for_cfg(cfg: dict[str, Any]) -> str:
     """Family name from a HookedTransformerConfig dict's ``original_architecture``."""
     return FAMILY_OF_ARCHITECTURE[cfg["original_architecture"]]
-
-
-def attach_tokenizer(model: HookedTransformer, tokenizer: Any, prepends_bos: bool) -> None:
-    """Give the model its tokenizer as is, and make ``model.to_tokens`` follow the tokenizer's
-    own BOS policy by default. (``HookedTransformer.set_tokenizer`` would swap in a re-loaded
-    "with BOS" tokenizer, which needs a hub name.) Also make every forward pass refuse a
-    sequence longer than ``n_ctx`` with a ContextLengthError."""
-    model.tokenizer = tokenizer
-    if tokenizer.padding_side is None:
-        tokenizer.padding_side = "right"
-    model.cfg.tokenizer_prepends_bos = prepends_bos
-    model.cfg.default_prepend_bos = prepends_bos
-    n_ctx, name = model.cfg.n_ctx, model.cfg.model_name
-
-    def refuse_long(_module: torch.nn.Module, args: tuple) -> None:
-        tokens = args[0] if args else None
-        if isinstance(tokens, torch.Tensor) and tokens.ndim >= 1:
-            check_length(n_ctx, int(tokens.shape[-1]), name)
-
-    model.embed.register_forward_pre_hook(refuse_long)
 
 
 def describe(loaded: LoadedModel) -> str:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from lens_position.errors import CorruptFileError, MissingPackageError, UnknownModelError
+from lens_position.ground.errors import CorruptFileError, MissingPackageError, UnknownModelError
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ DEFAULT_MODELS: tuple[str, ...] = ("smollm2-135m", "smollm2-135m-ntk", "smollm2-
 
 def is_zoo_name(name: object) -> bool:
     """Whether ``name`` names a controlled-zoo checkpoint (``zoo:<variant>[:seed<k>]``,
-    loaded by ``lens_position.zoo``)."""
+    loaded by ``lens_position.models.zoo``)."""
     return isinstance(name, str) and name.startswith("zoo:")
 
 

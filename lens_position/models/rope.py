@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from jaxtyping import Float
 
-from lens_position.errors import BadInputError, UnsupportedArchitectureError
+from lens_position.ground.errors import BadInputError, UnsupportedArchitectureError
 
 # Llama-3's published values; ``original_context`` defaults to the model's own context.
 NTK_BY_PARTS_DEFAULTS: dict[str, float] = {"factor": 8.0, "low_freq_factor": 1.0,

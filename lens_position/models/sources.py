@@ -20,7 +20,7 @@ from typing import Any, Iterator
 
 import torch
 
-from lens_position.errors import BadInputError, CorruptFileError, UnsupportedArchitectureError
+from lens_position.ground.errors import BadInputError, CorruptFileError, UnsupportedArchitectureError
 from lens_position.models.adapters import adapter_for
 
 GGUF_MAGIC = b"GGUF"

@@ -8,9 +8,10 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import torch
 from transformer_lens import HookedTransformer
 
-from lens_position.errors import ContextLengthError
+from lens_position.ground.errors import ContextLengthError
 
 RopeKind = Literal["standard", "ntk-aware", "ntk-by-parts", "none"]
 Family = Literal["llama", "mistral", "qwen2", "gemma3", "custom"]
@@ -240,3 +241,23 @@ def as_loaded(model: "LoadedModel | HookedTransformer", tokenizer: Any = None) -
     loaded = LoadedModel(model=model, tokenizer=tokenizer, spec=_bare_spec(model, tokenizer))
     _BARE[model] = (version, tokenizer, loaded)
     return loaded
+
+
+def attach_tokenizer(model: HookedTransformer, tokenizer: Any, prepends_bos: bool) -> None:
+    """Give the model its tokenizer as is, and make ``model.to_tokens`` follow the tokenizer's
+    own BOS policy by default. (``HookedTransformer.set_tokenizer`` would swap in a re-loaded
+    "with BOS" tokenizer, which needs a hub name.) Also make every forward pass refuse a
+    sequence longer than ``n_ctx`` with a ContextLengthError."""
+    model.tokenizer = tokenizer
+    if tokenizer.padding_side is None:
+        tokenizer.padding_side = "right"
+    model.cfg.tokenizer_prepends_bos = prepends_bos
+    model.cfg.default_prepend_bos = prepends_bos
+    n_ctx, name = model.cfg.n_ctx, model.cfg.model_name
+
+    def refuse_long(_module: torch.nn.Module, args: tuple) -> None:
+        tokens = args[0] if args else None
+        if isinstance(tokens, torch.Tensor) and tokens.ndim >= 1:
+            check_length(n_ctx, int(tokens.shape[-1]), name)
+
+    model.embed.register_forward_pre_hook(refuse_long)

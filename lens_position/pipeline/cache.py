@@ -23,7 +23,7 @@ from typing import Any, Mapping
 
 import pandas as pd
 
-import lens_position
+from lens_position.ground.version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ def key_versions() -> dict[str, str]:
     """Versions of the packages a cached result depends on."""
     import importlib.metadata as md
 
-    out = {"lens_position": lens_position.__version__}
+    out = {"lens_position": __version__}
     for name in KEY_PACKAGES:
         try:
             out[name] = md.version(name)

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lens_position.errors import BadInputError
-from lens_position.intervals import N_RESAMPLES
+from lens_position.ground.errors import BadInputError
+from lens_position.core.intervals import N_RESAMPLES
 from lens_position.models.registry import DEFAULT_MODELS
 
 
@@ -32,11 +32,11 @@ class Settings:
       al.'s T = 64 set-up).
 
     ``n_resamples``: bootstrap replicates behind every interval (0: no intervals; see
-    :mod:`lens_position.intervals`).
+    :mod:`lens_position.core.intervals`).
 
     ``prompt_sets``: ``K`` disjoint prompt sets of ``N`` sequences of ``T`` positions on which
     the opt-in step ``prompt_sets`` measures C1's and C2's numbers (0: the step is off; see
-    :mod:`lens_position.prompt_sets`).
+    :mod:`lens_position.analyses.prompt_sets`).
     """
 
     T: int
@@ -86,7 +86,7 @@ QUICK = Settings(T=40, N=4, early_N=4, probe_positions=160, query_range=(0, 16),
 
 @dataclass(frozen=True)
 class DataOptions:
-    """Which prompts every step is run on (see ``lens_position.data.build_prompts``): one
+    """Which prompts every step is run on (see ``lens_position.core.data.build_prompts``): one
     data condition of a run (a sweep runs several)."""
 
     source: str = "natural"

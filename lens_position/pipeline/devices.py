@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from lens_position.errors import BadInputError
+from lens_position.ground.errors import BadInputError
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

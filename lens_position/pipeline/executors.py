@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 from lens_position.pipeline.plan import Cell, Plan
 from lens_position.pipeline.steps import Step
 from lens_position.pipeline.worker import CellResult, Loaded, ModelWorker
-from lens_position.progress import progress
+from lens_position.ground.progress import progress
 
 
 class Driver(Protocol):

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from lens_position.errors import BadInputError
+from lens_position.ground.errors import BadInputError
 
 # Load options a model request may carry after '@' (see parse_model_request) and their types.
 _LOAD_OPTIONS: dict[str, type] = {"ntk_alpha": float, "ntk_by_parts": dict, "window": int, "n_ctx": int}
@@ -66,7 +66,7 @@ def check_models(requests: Sequence[str]) -> None:
     for request in requests:
         name, _ = parse_model_request(request)
         if name.startswith("zoo:"):
-            from lens_position.zoo.store import find
+            from lens_position.models.zoo.store import find
 
             find(name)
         else:
@@ -78,7 +78,7 @@ def expand_zoo(requests: Sequence[str]) -> tuple[str, ...]:
     expanded: list[str] = []
     for request in requests:
         if request == "zoo":
-            from lens_position.zoo.store import checkpoints
+            from lens_position.models.zoo.store import checkpoints
 
             expanded.extend(c.name for c in checkpoints())
         else:
@@ -89,6 +89,6 @@ def expand_zoo(requests: Sequence[str]) -> tuple[str, ...]:
 def architecture_label(spec: Any, request: str | None = None) -> tuple[str, str]:
     """(label, role) of a model: e.g. ("NTK-scaled RoPE: smollm2-135m-ntk", "ntk"); the role is
     ``ModelSpec.role``."""
-    from lens_position.claims import ROLE_NAMES
+    from lens_position.analyses.claims import ROLE_NAMES
 
     return f"{ROLE_NAMES[spec.role]}: {request or spec.name}", spec.role

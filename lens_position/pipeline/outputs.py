@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import pandas as pd
 
-from lens_position.errors import BadInputError
+from lens_position.ground.errors import BadInputError
 from lens_position.pipeline.cache import jsonable
 
 MANIFEST = "provenance.json"
@@ -125,7 +125,7 @@ def prepare_output(out: Path) -> Path:
 def load_tables(out: Path) -> dict[str, pd.DataFrame]:
     """Read back the tables the run in ``out`` wrote (Parquet or CSV). Refuses a folder whose
     manifest says its run is incomplete."""
-    from lens_position import report as report_module
+    from lens_position.report import html as report_module
 
     manifest = read_manifest(out)
     if manifest is not None and manifest.get("complete") is False:

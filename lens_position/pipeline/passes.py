@@ -7,7 +7,7 @@ rate and the fingerprint (the same ``T = 64`` prompts). Each step states what it
 :class:`Request` values (a named reducer on a prompt set); before a model's steps run, the
 worker hands every pending step's requests to :meth:`SharedPasses.expect`, and the first
 step that asks for a result streams *all* reducers expected on that prompt set in one pass
-(:func:`lens_position.stream.stream`). A step asked for without ``expect`` still works: it
+(:func:`lens_position.core.stream.stream`). A step asked for without ``expect`` still works: it
 then gets a pass of its own.
 
 Prompt sets are matched by their tokens and by the batches they are cut into (a float32
@@ -21,7 +21,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from lens_position.stream import Reducer, stream
+from lens_position.core.stream import Reducer, stream
 
 
 @dataclass(frozen=True)

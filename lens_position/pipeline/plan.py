@@ -13,7 +13,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from lens_position.errors import BadInputError
+from lens_position.ground.errors import BadInputError
 from lens_position.pipeline import steps as steps_module
 from lens_position.pipeline.cache import step_key
 from lens_position.pipeline.config import Compute, DataOptions, RunConfig, Settings
@@ -105,7 +105,7 @@ class Plan:
 
 def read_corpus(data: DataOptions) -> Corpus:
     """Read a condition's corpus once (file, folder or hf: split) and hash its contents."""
-    from lens_position.data import DEFAULT_CORPUS, load_corpus
+    from lens_position.core.data import DEFAULT_CORPUS, load_corpus
 
     if data.corpus is None:
         # The default corpus ships with Python: its contents are hashed, not read into the cell.

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Mapping
 
-from lens_position.errors import BadInputError, MissingPackageError
+from lens_position.ground.errors import BadInputError, MissingPackageError
 from lens_position.pipeline.plan import Cell, Plan
 from lens_position.pipeline.steps import Step
 from lens_position.pipeline.worker import CellResult, Loaded, ModelWorker
@@ -43,10 +43,8 @@ def start_local_ray(*, num_cpus: int | None = None, object_store_memory: int | N
     import os
     from pathlib import Path
 
-    import lens_position
-
     ray = import_ray()
-    here = str(Path(lens_position.__file__).resolve().parents[1])
+    here = str(Path(__file__).resolve().parents[2])  # the folder holding the lens_position package
     path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
     kwargs: dict[str, Any] = {"num_cpus": num_cpus, "include_dashboard": False, "logging_level": logging.WARNING,
                               "runtime_env": {"env_vars": {"PYTHONPATH": path}}}

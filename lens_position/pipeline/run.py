@@ -17,11 +17,11 @@ from typing import Any, Callable, Mapping
 
 import pandas as pd
 
-from lens_position import claims as claims_module
-from lens_position import provenance as provenance_module
-from lens_position import report as report_module
-from lens_position.errors import LensPositionError, MissingPackageError, is_input_error
-from lens_position.intervals import annotate_intervals
+from lens_position.analyses import claims as claims_module
+from lens_position.ground import provenance as provenance_module
+from lens_position.report import html as report_module
+from lens_position.ground.errors import LensPositionError, MissingPackageError, is_input_error
+from lens_position.core.intervals import annotate_intervals
 from lens_position.pipeline import steps as steps_module
 from lens_position.pipeline.cache import StepCache, jsonable
 from lens_position.pipeline.config import RunConfig
@@ -31,8 +31,8 @@ from lens_position.pipeline.models import architecture_label
 from lens_position.pipeline.outputs import MANIFEST, OutputFolder
 from lens_position.pipeline.plan import Cell, Plan, plan_run
 from lens_position.pipeline.worker import CellResult, Loaded
-from lens_position.progress import progress
-from lens_position.zoo import c3 as zoo_c3
+from lens_position.ground.progress import progress
+from lens_position.report import zoo as zoo_c3
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ def execute(plan: Plan, config: RunConfig, cache: StepCache, *, load: Callable[[
             steps: Mapping[str, steps_module.Step] | None = None) -> Collected:
     """Compute every cell of ``plan`` that is not in ``cache`` on the configured executor.
 
-    With ``config.progress`` (``lens_position.progress``): the serial executor shows one bar
+    With ``config.progress`` (``lens_position.ground.progress``): the serial executor shows one bar
     per computed cell, counting its sequences; the Ray executor, whose cells run at once in
     other processes, one bar counting finished cells (cached ones included)."""
     executor = make_executor(config.executor, load=load, progress=config.progress,
@@ -240,7 +240,7 @@ def write_outputs(folder: OutputFolder, tables: Mapping[str, pd.DataFrame], clai
                   fmt: str) -> dict[str, Path]:
     """The tables and the claims, each written whole; a table with intervals gets the columns
     that say which method made them and where an estimate lies outside its own
-    (:func:`lens_position.intervals.annotate_intervals`)."""
+    (:func:`lens_position.core.intervals.annotate_intervals`)."""
     files = {name: folder.table(name, annotate_intervals(frame), fmt) for name, frame in tables.items()}
     files["claims"] = folder.table("claims", claims, "csv")
     return files

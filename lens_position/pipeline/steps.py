@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping
 
 import pandas as pd
 
-from lens_position.errors import BadInputError
+from lens_position.ground.errors import BadInputError
 from lens_position.pipeline.config import DataOptions, Settings
 from lens_position.pipeline.passes import Request, SharedPasses
 
@@ -59,7 +59,7 @@ class StepContext:
         return self.corpus_text if self.data.source == "natural" else None
 
     def prompts(self, T: int, N: int) -> Any:
-        from lens_position.data import build_prompts
+        from lens_position.core.data import build_prompts
 
         self.spec.check_context(T)
         key = (T, N)
@@ -122,7 +122,7 @@ def _restrictions(s: Settings, *names: str) -> dict[str, Any]:
 
 
 def _bootstrap(sizes: Mapping[str, Any]) -> Any:
-    from lens_position.intervals import Bootstrap
+    from lens_position.core.intervals import Bootstrap
 
     return Bootstrap(n_resamples=sizes["n_resamples"])
 
@@ -134,7 +134,7 @@ def _frames(result: Any, **names: str) -> dict[str, pd.DataFrame]:
 
 
 def _decompose_requests(ctx: StepContext, sizes: Mapping[str, Any]) -> list[Request]:
-    from lens_position.decompose import DecompositionReducer
+    from lens_position.analyses.decompose import DecompositionReducer
 
     prompts = ctx.prompts(sizes["T"], sizes["N"])
     query_range = tuple(sizes["query_range"]) if sizes.get("query_range") is not None else None
@@ -153,7 +153,7 @@ def _run_decompose(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
 
 
 def _probe_requests(ctx: StepContext, sizes: Mapping[str, Any]) -> list[Request]:
-    from lens_position.probes import ProbeReducer
+    from lens_position.analyses.probes import ProbeReducer
 
     prompts = ctx.prompts(sizes["T"], sizes["N"])
     options = dict(layers=sizes.get("layers"), seed=ctx.data.seed)
@@ -172,9 +172,9 @@ def _run_probe(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
 def _early_requests(ctx: StepContext, sizes: Mapping[str, Any], *, activations: bool) -> list[Request]:
     """The un-intervened early-query pass that BOS replacement and the sink-reading detector
     compare with: its decomposition and (for the detector) the activations it reuses."""
-    from lens_position.decompose import DecompositionReducer
-    from lens_position.sinks import base_activation_names
-    from lens_position.stream import ActivationCache
+    from lens_position.analyses.decompose import DecompositionReducer
+    from lens_position.analyses.sinks import base_activation_names
+    from lens_position.core.stream import ActivationCache
 
     prompts = ctx.prompts(sizes["T"], sizes["N"])
     query_range = tuple(sizes["query_range"])
@@ -190,7 +190,7 @@ def _early_requests(ctx: StepContext, sizes: Mapping[str, Any], *, activations: 
 
 
 def _run_bos(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
-    from lens_position.bos import bos_replacement
+    from lens_position.analyses.bos import bos_replacement
 
     prompts = ctx.prompts(sizes["T"], sizes["N"])
     ctx.need_bos(prompts, "BOS replacement")
@@ -206,14 +206,14 @@ def _run_bos(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
 
 
 def _sink_heads_requests(ctx: StepContext, sizes: Mapping[str, Any]) -> list[Request]:
-    from lens_position.sinks import SinkScoreReducer
+    from lens_position.analyses.sinks import SinkScoreReducer
 
     prompts = ctx.prompts(sizes["T"], sizes["N"])
     return [Request("sink scores", prompts, lambda: SinkScoreReducer(ctx.loaded, prompts), sizes["batch_size"])]
 
 
 def _run_sink_heads(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
-    from lens_position.sinks import sink_heads
+    from lens_position.analyses.sinks import sink_heads
 
     prompts = ctx.prompts(sizes["T"], sizes["N"])
     scores, = [ctx.passes.get(request) for request in _sink_heads_requests(ctx, sizes)]
@@ -224,7 +224,7 @@ def _run_sink_heads(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
 
 
 def _sink_rate_prompts(ctx: StepContext, sizes: Mapping[str, Any]) -> dict[str, Any]:
-    from lens_position.sinks import sink_rate_prompts
+    from lens_position.analyses.sinks import sink_rate_prompts
 
     ctx.spec.check_context(sizes["T"])
     # Gu et al.'s protocol on the default corpus (the first T tokens of each document, with the
@@ -244,14 +244,14 @@ def _sink_rate_protocol(ctx: StepContext) -> str:
 
 
 def _sink_rate_requests(ctx: StepContext, sizes: Mapping[str, Any]) -> list[Request]:
-    from lens_position.sinks import SinkScoreReducer
+    from lens_position.analyses.sinks import SinkScoreReducer
 
     return [Request("sink scores", prompts, lambda prompts=prompts: SinkScoreReducer(ctx.loaded, prompts),
                     sizes["batch_size"]) for prompts in _sink_rate_prompts(ctx, sizes).values()]
 
 
 def _run_sink_rate(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
-    from lens_position.sinks import sink_rate
+    from lens_position.analyses.sinks import sink_rate
 
     conditions = list(_sink_rate_prompts(ctx, sizes))
     scores = dict(zip(conditions, (ctx.passes.get(request) for request in _sink_rate_requests(ctx, sizes))))
@@ -266,7 +266,7 @@ def _run_sink_rate(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
 
 
 def _run_sink_reading(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
-    from lens_position.sinks import sink_reading_heads
+    from lens_position.analyses.sinks import sink_reading_heads
 
     prompts = ctx.prompts(sizes["T"], sizes["N"])
     ctx.need_bos(prompts, "finding sink-reading heads (position 0 with and without BOS)")
@@ -279,8 +279,8 @@ def _run_sink_reading(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
 
 
 def _run_prompt_sets(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
-    from lens_position.decompose import decompose
-    from lens_position.prompt_sets import between_sets, disjoint_prompt_sets
+    from lens_position.analyses.decompose import decompose
+    from lens_position.analyses.prompt_sets import between_sets, disjoint_prompt_sets
 
     ctx.spec.check_context(sizes["T"])
     sets = disjoint_prompt_sets(ctx.loaded, sizes["K"], T=sizes["T"], N=sizes["N"], source=ctx.data.source,
@@ -293,7 +293,7 @@ def _run_prompt_sets(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
 
 
 def _fingerprint_prompts(ctx: StepContext, sizes: Mapping[str, Any]) -> dict[str, Any]:
-    from lens_position.fingerprint import fingerprint_prompts
+    from lens_position.analyses.fingerprint import fingerprint_prompts
 
     ctx.spec.check_context(sizes["T"])
     key = ("fingerprint", sizes["T"], sizes["N"])
@@ -304,7 +304,7 @@ def _fingerprint_prompts(ctx: StepContext, sizes: Mapping[str, Any]) -> dict[str
 
 
 def _fingerprint_requests(ctx: StepContext, sizes: Mapping[str, Any]) -> list[Request]:
-    from lens_position.fingerprint import fingerprint_tokens, position0_reducer
+    from lens_position.analyses.fingerprint import fingerprint_tokens, position0_reducer
 
     # each prompt set in one batch, as fingerprint() runs it, over the positions it runs
     return [Request("position-0 residuals", fingerprint_tokens(condition, prompts),
@@ -313,7 +313,7 @@ def _fingerprint_requests(ctx: StepContext, sizes: Mapping[str, Any]) -> list[Re
 
 
 def _run_fingerprint(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
-    from lens_position.fingerprint import fingerprint
+    from lens_position.analyses.fingerprint import fingerprint
 
     conditions = list(_fingerprint_prompts(ctx, sizes))
     position0 = dict(zip(conditions, (ctx.passes.get(request) for request in _fingerprint_requests(ctx, sizes))))

@@ -30,7 +30,7 @@ from typing import Any, Mapping
 
 import pandas as pd
 
-from lens_position.errors import BadInputError
+from lens_position.ground.errors import BadInputError
 from lens_position.pipeline.config import Compute, DataOptions, RunConfig
 
 FACTORS: tuple[str, ...] = ("source", "bos", "seed")
@@ -119,7 +119,7 @@ def split_by_condition(tables: Mapping[str, pd.DataFrame]) -> list[tuple[dict[st
 
 def sweep_index_html(claims: pd.DataFrame, reports: Mapping[str, str], provenance: Mapping[str, Any]) -> str:
     """The sweep's ``report.html``: per condition, its claims table and a link to its report."""
-    from lens_position import report as report_module
+    from lens_position.report import html as report_module
 
     sections = []
     for values, part in claims.groupby(list(FACTORS), sort=False):

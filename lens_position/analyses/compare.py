@@ -1,0 +1,275 @@
+"""Experiments as named conditions compared with one base decomposition.
+
+An intervention experiment (BOS replacement, head ablation, trajectory patching, the
+sink-reading detector) is: decompose the prompts once without intervention (the *base*),
+decompose them again under each *condition* (a list of
+:class:`~lens_position.analyses.patching.Patch`, one forward pass per batch each, see
+:func:`lens_position.core.stream.stream`), and compare. :func:`decompose_conditions` runs the
+conditions; :func:`compare` turns a base and the conditions into tables, computing the
+summary every experiment reports in one place:
+
+- per head: ``R_base``, ``R_condition``, ``R_change = R_condition - R_base`` and the same
+  for the held-out ``R``;
+- per layer (means over the layer's heads) and overall (means over every compared head):
+  ``R_base``, ``R_condition``, the changes ``R_change``, ``R_heldout_change`` and
+  ``R_rf_change`` (condition minus base), **``fraction_removed = 1 - R_condition / R_base``** (the
+  fraction of the residual component the intervention removed; negative when it *added*
+  some; NaN when ``R_base = 0``), the held-out means, and the raw version on the
+  unnormalised variance, ``fraction_removed_raw = 1 - sum var_abs_t_condition /
+  sum var_abs_t_base`` (squared nats summed over heads), since an intervention also changes
+  ``Var(log A)``; and ``fraction_removed_rf``, the same fraction for the reference-free
+  residual component ``R'`` (``R_rf``).
+
+**Intervals.** When base and condition carry bootstrap replicates (``Decomposition.replicates``)
+they resample the same sequences in each replicate (the prompts are the same), so every
+fraction's and every change's interval (``*_lo``/``*_hi``) comes from that quantity computed
+replicate by replicate: a paired bootstrap. It is the bias-corrected percentile interval for the
+quantities computed from in-sample components (``fraction_removed``, ``fraction_removed_rf``,
+``R_change``, ``R_rf_change``) and the percentile interval for ``R_heldout_change``
+(:mod:`lens_position.core.intervals`: why). Per head, the changes' intervals
+come the same way from ``Decomposition.head_replicates``. ``Comparison.replicates`` keeps the
+overall fractions and changes per replicate. Both sides must have been decomposed with the
+same number of resamples (and seed); otherwise the intervals are NaN.
+
+The base is an argument, so several experiments on the same prompts share it instead of
+recomputing it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+from transformer_lens import HookedTransformer
+
+from lens_position.analyses.decompose import Decomposition, decompose
+from lens_position.ground.errors import BadInputError
+from lens_position.core.intervals import BIAS_CORRECTED_QUANTITIES, Bootstrap, bootstrap_interval, interval_method
+from lens_position.models.spec import LoadedModel
+from lens_position.analyses.patching import Patch, as_tokens
+from lens_position.ground.progress import progress as progress_bar
+from lens_position.core.results import SavedResult
+
+HEAD_KEYS = ["layer", "head"]
+
+
+@dataclass
+class Comparison(SavedResult):
+    """Result of :func:`compare` (module docstring: definitions).
+
+    ``heads``: one row per (condition, layer, head) present in both base and condition:
+    ``condition``, ``layer``, ``head``, ``layer_type``, ``R_base``, ``R_condition``,
+    ``R_change``, ``R_heldout_base``, ``R_heldout_condition``, ``R_heldout_change``, and the
+    paired intervals ``R_change_lo``/``_hi``, ``R_heldout_change_lo``/``_hi``.
+    ``layers``: one row per (condition, layer) with the summary columns; ``overall``: one
+    row per condition with the same columns over all compared heads; both with the paired
+    intervals ``fraction_removed_lo``/``_hi``, ``fraction_removed_rf_lo``/``_hi`` and
+    ``{R, R_heldout, R_rf}_change_lo``/``_hi``. ``replicates``: one row per (condition,
+    bootstrap replicate) with the overall fractions and changes (None without replicates).
+    """
+
+    heads: pd.DataFrame
+    layers: pd.DataFrame
+    overall: pd.DataFrame
+    provenance: dict[str, Any] = field(default_factory=dict)
+    replicates: pd.DataFrame | None = None
+
+
+def fraction_removed(base: float, condition: float) -> float:
+    """``1 - condition / base``; NaN when ``base`` is 0."""
+    return 1.0 - condition / base if base != 0 else float("nan")
+
+
+# paired quantities: name -> (column of the decompositions, "fraction" (1 - condition / base) or "change")
+PAIRED = {"fraction_removed": ("R", "fraction"), "fraction_removed_rf": ("R_rf", "fraction"),
+          "R_change": ("R", "change"), "R_heldout_change": ("R_heldout", "change"), "R_rf_change": ("R_rf", "change")}
+HEAD_CHANGES = ("R_change", "R_heldout_change")
+
+
+def _summary(base: pd.DataFrame, condition: pd.DataFrame) -> dict[str, float]:
+    r_base, r_condition = float(base["R"].mean()), float(condition["R"].mean())
+    v_base, v_condition = float(base["var_abs_t"].sum()), float(condition["var_abs_t"].sum())
+    return {
+        "R_base": r_base, "R_condition": r_condition, "fraction_removed": fraction_removed(r_base, r_condition),
+        "R_change": r_condition - r_base,
+        "R_heldout_base": float(base["R_heldout"].mean()),
+        "R_heldout_condition": float(condition["R_heldout"].mean()),
+        "R_heldout_change": float(condition["R_heldout"].mean()) - float(base["R_heldout"].mean()),
+        "var_abs_t_base": v_base, "var_abs_t_condition": v_condition,
+        "fraction_removed_raw": fraction_removed(v_base, v_condition),
+        "R_rf_base": float(base["R_rf"].mean()), "R_rf_condition": float(condition["R_rf"].mean()),
+        "fraction_removed_rf": fraction_removed(float(base["R_rf"].mean()), float(condition["R_rf"].mean())),
+        "R_rf_change": float(condition["R_rf"].mean()) - float(base["R_rf"].mean()),
+    }
+
+
+def _replicate_fractions(base: Decomposition, condition: Decomposition,
+                         layers: Sequence[int]) -> dict[str, np.ndarray] | None:
+    """Per bootstrap replicate, every quantity of ``PAIRED`` over ``layers`` (``1 - R_condition /
+    R_base``, ``R_condition - R_base``, ...), from the replicates' per-layer means (None when
+    either side has none, or they differ in number)."""
+    if base.replicates is None or condition.replicates is None:
+        return None
+    out = {}
+    for name, (column, kind) in PAIRED.items():
+        means = [result.replicates[result.replicates["layer"].isin(layers)].groupby("replicate", sort=True)[column]
+                 .mean().to_numpy() for result in (base, condition)]
+        if len(means[0]) != len(means[1]):
+            return None
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out[name] = 1.0 - means[1] / means[0] if kind == "fraction" else means[1] - means[0]
+    return out
+
+
+def _replicate_layer_fractions(base: Decomposition, condition: Decomposition
+                               ) -> dict[int, dict[str, np.ndarray]] | None:
+    """:func:`_replicate_fractions` of every single layer both sides cover, from one pivot per
+    side and column (a layer's mean over its own replicate row is that row's value)."""
+    if base.replicates is None or condition.replicates is None:
+        return None
+    columns = dict.fromkeys(column for column, _ in PAIRED.values())
+    grids = {column: [result.replicates.pivot(index="replicate", columns="layer", values=column)
+                      for result in (base, condition)] for column in columns}
+    first = next(iter(columns))
+    if len(grids[first][0]) != len(grids[first][1]):
+        return None
+    out: dict[int, dict[str, np.ndarray]] = {}
+    for layer in grids[first][0].columns.intersection(grids[first][1].columns):
+        out[int(layer)] = {}
+        for name, (column, kind) in PAIRED.items():
+            before, after = (grid[layer].to_numpy() for grid in grids[column])
+            with np.errstate(divide="ignore", invalid="ignore"):
+                out[int(layer)][name] = 1.0 - after / before if kind == "fraction" else after - before
+    return out
+
+
+def _with_intervals(row: dict[str, Any], fractions: dict[str, np.ndarray] | None, level: float) -> dict[str, Any]:
+    for name in PAIRED:
+        lo, hi = (np.nan, np.nan) if fractions is None else bootstrap_interval(row[name], fractions[name], level,
+                                                                               interval_method(name))
+        row[f"{name}_lo"], row[f"{name}_hi"] = float(lo), float(hi)
+    return row
+
+
+def _head_change_intervals(base: Decomposition, condition: Decomposition, level: float) -> pd.DataFrame | None:
+    """Per (layer, head), the paired intervals of ``HEAD_CHANGES`` from both sides'
+    ``head_replicates`` (None when either side has none, or they differ in number)."""
+    if base.head_replicates is None or condition.head_replicates is None \
+            or base.head_replicates["replicate"].nunique() != condition.head_replicates["replicate"].nunique():
+        return None
+    keys = ["replicate", *HEAD_KEYS]
+    columns = [name.removesuffix("_change") for name in HEAD_CHANGES]
+    paired = base.head_replicates[keys + columns].merge(condition.head_replicates[keys + columns], on=keys,
+                                                        suffixes=("_base", "_condition"))
+    out = None
+    for name, column in zip(HEAD_CHANGES, columns):
+        paired[name] = paired[f"{column}_condition"] - paired[f"{column}_base"]
+        grid = paired.pivot(index="replicate", columns=HEAD_KEYS, values=name)
+        estimate = (condition.heads.set_index(HEAD_KEYS)[column] - base.heads.set_index(HEAD_KEYS)[column]
+                    ).reindex(grid.columns).to_numpy(dtype=float)
+        lo, hi = bootstrap_interval(estimate, grid.to_numpy(), level, interval_method(name))
+        frame = pd.DataFrame({"layer": grid.columns.get_level_values(0).astype(int),
+                              "head": grid.columns.get_level_values(1).astype(int), f"{name}_lo": lo, f"{name}_hi": hi})
+        out = frame if out is None else out.merge(frame, on=HEAD_KEYS)
+    return out
+
+
+def _level(base: Decomposition) -> float:
+    return float(((base.provenance.get("options") or {}).get("intervals") or {}).get("level", 0.95))
+
+
+def compare(base: Decomposition, conditions: Mapping[str, Decomposition]) -> Comparison:
+    """Compare each condition's decomposition with the base, head by head, per layer and
+    overall (module docstring). A condition may cover fewer layers than the base (e.g.
+    only those downstream of a patch); only the heads it covers are compared."""
+    for name, result in conditions.items():
+        for column in ("query_start", "query_stop", "keys"):
+            if set(result.heads[column]) != set(base.heads[column]):
+                raise BadInputError(
+                    f"condition {name!r} was decomposed with {column}={sorted(set(result.heads[column]))} but "
+                    f"the base with {sorted(set(base.heads[column]))}; decompose both with the same options")
+    head_frames, layer_rows, overall_rows, replicate_frames = [], [], [], []
+    level = _level(base)
+    for name, result in conditions.items():
+        paired = base.heads.merge(result.heads[HEAD_KEYS + ["R", "R_heldout", "var_abs_t"]], on=HEAD_KEYS,
+                                  suffixes=("_base", "_condition"), validate="one_to_one")
+        if paired.empty:
+            raise BadInputError(f"condition {name!r} shares no (layer, head) with the base")
+        heads = paired[HEAD_KEYS + ["layer_type"]].copy()
+        heads.insert(0, "condition", name)
+        heads["R_base"], heads["R_condition"] = paired["R_base"], paired["R_condition"]
+        heads["R_change"] = heads["R_condition"] - heads["R_base"]
+        heads["R_heldout_base"] = paired["R_heldout_base"]
+        heads["R_heldout_condition"] = paired["R_heldout_condition"]
+        heads["R_heldout_change"] = heads["R_heldout_condition"] - heads["R_heldout_base"]
+        bounds = _head_change_intervals(base, result, level)
+        if bounds is None:
+            for name in HEAD_CHANGES:
+                heads[f"{name}_lo"] = heads[f"{name}_hi"] = np.nan
+        else:
+            heads = heads.merge(bounds, on=HEAD_KEYS, how="left")
+        head_frames.append(heads)
+        covered = base.heads.merge(paired[HEAD_KEYS], on=HEAD_KEYS)
+        compared = result.heads.merge(paired[HEAD_KEYS], on=HEAD_KEYS)
+        per_layer = _replicate_layer_fractions(base, result)
+        for layer, group in covered.groupby("layer", sort=True):
+            layer_rows.append(_with_intervals(
+                {"condition": name, "layer": int(layer), "layer_type": group["layer_type"].iloc[0],
+                 **_summary(group, compared[compared["layer"] == layer])},
+                None if per_layer is None else per_layer.get(int(layer)), level))
+        # overall fractions from replicates need whole layers on both sides (a replicate keeps layer means)
+        fractions = _replicate_fractions(base, result, sorted(set(paired["layer"])))
+        overall_rows.append(_with_intervals({"condition": name, **_summary(covered, compared),
+                                             "n_sequences": int(base.heads["n_sequences"].iloc[0])},
+                                            fractions, level))
+        if fractions is not None:
+            replicate_frames.append(pd.DataFrame({"condition": name,
+                                                  "replicate": np.arange(len(fractions["fraction_removed"])),
+                                                  **fractions}))
+    return Comparison(
+        heads=pd.concat(head_frames, ignore_index=True) if head_frames else pd.DataFrame(),
+        layers=pd.DataFrame(layer_rows), overall=pd.DataFrame(overall_rows),
+        replicates=pd.concat(replicate_frames, ignore_index=True) if replicate_frames else None,
+        provenance={"base": base.provenance, "conditions": {n: r.provenance for n, r in conditions.items()},
+                    "fraction_removed": "1 - R_condition / R_base, R = mean over heads of Var(abs t)/Var(log A)",
+                    "fraction_removed_raw": "1 - sum_heads var_abs_t_condition / sum_heads var_abs_t_base",
+                    "fraction_removed_rf": "1 - R_rf_condition / R_rf_base (reference-free split)",
+                    "R_change": "R_condition - R_base (per head; per layer and overall: of the means over heads)",
+                    "intervals": {"method": "paired bootstrap: base and condition resample the same sequences per "
+                                            "replicate; each interval comes from the quantity computed replicate "
+                                            "by replicate: the bias-corrected percentile interval for the "
+                                            "quantities under 'bias_corrected' (computed from in-sample fits), "
+                                            "else the percentile "
+                                            "interval",
+                                  "bias_corrected": [name for name in PAIRED if name in BIAS_CORRECTED_QUANTITIES],
+                                  **{k: v for k, v in ((base.provenance.get("options") or {}).get("intervals")
+                                                       or {}).items() if k in ("level", "n_resamples", "seed")},
+                                  "columns": [f"{name}_lo/_hi" for name in PAIRED],
+                                  "per_head": [f"{name}_lo/_hi" for name in HEAD_CHANGES]}})
+
+
+def decompose_conditions(
+    model: LoadedModel | HookedTransformer,
+    prompts: Any,
+    conditions: Mapping[str, Sequence[Patch]],
+    *,
+    layers: Mapping[str, Sequence[int]] | Sequence[int] | None = None,
+    query_range: tuple[int, int] | None = None,
+    batch_size: int = 8,
+    bootstrap: Bootstrap = Bootstrap(),
+    progress: bool = True,
+) -> dict[str, Decomposition]:
+    """Decompose ``prompts`` under each named condition (its patches applied; one streamed
+    pass per condition). ``layers``: the layers to analyse, for all conditions or per
+    condition name (default all; the pass stops after the last). ``progress``: one bar
+    counting the sequences of every condition's pass."""
+    out = {}
+    n_prompts = len(as_tokens(model, prompts))
+    with progress_bar("decompose conditions", total=len(conditions) * n_prompts, enabled=progress):
+        for name, patches in conditions.items():
+            chosen = layers.get(name) if isinstance(layers, Mapping) else layers
+            out[name] = decompose(model, prompts, patches=list(patches), layers=chosen, query_range=query_range,
+                                  batch_size=batch_size, bootstrap=bootstrap)
+    return out

@@ -1,0 +1,588 @@
+"""Attention sinks and the heads that read them.
+
+- **Sink heads** (:func:`sink_heads`). A head's *sink score* is its mean attention on
+  position 0, ``alpha_0 = mean over prompts and queries i of A[i, 0]`` (queries ``0..T-1``
+  by default, as in Gu et al. 2025, so query 0's ``A[0, 0] = 1`` is included), with a
+  bootstrap interval over prompts. A head with ``alpha_0 > eps`` (``eps = 0.3``) is a sink
+  head.
+- **Sink rate** (:func:`sink_rate`), as Gu et al. compute it (``eval_sink_open_source.py``
+  in sail-sg/Attention-Sink): for every prompt, layer and head, the attention on position 0
+  averaged over queries is thresholded at ``eps``; the 0/1 outcomes are averaged over
+  prompts, layers and heads (``sink_rate``, in [0, 1]; they report percent), with a
+  bootstrap interval over prompts. Their inputs are the first ``T = 64`` tokens of each
+  document, tokenised with the tokenizer's own special tokens (its own BOS): the default
+  ``protocol="documents"`` here. The rate lens_position reported before, the fraction of
+  heads whose score *averaged over prompts first* exceeds ``eps``, is kept as
+  ``sink_rate_pooled``; it is not the authors' metric and runs higher than it when a
+  head's score varies across prompts around ``eps``.
+- **Sink-reading heads** (:func:`sink_reading_heads`). A detector in the spirit of
+  TransformerLens's ``head_detector``: for every head, patch *only its own* key and value at
+  position 0 with a counterfactual fingerprint (the position-0 key/value that another token
+  0, or the text without BOS, produces) and measure (a) the change of the head's output and
+  (b) the change of its residual component ``R`` (``lens_position.analyses.decompose``). A head whose
+  output or ``R`` moves reads the position-0 fingerprint. "Only its own" is exact: every
+  block reads the *unpatched* residual stream (``resid_pre`` pinned to the base run), so all
+  heads are measured in one pass without a patch in one layer leaking into the next. Then
+  the top heads are ablated (zero and mean) and the per-layer ``R`` downstream is compared
+  with the unablated model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float
+from transformer_lens import HookedTransformer
+
+from lens_position.ground import provenance
+from lens_position.core.checks import check_count, check_query_range
+from lens_position.analyses.compare import compare, decompose_conditions
+from lens_position.core.data import DEFAULT_BOS
+from lens_position.analyses.decompose import Decomposition, DecompositionReducer
+from lens_position.ground.errors import BadInputError
+from lens_position.analyses.fingerprint import counterfactual_token0, position0_activations
+from lens_position.core.inputs import checked_prompts
+from lens_position.core.intervals import Bootstrap, bootstrap_mean
+from lens_position.models.spec import LoadedModel, as_loaded
+from lens_position.analyses.patching import Patch, as_tokens, cache_activations, head_ablation
+from lens_position.ground.progress import progress as progress_bar
+from lens_position.core.results import SavedResult
+from lens_position.core.stream import ActivationCache, stream
+
+SINK_EPS = 0.3
+SINK_CONDITIONS = ("natural", "random", "repeated")
+
+
+def _data_spec(prompts: Any) -> Any:
+    return getattr(prompts, "spec", None) or {"source": "tensor", "shape": list(getattr(prompts, "shape", []))}
+
+
+def _bos_policy(prompts: Any) -> Any:
+    spec = getattr(prompts, "spec", None)
+    return getattr(spec, "bos", None) if spec is not None else "as given (token tensor)"
+
+
+# --------------------------------------------------------------------------- sink heads
+
+
+@dataclass
+class SinkHeads(SavedResult):
+    """Result of :func:`sink_heads`. ``frame``: one row per (layer, head) with ``sink_score``
+    (mean attention on position 0 over prompts and queries, in [0, 1]), its bootstrap
+    interval over prompts ``sink_score_lo``/``sink_score_hi``, ``is_sink``
+    (``sink_score > eps``) and ``eps``. ``scores``: ``Float[Tensor, "layer head"]``;
+    ``prompt_scores``: the same per prompt, ``Float[Tensor, "prompt layer head"]`` (None when
+    only pooled scores were given).
+
+    ``sink_rate``: Gu et al.'s metric, the fraction of (prompt, layer, head) triples whose
+    per-prompt score exceeds ``eps``; ``sink_rate_pooled``: the fraction of heads whose
+    score averaged over prompts exceeds it (not their metric)."""
+
+    frame: pd.DataFrame
+    scores: Float[torch.Tensor, "layer head"]
+    eps: float
+    prompt_scores: Float[torch.Tensor, "prompt layer head"] | None = None
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def sink_rate(self) -> float:
+        if self.prompt_scores is None:
+            raise BadInputError("Gu et al.'s sink rate needs the per-prompt scores; call sink_heads without "
+                                "precomputed pooled scores (or use sink_rate_pooled)")
+        return float((self.prompt_scores > self.eps).to(torch.float64).mean())
+
+    @property
+    def sink_rate_pooled(self) -> float:
+        return float((self.scores > self.eps).to(torch.float64).mean())
+
+
+class SinkScoreReducer:
+    """Sink scores as a reducer for :func:`lens_position.core.stream.stream`: per prompt and
+    (layer, head), the mean over queries ``query_range`` of ``A[i, 0]`` (float64), read at
+    ``hook_pattern`` of every layer. :meth:`result` returns them per prompt
+    (``[prompt, layer, head]``: Gu et al.'s sink rate thresholds each prompt);
+    :func:`sink_scores` averages them over prompts."""
+
+    def __init__(self, model: LoadedModel | HookedTransformer, prompts: Any, *,
+                 query_range: tuple[int, int] | None = None) -> None:
+        hooked = as_loaded(model).model
+        tokens = as_tokens(model, prompts)
+        self.start, self.stop = check_query_range(query_range, tokens.shape[1])
+        n_layers = hooked.cfg.n_layers
+        self.hook_names = tuple(f"blocks.{layer}.attn.hook_pattern" for layer in range(n_layers))
+        self._layer_of = {name: layer for layer, name in enumerate(self.hook_names)}
+        self.per_prompt = torch.zeros(tokens.shape[0], n_layers, hooked.cfg.n_heads, dtype=torch.float64)
+        self.seen = torch.zeros(tokens.shape[0], dtype=torch.bool)
+
+    def update(self, hook_name: str, pattern: Float[torch.Tensor, "batch head query key"],
+               rows: torch.Tensor) -> None:
+        layer = self._layer_of[hook_name]
+        self.per_prompt[rows, layer] = pattern[:, :, self.start:self.stop, 0].to(torch.float64).mean(2).cpu()
+        self.seen[rows] = True
+
+    def result(self) -> Float[torch.Tensor, "prompt layer head"]:
+        """Mean attention on position 0 over queries, per prompt and (layer, head), in [0, 1]."""
+        if not bool(self.seen.any()):
+            raise BadInputError("no prompts were streamed through these sink scores")
+        return self.per_prompt[self.seen]
+
+
+def sink_scores(
+    model: LoadedModel | HookedTransformer,
+    prompts: Any,
+    *,
+    query_range: tuple[int, int] | None = None,
+    batch_size: int = 8,
+    progress: bool = True,
+) -> Float[torch.Tensor, "layer head"]:
+    """Mean attention on position 0 per head over prompts and queries ``query_range``
+    (default all). Patterns are reduced as they stream by; nothing ``T x T`` is kept."""
+    return prompt_sink_scores(model, prompts, query_range=query_range, batch_size=batch_size,
+                              progress=progress).mean(0)
+
+
+def prompt_sink_scores(
+    model: LoadedModel | HookedTransformer,
+    prompts: Any,
+    *,
+    query_range: tuple[int, int] | None = None,
+    batch_size: int = 8,
+    progress: bool = True,
+) -> Float[torch.Tensor, "prompt layer head"]:
+    """Attention on position 0 averaged over queries ``query_range`` (default all), per
+    prompt, layer and head (float64, in [0, 1])."""
+    batch_size = check_count("batch_size", batch_size)
+    reducer = SinkScoreReducer(model, prompts, query_range=query_range)
+    stream(model, as_tokens(model, prompts), [reducer], batch_size=batch_size, progress=progress,
+           desc="sink scores")
+    return reducer.result()
+
+
+def sink_heads(
+    model: LoadedModel | HookedTransformer,
+    prompts: Any,
+    *,
+    eps: float = SINK_EPS,
+    query_range: tuple[int, int] | None = None,
+    scores: Float[torch.Tensor, "layer head"] | Float[torch.Tensor, "prompt layer head"] | None = None,
+    batch_size: int = 8,
+    bootstrap: Bootstrap = Bootstrap(),
+    progress: bool = True,
+) -> SinkHeads:
+    """Sink score of every head (mean attention on position 0), its interval over prompts
+    (``bootstrap``), and which heads exceed ``eps``.
+
+    ``scores``: these prompts' scores when already streamed (e.g. by a
+    :class:`SinkScoreReducer` sharing a pass): per prompt ``[prompt, layer, head]`` (its
+    :meth:`~SinkScoreReducer.result`), or pooled ``[layer, head]`` (:func:`sink_scores`; no
+    intervals and no Gu et al. rate then); no pass is made."""
+    loaded = as_loaded(model)
+    prompts = checked_prompts(loaded, prompts)
+    if scores is None:
+        with progress_bar("sink heads", enabled=progress):
+            scores = prompt_sink_scores(loaded, prompts, query_range=query_range, batch_size=batch_size)
+    prompt_scores = scores if scores.dim() == 3 else None
+    if prompt_scores is not None:
+        scores = prompt_scores.mean(0)
+        _, lo, hi = bootstrap_mean(prompt_scores.reshape(len(prompt_scores), -1).numpy(), bootstrap)
+    else:
+        lo = hi = np.full(scores.numel(), np.nan)
+    n_layers, n_heads = scores.shape
+    attn_types = loaded.spec.layer_types
+    frame = pd.DataFrame({
+        "layer": [l for l in range(n_layers) for _ in range(n_heads)],
+        "head": [h for _ in range(n_layers) for h in range(n_heads)],
+        "layer_type": [attn_types[l] for l in range(n_layers) for _ in range(n_heads)],
+        "sink_score": scores.reshape(-1).numpy(),
+        "sink_score_lo": lo, "sink_score_hi": hi,
+    })
+    frame["is_sink"] = frame["sink_score"] > eps
+    frame["eps"] = eps
+    return SinkHeads(frame=frame, scores=scores, eps=eps, prompt_scores=prompt_scores, provenance=provenance.collect(
+        model=loaded.spec, data=_data_spec(prompts), seed=getattr(getattr(prompts, "spec", None), "seed", None),
+        eps=eps, query_range=query_range, bos_policy=_bos_policy(prompts),
+        metric="sink_score = mean over prompts and queries of A[i, 0]", intervals=bootstrap.to_dict("prompt")))
+
+
+@dataclass
+class SinkRate(SavedResult):
+    """Result of :func:`sink_rate`. ``frame``: one row per condition with ``sink_rate`` (Gu
+    et al.'s metric: the fraction of (prompt, layer, head) triples whose attention on
+    position 0, averaged over queries, exceeds ``eps``; in [0, 1]), ``sink_rate_lo`` /
+    ``sink_rate_hi`` (its bootstrap interval over prompts), ``sink_rate_pooled`` (the
+    fraction of heads whose score averaged over prompts exceeds ``eps``: not their metric),
+    ``eps``, ``T``, ``N``, ``bos``, ``protocol``, ``n_heads``, ``n_sink_heads`` (heads whose score averaged
+    over prompts exceeds ``eps``: the sink heads).
+    ``heads``: the per-head sink scores of every condition (the :class:`SinkHeads` frames
+    with a ``condition`` column)."""
+
+    frame: pd.DataFrame
+    heads: pd.DataFrame
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+
+SINK_PROTOCOLS = ("documents", "windows")
+
+
+def sink_rate_prompts(
+    model: LoadedModel | HookedTransformer,
+    *,
+    conditions: Sequence[str] = SINK_CONDITIONS,
+    T: int = 64,
+    N: int = 16,
+    seed: int = 0,
+    protocol: str = "windows",
+    bos: str | None = DEFAULT_BOS,
+    text: str | None = None,
+    corpus: str | None = None,
+) -> dict[str, Any]:
+    """The prompt set of each condition of :func:`sink_rate` (its docstring: protocols), so a
+    caller can stream their sink scores together with other statistics."""
+    from lens_position.core.data import build_document_prompts, build_prompts
+
+    if protocol not in SINK_PROTOCOLS:
+        raise BadInputError(f"unknown sink-rate protocol {protocol!r}; use {' or '.join(SINK_PROTOCOLS)}")
+    # protocol='documents' always uses the tokenizer's own BOS, as Gu et al. do; bos applies to 'windows'
+    bos = "tokenizer" if protocol == "documents" else (DEFAULT_BOS if bos is None else bos)
+    loaded = as_loaded(model)
+    out = {}
+    for condition in conditions:
+        if protocol == "documents" and condition == "natural":
+            out[condition] = build_document_prompts(loaded, T=T, N=N, seed=seed, corpus=corpus, text=text)
+        else:
+            out[condition] = build_prompts(loaded, source=condition, T=T, N=N, bos=bos, seed=seed, text=text,
+                                           corpus=corpus if condition == "natural" else None)
+    return out
+
+
+def sink_rate(
+    model: LoadedModel | HookedTransformer,
+    *,
+    conditions: Sequence[str] = SINK_CONDITIONS,
+    T: int = 64,
+    N: int = 16,
+    eps: float = SINK_EPS,
+    seed: int = 0,
+    protocol: str = "windows",
+    bos: str | None = DEFAULT_BOS,
+    text: str | None = None,
+    corpus: str | None = None,
+    scores: Mapping[str, torch.Tensor] | None = None,
+    batch_size: int = 8,
+    bootstrap: Bootstrap = Bootstrap(),
+    progress: bool = True,
+) -> SinkRate:
+    """Gu et al. 2025's sink rate, as their code computes it (module docstring), per data
+    condition (``"natural"``, ``"random"``, ``"repeated"``), with its interval over prompts.
+
+    ``protocol="documents"`` (the authors' inputs, the reproduction's sink-rate step): natural
+    text is the first ``T`` tokens of each of ``N`` documents
+    (:func:`lens_position.core.data.build_document_prompts`), every condition with the tokenizer's
+    own BOS. ``protocol="windows"`` (default): windows of the corpus token stream
+    (:func:`lens_position.core.data.build_prompts`) under the BOS policy ``bos`` (default
+    ``lens_position.core.data.DEFAULT_BOS``). ``scores``: the per-prompt scores
+    (:class:`SinkScoreReducer`) of some conditions' prompts when already streamed.
+    """
+    loaded = as_loaded(model)
+    prompt_sets = sink_rate_prompts(loaded, conditions=conditions, T=T, N=N, seed=seed, protocol=protocol,
+                                    bos=bos, text=text, corpus=corpus)
+    bos = "tokenizer" if protocol == "documents" else (DEFAULT_BOS if bos is None else bos)
+    rows, frames, specs = [], [], {}
+    streamed = [c for c in prompt_sets if scores is None or c not in scores]
+    with progress_bar("sink rate", total=sum(len(prompt_sets[c].tokens) for c in streamed),
+                      enabled=progress and bool(streamed)):
+        results = {condition: sink_heads(loaded, prompts, eps=eps, batch_size=batch_size, bootstrap=bootstrap,
+                                         scores=None if scores is None else scores.get(condition))
+                   for condition, prompts in prompt_sets.items()}
+    for condition, prompts in prompt_sets.items():
+        result = results[condition]
+        # per prompt: the fraction of (layer, head) above eps; the authors' rate is their mean over prompts
+        per_prompt = (result.prompt_scores > eps).to(torch.float64).mean((1, 2)).numpy()
+        rate, lo, hi = bootstrap_mean(per_prompt, bootstrap)
+        rows.append({"condition": condition, "sink_rate": float(rate), "sink_rate_lo": float(lo),
+                     "sink_rate_hi": float(hi), "sink_rate_pooled": result.sink_rate_pooled, "eps": eps, "T": T,
+                     "N": N, "bos": bos, "protocol": protocol, "position0": prompts.spec.position0,
+                     "n_sink_heads": int(result.frame["is_sink"].sum()), "n_heads": len(result.frame)})
+        frames.append(result.frame.assign(condition=condition))
+        specs[condition] = prompts.spec.to_dict()
+    return SinkRate(frame=pd.DataFrame(rows), heads=pd.concat(frames, ignore_index=True),
+                    provenance=provenance.collect(
+                        model=loaded.spec, data=specs, seed=seed, eps=eps, T=T, N=N, bos_policy=bos,
+                        protocol=protocol, conditions=list(conditions), intervals=bootstrap.to_dict("prompt"),
+                        sink_rate="Gu et al.: mean over prompts, layers and heads of 1[mean_i A[i, 0] > eps] "
+                                  "(sail-sg/Attention-Sink, eval_sink_open_source.py)",
+                        sink_rate_pooled="fraction of heads with mean over prompts and queries of A[i, 0] > eps"))
+
+
+# --------------------------------------------------------------------------- sink-reading heads
+
+
+@dataclass
+class SinkReading(SavedResult):
+    """Result of :func:`sink_reading_heads`.
+
+    ``frame``: one row per (layer, head), ranked. ``output_change``: RMS over prompts and
+    queries in ``query_range`` of ``||z_patched - z_base||`` divided by the RMS of
+    ``||z_base||``, where ``z`` is the head's output before ``W_O`` (dimensionless, 0 = no
+    change). ``R_base``, ``R_patched``: the head's residual component (fraction of
+    Var(log A), ``decompose`` over ``query_range``) without and with its own position-0
+    key/value patched; ``R_change = R_patched - R_base``, ``R_heldout_change`` the same for
+    the held-out ``R``. ``rank``: 1 = largest ``|R_change|`` (ties broken by
+    ``output_change``).
+
+    ``ablation``: one row per (ablation, layer): ``R_before`` / ``R_after`` = mean over the
+    layer's heads of ``R`` without / with the top heads ablated (``"zero"``: ``z = 0``;
+    ``"mean"``: ``z`` = its mean over prompts and positions), ``R_change = R_after -
+    R_before``, and the same for the held-out ``R`` (``R_heldout_before``, ``R_heldout_after``,
+    ``R_heldout_change``). ``ablation_heads``: ``R_before``, ``R_after``, ``R_change`` per head.
+    ``ablated``: the heads ablated.
+
+    Every change has a paired bootstrap interval over sequences (``*_lo``/``*_hi``), from
+    :func:`lens_position.analyses.compare.compare` as for BOS replacement: the base and the patched or
+    ablated runs resample the same sequences in each replicate. NaN when intervals are off or
+    the base was decomposed with a different number of resamples.
+    """
+
+    frame: pd.DataFrame
+    ablation: pd.DataFrame
+    ablation_heads: pd.DataFrame
+    ablated: list[tuple[int, int]]
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+
+def base_activation_names(model: LoadedModel | HookedTransformer) -> list[str]:
+    """The unpatched run's activations the sink-reading detector reuses: every block's
+    ``hook_z`` (the base of the output change, and the mean of the mean ablation) and
+    ``resid_pre`` of blocks ``1..L-1`` (pinned by :func:`own_position0_patches`)."""
+    n_layers = as_loaded(model).model.cfg.n_layers
+    return ([f"blocks.{l}.attn.hook_z" for l in range(n_layers)]
+            + [f"blocks.{l}.hook_resid_pre" for l in range(1, n_layers)])
+
+
+def own_position0_patches(
+    model: LoadedModel | HookedTransformer,
+    prompts: Any,
+    counterfactual: str,
+    *,
+    base_activations: dict[str, torch.Tensor] | None = None,
+) -> list[Patch]:
+    """The detector's pattern: patches that give every head its own counterfactual
+    position-0 key and value while every block still reads the base run's residual stream.
+
+    Per block ``l``: ``hook_k`` and ``hook_v`` at position 0 from a one-token run on the
+    counterfactual token 0 (:func:`lens_position.analyses.fingerprint.position0_activations`), and,
+    for ``l > 0``, ``resid_pre[l]`` pinned to the base run, so the patches of earlier blocks
+    do not reach block ``l``. All values are per prompt (first axis = prompts).
+    ``base_activations``: the base run's ``resid_pre`` when already cached (else one pass).
+    """
+    loaded = as_loaded(model)
+    hooked = loaded.model
+    token0 = counterfactual_token0(loaded, prompts, counterfactual)
+    n_layers = hooked.cfg.n_layers
+    kv_names = [f"blocks.{l}.attn.hook_{p}" for l in range(n_layers) for p in ("k", "v")]
+    counter = position0_activations(loaded, token0, kv_names)
+    pinned = [f"blocks.{l}.hook_resid_pre" for l in range(1, n_layers)]
+    if base_activations is None or any(name not in base_activations for name in pinned):
+        base_activations = cache_activations(loaded, prompts, pinned)
+    patches = []
+    for layer in range(n_layers):
+        if layer > 0:
+            name = f"blocks.{layer}.hook_resid_pre"
+            patches.append(Patch(name, base_activations[name], label=f"pin resid_pre[{layer}]"))
+        for part in ("k", "v"):
+            name = f"blocks.{layer}.attn.hook_{part}"
+            patches.append(Patch(name, counter[name][:, 0], position=0, label=f"{part}[{layer}][0]"))
+    return patches
+
+
+def sink_reading_base(
+    model: LoadedModel | HookedTransformer,
+    prompts: Any,
+    *,
+    query_range: tuple[int, int] = (0, 32),
+    batch_size: int = 8,
+    bootstrap: Bootstrap = Bootstrap(),
+    progress: bool = True,
+) -> tuple[Decomposition, dict[str, torch.Tensor]]:
+    """The unpatched run the detector compares with, in one pass: its decomposition over
+    ``query_range`` (with ``bootstrap`` intervals) and the activations of
+    :func:`base_activation_names`."""
+    tokens = as_tokens(model, prompts)
+    query_range = check_query_range(query_range, tokens.shape[1])
+    decomposition = DecompositionReducer(model, prompts, query_range=query_range, bootstrap=bootstrap)
+    activations = ActivationCache(base_activation_names(model))
+    stream(model, prompts, [decomposition, activations], batch_size=batch_size, progress=progress,
+           desc="sink reading: base")
+    return decomposition.result(batch_size=batch_size), activations.result()
+
+
+def _output_change(base_z: Sequence[torch.Tensor], patched_z: Sequence[torch.Tensor],
+                   query_range: tuple[int, int]) -> Float[torch.Tensor, "layer head"]:
+    """RMS over prompts and queries of ``||z_patched - z_base||`` over the RMS of ``||z_base||``."""
+    start, stop = query_range
+
+    def stack(acts: Sequence[torch.Tensor]) -> torch.Tensor:
+        return torch.stack([act[:, start:stop].to(torch.float64) for act in acts])
+
+    base, patched = stack(base_z), stack(patched_z)
+    # [layer, batch, query, head, d_head] -> per (layer, head)
+    change = (patched - base).norm(dim=-1).pow(2).mean((1, 2)).sqrt()
+    scale = base.norm(dim=-1).pow(2).mean((1, 2)).sqrt()
+    return torch.where(change == 0, torch.zeros_like(change), change / scale).cpu()
+
+
+def sink_reading_scores(
+    model: LoadedModel | HookedTransformer,
+    prompts: Any,
+    patches: Sequence[Patch],
+    *,
+    base: Decomposition,
+    base_activations: dict[str, torch.Tensor],
+    query_range: tuple[int, int] = (0, 32),
+    batch_size: int = 8,
+    bootstrap: Bootstrap = Bootstrap(),
+    progress: bool = True,
+) -> pd.DataFrame:
+    """The detector's scores for a pattern (``patches``, e.g. :func:`own_position0_patches`):
+    one patched pass gives every head's output change and residual-component change against
+    the base run (:func:`sink_reading_base`). Returns the ranked frame of
+    :class:`SinkReading`."""
+    hooked = as_loaded(model).model
+    tokens = as_tokens(model, prompts)
+    query_range = check_query_range(query_range, tokens.shape[1])
+    z_names = [f"blocks.{l}.attn.hook_z" for l in range(hooked.cfg.n_layers)]
+    patched = DecompositionReducer(model, prompts, query_range=query_range, bootstrap=bootstrap)
+    patched_z = ActivationCache(z_names)
+    stream(model, prompts, [patched, patched_z], patches=patches, batch_size=batch_size, progress=progress,
+           desc="sink reading: patched")
+    output_change = _output_change([base_activations[n] for n in z_names],
+                                   [patched_z.result()[n] for n in z_names], query_range)
+    comparison = compare(base, {"patched": patched.result(batch_size=batch_size)})
+    frame = base.heads[["layer", "head", "layer_type"]].copy()
+    frame["output_change"] = output_change.reshape(-1).numpy()
+    frame["R_base"] = comparison.heads["R_base"].to_numpy()
+    frame["R_patched"] = comparison.heads["R_condition"].to_numpy()
+    frame["R_change"] = frame["R_patched"] - frame["R_base"]
+    frame["R_heldout_change"] = comparison.heads["R_heldout_change"].to_numpy()
+    for name in ("R_change", "R_heldout_change"):
+        for side in ("lo", "hi"):
+            frame[f"{name}_{side}"] = comparison.heads[f"{name}_{side}"].to_numpy()
+    order = frame.assign(abs_change=frame["R_change"].abs()).sort_values(
+        ["abs_change", "output_change"], ascending=False, kind="stable").index
+    frame.loc[order, "rank"] = range(1, len(frame) + 1)
+    frame["rank"] = frame["rank"].astype(int)
+    return frame.sort_values("rank").reset_index(drop=True)
+
+
+def head_ablation_effect(
+    model: LoadedModel | HookedTransformer,
+    prompts: Any,
+    heads: Sequence[tuple[int, int]],
+    *,
+    base: Decomposition,
+    reference: Any,
+    kinds: Sequence[str] = ("zero", "mean"),
+    query_range: tuple[int, int] = (0, 32),
+    batch_size: int = 8,
+    bootstrap: Bootstrap = Bootstrap(),
+    progress: bool = True,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Ablate ``heads`` (each kind one condition, :func:`lens_position.analyses.patching.head_ablation`)
+    and compare every layer's ``R`` with the base decomposition. ``reference``: the prompts
+    (or their cached ``hook_z``) the mean ablation averages over. Returns the ``ablation``
+    and ``ablation_heads`` frames of :class:`SinkReading`."""
+    tokens = as_tokens(model, prompts)
+    query_range = check_query_range(query_range, tokens.shape[1])
+    with progress_bar("head ablation", enabled=progress):
+        conditions = {kind: head_ablation(model, heads, kind, reference=reference) for kind in kinds}
+        decomposed = decompose_conditions(model, prompts, conditions, query_range=query_range, batch_size=batch_size,
+                                          bootstrap=bootstrap)
+    comparison = compare(base, decomposed)
+    layers = comparison.layers.rename(columns={
+        "condition": "ablation", "R_base": "R_before", "R_condition": "R_after",
+        "R_heldout_base": "R_heldout_before", "R_heldout_condition": "R_heldout_after"})
+    changes = [f"{name}{suffix}" for name in ("R_change", "R_heldout_change") for suffix in ("", "_lo", "_hi")]
+    layers = layers[["ablation", "layer", "R_before", "R_after", "R_heldout_before", "R_heldout_after", *changes]]
+    per_head = comparison.heads.rename(columns={"condition": "ablation", "R_base": "R_before",
+                                                "R_condition": "R_after"})
+    per_head["ablated"] = [(l, h) in heads for l, h in per_head[["layer", "head"]].to_numpy()]
+    per_head = per_head[["layer", "head", "ablation", "ablated", "R_before", "R_after",
+                         "R_change", "R_change_lo", "R_change_hi"]]
+    return layers, per_head
+
+
+def sink_reading_heads(
+    model: LoadedModel | HookedTransformer,
+    prompts: Any,
+    *,
+    counterfactual: str = "no-bos",
+    query_range: tuple[int, int] = (0, 32),
+    n_ablate: int = 3,
+    ablate_heads: Sequence[tuple[int, int]] | None = None,
+    patches: Sequence[Patch] | None = None,
+    base: tuple[Decomposition, dict[str, torch.Tensor]] | None = None,
+    batch_size: int = 8,
+    bootstrap: Bootstrap = Bootstrap(),
+    progress: bool = True,
+) -> SinkReading:
+    """Find the heads that read the position-0 fingerprint, rank them, ablate the top ones.
+
+    Args:
+        prompts: the base run (PromptSet or tokens). For ``counterfactual="no-bos"`` they
+            must start with BOS (``bos="force"`` on SmolLM2).
+        counterfactual: ``"no-bos"`` (position 0's key/value as the text without BOS would
+            make them, i.e. from its first text token) or ``"token:<id>"``.
+        query_range: queries over which output change and ``R`` are measured (clipped to T).
+        n_ablate: ablate the ``n_ablate`` top-ranked heads (ignored if ``ablate_heads``).
+        ablate_heads: explicit ``(layer, head)`` list to ablate instead.
+        patches: the detector's pattern, when not :func:`own_position0_patches` of
+            ``counterfactual`` (then ``counterfactual`` is only recorded).
+        base: :func:`sink_reading_base` of the same prompts and ``query_range``, when
+            already computed (it is then not recomputed).
+        bootstrap: the intervals of every change (``NO_INTERVALS``: none, and no refits).
+
+    The steps are separate functions: :func:`sink_reading_base` (the unpatched pass),
+    :func:`own_position0_patches` (the pattern), :func:`sink_reading_scores` (the scores
+    and ranking) and :func:`head_ablation_effect` (the ablations).
+    """
+    loaded = as_loaded(model)
+    prompts = checked_prompts(loaded, prompts, min_length=2)
+    tokens = as_tokens(loaded, prompts)
+    query_range = check_query_range(query_range, tokens.shape[1])
+    batch_size, n_ablate = check_count("batch_size", batch_size), check_count("n_ablate", n_ablate, minimum=0)
+    pattern = "given patches" if patches is not None else f"own position-0 key/value ({counterfactual})"
+    if patches is None:
+        counterfactual_token0(loaded, prompts, counterfactual)  # refuse a bad counterfactual before any pass
+    options = dict(query_range=query_range, batch_size=batch_size, bootstrap=bootstrap)
+    kinds = ("zero", "mean")
+    # the passes: the base run (unless given), the patched run, one per ablation kind
+    passes = (base is None) + 1 + len(kinds)
+    with progress_bar("sink-reading heads", total=passes * len(tokens), enabled=progress):
+        base_decomposition, base_activations = (base if base is not None
+                                                else sink_reading_base(loaded, prompts, **options))
+        if patches is None:
+            patches = own_position0_patches(loaded, prompts, counterfactual, base_activations=base_activations)
+        frame = sink_reading_scores(loaded, prompts, patches, base=base_decomposition,
+                                    base_activations=base_activations, **options)
+        if ablate_heads is None:
+            ablate_heads = [(int(l), int(h)) for l, h in frame[["layer", "head"]].head(n_ablate).to_numpy()]
+        ablate_heads = [(int(l), int(h)) for l, h in ablate_heads]
+        ablation, ablation_heads = head_ablation_effect(loaded, prompts, ablate_heads, base=base_decomposition,
+                                                        reference=base_activations, kinds=kinds, **options)
+    return SinkReading(
+        frame=frame, ablation=ablation, ablation_heads=ablation_heads, ablated=ablate_heads,
+        provenance=provenance.collect(
+            model=loaded.spec, data=_data_spec(prompts), seed=getattr(getattr(prompts, "spec", None), "seed", None),
+            counterfactual=counterfactual, query_range=list(query_range), bos_policy=_bos_policy(prompts),
+            ablated=ablate_heads, mean_ablation_reference="the base prompts, mean over prompts and positions",
+            pattern=pattern,
+            R="decompose(...).heads['R'] over query_range, keys='all'",
+            intervals={**((base_decomposition.provenance.get("options") or {}).get("intervals") or {}),
+                       "pairing": "paired bootstrap through lens_position.analyses.compare: the base and the patched or "
+                                  "ablated runs resample the same sequences per replicate",
+                       "columns": ["R_change", "R_heldout_change"]},
+            output_change="RMS ||z_patched - z_base|| / RMS ||z_base|| over prompts and queries"))

@@ -1,0 +1,5 @@
+"""The command line: ``lens-position`` (``main``), its sub-commands and the zoo's."""
+
+from lens_position.cli.main import main
+
+__all__ = ["main"]

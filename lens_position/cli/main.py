@@ -1,0 +1,358 @@
+"""The ``lens-position`` command line: argument parsing only; the work is in ``lens_position.pipeline``.
+
+``lens-position reproduce`` runs claims C1-C5 on the embedded default models and writes an
+output folder (tables, claims, provenance, ``report.html`` and its screenshot). The other
+sub-commands run one experiment on one model. Bad input ends with a one-line error and a
+non-zero exit status, never a traceback (``--debug`` shows it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from lens_position.core.checks import check_seed
+from lens_position.ground.errors import BadInputError, LensPositionError, is_input_error
+
+# Exit statuses: 1 = a problem with the input or environment, 2 = bad options (argparse's),
+# 3 = an internal error (a bug: please report it), 130 = interrupted.
+EXIT_ERROR, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 1, 2, 3, 130
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports bad options in one line (and exits 2) instead of usage + message."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+    return value
+
+
+def _prompt_set_count(text: str) -> int:
+    value = _positive_int(text) if text.strip() != "0" else 0
+    if value == 1:
+        raise argparse.ArgumentTypeError("the spread between prompt sets needs at least 2 sets (0: off)")
+    return value
+
+
+def _seed(text: str) -> int:
+    try:
+        return check_seed(int(text))
+    except (ValueError, BadInputError) as error:
+        raise argparse.ArgumentTypeError(f"expected a whole number in 0..2**63-1, got {text!r}") from error
+
+
+def _layer_list(text: str) -> tuple[int, ...]:
+    """``0,4,8`` or ``2:6`` (layers 2 to 5), or both mixed: ``0,2:4``."""
+    layers: list[int] = []
+    try:
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            if ":" in part:
+                start, stop = (int(x) for x in part.split(":", 1))
+                layers.extend(range(start, stop))
+            else:
+                layers.append(int(part))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected layer indices like 0,4,8 or 2:6, got {text!r}") from None
+    if not layers or min(layers) < 0:
+        raise argparse.ArgumentTypeError(f"expected one or more layer indices >= 0, got {text!r}")
+    return tuple(sorted(set(layers)))
+
+
+def _query_range(text: str) -> tuple[int, int]:
+    """``START:STOP``: queries ``START <= i < STOP``."""
+    try:
+        start, stop = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected START:STOP (e.g. 0:32), got {text!r}") from None
+    if not 0 <= start < stop:
+        raise argparse.ArgumentTypeError(f"expected 0 <= START < STOP, got {text!r}")
+    return start, stop
+
+
+def _add_common(sub: argparse.ArgumentParser, *, many_models: bool, out: Path) -> None:
+    from lens_position.models.registry import DEFAULT_MODELS
+
+    if many_models:
+        # The zoo's 24 models are tiny (about 5 s of CPU each for every step at the full sizes), so
+        # the default run includes them: the report's zoo section answers C3 where nothing but the
+        # position mechanism differs.
+        sub.add_argument("--models", default=",".join([*DEFAULT_MODELS, "zoo"]), metavar="NAMES",
+                         help="comma-separated registry names or paths, each optionally with load "
+                              "options after '@' (tiny-llama@ntk_alpha=8, x@ntk_by_parts, x@window=64), "
+                              "zoo:<variant>[:seed<k>] for a controlled-zoo model, or zoo for all of them "
+                              "(default: the three embedded architectures and every shipped zoo model, "
+                              "%(default)s)")
+    else:
+        sub.add_argument("model", metavar="MODEL",
+                         help="a registry name (e.g. smollm2-135m, gemma3-270m, tiny-llama), a .gguf file "
+                              "or a local Hugging Face checkpoint folder, optionally with load options "
+                              "after '@' (smollm2-135m@ntk_alpha=4)")
+    data = sub.add_argument_group("data")
+    data.add_argument("--source", choices=("natural", "random", "repeated"), default="natural",
+                      help="natural text, random tokens or a repeated token (default: %(default)s)")
+    data.add_argument("--text", dest="corpus", metavar="PATH", default=None,
+                      help="natural text: a text file, a folder of .txt/.md/.rst files or "
+                           "hf:<dataset>:<split>[:<column>] from the local cache (default: CPython's pydoc topics)")
+    data.add_argument("--bos", default="force", metavar="POLICY",
+                      help="token 0: tokenizer (the tokenizer's own), force, none, or token:<id or text> "
+                           "(default: %(default)s, so every model has a BOS to study)")
+    data.add_argument("--T", type=_positive_int, default=None, metavar="T",
+                      help="positions per sequence, position 0 included (default: 128, 40 with --quick; "
+                           "sliding-window models use at least 1.25 × their window)")
+    data.add_argument("--N", type=_positive_int, default=None, metavar="N",
+                      help="number of sequences, for every step when given (default: 16; BOS replacement and "
+                           "sink reading 16, probes enough for 2048 positions; 4 with --quick)")
+    data.add_argument("--seed", type=_seed, default=0,
+                      help="seed for data and random replacements, 0..2**63-1 (default: 0)")
+    analysis = sub.add_argument_group("analysis")
+    analysis.add_argument("--layers", type=_layer_list, default=None, metavar="LAYERS",
+                          help="layers to analyse, e.g. 0,4,8 or 2:6 (decomposition and probes; default: all)")
+    analysis.add_argument("--query-range", dest="query_range", type=_query_range, default=None,
+                          metavar="START:STOP",
+                          help="queries START <= i < STOP: the decomposition's (default: all) and the early "
+                               "queries of BOS replacement and sink reading (default: 0:32)")
+    analysis.add_argument("--keys", choices=("all", "no-bos"), default=None,
+                          help="keys in the decomposition's fits: all, or all but position 0 (default: all)")
+    analysis.add_argument("--prompt-sets", dest="prompt_sets", type=_prompt_set_count, default=0, metavar="K",
+                          help="also measure C1's and C2's numbers on K disjoint prompt sets of N sequences and "
+                               "report their spread beside the bootstrap's (reproduce and decompose; opt-in: K more "
+                               "decomposition passes per model; default: off)")
+    analysis.add_argument("--batch-size", dest="batch_size", type=_positive_int, default=None, metavar="B",
+                          help="sequences per forward pass (default: 16); memory grows with it")
+    run = sub.add_argument_group("run")
+    run.add_argument("--out", type=Path, default=out, metavar="DIR",
+                     help="output folder (default: %(default)s; each sub-command has its own, so none rewrites "
+                          "another's report); finished steps cached in DIR/cache are reused")
+    run.add_argument("--json", dest="json", action="store_true",
+                     help="print what was written (files, claims) as one JSON object instead of a summary")
+    run.add_argument("--quick", action="store_true", help="a small fast run (smoke test)")
+    run.add_argument("--format", dest="fmt", choices=("parquet", "csv"), default="parquet",
+                     help="table format (default: %(default)s)")
+    run.add_argument("--no-cache", dest="use_cache", action="store_false",
+                     help="recompute every step even if a cached result exists")
+    run.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    _add_compute(sub)
+
+
+def _add_compute(sub: argparse.ArgumentParser) -> None:
+    compute = sub.add_argument_group("compute")
+    compute.add_argument("--executor", choices=("serial", "ray"), default="serial",
+                         help="serial: one model after another here; ray: an actor per model, steps as tasks "
+                              "(pip install 'lens_position[ray]') (default: %(default)s)")
+    compute.add_argument("--ray-address", default=None, metavar="ADDRESS",
+                         help="join a running Ray cluster (e.g. auto or ray://head:10001) instead of starting "
+                              "a local one; only the driver writes --out")
+    compute.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
+                         help="where models run (auto: cuda when torch sees a GPU) (default: %(default)s)")
+    compute.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                         help="weights and activations; the decomposition's statistics stay float64 "
+                              "(default: %(default)s)")
+    compute.add_argument("--n-devices", type=_positive_int, default=1, metavar="K",
+                         help="split each model over K GPUs (TransformerLens n_devices; with --device cuda)")
+    compute.add_argument("--threads", type=_positive_int, default=None, metavar="K",
+                         help="torch CPU threads per model (default: torch's own; a Ray actor's CPUs)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``lens-position`` argument parser (also read by the docs' command line reference)."""
+    parser = _Parser(
+        prog="lens-position",
+        description="Where does absolute position come from in decoder-only transformers? "
+                    "Reproduce arXiv 2606.06160's claims C1-C5 with a mask/residual decomposition "
+                    "of attention, probes and interventions.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    subs = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    subs.required = True
+
+    rep = subs.add_parser("reproduce", help="run every claim on the default architectures and write a report",
+                          description="Run claims C1-C5 on standard RoPE (smollm2-135m), NTK-scaled RoPE "
+                                      "(smollm2-135m-ntk, smollm2-135m-ntk-parts) and sliding-window "
+                                      "attention (gemma3-270m, T > 512), and on every model of the controlled "
+                                      "zoo (its own section of the report: C3 from paired seeds), and write "
+                                      "tables, provenance, report.html and a browser screenshot of it to --out.")
+    _add_common(rep, many_models=True, out=Path("results"))
+    rep.add_argument("--no-browser-check", dest="browser_check", action="store_false",
+                     help="do not open the report in headless Chromium (no screenshot)")
+
+    helps = {
+        "decompose": "mask/residual decomposition of attention per head and layer (C1-C3)",
+        "bos": "fraction of the residual component removed by BOS replacement at early queries (C4)",
+        "sinks": "sink heads, sink rate by data condition, sink-reading heads and their ablation",
+        "fingerprint": "the position-0 fingerprint per layer, with and without BOS (C5)",
+        "probe": "ridge probes from the residual stream to log(position + 1), per layer",
+    }
+    for name, text in helps.items():
+        sub = subs.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+        _add_common(sub, many_models=False, out=Path(f"results-{name}"))
+        sub.add_argument("--browser-check", dest="browser_check", action="store_true",
+                         help="also open the report in headless Chromium and save a screenshot")
+    from lens_position.cli.zoo import add_parser as add_zoo_parser
+
+    add_zoo_parser(subs)
+
+    sweep = subs.add_parser(
+        "sweep", help="run models x data sources x BOS policies x seeds x steps from a TOML spec",
+        description="Run the cross product a TOML spec names (models, sources, bos, seeds, steps; optional "
+                    "text, quick, T, N) on either executor; write one table per step table with a column per "
+                    "factor (source, bos, seed), the claims per condition, a report per condition and the "
+                    "sweep's report.html.")
+    sweep.add_argument("spec", type=Path, metavar="SPEC.toml", help="the sweep spec (TOML)")
+    out = sweep.add_argument_group("run")
+    out.add_argument("--out", type=Path, default=Path("sweep"), metavar="DIR",
+                     help="output folder (default: %(default)s); finished steps cached in DIR/cache are reused")
+    out.add_argument("--json", dest="json", action="store_true",
+                     help="print what was written (files, claims) as one JSON object instead of a summary")
+    out.add_argument("--format", dest="fmt", choices=("parquet", "csv"), default="parquet",
+                     help="table format (default: %(default)s)")
+    out.add_argument("--no-cache", dest="use_cache", action="store_false",
+                     help="recompute every step even if a cached result exists")
+    out.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    out.add_argument("--browser-check", dest="browser_check", action="store_true",
+                     help="also open each condition's report in headless Chromium")
+    _add_compute(sweep)
+    for sub in subs.choices.values():  # also after the sub-command, where users put it
+        sub.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                         help="show the full traceback of an error")
+    return parser
+
+
+def preflight(args: argparse.Namespace) -> None:
+    """Refuse, before any model is loaded, a run that a step would refuse after minutes of
+    work: BOS-dependent steps under ``--bos none``, probes with ``--N`` below 3."""
+    from lens_position.pipeline.steps import commands, get_step
+    from lens_position.analyses.probes import PROBE_MIN_N
+
+    if args.command not in commands():  # a sweep checks its own spec
+        return
+    steps = commands()[args.command]
+    if args.bos == "none":
+        needing = [get_step(name).needs_bos for name in steps if get_step(name).needs_bos]
+        if needing:
+            raise BadInputError(f"{needing[0]} needs BOS at position 0, which --bos none removes; use --bos force "
+                                f"(the default) or run a command without that step")
+    if "probe" in steps and args.N is not None and args.N < PROBE_MIN_N:
+        raise BadInputError(f"--N {args.N} is too few for the position probes: a held-out probe whose penalty is "
+                            f"chosen by cross-validation needs at least {PROBE_MIN_N} sequences; use --N {PROBE_MIN_N} "
+                            "or more")
+
+
+def _config(args: argparse.Namespace, argv: Sequence[str]):
+    from lens_position.pipeline.config import Compute, DataOptions, RunConfig
+    from lens_position.pipeline.steps import commands
+
+    compute = Compute(device=args.device, dtype=args.dtype, n_devices=args.n_devices, threads=args.threads)
+    command = " ".join(["lens-position", *map(shlex.quote, argv)])
+    if args.command == "sweep":
+        from lens_position.pipeline.sweep import read_spec, sweep_config
+
+        return sweep_config(read_spec(args.spec), out=args.out, compute=compute, executor=args.executor,
+                            ray_address=args.ray_address, fmt=args.fmt, use_cache=args.use_cache,
+                            browser_check=args.browser_check, progress=args.progress, command=command)
+    if args.command == "reproduce":
+        from lens_position.pipeline.models import expand_zoo
+
+        models = expand_zoo([m.strip() for m in args.models.split(",") if m.strip()])
+    else:
+        models = (args.model,)
+    steps = commands()[args.command]
+    if args.prompt_sets:
+        if args.command not in ("reproduce", "decompose"):
+            raise BadInputError(f"--prompt-sets measures C1's and C2's numbers, which {args.command} does not: "
+                                "use it with reproduce or decompose")
+        steps = steps + ("prompt_sets",)
+    return RunConfig(
+        out=args.out, models=models, steps=steps, prompt_sets=args.prompt_sets,
+        layers=args.layers, query_range=args.query_range, keys=args.keys, batch_size=args.batch_size,
+        data=DataOptions(source=args.source, corpus=args.corpus, bos=args.bos, seed=args.seed),
+        T=args.T, N=args.N, quick=args.quick, fmt=args.fmt, use_cache=args.use_cache,
+        browser_check=args.browser_check, progress=args.progress,
+        compute=compute, executor=args.executor, ray_address=args.ray_address, command=command,
+    )
+
+
+def _summary(result) -> str:
+    overall = result.claims[result.claims["architecture"] == "overall"]
+    lines = [f"wrote {len(result.files)} files to {result.files['report'].parent}"]
+    if "seed" in overall.columns:  # a sweep: one verdict per condition would be too long here
+        lines.append(f"  {len(overall)} verdicts over {overall[['source', 'bos', 'seed']].drop_duplicates().shape[0]} "
+                     "conditions in claims.csv")
+        overall = overall.iloc[:0]
+    for _, row in overall.iterrows():
+        lines.append(f"  {row['claim']}: {row['verdict']} ({row['measured']})")
+    lines.append(f"report: {result.files['report']}")
+    return "\n".join(lines)
+
+
+def _json_summary(command: str, result) -> str:
+    """The files a run wrote and its claims, as one JSON object (for scripts)."""
+    claims = json.loads(result.claims.to_json(orient="records")) if len(result.claims) else []
+    return json.dumps({"command": command, "out": str(result.files["report"].parent),
+                       "files": {name: str(path) for name, path in result.files.items()},
+                       "claims": claims})
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``lens-position``; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    logging.basicConfig(level=logging.WARNING, format="lens-position: %(levelname)s: %(message)s")
+    try:
+        if args.command == "zoo":
+            from lens_position.cli.zoo import run as run_zoo
+
+            print(run_zoo(args))
+            return 0
+        from lens_position.pipeline.run import run
+
+        preflight(args)
+        result = run(_config(args, sys.argv[1:] if argv is None else argv))
+    except (LensPositionError, OSError) as error:
+        if args.debug:
+            raise
+        if not getattr(error, "all_input_errors", True):  # a failed step hit a bug, not bad input
+            print(f"lens-position: internal error: {_one_line(error)} (rerun with --debug for the traceback "
+                  "and please report it)", file=sys.stderr)
+            return EXIT_INTERNAL
+        print(f"lens-position: error: {_one_line(error)}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("lens-position: interrupted; run the same command again to resume from the finished steps",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as error:  # a bug, not bad input: one line, the traceback only with --debug
+        if args.debug:
+            raise
+        if is_input_error(error):  # out of memory: the run asked for more than this machine has
+            print(f"lens-position: error: out of memory ({type(error).__name__}: {_one_line(error)}); lower --N, "
+                  "--T or --batch-size", file=sys.stderr)
+            return EXIT_ERROR
+        print(f"lens-position: internal error: {type(error).__name__}: {_one_line(error)} "
+              "(rerun with --debug for the traceback and please report it)", file=sys.stderr)
+        return EXIT_INTERNAL
+    print(_json_summary(args.command, result) if args.json else _summary(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

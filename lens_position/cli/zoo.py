@@ -1,0 +1,91 @@
+"""``lens-position zoo train``, ``zoo list`` and ``zoo sink-sweep``: argument handling for the zoo."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from lens_position.models.zoo.recipe import DEFAULT_SEEDS, VARIANTS
+from lens_position.analyses.zoo.sweep import SINK_SWEEP
+
+
+def add_parser(subs: argparse._SubParsersAction) -> None:
+    """Add the ``zoo`` sub-command (with ``train``, ``list`` and ``sink-sweep``) to the main parser."""
+    zoo = subs.add_parser("zoo", help="the controlled model zoo: train variants from their recipes, list them",
+                          description="Small byte-level decoders trained under one recipe that varies only "
+                                      "the position mechanism (variants: " + ", ".join(VARIANTS) + ").")
+    actions = zoo.add_subparsers(dest="zoo_command", metavar="ACTION", parser_class=type(zoo))
+    actions.required = True
+    train = actions.add_parser("train", help="train variants from their recipes (resumes an interrupted run)",
+                               description="Train VARIANT (or 'all') from its recipe, seed-major, and save "
+                                           "safetensors + recipe JSON into --root.")
+    train.add_argument("variants", nargs="+", metavar="VARIANT", help=f"{', '.join(VARIANTS)}, or all")
+    train.add_argument("--seed", dest="seeds", type=int, action="append", default=None,
+                       help=f"training seed (repeatable; default {DEFAULT_SEEDS[0]}; "
+                            f"'all' trains seeds {', '.join(map(str, DEFAULT_SEEDS))})")
+    train.add_argument("--root", type=Path, default=None, help="checkpoint folder (default: the shipped zoo)")
+    train.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    train.add_argument("--retrain", action="store_true", help="retrain even if a checkpoint of the same recipe exists")
+    train.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    listing = actions.add_parser("list", help="the checkpoints there, with held-out loss and sink rate")
+    listing.add_argument("--root", type=Path, default=None, help="checkpoint folder (default: the shipped zoo)")
+    sweep = actions.add_parser(
+        "sink-sweep", help="at what training budget do attention sinks form? (rope recipe, more steps/context/width)",
+        description="Train the standard-RoPE recipe at larger budgets (more steps, a longer context, a wider "
+                    "model; points: " + ", ".join(p for p, _, _ in SINK_SWEEP) + ") and measure each model's "
+                    "sink rate (Gu et al., eps = 0.3) and largest head sink score. Points already trained in "
+                    "--root are read, not retrained.")
+    sweep.add_argument("--point", dest="points", action="append", default=None, metavar="POINT",
+                       help="sweep point (repeatable; default: every point, cheapest first)")
+    sweep.add_argument("--root", type=Path, default=None,
+                       help="checkpoint folder of the sweep (default: $LENS_POSITION_CACHE/zoo/sink-sweep)")
+    sweep.add_argument("--seed", type=int, nargs="+", default=[0],
+                       help="training seed, or several (each point is trained once per seed; default 0)")
+    sweep.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    sweep.add_argument("--out", type=Path, default=None, help="also write the table here (.csv or .md)")
+    sweep.add_argument("--trajectory-out", type=Path, default=None,
+                       help="also write the sink scores measured along the long points' training here (.csv)")
+    sweep.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> str:
+    """Do what ``args`` ask; return the text to print."""
+    from lens_position.ground.errors import BadInputError
+    from lens_position.analyses.zoo.training import list_table, train_variants
+    from lens_position.models.zoo.store import SHIPPED
+
+    if args.zoo_command == "sink-sweep":
+        import pandas as pd
+
+        from lens_position.analyses.zoo.sweep import sink_sweep, sink_trajectory, sweep_markdown, trajectory_sentences
+
+        table = pd.concat([sink_sweep(args.points, root=args.root, seed=seed, device=args.device,
+                                      progress=args.progress) for seed in args.seed], ignore_index=True)
+        trajectories = [sink_trajectory(p, root=args.root, seed=s) for p, s in zip(table["point"], table["seed"])]
+        trajectories = [t for t in trajectories if not t.empty]
+        sentences = trajectory_sentences(pd.concat(trajectories, ignore_index=True)) if trajectories else []
+        text = "\n\n".join([sweep_markdown(table), *sentences])
+        if args.trajectory_out is not None and trajectories:
+            args.trajectory_out.parent.mkdir(parents=True, exist_ok=True)
+            pd.concat(trajectories, ignore_index=True).to_csv(args.trajectory_out, index=False)
+        if args.out is not None:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            if args.out.suffix == ".csv":
+                table.to_csv(args.out, index=False)
+            else:
+                args.out.write_text(text + "\n")
+        return text
+    root = args.root or SHIPPED
+    if args.zoo_command == "list":
+        table = list_table(root)
+        if table.empty:
+            return f"no zoo checkpoints in {root}; train some with `lens-position zoo train all`"
+        return table.drop(columns=["recipe_sha256"]).to_string(index=False, float_format=lambda x: f"{x:.3f}")
+    variants = list(VARIANTS) if args.variants == ["all"] else args.variants
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise BadInputError(f"unknown zoo variant(s) {unknown}; the variants are {', '.join(VARIANTS)}, or all")
+    seeds = args.seeds or ([*DEFAULT_SEEDS] if args.variants == ["all"] else [DEFAULT_SEEDS[0]])
+    done = train_variants(variants, seeds, root=root, device=args.device, progress=args.progress,
+                          skip_existing=not args.retrain)
+    return f"{len(done)} zoo checkpoints in {root}: " + ", ".join(c.name for c in done)

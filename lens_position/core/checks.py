@@ -1,0 +1,97 @@
+"""Checks of single arguments, each written once and used by every analysis.
+
+A check returns the value in the form the code uses (a sorted list of layers, a clipped
+query range, an ``int``) or raises :class:`~lens_position.ground.errors.BadInputError` with a
+message that says what to pass instead. Nothing here truncates or rounds silently: a layer
+``0.7`` or a size ``2.7`` is refused, not turned into ``0`` or ``2``.
+
+The context-length check lives with the model facts
+(:func:`lens_position.models.spec.check_length`); the check of a whole prompt set is
+:func:`lens_position.core.inputs.checked_prompts`.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, Iterable
+
+from lens_position.ground.errors import BadInputError
+
+MAX_SEED = 2**63 - 1  # numpy's and torch's generators both take any seed in 0..2**63-1
+
+
+def _as_int(name: str, value: Any) -> int:
+    """``value`` as an ``int`` if it is a whole number (``3``, ``np.int64(3)``, ``3.0``)."""
+    if isinstance(value, bool):  # True == 1 would pass every other test
+        raise BadInputError(f"{name} must be an integer, got {value!r}")
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real) and float(value).is_integer():
+        return int(value)
+    if hasattr(value, "ndim") and getattr(value, "ndim") == 0 and hasattr(value, "item"):
+        return _as_int(name, value.item())  # a 0-d tensor or array
+    raise BadInputError(f"{name} must be an integer, got {value!r}")
+
+
+def check_count(name: str, value: Any, *, minimum: int = 1) -> int:
+    """A size (``N``, ``T``, ``batch_size``, ...) as an ``int`` that is at least ``minimum``."""
+    count = _as_int(name, value)
+    if count < minimum:
+        raise BadInputError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return count
+
+
+def check_seed(seed: Any) -> int:
+    """A random seed: an integer in ``0 .. 2**63 - 1``."""
+    value = _as_int("seed", seed)
+    if not 0 <= value <= MAX_SEED:
+        raise BadInputError(f"seed must be an integer in 0..2**63-1, got {seed!r}")
+    return value
+
+
+def check_layers(layers: Any, n_layers: int) -> list[int]:
+    """Layers to analyse: ``None`` (all), one layer, or a non-empty collection of layers in
+    ``0 .. n_layers - 1``. Returns them sorted, without repeats."""
+    if layers is None:
+        return list(range(n_layers))
+    if isinstance(layers, (str, bytes)) or not isinstance(layers, Iterable) and not isinstance(layers, numbers.Number):
+        raise BadInputError(f"layers must be a layer index or a list of them, got {layers!r}")
+    items = [layers] if isinstance(layers, numbers.Number) else list(layers)
+    chosen = sorted({_as_int("each layer", layer) for layer in items})
+    if not chosen:
+        raise BadInputError(f"layers is empty; pass layers in 0..{n_layers - 1}, or None for all")
+    outside = [layer for layer in chosen if not 0 <= layer < n_layers]
+    if outside:
+        raise BadInputError(f"layer {outside[0]} is out of range for a model of {n_layers} layers "
+                            f"(valid: 0..{n_layers - 1}); got layers={layers!r}")
+    return chosen
+
+
+def check_query_range(query_range: Any, length: int, name: str = "query_range") -> tuple[int, int]:
+    """Queries ``start <= i < stop`` of sequences of ``length`` positions.
+
+    ``None`` means all queries. ``stop`` beyond the sequence is cut to ``length`` (so a
+    default such as ``(0, 32)`` works for short prompts); the range must keep at least one
+    query."""
+    if query_range is None:
+        return 0, length
+    if isinstance(query_range, (str, bytes)) or not isinstance(query_range, Iterable):
+        raise BadInputError(f"{name} must be a pair (start, stop), got {query_range!r}")
+    pair = list(query_range)
+    if len(pair) != 2:
+        raise BadInputError(f"{name} must be a pair (start, stop), got {query_range!r}")
+    start, stop = _as_int(f"{name} start", pair[0]), _as_int(f"{name} stop", pair[1])
+    stop = min(stop, length)
+    if not 0 <= start < stop:
+        raise BadInputError(f"{name} {tuple(query_range)} selects no queries of prompts with T={length} "
+                            f"positions; use 0 <= start < stop with start < {length}")
+    return start, stop
+
+
+def check_position(position: Any, length: int, name: str = "position") -> int:
+    """One position of sequences of ``length`` positions, in ``0 .. length - 1``."""
+    value = _as_int(name, position)
+    if not 0 <= value < length:
+        raise BadInputError(f"{name} {position!r} is out of range for prompts of {length} positions "
+                            f"(valid: 0..{length - 1})")
+    return value

@@ -1,0 +1,206 @@
+"""The one input door: whatever a researcher hands to an analysis becomes a checked prompt set.
+
+Every public analysis (``decompose``, ``position_probe``, the patching entry points,
+``bos_replacement``, the sink functions, ``trajectory_patching``, ``fingerprint``) calls
+:func:`checked_prompts` once, at its entry, before any forward pass. It accepts:
+
+- a :class:`~lens_position.core.data.PromptSet` (from ``build_prompts``): its tokens are checked
+  against the model and it is returned as is;
+- integer token ids, ``Int[Tensor, "N T"]`` (or one sequence ``[T]``, or a numpy array):
+  wrapped in a PromptSet whose provenance records the tensor's SHA-256, shape and what sits
+  at position 0. A batch padded by ``model.to_tokens(list_of_texts)`` is refused (see below);
+- a dict or Hugging Face ``BatchEncoding`` with ``input_ids`` and ``attention_mask``: taken
+  when the mask is all ones, refused when it marks padding;
+- a list of strings: each is tokenised with this model's tokenizer and the BOS policy
+  ``bos`` (default :data:`~lens_position.core.data.DEFAULT_BOS`), then **cut to a common length**
+  (:func:`lens_position.core.data.prompts_from_texts`).
+
+What is checked: ids are integers inside the model's vocabulary ``0 .. d_vocab - 1`` (a
+``-1`` would otherwise index the last embedding row), there is at least one sequence of at
+least ``min_length`` positions, and ``T`` fits the model's context ``n_ctx``.
+
+**Padding.** The analyses read every position of every sequence as content: they have no
+attention mask. A padded batch would be analysed with its pad tokens as text, so it is
+refused, with the error naming how to build equal-length prompts instead: pass the list of
+strings itself (cut to a common length), or ``build_prompts(model, text=...)``. A tensor is
+taken as padded when its rows start or end with runs of the tokenizer's pad token of
+different lengths, which is what padding to the longest row produces.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from transformer_lens import HookedTransformer
+
+from lens_position.core.data import PromptSet, PromptSpec, prompts_from_texts
+from lens_position.ground.errors import BadInputError, PaddedPromptsError
+from lens_position.models.spec import LoadedModel, as_loaded
+
+TENSOR_BOS_POLICY = "as given (token tensor)"
+
+_HOW_TO_BUILD = ("pass the list of strings itself (the analyses cut them to a common length), or build "
+                 "equal-length prompts with lens_position.core.data.build_prompts(model, text=..., T=...)")
+
+
+def _tokens_of(prompts: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(token ids, attention mask or None) of a tensor, array or ``input_ids`` mapping."""
+    mask = None
+    if isinstance(prompts, Mapping) or hasattr(prompts, "input_ids") and hasattr(prompts, "keys"):
+        if "input_ids" not in prompts:
+            raise BadInputError(f"a mapping of prompts needs 'input_ids', got keys {sorted(prompts.keys())}")
+        ids, mask = prompts["input_ids"], prompts.get("attention_mask")
+    else:
+        ids = prompts
+    if isinstance(ids, np.ndarray):
+        ids = torch.from_numpy(ids)
+    if not isinstance(ids, torch.Tensor):
+        raise BadInputError(f"token ids must be a tensor, got {type(ids).__name__}")
+    if mask is not None and not isinstance(mask, torch.Tensor):
+        mask = torch.as_tensor(np.asarray(mask))
+    return ids, mask
+
+
+def _check_dtype_and_shape(tokens: torch.Tensor) -> torch.Tensor:
+    if tokens.ndim == 1:
+        tokens = tokens[None]
+    if tokens.dtype == torch.bool or tokens.dtype.is_floating_point or tokens.dtype.is_complex:
+        raise BadInputError(f"token ids must be integers, got dtype {tokens.dtype}; {_HOW_TO_BUILD}")
+    if tokens.ndim != 2:
+        raise BadInputError(f"token ids must have shape [N, T] (or [T] for one sequence), got "
+                            f"{tuple(tokens.shape)}")
+    return tokens
+
+
+def _check_tokens(loaded: LoadedModel, tokens: torch.Tensor, min_length: int, what: str) -> None:
+    """Ids in the vocabulary, at least one sequence of ``min_length`` positions, within n_ctx."""
+    n_seq, length = tokens.shape
+    if n_seq < 1:
+        raise BadInputError(f"{what} hold no sequences (shape {tuple(tokens.shape)}); pass at least one")
+    if length < min_length:
+        raise BadInputError(f"{what} have T={length} positions; this analysis needs T >= {min_length}")
+    d_vocab = loaded.model.cfg.d_vocab
+    low, high = int(tokens.min()), int(tokens.max())
+    if low < 0 or high >= d_vocab:
+        raise BadInputError(
+            f"{what} hold token ids in [{low}, {high}] but the model's vocabulary is 0..{d_vocab - 1}: "
+            "a negative id is not a token, and a larger one comes from another tokenizer; build the "
+            "prompts with this model's tokenizer (lens_position.core.data.build_prompts)")
+    loaded.spec.check_context(length)
+
+
+def _run_lengths(tokens: torch.Tensor, token: int, *, from_end: bool) -> torch.Tensor:
+    """Per row, how many positions at the start (or end) hold ``token`` in a row."""
+    hits = (tokens.flip(1) if from_end else tokens) == token
+    return hits.to(torch.int64).cumprod(dim=1).sum(dim=1)
+
+
+def _check_not_padded(loaded: LoadedModel, tokens: torch.Tensor, mask: torch.Tensor | None) -> None:
+    if mask is not None:
+        if tuple(mask.shape) != tuple(tokens.shape):
+            raise BadInputError(f"attention_mask has shape {tuple(mask.shape)} but input_ids {tuple(tokens.shape)}")
+        if not bool((mask != 0).all()):
+            raise PaddedPromptsError(
+                "the attention mask marks padding: the analyses read every position as content and would "
+                f"analyse the pad tokens as text; {_HOW_TO_BUILD}")
+        return
+    pad = getattr(loaded.tokenizer, "pad_token_id", None)
+    if pad is None or len(tokens) < 2 or tokens.shape[1] < 2:  # one row or one position: nothing padded
+        return
+    for side, from_end in (("right", True), ("left", False)):
+        runs = _run_lengths(tokens, int(pad), from_end=from_end)
+        if int(runs.max()) > 0 and int(runs.min()) != int(runs.max()):
+            raise PaddedPromptsError(
+                f"these token ids look padded on the {side} (rows {'end' if from_end else 'start'} with "
+                f"{int(runs.min())} to {int(runs.max())} pad tokens, id {pad}), as model.to_tokens(list) "
+                "makes them; the analyses have no attention mask and would read the pad tokens as text; "
+                f"{_HOW_TO_BUILD}")
+
+
+def _tokenizer_name(loaded: LoadedModel) -> str:
+    return f"{loaded.spec.name} ({loaded.spec.source})"
+
+
+def _tensor_prompt_set(loaded: LoadedModel, tokens: torch.Tensor, bos_id: int | None) -> PromptSet:
+    tokens = tokens.to(torch.int64).cpu().contiguous()
+    first = tokens[:, 0]
+    same_first = bool((first == first[0]).all())
+    if bos_id is not None and same_first and int(first[0]) == bos_id:
+        position0, first_token = "bos", bos_id
+    elif same_first and len(tokens) > 1:
+        position0, first_token = "token", int(first[0])
+    else:
+        position0, first_token = "content", None
+    n_seq, length = tokens.shape
+    digest = hashlib.sha256(tokens.numpy().tobytes()).hexdigest()
+    spec = PromptSpec(source="tokens", T=length, N=n_seq, bos=TENSOR_BOS_POLICY, seed=None,
+                      position0=position0, first_token_id=first_token, tokenizer=_tokenizer_name(loaded),
+                      vocab_size=loaded.model.cfg.d_vocab,
+                      extra={"tokens_sha256": digest, "shape": [n_seq, length]})
+    return PromptSet(tokens=tokens, spec=spec, bos_token_id=bos_id)
+
+
+def checked_prompts(
+    model: LoadedModel | HookedTransformer,
+    prompts: Any,
+    *,
+    min_length: int = 1,
+    bos: str | None = None,
+    T: int | None = None,
+    what: str = "prompts",
+) -> PromptSet:
+    """Turn ``prompts`` (module docstring: what is accepted) into a :class:`PromptSet` whose
+    tokens are checked against ``model``.
+
+    Args:
+        model: the model the prompts will run through.
+        prompts: a PromptSet, token ids (tensor/array, ``[N, T]`` or ``[T]``), a mapping with
+            ``input_ids`` (and ``attention_mask``), or a list of strings.
+        min_length: fewest positions per sequence the calling analysis can use.
+        bos: BOS policy for a list of strings (default ``DEFAULT_BOS``); only strings take it.
+        T: positions to cut a list of strings to (default: the shortest prompt's length).
+        what: how the error messages name these prompts (``"source prompts"``, ...).
+
+    Raises:
+        BadInputError: ids outside the vocabulary, no sequences, too short, not integers.
+        PaddedPromptsError: a padded batch (a ``BadInputError``).
+        ContextLengthError: ``T`` longer than the model's context.
+    """
+    loaded = as_loaded(model)
+    if isinstance(prompts, PromptSet):
+        if bos is not None or T is not None:
+            raise BadInputError("bos= and T= apply to a list of strings; a PromptSet already has both")
+        tokens = prompts.tokens
+        if not isinstance(tokens, torch.Tensor) or tokens.ndim != 2:
+            raise BadInputError(f"a PromptSet's tokens must be a tensor [N, T], got {type(tokens).__name__} "
+                                f"{tuple(getattr(tokens, 'shape', ()))}")
+        _check_tokens(loaded, _check_dtype_and_shape(tokens), min_length, what)
+        return prompts
+    if isinstance(prompts, str):
+        raise BadInputError(f"{what} is one string; pass a list of strings (or build_prompts(model, text=...))")
+    if isinstance(prompts, Sequence) and prompts and all(isinstance(p, str) for p in prompts):
+        built = prompts_from_texts(loaded, list(prompts), bos=bos, T=T)
+        _check_tokens(loaded, built.tokens, min_length, what)
+        return built
+    if bos is not None or T is not None:
+        raise BadInputError("bos= and T= apply to a list of strings; token ids are taken as given")
+    if isinstance(prompts, Sequence) and not isinstance(prompts, torch.Tensor):
+        raise BadInputError(
+            f"{what}: a {type(prompts).__name__} of {len(prompts)} items is not a prompt set; pass a PromptSet, "
+            f"token ids [N, T], or a non-empty list of strings")
+    if not (isinstance(prompts, (torch.Tensor, np.ndarray, Mapping)) or hasattr(prompts, "input_ids")):
+        raise BadInputError(
+            f"{what} must be a PromptSet, token ids [N, T], input_ids with an attention_mask, or a list of "
+            f"strings; got {type(prompts).__name__}")
+    tokens, mask = _tokens_of(prompts)
+    tokens = _check_dtype_and_shape(tokens)
+    if mask is not None and mask.ndim == 1:
+        mask = mask[None]
+    _check_tokens(loaded, tokens, min_length, what)
+    _check_not_padded(loaded, tokens, mask)
+    bos_id = getattr(loaded.tokenizer, "bos_token_id", None) if loaded.tokenizer is not None else None
+    return _tensor_prompt_set(loaded, tokens, bos_id if bos_id is not None else loaded.spec.bos_token_id)

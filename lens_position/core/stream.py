@@ -1,0 +1,246 @@
+"""The streaming loop: one forward pass per batch of prompts, reducers keep statistics.
+
+Every analysis in lens_position has the same shape: push ``N`` prompts through the model in
+batches, read a few activations at TransformerLens hooks, reduce each batch to small
+float64 statistics and drop the big tensors, so memory does not grow with ``N``. The
+decomposition (:mod:`lens_position.analyses.decompose`), the position probes
+(:mod:`lens_position.analyses.probes`), the sink scores (:mod:`lens_position.analyses.sinks`) and the
+position-0 fingerprint (:mod:`lens_position.analyses.fingerprint`) are each a *reducer*; this module
+is the one loop that feeds them.
+
+:func:`stream` takes the prompts, any number of reducers and any number of
+:class:`~lens_position.core.patch.Patch` interventions, and for every batch
+
+1. moves the batch to the model's device,
+2. runs **one** forward pass with the patches applied (each to the prompts it names),
+3. hands every reducer the activations it asked for (``reducer.hook_names``), detached and
+   after the patches, together with ``rows``: the indices of the batch's prompts in
+   ``prompts`` (so a reducer that splits prompts, by parity or by a seeded draw, never
+   counts batches itself),
+4. stops after the last block any reducer reads (TransformerLens ``stop_at_layer``: the
+   final norm and the unembedding are skipped unless a reducer reads ``"logits"``), and
+   within that block as soon as every hook the pass runs for has run (a decomposition of the
+   last layer reads its attention scores: the rest of that block, its MLP included, is
+   skipped).
+
+Several statistics on the same prompts therefore cost one pass, not one each::
+
+    decomposition = DecompositionReducer(model, prompts)
+    probe = ProbeReducer(model, prompts)
+    stream(model, prompts, [decomposition, probe])
+    decomposition.result(), probe.result()
+
+A new statistic is one small class with ``hook_names`` and ``update``; see
+:class:`Reducer`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, runtime_checkable
+
+import torch
+from jaxtyping import Int
+from transformer_lens import HookedTransformer
+
+from lens_position.core.checks import check_count
+from lens_position.ground.errors import BadInputError
+from lens_position.models.spec import LoadedModel, as_loaded
+from lens_position.ground.progress import progress as progress_bar
+
+if TYPE_CHECKING:
+    from lens_position.core.patch import Patch
+
+log = logging.getLogger(__name__)
+
+LOGITS = "logits"  # pseudo hook name: the model's output logits (the pass then runs to the end)
+_BLOCK_HOOK = re.compile(r"^blocks\.(\d+)\.")
+_BEFORE_BLOCKS = ("hook_embed", "hook_pos_embed", "hook_tokens")
+
+
+@runtime_checkable
+class Reducer(Protocol):
+    """What :func:`stream` needs of a statistic.
+
+    ``hook_names``: the TransformerLens hooks (or ``"logits"``) it reads.
+    ``update(hook_name, activation, rows)``: called once per batch and hook, in forward
+    order, with the activation as the model computed it (patches applied, detached, on the
+    model's device and in its dtype; batch first) and ``rows``, ``Int[Tensor, "batch"]`` on
+    the CPU: the index in the streamed prompts of each batch row. Keep sums, not tensors.
+
+    By convention a reducer also has ``result()``, turning its sums into the analysis's
+    result once the stream is over.
+    """
+
+    hook_names: Sequence[str]
+
+    def update(self, hook_name: str, activation: torch.Tensor, rows: Int[torch.Tensor, "batch"]) -> None:
+        ...
+
+
+class _PassDone(Exception):
+    """Raised by the last hook a pass runs for: nothing after it is read."""
+
+
+def block_of(hook_name: str) -> int | None:
+    """Block index of a hook (``-1`` before the blocks); None after them (final norm, logits)."""
+    match = _BLOCK_HOOK.match(hook_name)
+    if match:
+        return int(match.group(1))
+    if hook_name in _BEFORE_BLOCKS:
+        return -1
+    return None
+
+
+def needed_stop(hook_names: Sequence[str]) -> int | None:
+    """The smallest ``stop_at_layer`` that still runs every hook in ``hook_names`` (None: the
+    whole model). ``stop_at_layer = n_layers`` runs every block but skips the unembedding."""
+    blocks = [block_of(name) for name in hook_names]
+    if not blocks or any(b is None for b in blocks):
+        return None
+    return max(blocks) + 1
+
+
+def stream_inputs(prompts: Any) -> torch.Tensor:
+    """The tensor ``stream`` batches: tokens ``[N, T]`` (a PromptSet's ``.tokens`` or a
+    tensor), or residuals ``[N, T, d_model]`` when starting at a later block."""
+    inputs = getattr(prompts, "tokens", prompts)
+    if not isinstance(inputs, torch.Tensor):
+        raise BadInputError(f"prompts must be a PromptSet or a tensor [N, T], got {type(prompts).__name__}; "
+                            "build prompts with lens_position.core.data.build_prompts(...)")
+    return inputs
+
+
+def stream(
+    model: LoadedModel | HookedTransformer,
+    prompts: Any,
+    reducers: Sequence[Reducer],
+    *,
+    patches: Sequence["Patch"] = (),
+    fwd_hooks: Sequence[tuple[str | Callable, Callable]] = (),
+    batch_size: int = 8,
+    stop_at_layer: int | None = None,
+    start_at_layer: int | None = None,
+    progress: bool = True,
+    desc: str = "stream",
+) -> Sequence[Reducer]:
+    """Run ``prompts`` through ``model`` in batches, one forward pass each, and feed every
+    reducer (module docstring). Returns ``reducers``.
+
+    Args:
+        model: a ``LoadedModel`` or a bare ``HookedTransformer``.
+        prompts: a ``PromptSet`` or tokens ``Int[Tensor, "N T"]``; with ``start_at_layer``,
+            the residual stream ``Float[Tensor, "N T d_model"]`` entering that block.
+        reducers: the statistics to feed (:class:`Reducer`).
+        patches: interventions applied during every pass; a patch's per-prompt value is
+            indexed by ``rows`` (the prompts of the batch), and a patch with ``rows`` of its
+            own touches only those prompts.
+        fwd_hooks: extra ``(hook name, function)`` pairs, run after the patches and before
+            the reducers (so reducers read what the model actually uses).
+        batch_size: prompts per forward pass.
+        stop_at_layer: stop before this block; default: after the last block a reducer reads.
+        start_at_layer: start at this block from the given residuals (TransformerLens).
+        progress: count the prompts in a progress bar (:mod:`lens_position.ground.progress`: a bar
+            of its own, or the bar of the slow call this pass is part of; a log line reports
+            the pass either way).
+        desc: label of the progress bar (when it is the outermost) and the log line.
+    """
+    hooked = as_loaded(model).model
+    inputs = stream_inputs(prompts)
+    batch_size = check_count("batch_size", batch_size)
+    names = [name for reducer in reducers for name in reducer.hook_names]
+    missing = sorted({n for n in names if n != LOGITS and n not in hooked.hook_dict})
+    if missing:
+        raise BadInputError(f"the model has no hooks named {missing}")
+    n_prompts = inputs.shape[0]
+    positions = inputs.shape[1] if inputs.ndim > 1 else 1
+    for patch in patches:
+        patch.validate(hooked, positions)
+        patch.check_prompts(n_prompts)
+    stop = needed_stop([n for n in names if n != LOGITS]) if stop_at_layer is None and LOGITS not in names \
+        else stop_at_layer
+    readers: dict[str, list[Reducer]] = defaultdict(list)
+    for reducer in reducers:
+        for name in dict.fromkeys(reducer.hook_names):
+            readers[name].append(reducer)
+    patches_at: dict[str, list[Patch]] = defaultdict(list)
+    for patch in patches:
+        patches_at[patch.hook_name].append(patch)
+    current: dict[str, torch.Tensor] = {}
+
+    def apply_patches(activation: torch.Tensor, hook: Any) -> torch.Tensor:
+        for patch in patches_at[hook.name]:
+            patch.apply(activation, sequences=current["rows"])
+        return activation
+
+    def read(activation: torch.Tensor, hook: Any) -> None:
+        for reducer in readers[hook.name]:
+            reducer.update(hook.name, activation.detach(), current["rows"])
+
+    hooks = [(name, apply_patches) for name in patches_at] + list(fwd_hooks)
+    hooks += [(name, read) for name in readers if name != LOGITS]
+    # The pass ends once every hook it runs for has run (the output is read only for "logits"; a hook
+    # given as a name filter could match anything, so it keeps the pass whole).
+    watched = set(readers) | set(patches_at) | {name for name, _ in fwd_hooks}
+    end_early = LOGITS not in readers and all(isinstance(name, str) for name, _ in fwd_hooks)
+    pending: set[str] = set()
+
+    def done(activation: torch.Tensor, hook: Any) -> None:
+        pending.discard(hook.name)
+        if not pending:
+            raise _PassDone
+
+    if end_early:
+        hooks += [(name, done) for name in watched]  # after the others at the same hook: they run first
+    device = hooked.cfg.device or next(hooked.parameters()).device
+    started = time.perf_counter()
+    with progress_bar(desc, total=n_prompts, enabled=progress) as bar, torch.no_grad(), \
+            hooked.hooks(fwd_hooks=hooks):
+        for first in range(0, n_prompts, batch_size):
+            rows = torch.arange(first, min(first + batch_size, n_prompts))
+            current["rows"] = rows
+            pending.update(watched)
+            batch = inputs[first:first + batch_size].to(device)
+            try:
+                output = hooked(batch, stop_at_layer=stop, start_at_layer=start_at_layer,
+                                return_type="logits" if LOGITS in readers else None)
+            except _PassDone:
+                output = None
+            for reducer in readers.get(LOGITS, ()):
+                reducer.update(LOGITS, output.detach(), rows)
+            bar.update(len(rows))
+    log.info("%s: %d prompts, %d reducer(s), %d patch(es), stop_at_layer=%s, %.1f s", desc, n_prompts,
+             len(reducers), len(patches), stop, time.perf_counter() - started)
+    return reducers
+
+
+class ActivationCache:
+    """A reducer that keeps whole activations (the exception to "keep sums": for patch
+    sources and small reference runs). ``result()``: ``{hook_name: activation}`` with the
+    prompts in order along the batch axis, on the model's device unless ``device`` says
+    otherwise; hooks that did not run (blocks before ``start_at_layer``) are absent.
+    ``select`` optionally narrows each activation before it is kept (e.g. to position 0)."""
+
+    def __init__(self, hook_names: Sequence[str], *, select: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 device: torch.device | str | None = None) -> None:
+        self.hook_names = tuple(dict.fromkeys(hook_names))
+        self.select = select
+        self.device = device
+        self._parts: dict[str, list[tuple[int, torch.Tensor]]] = defaultdict(list)
+
+    def update(self, hook_name: str, activation: torch.Tensor, rows: Int[torch.Tensor, "batch"]) -> None:
+        kept = activation if self.select is None else self.select(activation)
+        kept = kept.clone() if self.device is None else kept.to(self.device, copy=True)
+        self._parts[hook_name].append((int(rows[0]), kept))
+
+    def result(self) -> dict[str, torch.Tensor]:
+        out = {}
+        for name in self.hook_names:
+            if not self._parts[name]:
+                continue  # not run (e.g. a block before start_at_layer)
+            parts = sorted(self._parts[name], key=lambda part: part[0])
+            out[name] = parts[0][1] if len(parts) == 1 else torch.cat([p for _, p in parts])
+        return out

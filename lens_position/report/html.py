@@ -1,0 +1,487 @@
+"""The self-contained HTML report.
+
+A reproduction produces a set of tidy tables, stacked over models, each with the columns
+``model``, ``architecture`` (a display label) and ``role`` (``"standard"``, ``"ntk"`` or
+``"sliding"``, read off the ``ModelSpec``); see ``TABLES``. This module renders them; it
+decides nothing. The claims, their criteria, verdicts and the words that explain a
+disagreement come from :mod:`lens_position.analyses.claims`.
+
+- ``claims_html``: the claims table (verdicts with the intervals behind them) and, for
+  every claim that does not hold or is inconclusive, the explanation;
+- ``build_report`` / ``write_report``: one HTML file that opens with that table and then
+  shows every figure from ``lens_position.report.plots`` with a caption saying what is measured;
+  when the run has controlled-zoo models, a zoo section follows (the C3 answers from paired
+  seeds, C1-C5 per variant and seed, the seed-to-seed spread, sinks, R by layer and the loss
+  curves; :func:`lens_position.report.zoo.report_section`).
+  plotly.js is inlined once, each figure's JSON sits in a ``<script type="application/json">``
+  block and is drawn by ``Plotly.newPlot``; the file works offline;
+- ``check_in_browser``: opens the report in headless Chromium, fails on any JavaScript error
+  or undrawn figure, and saves a screenshot.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import pandas as pd
+import plotly.graph_objects as go
+import plotly.offline
+
+from lens_position.report import plots
+from lens_position.report.plots import ReportFigure
+from lens_position.analyses.claims import FAILS, HOLDS, INCONCLUSIVE, PAPER, Criteria, claims_table
+from lens_position.ground.errors import BadInputError, MissingPackageError
+
+# The tables a reproduction writes, with the experiment that produces each.
+TABLES: dict[str, str] = {
+    "decompose_layers": "Decomposition.layers (all queries, all keys)",
+    "decompose_heads": "Decomposition.heads (all queries, all keys)",
+    "decompose_replicates": "Decomposition.replicates (all queries, all keys): per-layer means per bootstrap replicate",
+    "decompose_early_layers": "Decomposition.layers (early queries, all keys)",
+    "decompose_early_replicates": "Decomposition.replicates (early queries, all keys)",
+    "probe_layers": "ProbeResult.layers",
+    "bos_layers": "BosReplacement.frame",
+    "bos_overall": "BosReplacement.overall",
+    "bos_replicates": "BosReplacement.replicates: overall fraction of R removed per bootstrap replicate",
+    "fingerprint": "Fingerprint.frame",
+    "sink_heads": "SinkHeads.frame",
+    "sink_rate": "SinkRate.frame",
+    "sink_reading": "SinkReading.frame",
+    "sink_ablation": "SinkReading.ablation",
+    "prompt_sets": "PromptSetSpread.sets (opt-in, --prompt-sets K): C1's and C2's numbers on each prompt set",
+    "prompt_sets_summary": "PromptSetSpread.summary (opt-in): the spread between prompt sets beside the bootstrap's",
+}
+
+# --------------------------------------------------------------------------- figures
+
+
+def report_figures(results: Mapping[str, pd.DataFrame]) -> list[ReportFigure]:
+    """The report's figures, in order, for the tables present in ``results``."""
+    figs: list[ReportFigure] = []
+
+    def add(key: str, tables: tuple[str, ...], title: str, caption: str,
+            make: Callable[..., go.Figure]) -> None:
+        frames = [results.get(t) for t in tables]
+        if frames[0] is None or len(frames[0]) == 0:
+            return
+        figs.append(ReportFigure(key, title, caption, make(*frames)))
+
+    add("layer_components", ("decompose_layers",), "C2, C3: mask and residual components per layer",
+        "For every layer, the share of the variance of log-attention Var(log A) that absolute position "
+        "explains and that comes from the residual stream or from the causal softmax normalizer (the mask), "
+        "averaged over the layer's heads, all queries, all keys, held-out (fitted on half of the sequences, "
+        "evaluated on the other half). Two splits side by side: the reference-free one (R', M': the mask "
+        "component is what the mask does to the offset-only part of the scores), on which the claims are "
+        "decided, and the self-referenced one (R, M: scores referenced to s[i, i]). x: relative depth "
+        "layer / (n_layers − 1), the axis C3's depth slope is computed on. Error bars: 95% bootstrap "
+        "intervals over whole sequences.",
+        lambda f: plots.layer_components(f, components=_available(f, ("R_rf", "M_rf", "R", "M"), "_heldout")))
+    add("layer_components_early", ("decompose_early_layers",),
+        "C2 at early queries (a labelled analysis, not the criterion)",
+        "The same components as above, restricted to early queries (i < the early-query bound, 32 by "
+        "default; all keys, the base run of BOS replacement), per layer, held-out, with 95% bootstrap "
+        "intervals. The mask component is concentrated at early queries; claim C2 is decided over all "
+        "queries, and this figure is shown beside it, never instead of it.",
+        lambda f: plots.layer_components(f, components=_available(f, ("R_rf", "M_rf", "R", "M"), "_heldout")))
+    add("head_heatmaps", ("decompose_heads",), "Per-head T, R' and M' (held-out)",
+        "Held-out total absolute signal T and the reference-free residual (R') and mask (M') components of "
+        "every head, as fractions of Var(log A); hover a cell for its 95% bootstrap interval. A single "
+        "head's held-out value is noisy: read the interval before the colour.",
+        lambda f: plots.head_heatmaps(f, components=[c + "_heldout" for c in
+                                                     _available(f, ("T", "R_rf", "M_rf"), "_heldout")]))
+    add("probe", ("probe_layers",), "Position probe on the residual stream",
+        "Held-out R² of a ridge probe from resid_pre at each layer to log(position + 1); dotted: the "
+        "same probe fitted to shuffled positions (the axis is clipped at -1 when a value falls below; hover "
+        "shows every value). Error bars: 95% intervals that hold which sequences were held out (a bootstrap "
+        "over them) and which ones the probe was trained on (a jackknife of the refitted probe); in "
+        "SmolLM2's middle layers the spread between independent prompt sets is still about twice as wide. An "
+        "independent view of absolute position in the residual stream (C3: accumulation with depth).",
+        lambda f: plots.probe_r2(f))
+    add("bos", ("bos_layers", "bos_overall"), "C4: BOS replacement",
+        "Fraction of the reference-free residual component R' removed at early queries (the number claim C4 "
+        "is decided on) when the embedding at position 0 "
+        "is replaced before the forward pass by another token's embedding, the mean embedding, or a "
+        "random vector of the same norm; overall and per layer, with 95% bootstrap intervals over whole "
+        "sequences (paired: the base and the replaced runs resample the same sequences; bias-corrected, since "
+        "R' is an in-sample fit whose replicates overstate it once more; a hatched bar or an open marker: the "
+        "estimate lies outside its interval). Dashed: the paper's "
+        f"{PAPER.c4_fraction_removed:.0%}.",
+        lambda f, o: plots.bos_fraction_removed(f, o))
+    add("fingerprint", ("fingerprint",), "C5: the position-0 fingerprint",
+        "Spread of the residual stream at position 0 across inputs (left, log scale) and its norm "
+        "(right), per layer, with the auto-prepended BOS at position 0 (solid) and with a varying "
+        "token 0 (dashed). A spread of exactly 0 is marked with a cross on the tick labelled "
+        "\"0 (exact)\" at the bottom of the log axis.",
+        lambda f: plots.fingerprint_layers(f))
+    add("sinks", ("sink_heads", "sink_reading"), "Sink heads and sink-reading heads",
+        "Mean attention on position 0 per head (sink score); white dots: sink heads (score above ε); "
+        "red rings: the five top-ranked sink-reading heads, ranked by how much their residual component R "
+        "changes (ties broken by the change of their output) when only their own key/value at position 0 "
+        "is patched with the counterfactual fingerprint.",
+        lambda s, r: plots.sink_heads_map(s, r))
+    add("sink_rate", ("sink_rate",), "Sink rate by data condition",
+        "Gu et al.'s sink rate as its authors compute it: for every prompt, layer and head, the attention on "
+        "position 0 averaged over queries is compared with ε, and the 0/1 outcomes are averaged over "
+        "prompts, layers and heads; bars: that percentage with its 95% bootstrap interval over prompts, on "
+        "natural text, random tokens and repeated tokens. Hollow diamonds: the pooled rate (scores averaged "
+        "over prompts first, thresholded once), which is not the authors' metric.",
+        lambda f: plots.sink_rate_bars(f))
+    add("sink_ablation", ("sink_ablation",), "Ablating the sink-reading heads",
+        "Held-out residual component R per layer before (solid) and after (dashed) zero- and mean-ablating "
+        "the sink-reading heads. Error bars on the after values: the 95% paired bootstrap interval of the "
+        "change (the ablated and unablated runs resample the same sequences); a bar that reaches the solid "
+        "line is a change the interval does not tell from 0.",
+        lambda f: plots.sink_ablation(f, heldout="R_heldout_before" in f.columns))
+    return figs
+
+
+def _available(frame: pd.DataFrame, components: tuple[str, ...], suffix: str) -> list[str]:
+    """The components whose ``<component><suffix>`` column the frame has (tables from an older
+    version lack the reference-free split)."""
+    return [c for c in components if f"{c}{suffix}" in frame.columns]
+
+
+# --------------------------------------------------------------------------- HTML
+
+_CSS = """
+body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 2em auto;
+       max-width: 1250px; color: #222; line-height: 1.4; }
+h1 { margin-bottom: 0.2em; } h2 { margin-top: 1.6em; }
+table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.35em 0.6em; vertical-align: top; text-align: left; }
+th { background: #f3f3f3; }
+td.yes { background: #e5f5e0; } td.no { background: #fde0dd; } td.maybe { background: #fff7bc; } td.na { background: #f7f7f7; color: #777; }
+.caption { color: #444; max-width: 70em; }
+.plot { width: 100%; }
+details pre { background: #f7f7f7; padding: 1em; overflow-x: auto; font-size: 0.8em; }
+#js-errors { color: #b00; }
+"""
+
+# Collects JavaScript errors, draws every figure from its JSON block, and records the outcome
+# on <body> (data-figures-drawn, data-js-errors) so a headless browser can check it.
+_RENDER_JS = """
+(function () {
+  var plots = document.querySelectorAll('div.plot');
+  var pending = plots.length, drawn = 0;
+  function finish() {
+    document.body.setAttribute('data-figures-drawn', String(drawn));
+    document.body.setAttribute('data-js-errors', String(window.__lensErrors.length));
+    document.getElementById('js-errors').textContent = window.__lensErrors.join('\\n');
+    document.body.setAttribute('data-render-complete', '1');
+  }
+  if (!pending) { finish(); return; }
+  plots.forEach(function (div) {
+    try {
+      var spec = JSON.parse(document.getElementById(div.getAttribute('data-source')).textContent);
+      Plotly.newPlot(div, spec.data, spec.layout, {responsive: true, displaylogo: false})
+        .then(function () { div.setAttribute('data-drawn', '1'); drawn += 1; })
+        .catch(function (e) { window.__lensErrors.push(String(e)); })
+        .then(function () { pending -= 1; if (!pending) finish(); });
+    } catch (e) {
+      window.__lensErrors.push(String(e)); pending -= 1; if (!pending) finish();
+    }
+  });
+})();
+"""
+
+_ERROR_TRAP_JS = ("window.__lensErrors = [];"
+                  "window.addEventListener('error', function (e) { window.__lensErrors.push(String(e.message)); });"
+                  "window.addEventListener('unhandledrejection', function (e) {"
+                  " window.__lensErrors.push(String(e.reason)); });")
+
+
+def _script_json(obj: Any) -> str:
+    """JSON safe to place inside <script>: no '</' can close the tag early."""
+    return json.dumps(obj, allow_nan=False).replace("</", "<\\/")
+
+
+_VERDICT_CLASS = {HOLDS: "yes", FAILS: "no", INCONCLUSIVE: "maybe"}
+
+
+def _verdict_cell(verdict: str) -> tuple[str, str]:
+    return _VERDICT_CLASS.get(verdict, "na"), verdict
+
+
+def claims_html(claims: pd.DataFrame) -> str:
+    """The claims table as HTML: one row per claim, one column per architecture (what we
+    measured, with intervals, and the verdict), the overall verdict; then, for every claim
+    that does not hold or is inconclusive, its explanation in words built from the numbers."""
+    archs = [a for a in dict.fromkeys(claims["architecture"].tolist()) if a != "overall"]
+    head = "".join(f"<th>{html.escape(a)}</th>" for a in archs)
+    body = []
+    for claim in dict.fromkeys(claims["claim"].tolist()):
+        part = claims[claims["claim"] == claim].set_index("architecture")
+        cells = []
+        for arch in archs:
+            if arch not in part.index:
+                cells.append('<td class="na">not measured</td>')
+                continue
+            cls, word = _verdict_cell(part.loc[arch, "verdict"])
+            verdict = f"<br><b>{html.escape(word)}</b>" if cls != "na" else ""
+            cells.append(f'<td class="{cls}">{html.escape(str(part.loc[arch, "measured"]))}{verdict}</td>')
+        cls, word = _verdict_cell(part.loc["overall", "verdict"])
+        overall = html.escape(str(part.loc["overall", "measured"]))
+        body.append(
+            f'<tr id="claim-{claim}"><th>{claim}</th><td>{html.escape(part["statement"].iloc[0])}</td>'
+            f'<td>{html.escape(part["criterion"].iloc[0])}</td>{"".join(cells)}'
+            f'<td class="{cls}"><b>{html.escape(word)}</b><br>{overall}</td></tr>'
+        )
+    table = (f'<table id="claims"><thead><tr><th>claim</th><th>paper\'s statement</th><th>our criterion</th>'
+             f'{head}<th>verdict</th></tr></thead><tbody>{"".join(body)}</tbody></table>')
+    return table + _disagreements_html(claims)
+
+
+def _disagreements_html(claims: pd.DataFrame) -> str:
+    """One list item per (claim, architecture) whose verdict is not ``holds``, with its explanation."""
+    items = []
+    for row in claims.itertuples():
+        text = row.explanation if isinstance(row.explanation, str) else ""
+        if row.architecture == "overall" or row.verdict not in (FAILS, INCONCLUSIVE) or not text:
+            continue
+        items.append(f'<li id="why-{html.escape(row.claim)}-{len(items)}"><b>{html.escape(row.claim)}, '
+                     f'{html.escape(row.verdict)}.</b> {html.escape(text)}</li>')
+    if not items:
+        return ""
+    return ('<h3 id="disagreements">Where our numbers differ from the paper, or do not yet decide</h3>'
+            f'<ul class="why">{"".join(items)}</ul>')
+
+
+def _provenance_html(provenance: Mapping[str, Any] | None) -> str:
+    if not provenance:
+        return ""
+    rows = []
+    for model in provenance.get("models", []):
+        sha = model.get("weights_sha256") or "–"
+        rows.append(f"<tr><td>{html.escape(str(model.get('architecture', '')))}</td>"
+                    f"<td>{html.escape(str(model.get('name')))}</td><td>{html.escape(str(model.get('source')))}</td>"
+                    f"<td><code>{html.escape(str(sha)[:16])}</code></td></tr>")
+    table = ("<table><thead><tr><th>architecture</th><th>model</th><th>source</th><th>weights sha256</th>"
+             f"</tr></thead><tbody>{''.join(rows)}</tbody></table>") if rows else ""
+    facts = []
+    for key in ("seed", "wall_time_s", "quick", "created"):
+        if key in provenance:
+            facts.append(f"{key}: <code>{html.escape(str(provenance[key]))}</code>")
+    full = html.escape(json.dumps(provenance, indent=1, default=str))
+    return (f"<h2>Provenance</h2><p>{' · '.join(facts)}</p>{table}"
+            f"<details><summary>full provenance (data spec, options, package versions, timings)</summary>"
+            f"<pre>{full}</pre></details>")
+
+
+def _run_summary_html(provenance: Mapping[str, Any] | None) -> str:
+    """One paragraph saying what was run: models, data, BOS policy, sizes, seed."""
+    if not provenance:
+        return ""
+    parts = []
+    models = [m.get("architecture") or m.get("name") for m in provenance.get("models", [])]
+    if models:
+        parts.append("models: " + "; ".join(html.escape(str(m)) for m in models))
+    data = provenance.get("data") or {}
+    if data:
+        parts.append(f"data: {html.escape(str(data.get('source')))} "
+                     f"({html.escape(str(data.get('corpus') or 'default corpus'))}), BOS policy "
+                     f"<code>{html.escape(str(data.get('bos')))}</code>, seed {html.escape(str(data.get('seed')))}")
+    sizes = provenance.get("settings") or {}
+    if sizes:
+        lo, hi = sizes.get("query_range", (None, None))
+        parts.append(f"sizes: decomposition on N = {sizes.get('N')} sequences of T = {sizes.get('T')} "
+                     f"positions (sliding-window models: at least {sizes.get('window_factor')} × their window), "
+                     f"probes on at least {sizes.get('probe_positions')} positions; "
+                     f"BOS replacement and sink reading at queries {lo} ≤ i &lt; {hi} on {sizes.get('early_N')} "
+                     f"sequences; sinks and fingerprint at T = {sizes.get('sink_T')}; sink threshold "
+                     f"ε = {sizes.get('eps')}")
+    if "wall_time_s" in provenance:
+        text = f"wall time of this run {float(provenance['wall_time_s']):.0f} s"
+        if provenance.get("steps_reused"):
+            text += f", {provenance['steps_reused']} steps reused from the result cache"
+            if "steps_computed_wall_s" in provenance:
+                text += f" (computing every step took {float(provenance['steps_computed_wall_s']):.0f} s)"
+        parts.append(text)
+    return f'<p id="run-summary">{"<br>".join(parts)}</p>' if parts else ""
+
+
+def _figure_section(fig: ReportFigure, heading: str = "h2") -> str:
+    """One figure: title, caption, the div the render script draws into, and its JSON."""
+    spec = fig.figure.to_plotly_json()
+    return (f'<section class="figure" id="figure-{fig.key}"><{heading}>{html.escape(fig.title)}</{heading}>'
+            f'<p class="caption">{html.escape(fig.caption)}</p>'
+            f'<div class="plot" id="plot-{fig.key}" data-source="data-{fig.key}"></div>'
+            f'<script type="application/json" id="data-{fig.key}">{_script_json(spec)}</script></section>')
+
+
+def prompt_sets_html(summary: pd.DataFrame | None) -> str:
+    """The opt-in check across independent prompt sets (``prompt_sets_summary``) as a table:
+    per architecture and quantity, the between-set SD beside the bootstrap's and their ratio
+    with its interval, in words that say whether they agree. Empty without the table."""
+    if summary is None or len(summary) == 0:
+        return ""
+    rows = []
+    for _, r in summary.iterrows():
+        ratio = f"{r['sd_ratio']:.2f} [{r['sd_ratio_lo']:.2f}, {r['sd_ratio_hi']:.2f}]"
+        reading = ("as wide as the spread between sets" if r["sd_ratio_lo"] <= 1 <= r["sd_ratio_hi"] else
+                   "wider than the spread between sets (conservative)" if r["sd_ratio_hi"] < 1 else
+                   "narrower than the spread between sets")
+        rows.append(f"<tr><td>{html.escape(str(r.get('architecture', '')))}</td><td>{html.escape(r['claim'])}</td>"
+                    f"<td>{html.escape(r['quantity'])}</td><td>{int(r['n_sets'])}</td><td>{r['mean']:.4f}</td>"
+                    f"<td>{r['between_sd']:.4f}</td><td>{r['bootstrap_sd']:.4f}</td><td>{ratio}</td>"
+                    f"<td>bootstrap interval {reading}</td><td>{html.escape(str(r['verdicts']))}</td></tr>")
+    return ('<section id="prompt-sets"><h2>Across independent prompt sets</h2><p class="caption">The numbers claims '
+            "C1 and C2 are decided on, measured on K disjoint prompt sets (distinct corpus windows, or seeds): the "
+            "standard deviation of the K estimates beside the one each set's 95% bootstrap interval predicts "
+            "(width / 3.92), and their ratio with its 95% interval (chi-square, K − 1 degrees of freedom).</p>"
+            "<table><thead><tr><th>architecture</th><th>claim</th><th>quantity</th><th>K</th><th>mean</th>"
+            "<th>between-set SD</th><th>bootstrap SD</th><th>ratio</th><th>reading</th><th>verdicts</th></tr>"
+            f"</thead><tbody>{''.join(rows)}</tbody></table></section>")
+
+
+def build_report(results: Mapping[str, pd.DataFrame], *, provenance: Mapping[str, Any] | None = None,
+                 criteria: Criteria = Criteria(), title: str = "lens_position: where does absolute position come from?"
+                 ) -> str:
+    """The whole report as one HTML string (plotly.js inlined once; works offline)."""
+    from lens_position.report import zoo as zoo_c3
+
+    main, zoo = zoo_c3.split_tables(results)
+    claims = claims_table(main, criteria)
+    sections = [_figure_section(fig) for fig in report_figures(main)]
+    if zoo:
+        zoo_claims = claims if zoo_c3.has_zoo_models(main) else claims_table(zoo, criteria)
+        before, figures, after = zoo_c3.report_section(zoo, zoo_claims)
+        sections.append(before + "".join(_figure_section(fig, heading="h3") for fig in figures) + after)
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<title>{html.escape(title)}</title><style>{_CSS}</style>"
+        f"<script>{_ERROR_TRAP_JS}</script>"
+        f"<script>{plotly.offline.get_plotlyjs()}</script></head><body>"
+        f"<h1>{html.escape(title)}</h1>"
+        "<p>A reproduction of arXiv 2606.06160's claims C1–C5 with lens_position. Every number below is "
+        "measured by this run; the criterion that decides each verdict is stated next to it.</p>"
+        f"{_run_summary_html(provenance)}<h2>Claims</h2>{claims_html(claims)}"
+        f"{prompt_sets_html(main.get('prompt_sets_summary'))}"
+        f"{''.join(sections)}{_provenance_html(provenance)}"
+        '<pre id="js-errors"></pre>'
+        f"<script>{_RENDER_JS}</script></body></html>\n"
+    )
+
+
+def write_report(path: str | Path, results: Mapping[str, pd.DataFrame], **kwargs: Any) -> Path:
+    """Write ``build_report(results, **kwargs)`` to ``path`` (UTF-8) and return the path."""
+    path = Path(path)
+    path.write_text(build_report(results, **kwargs), encoding="utf-8")
+    return path
+
+
+def report_figure_specs(html_text: str) -> dict[str, dict]:
+    """The figure JSON embedded in a report, by figure key (what the browser draws)."""
+    found = re.findall(r'<script type="application/json" id="data-([\w-]+)">(.*?)</script>', html_text, re.S)
+    return {key: json.loads(body.replace("<\\/", "</")) for key, body in found}
+
+
+# --------------------------------------------------------------------------- browser check
+
+
+@dataclass
+class BrowserCheck:
+    """What headless Chromium saw when it opened the report."""
+
+    figures_expected: int
+    figures_drawn: int
+    undrawn: list[str]
+    js_errors: list[str]
+    screenshot: Path | None
+    console: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.js_errors and not self.undrawn and self.figures_drawn == self.figures_expected
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"figures_expected": self.figures_expected, "figures_drawn": self.figures_drawn,
+                "undrawn": self.undrawn, "js_errors": self.js_errors, "ok": self.ok,
+                "screenshot": str(self.screenshot) if self.screenshot else None}
+
+
+def find_chromium() -> str:
+    """Path of a Chromium/Chrome binary, or MissingPackageError saying how to install one."""
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        path = shutil.which(name)
+        if path:
+            return path
+    raise MissingPackageError(
+        "no Chromium found for the report's browser check: install it with "
+        "`apt-get install -y chromium` (scripts/setup.sh does this when run as root)"
+    )
+
+
+def _chromium_args(binary: str, profile: str) -> list[str]:
+    return [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            "--disable-extensions", "--disable-dev-shm-usage", "--hide-scrollbars",
+            f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0"]
+
+
+def check_in_browser(report: str | Path, *, screenshot: str | Path | None = None,
+                     width: int = 1300, height: int | None = None, timeout_s: float = 120.0) -> BrowserCheck:
+    """Open ``report`` in headless Chromium and check it: no JavaScript error, every figure drawn.
+
+    Chromium dumps the DOM after the page's scripts finish (each figure div must carry
+    ``data-drawn`` and contain plotly's ``svg.main-svg``; ``<body data-js-errors>`` must be 0;
+    the console log on stderr must have no error) and, when asked, saves a PNG screenshot of the
+    page (``width`` × ``height`` pixels; the height defaults to the figures' total height), both
+    from one launch; a Chromium that does one thing per launch is started again for the
+    screenshot.
+    """
+    report = Path(report).resolve()
+    text = report.read_text(encoding="utf-8")
+    keys = re.findall(r'<div class="plot" id="plot-([\w-]+)"', text)
+    binary = find_chromium()
+    url = report.as_uri()
+    shot = None if screenshot is None else Path(screenshot).resolve()
+    shot_args: list[str] = []
+    if shot is not None:
+        if height is None:
+            specs = report_figure_specs(text)
+            height = 1400 + sum(int(s["layout"].get("height", 450)) + 160 for s in specs.values())
+        shot_args = [f"--window-size={width},{height}", f"--screenshot={shot}"]
+        shot.unlink(missing_ok=True)  # so that only this launch's file counts
+    with tempfile.TemporaryDirectory(prefix="lens-position-chromium-") as profile:
+        args = _chromium_args(binary, profile) + ["--virtual-time-budget=30000", *shot_args, "--dump-dom", url]
+        try:
+            proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired as exc:
+            raise BadInputError(f"Chromium did not finish rendering {report} within {timeout_s:.0f} s") from exc
+    dom = proc.stdout
+    console = [line for line in proc.stderr.splitlines() if "CONSOLE" in line]
+    js_errors = [line for line in console if re.search(r"error|uncaught", line, re.I)]
+    body = re.search(r"<body([^>]*)>", dom)
+    attrs = dict(re.findall(r'([\w-]+)="([^"]*)"', body.group(1))) if body else {}
+    if attrs.get("data-render-complete") != "1":
+        js_errors.append("the report's render script did not complete (no data-render-complete on <body>)")
+    if attrs.get("data-js-errors", "0") != "0":
+        trapped = re.search(r'<pre id="js-errors">(.*?)</pre>', dom, re.S)
+        js_errors.append("page errors: " + html.unescape(trapped.group(1) if trapped else "?"))
+    undrawn = []
+    divs = {m.group(1): m.start() for m in re.finditer(r'<div class="plot[^"]*" id="plot-([\w-]+)"', dom)}
+    for key in keys:
+        start = divs.get(key)
+        chunk = dom[start:start + 400_000] if start is not None else ""
+        end = chunk.find('<script type="application/json"')
+        chunk = chunk[:end] if end > 0 else chunk
+        if start is None or 'data-drawn="1"' not in chunk[:2000] or "main-svg" not in chunk:
+            undrawn.append(key)
+    if shot is not None:
+        if not shot.exists():
+            with tempfile.TemporaryDirectory(prefix="lens-position-chromium-") as profile:
+                args = _chromium_args(binary, profile) + ["--virtual-time-budget=30000", *shot_args, url]
+                subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)
+        if not shot.exists():
+            js_errors.append(f"Chromium wrote no screenshot to {shot}")
+            shot = None
+    return BrowserCheck(figures_expected=len(keys), figures_drawn=len(keys) - len(undrawn), undrawn=undrawn,
+                        js_errors=js_errors, screenshot=shot, console=console)

@@ -1,0 +1,629 @@
+"""Figures: each one a function of a results DataFrame, returning a ``plotly`` Figure.
+
+Every function takes the tidy frames that the experiments return (``Decomposition.layers``,
+``Decomposition.heads``, ``ProbeResult.layers``, ``BosReplacement.frame`` / ``.overall``,
+``Fingerprint.frame``, ``SinkHeads.frame``, ``SinkReading.frame``, ``SinkRate.frame``),
+stacked over models with one extra column naming the architecture (``by``, default
+``"architecture"``). A frame without that column is drawn as a single group.
+
+Traces are built from plain Python lists (never numpy arrays), so a figure's JSON holds the
+numbers literally, and every trace carries ``meta`` = ``{"group": ..., "quantity": ...}``
+saying which slice of which table it draws; the report's tests use both to check that each
+figure shows exactly the numbers in the results tables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.colors import qualitative
+from plotly.subplots import make_subplots
+
+from lens_position.analyses.claims import PAPER
+from lens_position.ground.errors import BadInputError
+from lens_position.core.intervals import interval_method, interval_note
+
+_PALETTE = qualitative.Plotly
+_DASHES = ("solid", "dash", "dot", "dashdot", "longdash")
+PAPER_C4_FRACTION = PAPER.c4_fraction_removed
+
+COMPONENT_NAMES = {
+    "T": "total absolute signal T",
+    "R": "residual component R (self-referenced)",
+    "M": "mask component M (self-referenced)",
+    "C": "interaction C (self-referenced)",
+    "R_rf": "residual component R' (reference-free)",
+    "M_rf": "mask component M' (reference-free)",
+    "C_rf": "interaction C' (reference-free)",
+}
+
+
+def _require(frame: pd.DataFrame, columns: Iterable[str], what: str) -> None:
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise BadInputError(
+            f"{what} needs columns {missing} but the frame has {list(frame.columns)}; "
+            "pass the frame returned by the matching lens_position experiment"
+        )
+
+
+def _groups(frame: pd.DataFrame, by: str) -> list[tuple[str, pd.DataFrame]]:
+    """Split ``frame`` by ``by`` in order of first appearance. Without that column the frame is
+    one unnamed group (name ``""``): its traces are named by what they show, not "all"."""
+    if by not in frame.columns:
+        return [("", frame)]
+    order = list(dict.fromkeys(frame[by].tolist()))
+    return [(str(name), frame[frame[by] == name]) for name in order]
+
+
+def _as_list(values: Sequence) -> list:
+    """Plain Python numbers for a trace: NaN becomes None (a gap), numpy scalars become floats."""
+    out = []
+    for v in np.asarray(values, dtype=object).tolist():
+        if v is None or (isinstance(v, float) and np.isnan(v)):
+            out.append(None)
+        elif isinstance(v, (np.integer,)):
+            out.append(int(v))
+        elif isinstance(v, (np.floating,)):
+            out.append(float(v))
+        else:
+            out.append(v)
+    return out
+
+
+def _error_bars(frame: pd.DataFrame, column: str, scale: float = 1.0) -> dict | None:
+    """plotly ``error_y`` drawing the interval ``[column_lo, column_hi]`` around ``column``
+    (None when the frame has no interval columns). Bars are asymmetric: a bootstrap
+    interval need not be centred on the estimate. An interval that excludes its estimate
+    cannot be drawn around it: its bar spans the interval and the estimate, and the point
+    says so (:func:`_interval_marks`: an open marker or a hatched bar, and the hover text)."""
+    lo, hi = f"{column}_lo", f"{column}_hi"
+    if lo not in frame.columns or hi not in frame.columns:
+        return None
+    value = frame[column].to_numpy(dtype=float)
+    with np.errstate(invalid="ignore"):
+        above = _as_list(scale * np.maximum(frame[hi].to_numpy(dtype=float) - value, 0.0))
+        under = _as_list(scale * np.maximum(value - frame[lo].to_numpy(dtype=float), 0.0))
+    return dict(type="data", symmetric=False, array=above, arrayminus=under, thickness=1.2, width=3)
+
+
+def _interval_marks(frame: pd.DataFrame, column: str, scale: float = 1.0, spec: str = ".4f"
+                    ) -> tuple[list[bool], list[str]]:
+    """Per point of ``column``: whether its estimate lies outside its own interval, and the hover
+    text of the interval, ``"interval [lo, hi]"`` and its note (:func:`lens_position.core.intervals.interval_note`:
+    the method when it is the bias-corrected one, an estimate outside). No interval: all False, ""."""
+    if f"{column}_lo" not in frame.columns or f"{column}_hi" not in frame.columns:
+        return [False] * len(frame), [""] * len(frame)
+    method = interval_method(column)
+    outside, texts = [], []
+    for value, lo, hi in frame[[column, f"{column}_lo", f"{column}_hi"]].to_numpy(dtype=float):
+        if not (np.isfinite(lo) and np.isfinite(hi)):
+            outside.append(False)
+            texts.append("")
+            continue
+        note = interval_note(method, value, lo, hi)
+        outside.append(not lo <= value <= hi)
+        texts.append(f"interval [{scale * lo:{spec}}, {scale * hi:{spec}}]" + (f" ({note})" if note else ""))
+    return outside, texts
+
+
+def _marker_symbols(outside: list[bool], symbol: str = "circle") -> list[str]:
+    """An open marker where the estimate lies outside its interval."""
+    return [f"{symbol}-open" if out else symbol for out in outside]
+
+
+def _relative_depth(frame: pd.DataFrame) -> list:
+    """x of a depth figure: ``relative_depth`` (layer / (n_layers − 1)) when the frame has it."""
+    return _as_list(frame["relative_depth"] if "relative_depth" in frame.columns else frame["layer"])
+
+
+def _color(i: int) -> str:
+    return _PALETTE[i % len(_PALETTE)]
+
+
+def _drop_unnamed_group(fig: go.Figure) -> None:
+    """Names and titles built as ``"<group>: <what>"`` for the unnamed single group (a frame
+    without the ``by`` column) read ``"<what>"``; a trace named by its group alone leaves the legend."""
+    for trace in fig.data:
+        if (trace.meta or {}).get("group") == "":
+            label = (trace.name or "").removeprefix(": ")
+            trace.name = label or None
+            if not label:
+                trace.showlegend = False
+    for annotation in fig.layout.annotations:
+        if annotation.text and annotation.text.startswith(": "):
+            annotation.text = annotation.text[2:]
+
+
+def _base_layout(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
+    _drop_unnamed_group(fig)
+    fig.update_layout(
+        title=title, height=height, template="plotly_white",
+        legend=dict(orientation="h", yanchor="top", y=-0.18, xanchor="left", x=0),
+        margin=dict(l=60, r=20, t=70, b=80),
+    )
+    return fig
+
+
+def layer_components(layers: pd.DataFrame, *, by: str = "architecture",
+                     components: Sequence[str] = ("R_rf", "M_rf", "R", "M"), heldout: bool = True) -> go.Figure:
+    """Per-layer components of the absolute-position signal, one line per architecture (C2, C3).
+
+    ``layers`` is ``Decomposition.layers`` stacked over models: columns ``layer`` and the
+    components (``R_rf``, ``M_rf``, ``R``, ``M``, ...; with ``heldout``, the ``*_heldout``
+    columns), each a fraction of Var(log A) averaged over the layer's heads. One panel per
+    component: the reference-free split (``R_rf``, ``M_rf``) beside the self-referenced one.
+    x = relative depth layer / (n_layers − 1) when the frame has ``relative_depth`` (the
+    axis C3's depth slope is computed on), else the layer index; error bars = the
+    ``*_lo``/``*_hi`` interval when present (an open marker: the estimate lies outside its
+    interval; hovering a point gives the interval and its method).
+    """
+    cols = [c + ("_heldout" if heldout else "") for c in components]
+    _require(layers, ["layer", *cols], "layer_components")
+    fig = make_subplots(rows=1, cols=len(cols), shared_yaxes=False,
+                        subplot_titles=[COMPONENT_NAMES.get(c, c) + (", held-out" if heldout else ", in-sample")
+                                        for c in components])
+    x_title = "relative depth (layer / (n_layers − 1))" if "relative_depth" in layers.columns else "layer"
+    for gi, (name, frame) in enumerate(_groups(layers, by)):
+        frame = frame.sort_values("layer")
+        for ci, col in enumerate(cols):
+            outside, texts = _interval_marks(frame, col)
+            fig.add_trace(go.Scatter(
+                x=_relative_depth(frame), y=_as_list(frame[col]), mode="lines+markers",
+                error_y=_error_bars(frame, col), customdata=_as_list(frame["layer"]), text=texts,
+                marker=dict(symbol=_marker_symbols(outside), size=7),
+                name=name, legendgroup=name, showlegend=ci == 0,
+                line=dict(color=_color(gi)), meta={"group": name, "quantity": col},
+                hovertemplate=f"{name}<br>layer %{{customdata}}<br>{col} = %{{y:.4f}}<br>%{{text}}<extra></extra>",
+            ), row=1, col=ci + 1)
+            fig.update_xaxes(title_text=x_title, row=1, col=ci + 1)
+    fig.update_yaxes(title_text="fraction of Var(log A)", row=1, col=1)
+    fig.update_annotations(font_size=11)
+    return _base_layout(fig, "Absolute-position components per layer", height=440)
+
+
+def head_heatmaps(heads: pd.DataFrame, *, by: str = "architecture",
+                  components: Sequence[str] = ("T_heldout", "R_rf_heldout", "M_rf_heldout")) -> go.Figure:
+    """Heatmaps of per-head components: one row per architecture, one column per component.
+
+    ``heads`` is ``Decomposition.heads`` stacked over models (columns ``layer``, ``head`` and
+    the components, fractions of Var(log A)); by default the held-out T and the reference-free
+    R' and M'. Colour = fraction, one shared scale from min(0, smallest) to the largest value
+    shown; ``z[layer][head]``; hovering a cell shows its interval when the frame has
+    ``*_lo``/``*_hi`` columns, and says when the estimate lies outside it.
+    """
+    _require(heads, ["layer", "head", *components], "head_heatmaps")
+    groups = _groups(heads, by)
+    titles = [f"{name}: {c}" for name, _ in groups for c in components]
+    fig = make_subplots(rows=len(groups), cols=len(components), subplot_titles=titles,
+                        horizontal_spacing=0.06, vertical_spacing=0.5 / max(len(groups), 1) / 2)
+    values = heads[list(components)].to_numpy(dtype=float)
+    zmax = float(np.nanmax(values)) if len(heads) else 1.0
+    zmax = zmax if np.isfinite(zmax) and zmax > 0 else 1.0
+    zmin = float(np.nanmin(values)) if len(heads) else 0.0
+    zmin = min(zmin, 0.0) if np.isfinite(zmin) else 0.0
+    for gi, (name, frame) in enumerate(groups):
+        layer_ids = layer_rows(frame["layer"])  # a layer subset keeps its real indices (blank rows between)
+        head_ids = sorted(frame["head"].unique().tolist())
+        for ci, col in enumerate(components):
+            grid = frame.pivot_table(index="layer", columns="head", values=col, aggfunc="first")
+            grid = grid.reindex(index=layer_ids, columns=head_ids)
+            interval, hover_interval = None, ""
+            if f"{col}_lo" in frame.columns and f"{col}_hi" in frame.columns:
+                bounds = [frame.pivot_table(index="layer", columns="head", values=f"{col}_{side}", aggfunc="first")
+                          .reindex(index=layer_ids, columns=head_ids).to_numpy(dtype=float) for side in ("lo", "hi")]
+                estimates = grid.to_numpy(dtype=float)
+                method = interval_method(col)
+                interval = [[[_as_list([lo])[0], _as_list([hi])[0], interval_note(method, value, lo, hi)]
+                             for value, lo, hi in zip(row_value, row_lo, row_hi)]
+                            for row_value, row_lo, row_hi in zip(estimates, *bounds)]
+                hover_interval = " [%{customdata[0]:.4f}, %{customdata[1]:.4f}] %{customdata[2]}"
+            fig.add_trace(go.Heatmap(
+                z=[_as_list(row) for row in grid.to_numpy(dtype=float)],
+                x=[int(h) for h in head_ids], y=[int(layer) for layer in layer_ids], customdata=interval,
+                coloraxis="coloraxis", meta={"group": name, "quantity": col},
+                hovertemplate=f"{name}<br>layer %{{y}}, head %{{x}}<br>{col} = %{{z:.4f}}{hover_interval}<extra></extra>",
+            ), row=gi + 1, col=ci + 1)
+            fig.update_xaxes(title_text="head", row=gi + 1, col=ci + 1)
+            fig.update_yaxes(title_text="layer" if ci == 0 else None, row=gi + 1, col=ci + 1)
+    fig.update_layout(coloraxis=dict(colorscale="Viridis", cmin=zmin, cmax=zmax,
+                                     colorbar=dict(title="fraction of<br>Var(log A)")))
+    fig.update_annotations(font_size=11)
+    return _base_layout(fig, "Per-head components: " + ", ".join(components), height=max(320, 300 * len(groups)))
+
+
+def probe_r2(probe: pd.DataFrame, *, by: str = "architecture") -> go.Figure:
+    """Held-out R² of a ridge probe from the residual stream to log(position + 1), per layer.
+
+    ``probe`` is ``ProbeResult.layers`` stacked over models (``layer``, ``r2_heldout``,
+    ``r2_shuffled``). Solid line: held-out R² (unitless, ≤ 1); dotted: the same probe
+    trained on shuffled positions (a chance baseline). Error bars: the ``*_lo``/``*_hi``
+    interval (held-out bootstrap and refit jackknife, lens_position.analyses.probes) when the frame has it.
+    """
+    _require(probe, ["layer", "r2_heldout", "r2_shuffled"], "probe_r2")
+    fig = go.Figure()
+    for gi, (name, frame) in enumerate(_groups(probe, by)):
+        frame = frame.sort_values("layer")
+        outside, texts = _interval_marks(frame, "r2_heldout")
+        fig.add_trace(go.Scatter(
+            x=_as_list(frame["layer"]), y=_as_list(frame["r2_heldout"]), mode="lines+markers",
+            name=name, legendgroup=name, line=dict(color=_color(gi)), text=texts,
+            marker=dict(symbol=_marker_symbols(outside), size=7),
+            hovertemplate=f"{name}<br>layer %{{x}}<br>r2_heldout = %{{y:.4f}}<br>%{{text}}<extra></extra>",
+            error_y=_error_bars(frame, "r2_heldout"), meta={"group": name, "quantity": "r2_heldout"},
+        ))
+        _, texts = _interval_marks(frame, "r2_shuffled")
+        fig.add_trace(go.Scatter(
+            x=_as_list(frame["layer"]), y=_as_list(frame["r2_shuffled"]), mode="lines",
+            name=f"{name} (shuffled positions)", legendgroup=name, text=texts,
+            hovertemplate=f"{name} (shuffled)<br>layer %{{x}}<br>r2_shuffled = %{{y:.4f}}<br>%{{text}}<extra></extra>",
+            line=dict(color=_color(gi), dash="dot"), error_y=_error_bars(frame, "r2_shuffled"),
+            meta={"group": name, "quantity": "r2_shuffled"},
+        ))
+    fig.update_xaxes(title_text="layer (residual stream before the layer)")
+    fig.update_yaxes(title_text="held-out R² of log(position + 1)")
+    values = pd.concat([probe["r2_heldout"], probe["r2_shuffled"]]).astype(float)
+    if len(values) and np.nanmin(values) < -1:
+        # R² below -1 is "worse than predicting the mean" in any case; clipping the axis keeps
+        # the informative range [-1, 1] readable (the traces keep every value, see hover).
+        fig.update_yaxes(range=[-1.05, 1.05])
+    return _base_layout(fig, "Position probe on the residual stream")
+
+
+def bos_fraction_removed(layers: pd.DataFrame, overall: pd.DataFrame | None = None, *,
+                         by: str = "architecture", column: str | None = None) -> go.Figure:
+    """Fraction of the residual component R removed by each BOS replacement at early queries (C4).
+
+    ``layers`` is ``BosReplacement.frame`` (``replacement``, ``layer``, ``fraction_removed``),
+    ``overall`` is ``BosReplacement.overall`` (``replacement``, ``fraction_removed``), both
+    stacked over models. ``fraction_removed`` = 1 − R_replaced / R_base (unitless; 1 = all
+    of R gone, negative = R grew). Left panel: overall, grouped by replacement; the others:
+    per layer, one panel per replacement. The dashed line marks the paper's 40%. ``column``:
+    the fraction drawn (default ``fraction_removed_rf``, the reference-free R' that claim C4
+    is decided on, when the frame has it; else ``fraction_removed``); error bars: its
+    ``_lo``/``_hi`` interval (bias-corrected, :mod:`lens_position.core.intervals`; a hatched bar or
+    an open marker: the estimate lies outside it; hovering gives the interval and its method).
+    """
+    column = column or ("fraction_removed_rf" if "fraction_removed_rf" in layers.columns else "fraction_removed")
+    _require(layers, ["replacement", "layer", column], "bos_fraction_removed")
+    replacements = list(dict.fromkeys(layers["replacement"].tolist()))
+    n_panels = len(replacements) + (overall is not None)
+    titles = (["overall"] if overall is not None else []) + [f"per layer: {r}" for r in replacements]
+    fig = make_subplots(rows=1, cols=n_panels, subplot_titles=titles, shared_yaxes=True)
+    offset = 0
+    if overall is not None:
+        _require(overall, ["replacement", column], "bos_fraction_removed")
+        offset = 1
+        for gi, (name, frame) in enumerate(_groups(overall, by)):
+            outside, texts = _interval_marks(frame, column, spec=".3f")
+            fig.add_trace(go.Bar(
+                x=_as_list(frame["replacement"]), y=_as_list(frame[column]),
+                error_y=_error_bars(frame, column), text=texts, textposition="none",
+                hovertemplate=f"{name}<br>%{{x}}: {column} = %{{y:.3f}}<br>%{{text}}<extra></extra>",
+                name=name, legendgroup=name, marker_color=_color(gi),
+                marker_pattern_shape=["/" if out else "" for out in outside],
+                meta={"group": name, "quantity": f"{column} (overall)"},
+            ), row=1, col=1)
+        fig.update_xaxes(title_text="replacement of the BOS embedding", row=1, col=1)
+    groups = _groups(layers, by)
+    for ri, rep in enumerate(replacements):
+        for gi, (name, frame) in enumerate(groups):
+            frame = frame[frame["replacement"] == rep].sort_values("layer")
+            outside, texts = _interval_marks(frame, column, spec=".3f")
+            fig.add_trace(go.Scatter(
+                x=_as_list(frame["layer"]), y=_as_list(frame[column]),
+                error_y=_error_bars(frame, column), text=texts,
+                marker=dict(symbol=_marker_symbols(outside), size=7),
+                hovertemplate=f"{name}<br>layer %{{x}}: {column} = %{{y:.3f}}<br>%{{text}}<extra></extra>",
+                mode="lines+markers", name=name, legendgroup=name,
+                showlegend=overall is None and ri == 0, line=dict(color=_color(gi)),
+                meta={"group": name, "quantity": f"{column} ({rep})"},
+            ), row=1, col=offset + ri + 1)
+            fig.update_xaxes(title_text="layer", row=1, col=offset + ri + 1)
+    for col in range(1, n_panels + 1):
+        fig.add_hline(y=PAPER_C4_FRACTION, line_dash="dash", line_color="grey", row=1, col=col)
+    fig.update_yaxes(title_text="fraction of R' removed" if column.endswith("_rf") else "fraction of R removed",
+                     row=1, col=1)
+    fig.update_layout(barmode="group")
+    return _base_layout(fig, "BOS replacement: fraction of the residual component removed at early queries")
+
+
+def fingerprint_layers(frame: pd.DataFrame, *, by: str = "architecture") -> go.Figure:
+    """The position-0 fingerprint per layer: spread across inputs and norm, with and without BOS (C5).
+
+    ``frame`` is ``Fingerprint.frame`` stacked over models (``layer``, ``condition``:
+    ``"auto-bos"`` / ``"varying-token0"``, ``spread``, ``norm``; both in residual-stream
+    units). Left: spread of ``resid[:, 0]`` across inputs (log scale; auto-BOS should sit at
+    float noise); right: its norm. Solid = auto-BOS, dashed = varying token 0.
+
+    A spread of exactly 0 has no place on a log axis: the line leaves a gap there, and a
+    cross marks it at the bottom of the axis, on a tick labelled "0 (exact)", so a zero is
+    never invisible.
+    """
+    _require(frame, ["layer", "condition", "spread", "norm"], "fingerprint_layers")
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["spread of resid[:, 0] across inputs",
+                                                        "norm of resid[:, 0]"])
+    conditions = list(dict.fromkeys(frame["condition"].tolist()))
+    spreads = frame["spread"].to_numpy(dtype=float)
+    positive = spreads[np.isfinite(spreads) & (spreads > 0)]
+    # the floor that stands for 0: one decade below the smallest positive spread
+    floor = 10.0 ** (np.floor(np.log10(positive.min())) - 1) if len(positive) else 1e-12
+    any_zero = False
+    for gi, (name, group) in enumerate(_groups(frame, by)):
+        for ki, cond in enumerate(conditions):
+            part = group[group["condition"] == cond].sort_values("layer")
+            dash = _DASHES[ki % len(_DASHES)]
+            spread = [None if (v is None or v <= 0) else v for v in _as_list(part["spread"])]
+            fig.add_trace(go.Scatter(
+                x=_as_list(part["layer"]), y=spread, mode="lines+markers",
+                name=f"{name}: {cond}", legendgroup=f"{name}: {cond}",
+                line=dict(color=_color(gi), dash=dash), meta={"group": name, "quantity": f"spread ({cond})"},
+            ), row=1, col=1)
+            zeros = part[part["spread"].to_numpy(dtype=float) == 0]
+            if len(zeros):
+                any_zero = True
+                fig.add_trace(go.Scatter(
+                    x=_as_list(zeros["layer"]), y=[floor] * len(zeros), mode="markers",
+                    marker=dict(symbol="x", size=9, color=_color(gi)), name=f"{name}: {cond}, spread exactly 0",
+                    legendgroup=f"{name}: {cond}", showlegend=False,
+                    meta={"group": name, "quantity": f"spread == 0 ({cond})"},
+                    hovertemplate=f"{name}: {cond}<br>layer %{{x}}<br>spread = 0 exactly<extra></extra>",
+                ), row=1, col=1)
+            fig.add_trace(go.Scatter(
+                x=_as_list(part["layer"]), y=_as_list(part["norm"]), mode="lines+markers",
+                name=f"{name}: {cond}", legendgroup=f"{name}: {cond}", showlegend=False,
+                line=dict(color=_color(gi), dash=dash), meta={"group": name, "quantity": f"norm ({cond})"},
+            ), row=1, col=2)
+    top = float(positive.max()) if len(positive) else 1.0
+    decades = 10.0 ** np.arange(np.log10(floor) + 1, np.ceil(np.log10(top)) + 1)
+    if any_zero:
+        fig.update_yaxes(tickvals=[floor, *decades.tolist()],
+                         ticktext=["0 (exact)", *[f"{v:.0e}" for v in decades]], row=1, col=1)
+    fig.update_yaxes(type="log", title_text="spread (residual units)", row=1, col=1)
+    fig.update_yaxes(title_text="norm (residual units)", row=1, col=2)
+    fig.update_xaxes(title_text="layer")
+    return _base_layout(fig, "Position-0 fingerprint per layer", height=460)
+
+
+def sink_heads_map(sinks: pd.DataFrame, reading: pd.DataFrame | None = None, *,
+                   by: str = "architecture", top_reading: int = 5, eps: float | None = None) -> go.Figure:
+    """Sink heads and sink-reading heads per (layer, head), one panel per architecture.
+
+    ``sinks`` is ``SinkHeads.frame`` (``layer``, ``head``, ``sink_score`` = mean attention on
+    position 0, in [0, 1], ``is_sink``). ``reading`` is ``SinkReading.frame`` (``layer``,
+    ``head``, ``output_change``, ``rank``): its ``top_reading`` best-ranked heads are marked
+    with a red ring. Colour = sink score; a white dot marks a sink head (score > ε).
+    """
+    _require(sinks, ["layer", "head", "sink_score", "is_sink"], "sink_heads_map")
+    groups = _groups(sinks, by)
+    fig = make_subplots(rows=1, cols=len(groups), subplot_titles=[name for name, _ in groups])
+    reading_groups = dict(_groups(reading, by)) if reading is not None else {}
+    for gi, (name, frame) in enumerate(groups):
+        layer_ids = sorted(frame["layer"].unique().tolist())
+        head_ids = sorted(frame["head"].unique().tolist())
+        grid = frame.pivot_table(index="layer", columns="head", values="sink_score", aggfunc="first")
+        grid = grid.reindex(index=layer_ids, columns=head_ids)
+        fig.add_trace(go.Heatmap(
+            z=[_as_list(row) for row in grid.to_numpy(dtype=float)],
+            x=[int(h) for h in head_ids], y=[int(layer) for layer in layer_ids],
+            coloraxis="coloraxis", meta={"group": name, "quantity": "sink_score"},
+            hovertemplate=f"{name}<br>layer %{{y}}, head %{{x}}<br>sink score %{{z:.3f}}<extra></extra>",
+        ), row=1, col=gi + 1)
+        sink = frame[frame["is_sink"].astype(bool)]
+        fig.add_trace(go.Scatter(
+            x=_as_list(sink["head"]), y=_as_list(sink["layer"]), mode="markers",
+            marker=dict(color="white", size=5, line=dict(color="black", width=0.5)),
+            name="sink head", legendgroup="sink", showlegend=gi == 0,
+            meta={"group": name, "quantity": "is_sink"},
+        ), row=1, col=gi + 1)
+        if name in reading_groups:
+            _require(reading, ["layer", "head", "rank"], "sink_heads_map")
+            top = reading_groups[name].sort_values("rank").head(top_reading)
+            fig.add_trace(go.Scatter(
+                x=_as_list(top["head"]), y=_as_list(top["layer"]), mode="markers",
+                marker=dict(symbol="circle-open", color="red", size=14, line=dict(width=2)),
+                name=f"top {top_reading} sink-reading heads", legendgroup="reading", showlegend=gi == 0,
+                meta={"group": name, "quantity": "sink_reading_top"},
+            ), row=1, col=gi + 1)
+        fig.update_xaxes(title_text="head", row=1, col=gi + 1)
+    fig.update_yaxes(title_text="layer", row=1, col=1)
+    title = "Sink heads (mean attention on position 0)" + (f", ε = {eps}" if eps is not None else "")
+    fig.update_layout(coloraxis=dict(colorscale="Cividis", cmin=0.0, cmax=1.0,
+                                     colorbar=dict(title="sink score")))
+    fig.update_annotations(font_size=11)  # long architecture names as panel titles
+    return _base_layout(fig, title, height=480)
+
+
+def sink_rate_bars(rates: pd.DataFrame, *, by: str = "architecture") -> go.Figure:
+    """Sink rate per data condition and architecture, in %, as Gu et al. compute it.
+
+    ``rates`` is ``SinkRate.frame`` stacked over models (``condition``, ``sink_rate``: Gu et
+    al.'s metric, the fraction of (prompt, layer, head) triples whose attention on position
+    0, averaged over queries, exceeds ε; ``sink_rate_lo``/``_hi``: its interval over
+    prompts). Bars: that metric with its interval; hollow diamonds: ``sink_rate_pooled``
+    (scores averaged over prompts first, thresholded once) when present.
+    """
+    _require(rates, ["condition", "sink_rate"], "sink_rate_bars")
+    fig = go.Figure()
+    for gi, (name, frame) in enumerate(_groups(rates, by)):
+        fig.add_trace(go.Bar(
+            x=_as_list(frame["condition"]), y=[None if v is None else 100.0 * v for v in _as_list(frame["sink_rate"])],
+            error_y=_error_bars(frame, "sink_rate", scale=100.0), offsetgroup=str(gi),
+            text=_interval_marks(frame, "sink_rate", scale=100.0, spec=".1f")[1], textposition="none",
+            hovertemplate=f"{name}<br>%{{x}}: sink rate %{{y:.1f}}%<br>%{{text}}<extra></extra>",
+            marker_pattern_shape=["/" if out else "" for out in _interval_marks(frame, "sink_rate")[0]],
+            name=name, marker_color=_color(gi), meta={"group": name, "quantity": "sink_rate_percent"},
+        ))
+        if "sink_rate_pooled" in frame.columns:
+            fig.add_trace(go.Scatter(
+                x=_as_list(frame["condition"]),
+                y=[None if v is None else 100.0 * v for v in _as_list(frame["sink_rate_pooled"])],
+                mode="markers", offsetgroup=str(gi), name=f"{name}: pooled scores", legendgroup=f"pooled{gi}",
+                marker=dict(symbol="diamond-open", size=10, color="black", line=dict(width=1.5)),
+                meta={"group": name, "quantity": "sink_rate_pooled_percent"},
+            ))
+    fig.update_layout(barmode="group", scattermode="group")
+    fig.update_xaxes(title_text="data condition")
+    fig.update_yaxes(title_text="sink rate (% of prompt × layer × head)", range=[0, 100])
+    return _base_layout(fig, "Sink rate by data condition (Gu et al.'s metric)")
+
+
+def sink_ablation(ablation: pd.DataFrame, *, by: str = "architecture", heldout: bool = True) -> go.Figure:
+    """The residual component R per layer before and after ablating the sink-reading heads.
+
+    ``ablation`` is ``SinkReading.ablation`` stacked over models (``ablation``: ``"zero"`` or
+    ``"mean"``, ``layer``, ``R_before``, ``R_after`` and their held-out versions
+    ``R_heldout_before``, ``R_heldout_after``; fractions of Var(log A)). Held-out by default.
+    Error bars on "after": the paired bootstrap interval of the change (``R_change_lo``/``_hi``
+    or ``R_heldout_change_lo``/``_hi``, when present) drawn around the after value, so a bar
+    that reaches the "before" line is a change the interval does not tell from 0.
+    """
+    before, after = ("R_heldout_before", "R_heldout_after") if heldout else ("R_before", "R_after")
+    change = "R_heldout_change" if heldout else "R_change"
+    _require(ablation, ["ablation", "layer", before, after], "sink_ablation")
+    kinds = list(dict.fromkeys(ablation["ablation"].tolist()))
+    fig = make_subplots(rows=1, cols=len(kinds), subplot_titles=[f"{k} ablation" for k in kinds],
+                        shared_yaxes=True)
+    for gi, (name, group) in enumerate(_groups(ablation, by)):
+        for ki, kind in enumerate(kinds):
+            part = group[group["ablation"] == kind].sort_values("layer")
+            fig.add_trace(go.Scatter(
+                x=_as_list(part["layer"]), y=_as_list(part[before]), mode="lines",
+                name=f"{name}: before", legendgroup=f"{name}b", showlegend=ki == 0,
+                line=dict(color=_color(gi)), meta={"group": name, "quantity": f"{before} ({kind})"},
+            ), row=1, col=ki + 1)
+            outside, texts = _interval_marks(part, change)
+            fig.add_trace(go.Scatter(
+                x=_as_list(part["layer"]), y=_as_list(part[after]), mode="lines+markers",
+                name=f"{name}: after", legendgroup=f"{name}a", showlegend=ki == 0,
+                text=[f"change {t}" if t else "" for t in texts],
+                marker=dict(symbol=_marker_symbols(outside), size=7),
+                hovertemplate=f"{name}: after<br>layer %{{x}}: {after} = %{{y:.4f}}<br>%{{text}}<extra></extra>",
+                line=dict(color=_color(gi), dash="dash"), error_y=_change_bars(part, change),
+                meta={"group": name, "quantity": f"{after} ({kind})"},
+            ), row=1, col=ki + 1)
+            fig.update_xaxes(title_text="layer", row=1, col=ki + 1)
+    fig.update_yaxes(title_text=f"{'held-out ' if heldout else ''}R (fraction of Var(log A))", row=1, col=1)
+    return _base_layout(fig, "Ablating the sink-reading heads: R downstream")
+
+
+def _change_bars(frame: pd.DataFrame, change: str) -> dict | None:
+    """``error_y`` for an after value: the interval ``[change_lo, change_hi]`` of the change
+    (after − before) placed around the point estimate of the change (None without it)."""
+    if not {change, f"{change}_lo", f"{change}_hi"} <= set(frame.columns):
+        return None
+    value = frame[change].to_numpy(dtype=float)
+    with np.errstate(invalid="ignore"):  # a change outside its interval: the bar spans both (_error_bars)
+        return dict(type="data", symmetric=False, thickness=1.2, width=3,
+                    array=_as_list(np.maximum(frame[f"{change}_hi"].to_numpy(dtype=float) - value, 0.0)),
+                    arrayminus=_as_list(np.maximum(value - frame[f"{change}_lo"].to_numpy(dtype=float), 0.0)))
+
+
+def trace_data(fig: go.Figure) -> list[dict]:
+    """The figure's traces as plain dicts (``meta``, ``x``, ``y``, ``z``), for checks and tests."""
+    return [t.to_plotly_json() for t in fig.data]
+
+
+# --------------------------------------------------------------------------- layer subsets, sweeps, export
+
+
+def layer_rows(layer_ids: Iterable[int]) -> list[int]:
+    """The rows of a layer axis: every layer from the first to the last analysed one, so a subset
+    such as ``[0, 4, 8, 12]`` is drawn at its real indices, with blank rows between, never as if
+    the layers were contiguous."""
+    ids = sorted({int(layer) for layer in layer_ids})
+    return list(range(ids[0], ids[-1] + 1)) if ids else []
+
+
+def patching_sweep(sweep, *, token_labels: Sequence[str] | None = None,
+                   metric_name: str = "metric", title: str = "Activation patching sweep") -> go.Figure:
+    """Heatmap of a patching sweep: y = layer, x = position, colour = the metric of each condition.
+
+    ``sweep`` is a ``PatchSweep`` (or its ``frame``: columns ``layer``, ``position``, ``metric``,
+    one scalar per patched (layer, position)). ``token_labels``: one string per position of the
+    sequence (e.g. ``model.to_str_tokens(tokens[0])``); each tick reads ``"<position> <token>"``,
+    so repeated tokens stay distinct columns. Layers keep their real indices (blank rows for
+    layers not swept). Diverging colours centred on 0: the metric's sign is kept.
+    """
+    frame = getattr(sweep, "frame", sweep)
+    _require(frame, ["layer", "position", "metric"], "patching_sweep")
+    layer_ids = layer_rows(frame["layer"].tolist())
+    positions = sorted({int(p) for p in frame["position"].tolist()})
+    grid = frame.pivot_table(index="layer", columns="position", values="metric", aggfunc="first")
+    grid = grid.reindex(index=layer_ids, columns=positions)
+    if token_labels is not None:
+        labels = list(token_labels)
+        if max(positions, default=-1) >= len(labels):
+            raise BadInputError(f"token_labels has {len(labels)} entries but the sweep patches position "
+                                f"{max(positions)}: pass one label per position of the sequence")
+        ticktext = [f"{p} {labels[p]!s}" for p in positions]
+    else:
+        ticktext = [str(p) for p in positions]
+    fig = go.Figure(go.Heatmap(
+        z=[_as_list(row) for row in grid.to_numpy(dtype=float)], x=positions, y=layer_ids,
+        colorscale="RdBu", zmid=0.0, colorbar=dict(title=metric_name), text=[ticktext] * len(layer_ids),
+        meta={"group": "sweep", "quantity": "metric"},
+        hovertemplate=f"layer %{{y}}, position %{{text}}<br>{metric_name} = %{{z:.4f}}<extra></extra>",
+    ))
+    fig.update_xaxes(title_text="patched position", tickvals=positions, ticktext=ticktext, tickangle=-60)
+    fig.update_yaxes(title_text="patched layer (resid_pre)", tickmode="array", tickvals=layer_ids, autorange="reversed")
+    return _base_layout(fig, title, height=max(320, 24 * len(layer_ids) + 200))
+
+
+EXPORT_FORMATS = ("png", "pdf", "svg", "html")
+
+
+def save_figure(fig: go.Figure, path, format: str | None = None, *, width: int | None = None,
+                height: int | None = None, scale: float = 2.0):
+    """Write ``fig`` to ``path`` as ``"png"``, ``"pdf"``, ``"svg"`` or ``"html"`` (default: from
+    the file's suffix) and return the path.
+
+    Static formats need the optional ``kaleido`` package (``pip install "lens_position[export]"``)
+    and a Chrome or Chromium on the machine; HTML needs neither and embeds plotly.js, so the file
+    opens offline. ``width``/``height`` in pixels (default: the figure's own size), ``scale``
+    multiplies the PNG resolution.
+    """
+    from pathlib import Path
+
+    path = Path(path)
+    fmt = (format or path.suffix.lstrip(".")).lower()
+    if fmt not in EXPORT_FORMATS:
+        raise BadInputError(f"cannot save a figure as {fmt!r}: choose one of {list(EXPORT_FORMATS)} "
+                            "(as the format argument or the file's suffix)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if fmt == "html":
+        fig.write_html(path, include_plotlyjs=True, full_html=True)
+        return path
+    import importlib.util
+
+    if importlib.util.find_spec("kaleido") is None:
+        from lens_position.ground.errors import MissingPackageError
+
+        raise MissingPackageError(f"saving a figure as {fmt} needs kaleido, the optional 'export' extra: "
+                                  'pip install "lens_position[export]" (or pip install kaleido); '
+                                  "save_figure(fig, path, 'html') needs nothing extra")
+    try:
+        fig.write_image(path, format=fmt, width=width, height=height, scale=scale)
+    except Exception as error:  # kaleido's own errors: most often no browser to render with
+        if "chrome" in str(error).lower() or "browser" in str(error).lower():
+            from lens_position.ground.errors import MissingPackageError
+
+            raise MissingPackageError(f"kaleido found no Chrome/Chromium to render the {fmt}: install one "
+                                      "(apt-get install chromium) or set BROWSER_PATH") from error
+        raise
+    return path
+
+
+@dataclass
+class ReportFigure:
+    """One figure of the report: a ``key`` naming it, its ``title``, the ``caption`` saying
+    what is measured and in what units, and the plotly ``figure``."""
+
+    key: str
+    title: str
+    caption: str
+    figure: go.Figure

@@ -1,0 +1,269 @@
+"""What a set of results shows, in words built from the numbers: the takeaways the tutorial
+notebooks end with, usable on any results.
+
+Every sentence here is computed from result tables. The comparison with the paper is not
+written here: :func:`claims_markdown` evaluates the claims with :mod:`lens_position.analyses.claims`
+(the paper's numbers live there, once) and renders their verdicts, measured values with
+intervals and explanations. The rest adds only what the claims do not say: what the
+components are on average (:func:`components_sentence`), which way BOS replacement moves the
+residual component (:func:`bos_direction`), how the probe's R² changes with depth
+(:func:`probe_sentences`), what a patch did (:func:`patch_sentences`).
+
+Typical use, as the last cell of an analysis::
+
+    tables = takeaways.result_tables("SmolLM2", "standard", decomposition=result)
+    takeaways.Takeaway.join(takeaways.components_sentence(result.layers),
+                            takeaways.claims_markdown(tables, ["C1", "C2"]))
+
+:class:`Takeaway` is a ``str`` that a notebook displays as Markdown.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from lens_position.analyses.claims import CLAIMS, HOLDS, NOT_MEASURED, PAPER, Criteria, Tables, evaluate
+from lens_position.core.intervals import Estimate
+
+HEADING = "### What the numbers show"
+
+
+class Takeaway(str):
+    """Markdown text; a notebook shows it rendered (``_repr_markdown_``)."""
+
+    def _repr_markdown_(self) -> str:
+        return str(self)
+
+    def __repr__(self) -> str:
+        return str(self)
+
+    @classmethod
+    def join(cls, *parts: str | Iterable[str], heading: str = HEADING) -> "Takeaway":
+        """One Markdown text: ``heading``, then every non-empty part (a string or a list of
+        strings) as its own paragraph."""
+        paragraphs = [heading]
+        for part in parts:
+            items = [part] if isinstance(part, str) else list(part)
+            paragraphs.extend(p for p in items if p)
+        return cls("\n\n".join(paragraphs))
+
+
+# --------------------------------------------------------------------------- result tables
+
+# result attribute -> table name of lens_position.report.html.TABLES, per keyword of result_tables
+_TABLES = {
+    "decomposition": {"layers": "decompose_layers", "heads": "decompose_heads", "replicates": "decompose_replicates"},
+    "early": {"layers": "decompose_early_layers", "replicates": "decompose_early_replicates"},
+    "bos": {"frame": "bos_layers", "overall": "bos_overall", "replicates": "bos_replicates",
+            "base_layers": "decompose_early_layers", "base_replicates": "decompose_early_replicates"},
+    "probe": {"layers": "probe_layers"},
+    "fingerprint": {"frame": "fingerprint"},
+    "sinks": {"frame": "sink_heads"},
+    "sink_rate": {"frame": "sink_rate"},
+    "reading": {"frame": "sink_reading", "ablation": "sink_ablation"},
+}
+
+
+def result_tables(architecture: str, role: str = "standard", **results: Any) -> dict[str, pd.DataFrame]:
+    """The tables of a reproduction (``lens_position.report.html.TABLES``) from result objects of
+    one model, tagged with its ``architecture`` label and ``role`` (``"standard"``, ``"ntk"``,
+    ``"sliding"``: ``ModelSpec.role``), ready for :func:`lens_position.analyses.claims.evaluate`.
+
+    Keywords (each optional): ``decomposition`` (all queries), ``early`` (a decomposition at
+    early queries), ``bos``, ``probe``, ``fingerprint``, ``sinks``, ``sink_rate``, ``reading``.
+    """
+    unknown = set(results) - set(_TABLES)
+    if unknown:
+        raise TypeError(f"result_tables: unknown result keyword(s) {sorted(unknown)}; known: {sorted(_TABLES)}")
+    tables: dict[str, pd.DataFrame] = {}
+    for keyword, result in results.items():
+        if result is None:
+            continue
+        for attribute, table in _TABLES[keyword].items():
+            frame = getattr(result, attribute, None)
+            if frame is None or table in tables:  # an explicit ``early`` wins over the BOS base run
+                continue
+            frame = frame.reset_index(drop=True).copy()
+            for column in ("role", "architecture"):
+                if column in frame.columns:
+                    frame = frame.drop(columns=column)
+            frame.insert(0, "role", role)
+            frame.insert(0, "architecture", architecture)
+            tables[table] = frame
+    return tables
+
+
+def stack_tables(*parts: Mapping[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    """The tables of several models, stacked table by table (as a reproduction writes them)."""
+    names = dict.fromkeys(name for part in parts for name in part)
+    return {name: pd.concat([p[name] for p in parts if name in p], ignore_index=True) for name in names}
+
+
+# --------------------------------------------------------------------------- the claims, rendered
+
+
+def claims_markdown(tables: Tables, keys: Sequence[str], criteria: Criteria = Criteria()) -> str:
+    """The claims ``keys`` (e.g. ``["C4", "C5"]``) evaluated on ``tables``, as Markdown: per
+    claim the paper's statement and our criterion, then per architecture the verdict (holds /
+    does not hold / inconclusive at this N), what was measured (with intervals) and, where it
+    does not hold, the explanation :mod:`lens_position.analyses.claims` builds from the numbers."""
+    by_key = {c.key: c for c in CLAIMS}
+    unknown = [k for k in keys if k not in by_key]
+    if unknown:
+        raise KeyError(f"unknown claim(s) {unknown}; known: {sorted(by_key)}")
+    evaluations = evaluate(tables, criteria)
+    paragraphs = []
+    for key in keys:
+        claim = by_key[key]
+        rows = [e for e in evaluations if e.claim == key and e.architecture != "overall"]
+        lines = [f"**{key}.** The paper: *{claim.statement}* Our criterion: {claim.criterion(criteria)}."]
+        for e in rows:
+            line = f"- {e.architecture}: **{e.verdict}**"
+            if e.verdict != NOT_MEASURED:
+                line += f". Measured: {e.measured}."
+            if e.n is not None and e.n < 2 and e.verdict != NOT_MEASURED:
+                line += (f" With N = {e.n} sequence there is neither a held-out half nor a bootstrap interval, so "
+                         "nothing is decided on this run; decompose at least a few sequences to decide it.")
+            elif e.explanation and e.verdict != HOLDS:
+                line += f" {e.explanation}"
+            elif e.verdict == NOT_MEASURED and "needs" in e.measured:
+                line += f" ({e.measured.split('; ')[-1]})"
+            lines.append(line)
+        overall = next(e for e in evaluations if e.claim == key and e.architecture == "overall")
+        if len(rows) > 1 or key == "C3":
+            lines.append(f"- overall: **{overall.verdict}** ({overall.measured})")
+        paragraphs.append("\n".join(lines))
+    return "\n\n".join(paragraphs)
+
+
+def verdicts(tables: Tables, keys: Sequence[str], criteria: Criteria = Criteria()) -> dict[tuple[str, str], str]:
+    """``{(claim, architecture): verdict}`` for the claims ``keys`` (``"overall"`` included)."""
+    return {(e.claim, e.architecture): e.verdict for e in evaluate(tables, criteria) if e.claim in keys}
+
+
+# --------------------------------------------------------------------------- what the claims do not say
+
+
+def components_sentence(layers: pd.DataFrame, architecture: str | None = None) -> str:
+    """What the decomposition shows on average and per layer, from ``Decomposition.layers``."""
+    who = f"On {architecture}, averaged" if architecture else "Averaged"
+    mean = layers[["T", "R", "M", "C"]].astype(float).mean()
+    r, m = layers["R"].astype(float), layers["M"].astype(float)
+    share = r.sum() / (r + m).sum() if (r + m).sum() > 0 else math.nan
+    top = layers.loc[layers["T"].astype(float).idxmax()]
+    text = (f"{who} over layers and heads, absolute position is T = {mean['T']:.3f} of Var(log A) (in-sample): "
+            f"R = {mean['R']:.3f} from the scores, M = {mean['M']:.3f} from the causal normaliser, C = {mean['C']:.3f} "
+            f"their interaction. R exceeds M in {int((r > m).sum())} of {len(layers)} layers "
+            f"(R/(R+M) = {share:.2f}); the largest T, {float(top['T']):.3f}, is in layer {int(top['layer'])}.")
+    n = int(layers["n_sequences"].iloc[0]) if "n_sequences" in layers.columns else None
+    if n is not None and n < 2:
+        text += (f" Held-out values need at least two sequences (one half to fit, the other to evaluate); "
+                 f"this decomposition ran on N = {n}.")
+    elif "T_heldout" in layers.columns:
+        text += f" Held out (fitted on half the sequences, evaluated on the other): T = {layers['T_heldout'].astype(float).mean():.3f}"
+        if {"R_rf_heldout", "M_rf_heldout"} <= set(layers.columns):
+            text += (f"; in the reference-free split the claims use, R' = {layers['R_rf_heldout'].astype(float).mean():.3f} "
+                     f"and M' = {layers['M_rf_heldout'].astype(float).mean():.3f}")
+        text += "."
+    return text
+
+
+def bos_direction(overall: pd.DataFrame, architecture: str | None = None) -> str:
+    """Which way BOS replacement moved the residual component, per replacement and on average,
+    from ``BosReplacement.overall``, against the paper's fraction (``claims.PAPER``)."""
+    column = "fraction_removed_rf" if "fraction_removed_rf" in overall.columns else "fraction_removed"
+    label = "R'" if column.endswith("_rf") else "R"
+    where = f" on {architecture}" if architecture else ""
+    parts, signs = [], []
+    for _, row in overall.iterrows():
+        est = Estimate(float(row[column]), float(row.get(f"{column}_lo", math.nan)), float(row.get(f"{column}_hi", math.nan)))
+        parts.append(f"{row['replacement']} {est.format('+.0f', percent=True)}")
+        if est.has_interval:
+            signs.append("removed" if est.lo > 0 else "added" if est.hi < 0 else "unchanged")
+        else:
+            signs.append("removed" if est.value > 0 else "added" if est.value < 0 else "unchanged")
+    mean = float(overall[column].astype(float).mean())
+    text = (f"Replacing the BOS embedding{where} changes {label} at early queries by these fractions removed: "
+            + ", ".join(parts) + f" (average over replacements {mean:+.0%}; the paper: about {PAPER.c4_fraction_removed:.0%} removed). ")
+    if all(s == "removed" for s in signs):
+        text += (f"Every replacement removes residual component: part of {label} at early queries depends on which "
+                 "vector sits at position 0, as the paper says (C4 below compares the share with the paper's).")
+    elif all(s == "added" for s in signs):
+        text += (f"Every replacement *adds* residual component, the opposite sign of the paper's: here {label} at early "
+                 "queries does not come from the BOS embedding itself, and a foreign vector at position 0 makes "
+                 "attention depend more on absolute position, not less.")
+    elif all(s in ("unchanged", "added") for s in signs):
+        text += (f"No replacement removes residual component (intervals containing 0 or below it): here {label} at "
+                 f"early queries does not depend on which vector sits at position 0, where the paper finds about "
+                 f"{PAPER.c4_fraction_removed:.0%} of it tied to the BOS embedding.")
+    else:
+        text += (f"The replacements disagree ({', '.join(f'{r}: {s}' for r, s in zip(overall['replacement'], signs))}): "
+                 "what happens depends on what replaces the BOS embedding, so no single fraction describes it.")
+    return text
+
+
+def probe_sentences(probe_layers: pd.DataFrame) -> list[str]:
+    """Per architecture, how the position probe's held-out R² changes from the first to the last
+    layer (``ProbeResult.layers``, stacked with an ``architecture`` column or not)."""
+    frame = probe_layers if "architecture" in probe_layers.columns else probe_layers.assign(architecture="the model")
+    out = []
+    for arch, g in frame.groupby("architecture", sort=False):
+        g = g.sort_values("layer")
+        r2 = g["r2_heldout"].astype(float).to_numpy()
+        depth = np.linspace(0.0, 1.0, len(r2)) if len(r2) > 1 else np.zeros(1)
+        slope = float(np.polyfit(depth, r2, 1)[0]) if len(r2) > 1 else math.nan
+        trend = "rises" if slope > 0 else "falls" if slope < 0 else "stays flat"
+        text = (f"{arch}: the probe's held-out R² for log(i+1) {trend} with depth, from {r2[0]:.3f} at layer "
+                f"{int(g['layer'].iloc[0])} to {r2[-1]:.3f} at layer {int(g['layer'].iloc[-1])} (slope "
+                f"{slope:+.3f} per unit of relative depth; best {r2.max():.3f} at layer {int(g['layer'].iloc[r2.argmax()])})")
+        if "r2_shuffled" in g.columns:
+            text += f"; with shuffled positions at most {float(g['r2_shuffled'].astype(float).max()):.3f}"
+        out.append(text + ".")
+    return out
+
+
+def patch_sentences(base: pd.DataFrame, patched: Mapping[str, pd.DataFrame], component: str = "R") -> list[str]:
+    """Per patch, how ``component`` changed, layer by layer, against ``base`` (``.layers``
+    frames of decompositions of the same prompts)."""
+    out = []
+    for label, frame in patched.items():
+        change = frame[component].astype(float).to_numpy() - base[component].astype(float).to_numpy()
+        k = int(np.abs(change).argmax())
+        unchanged = int((np.abs(change) <= 1e-6 * max(1.0, float(base[component].abs().max()))).sum())
+        out.append(f"{label}: {component} changes by at most {change[k]:+.3g} (layer {int(base['layer'].iloc[k])}, "
+                   f"from {float(base[component].iloc[k]):.3g} to {float(frame[component].iloc[k]):.3g}); "
+                   f"{unchanged} of {len(change)} layers unchanged.")
+    return out
+
+
+def self_patch_sentence(difference: float, tolerance: float = 1e-6) -> str:
+    """The self-patch check: a patch with the run's own activations must change nothing."""
+    verdict = "passes" if difference <= tolerance else "FAILS"
+    return (f"The self-patch check {verdict}: patching the run with its own activations changes T, R, M and C by "
+            f"at most {difference:.1e} (tolerance {tolerance:.0e}).")
+
+
+def agreement_sentence(what: str, reference: str, difference: float, tolerance: float) -> str:
+    """``what`` against ``reference``: the largest absolute difference and whether it is within
+    ``tolerance`` (float round-off, say)."""
+    if difference <= tolerance:
+        return f"{what} agrees with {reference}: the largest difference is {difference:.1e} (within {tolerance:.0e})."
+    return f"{what} does NOT agree with {reference}: the largest difference is {difference:.1e} (tolerance {tolerance:.0e})."
+
+
+def untrained_note(untrained: bool) -> str:
+    """For results of random-weight models (the notebooks' fast mode): what their verdicts mean."""
+    if not untrained:
+        return ""
+    return ("*These numbers come from a small model with random weights, built in code: they exercise the code, and "
+            "the verdicts below say nothing about the paper's claims, which are about trained models.*")
+
+
+def ground_truth_sentences(frame: pd.DataFrame, components: Sequence[str] = ("T", "R", "M", "C")) -> list[str]:
+    """One line per row of a table of toy cases (index: the case; columns: the components)."""
+    return [f"- {case}: " + ", ".join(f"{c} = {float(row[c]):.3g}" for c in components if c in row.index)
+            for case, row in frame.iterrows()]

@@ -1,0 +1,403 @@
+"""C3 read off the controlled zoo: does the balance of mask and residual components depend
+on the position mechanism, when nothing else differs?
+
+Input: the tables of a reproduction run over zoo models (``decompose_layers``, and when
+present ``probe_layers``, ``sink_rate``, ``bos_overall``). Per model:
+
+- ``R``, ``M``, ``T``: held-out residual, mask and total shares of Var(log A), means over
+  layers, on the reference-free split the paper's claims are decided on (``R_rf_heldout``,
+  ``M_rf_heldout``, ``T_heldout`` of ``lens_position.analyses.decompose``; fractions in [0, 1]);
+  ``R_self``, ``M_self``: the same on the self-referenced split, beside them;
+- ``R_slope``: least-squares slope of the per-layer ``R_rf_heldout`` against the layer index
+  (share per layer: "does R accumulate with depth");
+- ``probe_r2_last``: held-out R² of the position probe at the last layer's input;
+- ``sink_rate`` (natural text) and ``bos_removed`` (mean fraction of R removed by BOS
+  replacement at early queries, over replacements), when those steps ran.
+
+Across seeds: mean, standard deviation and a 95 % Student-t interval. The C3 questions are
+answered with **paired** per-seed differences: variants with the same seed start from the
+same initial weights (identical shapes draw identical values) and see the same batches, so
+``ntk - ntk-control`` at seed ``k`` differs only by the NTK scaling. A verdict is
+``lower``/``higher`` when the interval excludes 0, else ``not resolved``.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from lens_position.ground.errors import BadInputError
+from lens_position.models.zoo.recipe import VARIANTS
+from lens_position.models.zoo.store import parse_name
+
+METRICS = ("R", "M", "T", "R_slope", "R_self", "M_self", "probe_r2_last", "sink_rate", "bos_removed")
+#: (question, variant a, variant b, metric): each answered by the paired difference a - b.
+QUESTIONS: tuple[tuple[str, str, str, str], ...] = (
+    ("Does NTK-aware scaling lower the residual share relative to its unscaled control?",
+     "ntk", "ntk-control", "R"),
+    ("Does the sliding window (all layers) let R grow with depth faster than full attention?",
+     "window", "rope", "R_slope"),
+    ("Does the local:global mix let R grow with depth faster than full attention?",
+     "window-mix", "rope", "R_slope"),
+    ("Where does NoPE sit: residual share relative to RoPE", "nope", "rope", "R"),
+    ("Where does NoPE sit: mask share relative to RoPE", "nope", "rope", "M"),
+    ("Where do learned absolute embeddings sit: residual share relative to RoPE", "learned", "rope", "R"),
+    ("Where do learned absolute embeddings sit: mask share relative to RoPE", "learned", "rope", "M"),
+    ("Does training without BOS change the residual share (RoPE)?", "rope-nobos", "rope", "R"),
+)
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (numerical: the CDF
+    integrated on a fine grid and inverted by interpolation; accurate to ~1e-4)."""
+    if df < 1:
+        return float("nan")
+    x = np.linspace(0.0, 200.0, 400_001)
+    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    density = np.exp(log_norm - (df + 1) / 2 * np.log1p(x * x / df))
+    cdf = 0.5 + np.concatenate([[0.0], np.cumsum((density[1:] + density[:-1]) / 2 * np.diff(x))])
+    return float(np.interp(p, cdf, x))
+
+
+def interval(values: Sequence[float]) -> tuple[float, float, float, float, int]:
+    """``(mean, sd, low, high, n)`` of a 95 % t-interval for the mean (NaN bounds for n < 2)."""
+    v = np.asarray([x for x in values if x is not None and np.isfinite(x)], dtype=float)
+    n = len(v)
+    if n == 0:
+        return float("nan"), float("nan"), float("nan"), float("nan"), 0
+    mean = float(v.mean())
+    if n < 2:
+        return mean, float("nan"), float("nan"), float("nan"), n
+    sd = float(v.std(ddof=1))
+    half = t_quantile(0.975, n - 1) * sd / math.sqrt(n)
+    return mean, sd, mean - half, mean + half, n
+
+
+def _slope(layers: pd.Series, values: pd.Series) -> float:
+    x = layers.to_numpy(dtype=float)
+    if len(x) < 2:
+        return float("nan")
+    return float(np.polyfit(x, values.to_numpy(dtype=float), 1)[0])
+
+
+def is_zoo_request(model: str) -> bool:
+    """Whether a run's model request names a zoo checkpoint."""
+    return model.startswith("zoo:")
+
+
+def models_table(tables: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+    """One row per zoo model of a run: variant, seed and the per-model metrics (module
+    docstring). BadInputError when the run has no zoo model or no decomposition."""
+    if "decompose_layers" not in tables:
+        raise BadInputError("the run has no decompose_layers table; run the decompose step on zoo models")
+    layers = tables["decompose_layers"]
+    if "keys" in layers.columns:
+        layers = layers[layers["keys"] == "all"]
+    zoo = layers[layers["model"].map(is_zoo_request)]
+    if zoo.empty:
+        raise BadInputError("the run has no zoo models; pass --models zoo (or zoo:<variant> names)")
+    rows = []
+    for model, frame in zoo.groupby("model", sort=False):
+        variant, seed = parse_name(model)
+        frame = frame.sort_values("layer")
+        row: dict[str, Any] = {
+            "model": model, "variant": variant, "seed": seed, "R": frame["R_rf_heldout"].mean(),
+            "M": frame["M_rf_heldout"].mean(), "T": frame["T_heldout"].mean(),
+            "R_slope": _slope(frame["layer"], frame["R_rf_heldout"]),
+            "R_first_layer": frame["R_rf_heldout"].iloc[0], "R_last_layer": frame["R_rf_heldout"].iloc[-1],
+            "R_self": frame["R_heldout"].mean(), "M_self": frame["M_heldout"].mean(),
+        }
+        probe = tables.get("probe_layers")
+        if probe is not None and (probe["model"] == model).any():
+            p = probe[probe["model"] == model].sort_values("layer")
+            row["probe_r2_last"] = p["r2_heldout"].iloc[-1]
+        sinks = tables.get("sink_rate")
+        if sinks is not None and (sinks["model"] == model).any():
+            s = sinks[(sinks["model"] == model) & (sinks["condition"] == "natural")]
+            row["sink_rate"] = s["sink_rate"].iloc[0] if len(s) else float("nan")
+        bos = tables.get("bos_overall")
+        if bos is not None and (bos["model"] == model).any():
+            row["bos_removed"] = bos[bos["model"] == model]["fraction_removed"].mean()
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def variant_summary(models: pd.DataFrame) -> pd.DataFrame:
+    """Per variant and metric: mean over seeds, sd, 95 % t-interval, number of seeds."""
+    rows = []
+    for variant, frame in models.groupby("variant", sort=False):
+        for metric in METRICS:
+            if metric not in frame.columns:
+                continue
+            mean, sd, low, high, n = interval(frame[metric].tolist())
+            rows.append({"variant": variant, "metric": metric, "mean": mean, "sd": sd, "low": low,
+                         "high": high, "n_seeds": n, "seeds": ",".join(map(str, sorted(frame["seed"])))})
+    return pd.DataFrame(rows)
+
+
+def answers(models: pd.DataFrame) -> pd.DataFrame:
+    """The C3 questions (``QUESTIONS``), each answered by the per-seed paired difference
+    ``a - b`` of one metric: mean, 95 % t-interval, seeds used, and the verdict."""
+    rows = []
+    for question, a, b, metric in QUESTIONS:
+        left = models[models["variant"] == a].set_index("seed")[metric] if metric in models else pd.Series()
+        right = models[models["variant"] == b].set_index("seed")[metric] if metric in models else pd.Series()
+        seeds = sorted(set(left.index) & set(right.index))
+        diffs = [float(left[s] - right[s]) for s in seeds]
+        mean, sd, low, high, n = interval(diffs)
+        if n < 2 or not np.isfinite(low):
+            verdict = "not resolved (fewer than 2 paired seeds)"
+        elif high < 0:
+            verdict = "lower"
+        elif low > 0:
+            verdict = "higher"
+        else:
+            verdict = "not resolved (interval includes 0)"
+        rows.append({"question": question, "a": a, "b": b, "metric": metric, "a_mean": left.mean(),
+                     "b_mean": right.mean(), "difference": mean, "low": low, "high": high,
+                     "relative": mean / right.mean() if len(right) and right.mean() else float("nan"),
+                     "n_seeds": n, "per_seed": ", ".join(f"{d:+.4f}" for d in diffs), "verdict": verdict})
+    return pd.DataFrame(rows)
+
+
+def answer_markdown(answer: pd.DataFrame) -> str:
+    """The answers as a Markdown table (for the README and the docs)."""
+    lines = ["| question | a − b (metric) | mean difference [95 % interval] | a / b means | seeds | verdict |",
+             "|---|---|---|---|---|---|"]
+    for _, r in answer.iterrows():
+        lines.append(f"| {r['question']} | {r['a']} − {r['b']} ({r['metric']}) | {r['difference']:+.4f} "
+                     f"[{r['low']:+.4f}, {r['high']:+.4f}] | {r['a_mean']:.4f} / {r['b_mean']:.4f} | "
+                     f"{r['n_seeds']} | {r['verdict']} |")
+    return "\n".join(lines)
+
+
+def depth_figure(tables: Mapping[str, pd.DataFrame]) -> Any:
+    """Per-layer held-out R' (reference-free split) of each variant: mean over seeds, with the
+    seeds' min-max as error bars."""
+    import plotly.graph_objects as go
+
+    layers = tables["decompose_layers"]
+    if "keys" in layers.columns:
+        layers = layers[layers["keys"] == "all"]
+    zoo = layers[layers["model"].map(is_zoo_request)].copy()
+    zoo["variant"] = zoo["model"].map(lambda m: parse_name(m)[0])
+    figure = go.Figure()
+    for variant, frame in zoo.groupby("variant", sort=False):
+        stats = frame.groupby("layer")["R_rf_heldout"].agg(["mean", "min", "max", "count"])
+        figure.add_trace(go.Scatter(
+            x=stats.index, y=stats["mean"], mode="lines+markers", name=f"{variant} (n={stats['count'].iloc[0]})",
+            error_y=dict(type="data", symmetric=False, array=stats["max"] - stats["mean"],
+                         arrayminus=stats["mean"] - stats["min"])))
+    figure.update_layout(title="Zoo: residual component R' (held-out, reference-free) by layer, mean over seeds "
+                         "(bars: min-max)", xaxis_title="layer", yaxis_title="R' (share of Var(log A))", template="plotly_white")
+    return figure
+
+
+def loss_figure(checkpoints: Sequence[Any]) -> Any:
+    """Held-out loss (bits per byte) against training tokens, one line per checkpoint, with
+    the unigram baseline."""
+    import plotly.graph_objects as go
+
+    figure = go.Figure()
+    unigram = None
+    for c in checkpoints:
+        curve = pd.DataFrame(c.meta["curve"])
+        figure.add_trace(go.Scatter(x=curve["tokens"], y=curve["held_out_bits"], mode="lines",
+                                    name=c.name, legendgroup=c.variant))
+        unigram = c.meta["unigram_bits_per_byte"]
+    if unigram is not None:
+        figure.add_hline(y=unigram, line_dash="dash", annotation_text=f"unigram {unigram:.2f} bits/byte")
+    figure.update_layout(title="Zoo training: held-out loss", xaxis_title="training tokens",
+                         yaxis_title="bits per byte (held out)", template="plotly_white")
+    return figure
+
+
+#: Files a run over zoo models writes beside report.html (which holds the zoo section);
+#: ``zoo.html`` is what earlier versions wrote instead of the section (known, so a rerun removes it).
+ZOO_OUTPUTS = ("zoo_models.csv", "zoo_variants.csv", "zoo_c3.csv", "zoo_claims.csv", "zoo.html")
+_CLAIM_KEYS = ("C1", "C2", "C3", "C4", "C5")
+_VERDICT_CLASS = {"holds": "yes", "does not hold": "no", "inconclusive at this N": "maybe"}
+
+
+def has_zoo_models(tables: Mapping[str, pd.DataFrame]) -> bool:
+    """Whether a run's tables hold a decomposition of at least one zoo model."""
+    layers = tables.get("decompose_layers")
+    return layers is not None and "model" in layers.columns and bool(layers["model"].map(is_zoo_request).any())
+
+
+def split_tables(tables: Mapping[str, pd.DataFrame]) -> tuple[dict[str, pd.DataFrame], dict[str, pd.DataFrame]]:
+    """``(main, zoo)``: a run's tables without and with only its zoo models. The paper's claims
+    compare architectures (C3: every NTK model against every standard one), so in a run that
+    also has other models the main claims and figures are theirs and the zoo gets its own
+    section; in a run of zoo models alone, ``main`` is every table. ``zoo`` is empty without zoo
+    models."""
+    def part(keep_zoo: bool) -> dict[str, pd.DataFrame]:
+        return {name: frame[frame["model"].map(is_zoo_request) == keep_zoo].reset_index(drop=True)
+                if "model" in frame.columns else frame for name, frame in tables.items()}
+
+    if not has_zoo_models(tables):
+        return dict(tables), {}
+    zoo = part(True)
+    others = any("model" in f.columns and not f["model"].map(is_zoo_request).all() for f in tables.values())
+    return (part(False) if others else dict(tables)), zoo
+
+
+def claims_by_model(tables: Mapping[str, pd.DataFrame], claims: pd.DataFrame) -> pd.DataFrame:
+    """C1-C5 per zoo model: one row per model (variant, seed), one column per claim holding
+    its verdict, and ``<claim>_measured`` with what it rests on (from ``claims``, the run's
+    claims table, whose architecture labels name the models)."""
+    layers = tables["decompose_layers"]
+    labels = layers[layers["model"].map(is_zoo_request)].drop_duplicates("model")[["model", "architecture"]]
+    rows = []
+    for model, label in labels.itertuples(index=False):
+        variant, seed = parse_name(model)
+        row: dict[str, Any] = {"model": model, "variant": variant, "seed": seed}
+        part = claims[claims["architecture"] == label].set_index("claim")
+        for key in _CLAIM_KEYS:
+            row[key] = part.loc[key, "verdict"] if key in part.index else "not measured"
+            row[f"{key}_measured"] = part.loc[key, "measured"] if key in part.index else ""
+        rows.append(row)
+    order = {v: i for i, v in enumerate(VARIANTS)}
+    frame = pd.DataFrame(rows)
+    return frame.sort_values(["variant", "seed"], key=lambda c: c.map(order) if c.name == "variant" else c,
+                             ignore_index=True)
+
+
+def _answers_html(answer: pd.DataFrame) -> str:
+    """The questions whose two variants are both in the run, and one line naming the others."""
+    present = answer["n_seeds"] > 0
+    body = []
+    for r in answer[present].itertuples():
+        cls = "yes" if r.verdict in ("lower", "higher") else "maybe"
+        interval_text = (f"{r.difference:+.4f} [{r.low:+.4f}, {r.high:+.4f}]" if np.isfinite(r.low)
+                         else f"{r.difference:+.4f}")
+        body.append(f"<tr><td>{html.escape(r.question)}</td><td>{html.escape(r.a)} − {html.escape(r.b)} "
+                    f"({html.escape(r.metric)})</td><td>{interval_text}</td><td>{r.a_mean:.4f} / {r.b_mean:.4f}</td>"
+                    f"<td>{html.escape(r.per_seed)}</td><td>{r.n_seeds}</td>"
+                    f'<td class="{cls}"><b>{html.escape(r.verdict)}</b></td></tr>')
+    absent = answer[~present]
+    missing = ("<p>Not asked (a variant is not in this run): " + "; ".join(
+        f"{html.escape(r.a)} − {html.escape(r.b)} ({html.escape(r.metric)})" for r in absent.itertuples())
+        + ".</p>") if len(absent) else ""
+    return ('<table id="zoo-c3"><thead><tr><th>question</th><th>a − b (metric)</th><th>mean paired difference '
+            '[95% t-interval over seeds]</th><th>a / b means</th><th>per seed</th><th>seeds</th><th>answer</th>'
+            f'</tr></thead><tbody>{"".join(body)}</tbody></table>{missing}')
+
+
+def _claims_html(by_model: pd.DataFrame) -> str:
+    head = "".join(f"<th>{k}</th>" for k in _CLAIM_KEYS)
+    body = []
+    for r in by_model.to_dict("records"):
+        cells = "".join(f'<td class="{_VERDICT_CLASS.get(r[k], "na")}" title="{html.escape(str(r[k + "_measured"]))}">'
+                        f"{html.escape(r[k])}</td>" for k in _CLAIM_KEYS)
+        body.append(f"<tr><td>{html.escape(r['variant'])}</td><td>{r['seed']}</td>{cells}</tr>")
+    counts = []
+    for variant, frame in by_model.groupby("variant", sort=False):
+        cells = "".join(f"<td>{(frame[k] == 'holds').sum()} of {len(frame)}</td>" for k in _CLAIM_KEYS)
+        counts.append(f"<tr><th>{html.escape(variant)}</th><td>all seeds: holds on</td>{cells}</tr>")
+    return (f'<table id="zoo-claims"><thead><tr><th>variant</th><th>seed</th>{head}</tr></thead>'
+            f'<tbody>{"".join(body)}{"".join(counts)}</tbody></table>')
+
+
+def _summary_html(summary: pd.DataFrame) -> str:
+    metrics = [m for m in METRICS if m in set(summary["metric"])]
+    head = "".join(f"<th>{html.escape(m)}</th>" for m in metrics)
+    body = []
+    for variant, frame in summary.groupby("variant", sort=False):
+        frame = frame.set_index("metric")
+        cells = []
+        for m in metrics:
+            if m not in frame.index:
+                cells.append("<td></td>")
+                continue
+            r = frame.loc[m]
+            spread = f" ± {r['sd']:.4f} [{r['low']:.4f}, {r['high']:.4f}]" if np.isfinite(r["low"]) else ""
+            cells.append(f"<td>{r['mean']:.4f}{spread}</td>")
+        body.append(f"<tr><th>{html.escape(variant)}</th><td>{frame['n_seeds'].max()}</td>{''.join(cells)}</tr>")
+    return (f'<table id="zoo-variants"><thead><tr><th>variant</th><th>seeds</th>{head}</tr></thead>'
+            f'<tbody>{"".join(body)}</tbody></table>')
+
+
+def sinks_sentence(checkpoints_in_run: Sequence[Any], eps: float = 0.3) -> str:
+    """What the zoo models' own sink measurements say (recorded in their JSON by
+    :func:`lens_position.analyses.zoo.measure.measure_sinks`), in words built from the numbers."""
+    measured = [c for c in checkpoints_in_run if c.meta.get("sinks")]
+    if not measured:
+        return "The sink rate of these checkpoints was not measured."
+    top = max(measured, key=lambda c: c.meta["sinks"]["max_sink_score"])
+    score = top.meta["sinks"]["max_sink_score"]
+    with_sinks = [c for c in measured if c.meta["sinks"]["max_sink_score"] > eps]
+    rates = [c.meta["sinks"]["sink_rate"] for c in measured]
+    if with_sinks:
+        return (f"{len(with_sinks)} of {len(measured)} zoo models have a head whose mean attention on position 0 "
+                f"exceeds ε = {eps:g} (the largest, {score:.3f}, in {top.name}); sink rates "
+                f"{min(rates):.3f}–{max(rates):.3f}.")
+    return (f"No zoo model formed an attention sink: no head's mean attention on position 0 reaches ε = {eps:g} "
+            f"in any of the {len(measured)} models (the largest, {score:.3f}, is a head of {top.name}; Gu et al.'s "
+            f"sink rate, per prompt, is {min(rates):.3f}–{max(rates):.3f}). The zoo's training budget is too small "
+            "for sinks to form, so C5's sink part is not applicable on it and the zoo's C3 answers are answers for "
+            "models without sinks; `lens-position zoo sink-sweep` looks for the budget at which they form.")
+
+
+def report_section(tables: Mapping[str, pd.DataFrame], claims: pd.DataFrame) -> tuple[str, list[Any], str]:
+    """The zoo section of ``report.html``: ``(html before the figures, figures, html after)``,
+    the figures as ``lens_position.report.plots.ReportFigure`` (drawn like the report's others).
+
+    Before: the C3 questions answered by paired per-seed differences, C1-C5 per variant and
+    seed, the per-variant means with their seed-to-seed spread, and what the models' sink
+    measurements say. Figures: R by layer per variant (seeds' min-max) and the loss curves."""
+    from lens_position.report.plots import ReportFigure
+    from lens_position.models.zoo.store import checkpoints
+
+    models = models_table(tables)
+    summary = variant_summary(models)
+    answer = answers(models)
+    shipped = {c.name: c for c in checkpoints()}
+    trained = [shipped[m] for m in models["model"] if m in shipped]
+    variants = models.groupby("variant", sort=False)["seed"].apply(lambda s: ", ".join(map(str, sorted(s))))
+    listing = "; ".join(f"{html.escape(v)} (seeds {s})" for v, s in variants.items())
+    before = (
+        '<section id="zoo"><h2>The controlled zoo: C3 with nothing but the position mechanism changed</h2>'
+        f"<p>{len(models)} zoo models in this run: {listing}. They share one recipe (sizes, data, optimiser, "
+        "token budget) and differ only in how they encode position; at the same seed two variants start from the "
+        "same initial weights and see the same batches, so each question below is answered by the <b>paired</b> "
+        "per-seed difference, with a 95% t-interval over seeds (the seed-to-seed spread), and is resolved only "
+        "when that interval excludes 0. Shares are held-out fractions of Var(log A), means over layers; R slope "
+        "is the least-squares slope of the per-layer R against the layer index.</p>"
+        f"<h3>C3 on the zoo</h3>{_answers_html(answer)}"
+        f"<h3>C1–C5 per variant and seed</h3>{_claims_html(claims_by_model(tables, claims))}"
+        '<p class="caption">Verdicts of the claims table above for each zoo model (hover a cell for what it '
+        "rests on); the last rows count the seeds on which each claim holds.</p>"
+        f"<h3>Per variant: mean ± sd over seeds [95% t-interval]</h3>{_summary_html(summary)}"
+        f'<h3>Attention sinks</h3><p id="zoo-sinks">{html.escape(sinks_sentence(trained))}</p>')
+    figures = [ReportFigure("zoo_depth", "Zoo: R by layer per variant",
+                            "Held-out residual component R (self-referenced split) of each layer, mean over the "
+                            "variant's seeds; bars: the seeds' minimum and maximum.", depth_figure(tables))]
+    if trained:
+        figures.append(ReportFigure("zoo_loss", "Zoo: training loss curves",
+                                    "Held-out loss (bits per byte) during training, one line per model, against "
+                                    "training tokens; dashed: the unigram baseline of the training text.",
+                                    loss_figure(trained)))
+    return before, figures, "</section>"
+
+
+def write_outputs(folder: Any, tables: Mapping[str, pd.DataFrame]) -> dict[str, Any]:
+    """If the run has zoo models, write ``zoo_models.csv`` (per-model metrics),
+    ``zoo_variants.csv`` (means and seed-to-seed spread), ``zoo_c3.csv`` (the answers) and
+    ``zoo_claims.csv`` (C1-C5 per model) through ``folder`` (an output folder with a ``table``
+    method); otherwise write nothing. The zoo's figures and answers are a section of
+    ``report.html``."""
+    from lens_position.analyses.claims import claims_table
+
+    _, zoo = split_tables(tables)
+    if not zoo:
+        return {}
+    models = models_table(zoo)
+    return {"zoo_models": folder.table("zoo_models", models, "csv"),
+            "zoo_variants": folder.table("zoo_variants", variant_summary(models), "csv"),
+            "zoo_c3": folder.table("zoo_c3", answers(models), "csv"),
+            "zoo_claims": folder.table("zoo_claims", claims_by_model(zoo, claims_table(zoo)), "csv")}
