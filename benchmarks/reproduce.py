@@ -96,7 +96,7 @@ def _timed_cli(pythonpath: Path, args: argparse.Namespace, models: str, out: Pat
     wall time of the whole command, CPU time of the child (all its threads)."""
     import subprocess
 
-    command = [sys.executable, "-m", "lens_position.cli.main", "reproduce", "--models", models, "--out", str(out),
+    command = [sys.executable, "-m", "lens_position.cli.commands", "reproduce", "--models", models, "--out", str(out),
                "--no-progress", "--no-cache"]
     command += ["--quick"] if args.quick else []
     command += ["--T", str(args.T)] if args.T else []

@@ -2,7 +2,7 @@
 
 `docs/cli.md` holds the marker ``<!-- cli-reference -->``; at build time it is replaced by one
 section per sub-command with its usage and a table of its options, read off
-``lens_position.cli.main.build_parser()``. The page cannot drift from the code: a renamed option shows
+``lens_position.cli.commands.build_parser()``. The page cannot drift from the code: a renamed option shows
 up renamed, and a build without a parser fails (strict mode turns the logged error into a failure).
 """
 
@@ -95,8 +95,8 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
     if MARKER not in markdown:
         return markdown
     try:
-        from lens_position.cli.main import build_parser
+        from lens_position.cli.commands import build_parser
     except ImportError as exc:
-        log.error("cannot build the CLI reference: lens_position.cli.main.build_parser is missing (%s)", exc)
+        log.error("cannot build the CLI reference: lens_position.cli.commands.build_parser is missing (%s)", exc)
         return markdown.replace(MARKER, "")
     return markdown.replace(MARKER, render(build_parser()))

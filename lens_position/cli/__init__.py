@@ -1,5 +1,5 @@
 """The command line: ``lens-position`` (``main``), its sub-commands and the zoo's."""
 
-from lens_position.cli.main import main
+from lens_position.cli.commands import main
 
 __all__ = ["main"]

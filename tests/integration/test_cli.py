@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lens_position.cli.main import EXIT_ERROR, EXIT_USAGE, build_parser, main
+from lens_position.cli.commands import EXIT_ERROR, EXIT_USAGE, build_parser, main
 from lens_position.pipeline.config import DEFAULT_MODELS
 from lens_position.pipeline.steps import commands
 
@@ -131,7 +131,7 @@ def test_decompose_restricted_by_layers_queries_and_keys_writes_only_those(capsy
 
 
 def test_each_subcommand_writes_to_its_own_folder_by_default(monkeypatch, tmp_path):
-    from lens_position.cli.main import _config
+    from lens_position.cli.commands import _config
 
     monkeypatch.chdir(tmp_path)
     parser = build_parser()
@@ -156,7 +156,7 @@ def test_bad_analysis_options_are_a_one_line_error(capsys, argv, needle):
 
 def test_the_parser_and_help_do_not_import_transformer_lens():
     """`lens-position --help` (and any argument error) must not wait for TransformerLens."""
-    code = ("import sys\nimport lens_position\nfrom lens_position.cli.main import build_parser\nbuild_parser().format_help()\n"
+    code = ("import sys\nimport lens_position\nfrom lens_position.cli.commands import build_parser\nbuild_parser().format_help()\n"
             "from lens_position.models import KNOWN_MODELS\nassert KNOWN_MODELS\n"
             "print(sorted(m for m in ('transformer_lens', 'lens_position.pipeline.run') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

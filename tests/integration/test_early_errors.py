@@ -10,7 +10,7 @@ import pytest
 import torch
 import transformers
 
-from lens_position.cli import main as cli
+from lens_position.cli import commands as cli
 from lens_position.core.data import build_prompts, load_corpus
 from lens_position.ground.errors import BadInputError, CorruptFileError, UnsupportedArchitectureError
 from lens_position.models import load_model

@@ -17,7 +17,7 @@ import pytest
 
 from lens_position.pipeline.outputs import load_tables
 from lens_position.pipeline.steps import step_names
-from lens_position.cli.main import EXIT_INTERRUPTED, main
+from lens_position.cli.commands import EXIT_INTERRUPTED, main
 from lens_position.ground.errors import BadInputError
 from lens_position.analyses.claims import claims_table
 from lens_position.report.html import TABLES, report_figure_specs

@@ -231,7 +231,7 @@ def test_bad_position_bins_are_refused(args):
 def test_one_bos_default_in_python_the_command_line_and_the_pipeline(tiny_llama):
     import inspect
 
-    from lens_position.cli.main import build_parser
+    from lens_position.cli.commands import build_parser
     from lens_position.pipeline.config import DataOptions
 
     assert inspect.signature(build_prompts).parameters["bos"].default == DEFAULT_BOS == "force"

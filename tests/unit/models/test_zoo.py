@@ -381,7 +381,7 @@ def test_sink_sweep_trains_measures_and_then_reads_its_points(monkeypatch, tmp_p
 
 
 def test_the_sink_sweep_command_trains_each_point_once_per_seed_and_writes_both_tables(monkeypatch, tmp_path):
-    from lens_position.cli.main import main
+    from lens_position.cli.commands import main
     from lens_position.analyses.zoo import sweep
 
     monkeypatch.setenv("LENS_POSITION_CACHE", str(tmp_path / "cache"))

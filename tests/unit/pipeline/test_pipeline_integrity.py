@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from lens_position.cli.main import main
+from lens_position.cli.commands import main
 from lens_position.ground.errors import BadInputError
 from lens_position.pipeline.cache import StepCache, step_key
 from lens_position.pipeline.outputs import load_tables
@@ -242,7 +242,7 @@ def test_a_killed_writers_leftover_is_removed_and_a_live_one_is_kept(tmp_path):
 
 def test_the_step_registry_names_every_table_the_report_reads_and_every_sub_command():
     from lens_position.report import html as report
-    from lens_position.cli.main import build_parser
+    from lens_position.cli.commands import build_parser
     from lens_position.pipeline.steps import STEPS, commands, tables_of
 
     assert set(tables_of(tuple(STEPS))) == set(report.TABLES)

@@ -133,7 +133,7 @@ N = 3
 
 
 def test_a_sweep_on_ray_writes_one_table_per_step_with_a_column_per_factor(tmp_path, capsys):
-    from lens_position.cli.main import main
+    from lens_position.cli.commands import main
     from lens_position.pipeline.steps import tables_of
 
     spec = tmp_path / "sweep.toml"
