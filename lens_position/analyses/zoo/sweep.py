@@ -115,7 +115,7 @@ def sink_sweep(points: Sequence[str] | None = None, *, root: Path | None = None,
     import pandas as pd
 
     from lens_position.analyses.zoo.training import default_work_dir
-    from lens_position.models.zoo.corpus import load_corpus, unigram_bits_per_byte
+    from lens_position.models.zoo.corpus import training_split, unigram_bits_per_byte
     from lens_position.analyses.zoo.measure import measure_sinks
     from lens_position.models.zoo.store import SHIPPED, checkpoints, model_name, save_checkpoint
     from lens_position.models.zoo.train import train
@@ -131,7 +131,7 @@ def sink_sweep(points: Sequence[str] | None = None, *, root: Path | None = None,
         checkpoint = found.get(model_name(recipe.variant, recipe.seed))
         if checkpoint is None or checkpoint.meta["recipe_sha256"] != recipe.sha256():
             if corpus is None:
-                corpus = load_corpus()
+                corpus = training_split()
                 unigram = unigram_bits_per_byte(corpus)
             result = train(recipe, work_dir=default_work_dir(), device=device, progress=progress, corpus=corpus,
                            on_eval=partial(sinks_along_training, recipe=recipe))
@@ -155,9 +155,9 @@ def sink_sweep(points: Sequence[str] | None = None, *, root: Path | None = None,
 
 def train_text_bytes(fraction: float) -> int:
     """Bytes of distinct text a recipe with this ``train_fraction`` trains on (this Python's corpus)."""
-    from lens_position.models.zoo.corpus import load_corpus, train_subset
+    from lens_position.models.zoo.corpus import training_split, train_subset
 
-    return len(train_subset(load_corpus().train, fraction))
+    return len(train_subset(training_split().train, fraction))
 
 
 def sinks_along_training(model: "HookedTransformer", *, recipe: Recipe) -> dict[str, float]:

@@ -225,10 +225,10 @@ def test_shipped_checkpoint_matches_its_recipe_hash_and_loads_offline(checkpoint
     assert meta["held_out_bits_per_byte"] < meta["unigram_bits_per_byte"]
     assert "sink_rate" in meta["sinks"]
     # the loaded model computes what training measured: same held-out loss
-    from lens_position.models.zoo.corpus import evaluation_batch, load_corpus
+    from lens_position.models.zoo.corpus import evaluation_batch, training_split
     from lens_position.models.zoo.train import LN2, next_byte_loss
 
-    corpus = load_corpus()
+    corpus = training_split()
     tokens = evaluation_batch(corpus.held_out, n=recipe.n_eval_sequences, context=recipe.context, bos=recipe.bos)
     with torch.no_grad():
         bits = float(next_byte_loss(loaded.model, tokens)) / LN2
