@@ -258,7 +258,7 @@ def _summary(results: Tables, arch: str, prefix: str = "decompose") -> _ModelSum
     return _ModelSummary(layers, _part(results, f"{prefix}_replicates", arch), n)
 
 
-def _slope(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+def slope(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Least-squares slope of ``y`` (``[..., layer]``) against ``x`` (``[layer]``)."""
     xc = x - x.mean()
     return (np.asarray(y, dtype=float) - np.asarray(y, dtype=float).mean(-1, keepdims=True)) @ xc / (xc @ xc)
@@ -372,9 +372,9 @@ def _balance(results: Tables, arch: str, role: str) -> _Balance | None:
     share_value = r / (r + m) if r + m > 0 else math.nan
     share_reps = None if r_reps is None else np.where(r_reps + m_reps > 0, r_reps / (r_reps + m_reps), np.nan)
     depth = summary.depth()
-    slope_value = float(_slope(depth, summary.layers[r_col].to_numpy(dtype=float))) if len(depth) > 1 else math.nan
+    slope_value = float(slope(depth, summary.layers[r_col].to_numpy(dtype=float))) if len(depth) > 1 else math.nan
     layer_reps = summary.layer_replicates(r_col)
-    slope_reps = None if layer_reps is None or len(depth) < 2 else _slope(depth, layer_reps)
+    slope_reps = None if layer_reps is None or len(depth) < 2 else slope(depth, layer_reps)
     return _Balance(arch, role, summary.n, from_replicates(share_value, share_reps, n=summary.n), share_reps,
                     from_replicates(slope_value, slope_reps, n=summary.n), slope_reps)
 

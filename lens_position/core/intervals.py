@@ -332,3 +332,31 @@ def units_to_decide(n: int | None, estimate: Estimate, threshold: float) -> floa
     if distance == 0:
         return math.inf
     return float(math.ceil(n * (max(half_width, 0.0) / distance) ** 2))
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (numerical: the CDF
+    integrated on a fine grid and inverted by interpolation; accurate to ~1e-4)."""
+    if df < 1:
+        return float("nan")
+    x = np.linspace(0.0, 200.0, 400_001)
+    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    density = np.exp(log_norm - (df + 1) / 2 * np.log1p(x * x / df))
+    cdf = 0.5 + np.concatenate([[0.0], np.cumsum((density[1:] + density[:-1]) / 2 * np.diff(x))])
+    return float(np.interp(p, cdf, x))
+
+
+def t_interval(values: Sequence[float | None]) -> tuple[float, float, float, float, int]:
+    """``(mean, sd, low, high, n)`` of a 95 % Student-t interval for the mean of the finite
+    ``values`` (independent units, e.g. training seeds, too few for a bootstrap); NaN bounds
+    for n < 2."""
+    v = np.asarray([x for x in values if x is not None and np.isfinite(x)], dtype=float)
+    n = len(v)
+    if n == 0:
+        return float("nan"), float("nan"), float("nan"), float("nan"), 0
+    mean = float(v.mean())
+    if n < 2:
+        return mean, float("nan"), float("nan"), float("nan"), n
+    sd = float(v.std(ddof=1))
+    half = t_quantile((1 + LEVEL) / 2, n - 1) * sd / math.sqrt(n)
+    return mean, sd, mean - half, mean + half, n

@@ -6,7 +6,7 @@ A reproduction produces a set of tidy tables, stacked over models, each with the
 decides nothing. The claims, their criteria, verdicts and the words that explain a
 disagreement come from :mod:`lens_position.analyses.claims`.
 
-- ``claims_html``: the claims table (verdicts with the intervals behind them) and, for
+- ``claims_html``: the claims table (verdict cells styled by :mod:`lens_position.report.markup`) (verdicts with the intervals behind them) and, for
   every claim that does not hold or is inconclusive, the explanation;
 - ``build_report`` / ``write_report``: one HTML file that opens with that table and then
   shows every figure from ``lens_position.report.plots`` with a caption saying what is measured;
@@ -36,9 +36,10 @@ import plotly.graph_objects as go
 import plotly.offline
 
 from lens_position.report import plots
+from lens_position.report.markup import verdict_class
 from lens_position.report.plots import ReportFigure
 from lens_position.analyses import tables as table_registry
-from lens_position.analyses.claims import FAILS, HOLDS, INCONCLUSIVE, PAPER, Criteria, claims_table
+from lens_position.analyses.claims import FAILS, INCONCLUSIVE, PAPER, Criteria, claims_table
 from lens_position.ground.errors import BadInputError, MissingPackageError
 
 # The tables a reproduction writes, with the experiment that produces each (the registry's).
@@ -187,11 +188,8 @@ def _script_json(obj: Any) -> str:
     return json.dumps(obj, allow_nan=False).replace("</", "<\\/")
 
 
-_VERDICT_CLASS = {HOLDS: "yes", FAILS: "no", INCONCLUSIVE: "maybe"}
-
-
 def _verdict_cell(verdict: str) -> tuple[str, str]:
-    return _VERDICT_CLASS.get(verdict, "na"), verdict
+    return verdict_class(verdict), verdict
 
 
 def claims_html(claims: pd.DataFrame) -> str:

@@ -627,3 +627,34 @@ class ReportFigure:
     title: str
     caption: str
     figure: go.Figure
+
+
+def zoo_r_by_layer(layers: pd.DataFrame) -> go.Figure:
+    """Per-layer held-out R' (``R_rf_heldout``, reference-free split) of each ``variant`` of a
+    zoo decomposition table: mean over seeds, with the seeds' min-max as error bars."""
+    figure = go.Figure()
+    for variant, frame in layers.groupby("variant", sort=False):
+        stats = frame.groupby("layer")["R_rf_heldout"].agg(["mean", "min", "max", "count"])
+        figure.add_trace(go.Scatter(
+            x=stats.index, y=stats["mean"], mode="lines+markers", name=f"{variant} (n={stats['count'].iloc[0]})",
+            error_y=dict(type="data", symmetric=False, array=stats["max"] - stats["mean"],
+                         arrayminus=stats["mean"] - stats["min"])))
+    figure.update_layout(title="Zoo: residual component R' (held-out, reference-free) by layer, mean over seeds "
+                         "(bars: min-max)", xaxis_title="layer", yaxis_title="R' (share of Var(log A))",
+                         template="plotly_white")
+    return figure
+
+
+def training_loss(curves: pd.DataFrame, unigram_bits_per_byte: float | None = None) -> go.Figure:
+    """Held-out loss (``held_out_bits``, bits per byte) against training ``tokens``, one line per
+    ``name`` (grouped by ``variant``), with the unigram baseline when given."""
+    figure = go.Figure()
+    for (name, variant), curve in curves.groupby(["name", "variant"], sort=False):
+        figure.add_trace(go.Scatter(x=curve["tokens"], y=curve["held_out_bits"], mode="lines",
+                                    name=name, legendgroup=variant))
+    if unigram_bits_per_byte is not None:
+        figure.add_hline(y=unigram_bits_per_byte, line_dash="dash",
+                         annotation_text=f"unigram {unigram_bits_per_byte:.2f} bits/byte")
+    figure.update_layout(title="Zoo training: held-out loss", xaxis_title="training tokens",
+                         yaxis_title="bits per byte (held out)", template="plotly_white")
+    return figure
