@@ -25,18 +25,15 @@ differ with what each set's bootstrap interval predicts.
 Cost: one decomposition pass per set (``K`` times the decomposition of one set; on
 SmolLM2-135M at T = 128, N = 16: 96 s for 4 sets on 2 shared cores), so this is an opt-in
 analysis, not part of the default reproduction: :func:`across_prompt_sets` in Python,
-``lens-position reproduce --prompt-sets K`` (or ``decompose``; the step ``prompt_sets``, its
-tables in the run's output and a table in the report), or
-``python -m lens_position.analyses.prompt_sets MODEL --sets K`` (the two tables as CSV).
+``lens-position reproduce --prompt-sets K`` or ``lens-position decompose MODEL --prompt-sets K``
+(the step ``prompt_sets``: its tables in the run's output and a table in the report).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from statistics import NormalDist
 from typing import Any, Sequence
 
@@ -226,32 +223,3 @@ def across_prompt_sets(
                                            seed=seed, K=K, T=T, N=N, source=source, bos=bos,
                                            intervals=result.provenance["intervals"])
     return result
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m lens_position.analyses.prompt_sets MODEL --sets K``: the tables as CSV in ``--out``."""
-    from lens_position.models.load import load_model
-
-    parser = argparse.ArgumentParser(prog="python -m lens_position.analyses.prompt_sets", description=__doc__.splitlines()[0])
-    parser.add_argument("model", help="a registry name, e.g. smollm2-135m")
-    parser.add_argument("--sets", type=int, default=4, help="number of disjoint prompt sets K (default: 4)")
-    parser.add_argument("--T", type=int, default=128)
-    parser.add_argument("--N", type=int, default=16, help="sequences per set (default: 16)")
-    parser.add_argument("--source", default="natural", choices=("natural", "random", "repeated"))
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--out", type=Path, default=Path("results-prompt-sets"))
-    args = parser.parse_args(argv)
-    loaded = load_model(args.model)
-    result = across_prompt_sets(loaded, args.sets, T=args.T, N=args.N, source=args.source, seed=args.seed,
-                                batch_size=args.batch_size, progress=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    result.sets.to_csv(args.out / "prompt_sets.csv", index=False)
-    result.summary.to_csv(args.out / "prompt_sets_summary.csv", index=False)
-    with pd.option_context("display.width", 200, "display.max_columns", 20):
-        print(result.summary.to_string(index=False))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
