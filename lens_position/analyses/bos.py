@@ -42,7 +42,7 @@ from lens_position.ground import provenance
 from lens_position.core.checks import check_count, check_query_range, check_seed
 from lens_position.analyses.compare import compare, decompose_conditions
 from lens_position.analyses.decompose import Decomposition, decompose
-from lens_position.core.inputs import checked_prompts
+from lens_position.core.inputs import Prompts, checked_prompts
 from lens_position.ground.errors import BadInputError
 from lens_position.core.intervals import Bootstrap
 from lens_position.models.spec import LoadedModel, as_loaded
@@ -80,7 +80,7 @@ class BosReplacement(SavedResult):
 
 def bos_replacement(
     model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    prompts: Prompts,
     *,
     replacements: Sequence[str] = REPLACEMENTS,
     query_range: tuple[int, int] = (0, 32),
@@ -117,12 +117,12 @@ def bos_replacement(
         raise BadInputError(f"unknown replacements {unknown}; choose from {list(REPLACEMENTS)}")
     query_range = check_query_range(query_range, tokens.shape[1])
     if token is None and "token" in replacements:
-        token = default_replacement_token(loaded, tokens, position=0, seed=seed)
+        token = default_replacement_token(loaded, prompts, position=0, seed=seed)
     passes = len(replacements) + (base is None)
     with progress_bar("bos replacement", total=passes * len(tokens), enabled=progress):
         if base is None:
             base = decompose(loaded, prompts, query_range=query_range, batch_size=batch_size, bootstrap=bootstrap)
-        conditions = {replacement: [embedding_patch(loaded, tokens, replacement, position=0, token=token,
+        conditions = {replacement: [embedding_patch(loaded, prompts, replacement, position=0, token=token,
                                                     seed=seed)]
                       for replacement in replacements}
         replaced = decompose_conditions(loaded, prompts, conditions, query_range=query_range,

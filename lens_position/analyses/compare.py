@@ -48,7 +48,9 @@ from lens_position.analyses.decompose import Decomposition, decompose
 from lens_position.ground.errors import BadInputError
 from lens_position.core.intervals import BIAS_CORRECTED_QUANTITIES, Bootstrap, bootstrap_interval, interval_method
 from lens_position.models.spec import LoadedModel
-from lens_position.analyses.patching import Patch, as_tokens
+from lens_position.analyses.patching import Patch
+from lens_position.core.checks import check_layers, check_query_range
+from lens_position.core.inputs import Prompts, checked_prompts
 from lens_position.ground.progress import progress as progress_bar
 from lens_position.core.results import SavedResult
 
@@ -252,7 +254,7 @@ def compare(base: Decomposition, conditions: Mapping[str, Decomposition]) -> Com
 
 def decompose_conditions(
     model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    prompts: Prompts,
     conditions: Mapping[str, Sequence[Patch]],
     *,
     layers: Mapping[str, Sequence[int]] | Sequence[int] | None = None,
@@ -266,7 +268,12 @@ def decompose_conditions(
     condition name (default all; the pass stops after the last). ``progress``: one bar
     counting the sequences of every condition's pass."""
     out = {}
-    n_prompts = len(as_tokens(model, prompts))
+    prompts = checked_prompts(model, prompts, min_length=2)  # what decompose asks of them: checked once here
+    if query_range is not None:
+        query_range = check_query_range(query_range, prompts.tokens.shape[1])
+    if layers is not None and not isinstance(layers, Mapping):
+        layers = check_layers(layers, (model.model if isinstance(model, LoadedModel) else model).cfg.n_layers)
+    n_prompts = len(prompts)
     with progress_bar("decompose conditions", total=len(conditions) * n_prompts, enabled=progress):
         for name, patches in conditions.items():
             chosen = layers.get(name) if isinstance(layers, Mapping) else layers

@@ -58,7 +58,7 @@ from transformer_lens import HookedTransformer
 from lens_position.ground import provenance
 from lens_position.core.checks import check_count, check_layers, check_query_range
 from lens_position.ground.errors import BadInputError, UnsupportedArchitectureError
-from lens_position.core.inputs import checked_prompts
+from lens_position.core.inputs import Prompts, checked_prompts
 from lens_position.core.intervals import (BIAS_CORRECTED_QUANTITIES, Bootstrap, bootstrap_interval, interval_method,
                                     resample_counts, small_sample_widening)
 from lens_position.models.spec import LoadedModel, as_loaded
@@ -877,7 +877,7 @@ class DecompositionReducer:
 
 def decompose(
     model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    prompts: Prompts,
     *,
     layers: Sequence[int] | None = None,
     query_range: tuple[int, int] | None = None,
@@ -936,7 +936,7 @@ def decompose(
 
 def decompose_dense(
     model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    prompts: Prompts,
     *,
     layers: Sequence[int] | None = None,
     query_range: tuple[int, int] | None = None,
@@ -1035,7 +1035,7 @@ def decompose_dense(
 
 def check_identity(
     model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    prompts: Prompts,
     *,
     layers: Sequence[int] | None = None,
     min_pattern: float = 1e-6,

@@ -26,6 +26,7 @@ import torch
 from jaxtyping import Float, Int
 from transformer_lens import HookedTransformer
 
+from lens_position.core.inputs import Prompts
 from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError
 from lens_position.models.spec import LoadedModel, as_loaded
@@ -43,7 +44,7 @@ def auto_bos_policy(model: LoadedModel | HookedTransformer) -> str:
 
 
 def counterfactual_token0(
-    model: LoadedModel | HookedTransformer, prompts: Any, counterfactual: str
+    model: LoadedModel | HookedTransformer, prompts: Prompts, counterfactual: str
 ) -> Int[torch.Tensor, "batch"]:
     """The token that sits at position 0 of the counterfactual run, one per prompt.
 
@@ -162,7 +163,7 @@ def fingerprint_prompts(
     }
 
 
-def fingerprint_tokens(condition: str, prompts: Any) -> Int[torch.Tensor, "batch pos"]:
+def fingerprint_tokens(condition: str, prompts: Prompts) -> Int[torch.Tensor, "batch pos"]:
     """The tokens :func:`fingerprint` streams for a condition: the whole prompts for
     ``"auto-bos"`` (that the rest of the input never reaches position 0 is what this condition
     checks), token 0 alone for ``"varying-token0"``: position 0 attends only to itself, so its

@@ -53,7 +53,7 @@ from lens_position.ground import provenance
 from lens_position.core.patch import (Condition, Patch, _check_layer, _check_position, act_name,  # noqa: F401
                                        patches_as_hooks, source_activation)
 from lens_position.ground.errors import BadInputError
-from lens_position.core.inputs import checked_prompts
+from lens_position.core.inputs import Prompts, checked_prompts
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.ground.progress import progress as progress_bar
 from lens_position.core.results import SavedResult
@@ -69,7 +69,7 @@ def _hooked(model: LoadedModel | HookedTransformer) -> HookedTransformer:
     return as_loaded(model).model
 
 
-def as_tokens(model: LoadedModel | HookedTransformer, prompts: Any) -> Int[torch.Tensor, "batch pos"]:
+def as_tokens(model: LoadedModel | HookedTransformer, prompts: Prompts) -> Int[torch.Tensor, "batch pos"]:
     """The token tensor of ``prompts``, checked by the input door
     (:func:`lens_position.core.inputs.checked_prompts`: ids in the vocabulary, length within the
     context, no padding), on the model's device."""
@@ -110,7 +110,7 @@ def check_same_layout(target: Any, source: Any, *, what: str = "source") -> None
 
 def cache_activations(
     model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    prompts: Prompts,
     names: Sequence[str],
     *,
     fwd_hooks: Sequence[tuple[str, Callable]] = (),
@@ -133,7 +133,7 @@ def cache_activations(
 
 
 def resid_pre_stack(
-    model: LoadedModel | HookedTransformer, prompts: Any
+    model: LoadedModel | HookedTransformer, prompts: Prompts
 ) -> Float[torch.Tensor, "layer batch pos d_model"]:
     """``resid_pre`` of every block on ``prompts``, stacked: the cache that patches resume from."""
     hooked = _hooked(model)
@@ -147,7 +147,7 @@ def resid_pre_stack(
 
 def run_patches(
     model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    prompts: Prompts,
     conditions: Sequence[Condition | Patch],
     metric: Callable[[Any], torch.Tensor],
     *,
@@ -251,7 +251,7 @@ def kv_head_of(model: LoadedModel | HookedTransformer, head: int) -> int:
 
 def replacement_embedding(
     model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    prompts: Prompts,
     replacement: Replacement,
     *,
     position: int = 0,
@@ -287,7 +287,7 @@ def replacement_embedding(
 
 
 def default_replacement_token(
-    model: LoadedModel | HookedTransformer, prompts: Any, *, position: int = 0, seed: int = 0
+    model: LoadedModel | HookedTransformer, prompts: Prompts, *, position: int = 0, seed: int = 0
 ) -> int:
     """A token drawn with ``seed`` from the vocabulary, avoiding every token the prompts hold
     at ``position`` (so the replacement really changes the input) and the tokenizer's
@@ -311,7 +311,7 @@ def default_replacement_token(
 
 def embedding_patch(
     model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    prompts: Prompts,
     replacement: Replacement | torch.Tensor = "token",
     *,
     position: int = 0,

@@ -75,7 +75,7 @@ from transformer_lens import HookedTransformer
 from lens_position.ground import provenance
 from lens_position.core.checks import check_count, check_layers, check_query_range, check_seed
 from lens_position.ground.errors import BadInputError
-from lens_position.core.inputs import checked_prompts
+from lens_position.core.inputs import Prompts, checked_prompts
 from lens_position.core.intervals import Bootstrap, percentile_interval, resample_counts, small_sample_widening
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.core.results import SavedResult
@@ -454,7 +454,7 @@ class ProbeReducer:
 
 def position_probe(
     model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    prompts: Prompts,
     *,
     layers: Sequence[int] | None = None,
     ridge: float | None = None,

@@ -45,7 +45,7 @@ from lens_position.core.data import DEFAULT_BOS
 from lens_position.analyses.decompose import Decomposition, DecompositionReducer
 from lens_position.ground.errors import BadInputError
 from lens_position.analyses.fingerprint import counterfactual_token0, position0_activations
-from lens_position.core.inputs import checked_prompts
+from lens_position.core.inputs import Prompts, checked_prompts
 from lens_position.core.intervals import Bootstrap, bootstrap_mean
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.analyses.patching import Patch, as_tokens, cache_activations, head_ablation
@@ -133,7 +133,7 @@ class SinkScoreReducer:
 
 def sink_scores(
     model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    prompts: Prompts,
     *,
     query_range: tuple[int, int] | None = None,
     batch_size: int = 8,
@@ -147,7 +147,7 @@ def sink_scores(
 
 def prompt_sink_scores(
     model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    prompts: Prompts,
     *,
     query_range: tuple[int, int] | None = None,
     batch_size: int = 8,
@@ -164,7 +164,7 @@ def prompt_sink_scores(
 
 def sink_heads(
     model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    prompts: Prompts,
     *,
     eps: float = SINK_EPS,
     query_range: tuple[int, int] | None = None,
@@ -365,7 +365,7 @@ def base_activation_names(model: LoadedModel | HookedTransformer) -> list[str]:
 
 def own_position0_patches(
     model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    prompts: Prompts,
     counterfactual: str,
     *,
     base_activations: dict[str, torch.Tensor] | None = None,
@@ -401,7 +401,7 @@ def own_position0_patches(
 
 def sink_reading_base(
     model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    prompts: Prompts,
     *,
     query_range: tuple[int, int] = (0, 32),
     batch_size: int = 8,
@@ -437,7 +437,7 @@ def _output_change(base_z: Sequence[torch.Tensor], patched_z: Sequence[torch.Ten
 
 def sink_reading_scores(
     model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    prompts: Prompts,
     patches: Sequence[Patch],
     *,
     base: Decomposition,
@@ -480,7 +480,7 @@ def sink_reading_scores(
 
 def head_ablation_effect(
     model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    prompts: Prompts,
     heads: Sequence[tuple[int, int]],
     *,
     base: Decomposition,
@@ -517,7 +517,7 @@ def head_ablation_effect(
 
 def sink_reading_heads(
     model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    prompts: Prompts,
     *,
     counterfactual: str = "no-bos",
     query_range: tuple[int, int] = (0, 32),

@@ -29,7 +29,7 @@ from lens_position.ground import provenance
 from lens_position.core.checks import check_count, check_layers, check_query_range
 from lens_position.analyses.compare import compare, decompose_conditions
 from lens_position.analyses.decompose import Decomposition, decompose
-from lens_position.core.inputs import checked_prompts
+from lens_position.core.inputs import Prompts, checked_prompts
 from lens_position.ground.errors import BadInputError
 from lens_position.analyses.fingerprint import counterfactual_token0, position0_activations
 from lens_position.models.spec import LoadedModel, as_loaded
@@ -54,7 +54,7 @@ class TrajectoryPatching(SavedResult):
 
 
 def trajectory_patches(
-    model: LoadedModel | HookedTransformer, prompts: Any, counterfactual: str, layers: Sequence[int]
+    model: LoadedModel | HookedTransformer, prompts: Prompts, counterfactual: str, layers: Sequence[int]
 ) -> dict[int, Patch]:
     """For each patch layer ``l``: the patch of ``resid_pre[l][:, 0]`` with the
     counterfactual position-0 residual (one value per prompt)."""
@@ -89,7 +89,7 @@ def _pattern_change(
 
 def trajectory_patching(
     model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    prompts: Prompts,
     *,
     counterfactual: str = "no-bos",
     layers: Sequence[int] | None = None,

@@ -49,9 +49,26 @@ def check_seed(seed: Any) -> int:
     return value
 
 
+class CheckedLayers(list):
+    """Layers :func:`check_layers` accepted for a model of ``n_layers`` layers (sorted, no
+    repeats); handed back to it unchanged, it is returned without a second check."""
+
+    def __init__(self, layers: Iterable[int], n_layers: int) -> None:
+        super().__init__(layers)
+        self.n_layers = n_layers
+        self._as_checked = tuple(self)
+
+
 def check_layers(layers: Any, n_layers: int) -> list[int]:
     """Layers to analyse: ``None`` (all), one layer, or a non-empty collection of layers in
-    ``0 .. n_layers - 1``. Returns them sorted, without repeats."""
+    ``0 .. n_layers - 1``. Returns them sorted, without repeats, as :class:`CheckedLayers`."""
+    if (isinstance(layers, CheckedLayers) and layers.n_layers == n_layers
+            and tuple(layers) == layers._as_checked):
+        return layers
+    return CheckedLayers(_layers(layers, n_layers), n_layers)
+
+
+def _layers(layers: Any, n_layers: int) -> list[int]:
     if layers is None:
         return list(range(n_layers))
     if isinstance(layers, (str, bytes)) or not isinstance(layers, Iterable) and not isinstance(layers, numbers.Number):
@@ -67,12 +84,32 @@ def check_layers(layers: Any, n_layers: int) -> list[int]:
     return chosen
 
 
+class QueryRange(tuple):
+    """A query range ``(start, stop)`` :func:`check_query_range` accepted for sequences of
+    ``length`` positions; handed back to it for the same length, it is returned without a
+    second check."""
+
+    def __new__(cls, start: int, stop: int, length: int) -> "QueryRange":
+        pair = super().__new__(cls, (start, stop))
+        pair.length = length
+        return pair
+
+    def __getnewargs__(self) -> tuple[int, int, int]:
+        return self[0], self[1], self.length
+
+
 def check_query_range(query_range: Any, length: int, name: str = "query_range") -> tuple[int, int]:
-    """Queries ``start <= i < stop`` of sequences of ``length`` positions.
+    """Queries ``start <= i < stop`` of sequences of ``length`` positions, as a :class:`QueryRange`.
 
     ``None`` means all queries. ``stop`` beyond the sequence is cut to ``length`` (so a
     default such as ``(0, 32)`` works for short prompts); the range must keep at least one
     query."""
+    if isinstance(query_range, QueryRange) and query_range.length == length:
+        return query_range
+    return QueryRange(*_query_range(query_range, length, name), length)
+
+
+def _query_range(query_range: Any, length: int, name: str) -> tuple[int, int]:
     if query_range is None:
         return 0, length
     if isinstance(query_range, (str, bytes)) or not isinstance(query_range, Iterable):
