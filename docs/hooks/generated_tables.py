@@ -2,7 +2,7 @@
 
 - ``<!-- model-registry -->``: every name in ``lens_position.models.registry.REGISTRY`` with
   its kind, description and default load options.
-- ``<!-- result-tables -->``: the tables a reproduction writes (``lens_position.report.html.TABLES``).
+- ``<!-- result-tables -->``: the tables a reproduction writes (``lens_position.analyses.tables.TABLES``, also ``lens_position.report.html.TABLES``).
 """
 
 from __future__ import annotations

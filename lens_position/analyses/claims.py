@@ -2,7 +2,7 @@
 
 Each :class:`Claim` is written once, here: the paper's statement, our criterion (built from
 the thresholds in :class:`Criteria`), and the function that evaluates it from the results
-tables of a reproduction (``lens_position.report.html.TABLES``), one :class:`Evaluation` per
+tables of a reproduction (``lens_position.analyses.tables.TABLES``), one :class:`Evaluation` per
 architecture and one ``"overall"``. The report and the command line only render what this
 module returns; the paper's numbers are in :data:`PAPER` and nowhere else.
 
