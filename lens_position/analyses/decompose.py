@@ -56,11 +56,11 @@ from jaxtyping import Float, Int
 from transformer_lens import HookedTransformer
 
 from lens_position.ground import provenance
-from lens_position.core.checks import check_count, check_layers, check_query_range
+from lens_position.core.checks import check_count, check_layers, check_query_range, tokens_sha256
 from lens_position.ground.errors import BadInputError, UnsupportedArchitectureError
 from lens_position.core.inputs import checked_prompts
-from lens_position.core.intervals import (BIAS_CORRECTED_QUANTITIES, Bootstrap, bootstrap_interval, interval_method,
-                                    resample_counts, small_sample_widening)
+from lens_position.core.intervals import (BIAS_CORRECTED_QUANTITIES, MIN_INTERVAL_UNITS, Bootstrap,
+                                         bootstrap_interval, interval_method, resample_counts, small_sample_widening)
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.core.results import SavedResult
 from lens_position.core.stream import stream
@@ -699,8 +699,6 @@ def _check_options(loaded: LoadedModel, tokens: torch.Tensor, layers: Sequence[i
     query_start, query_stop = check_query_range(query_range, length)
     if keys not in ("all", "no-bos"):
         raise BadInputError(f"keys must be 'all' or 'no-bos', got {keys!r}")
-    if keys == "no-bos" and query_stop <= 1:
-        raise BadInputError("keys='no-bos' leaves no pairs for query 0 alone; widen query_range")
     return layers, query_start, query_stop
 
 
@@ -733,6 +731,7 @@ class DecompositionReducer:
                  bootstrap: Bootstrap = Bootstrap()) -> None:
         self.loaded = as_loaded(model)
         tokens, self.data = _prompt_tokens(self.loaded, prompts)
+        self.tokens_sha256 = tokens_sha256(tokens)
         self.seed = getattr(getattr(prompts, "spec", None), "seed", None)
         self.layers, self.query_start, self.query_stop = _check_options(self.loaded, tokens, layers,
                                                                          query_range, keys)
@@ -794,7 +793,8 @@ class DecompositionReducer:
         if n_seq == 0:
             raise BadInputError("no prompts were streamed through this decomposition")
         self.stats = {layer: stats.to("cpu") for layer, stats in self.stats.items()}
-        weights = self.resample_weights()
+        # too few sequences for an interval to exist (MIN_INTERVAL_UNITS): none is computed
+        weights = self.resample_weights() if n_seq >= MIN_INTERVAL_UNITS else None
         level = self.bootstrap.level
         stats0 = self.stats[self.layers[0]]
         per_half = min(int(((stats0.n_sequences > 0) & (stats0.halves == h)).sum()) for h in (0, 1))
@@ -860,7 +860,8 @@ class DecompositionReducer:
                                         grid[per_layer["layer"].tolist()].to_numpy(), level, interval_method(name))
             per_layer[f"{name}_lo"], per_layer[f"{name}_hi"] = lo, hi
         prov = provenance.collect(
-            model=self.loaded.spec, data=self.data, seed=self.seed, layers=self.layers,
+            model=self.loaded.spec, data=self.data, seed=self.seed, tokens_sha256=self.tokens_sha256,
+            layers=self.layers,
             query_range=[self.query_start, self.query_stop], keys=self.keys, **options,
             bins={**self.bins.to_dict(), "position_edges": self.bins.edges(self.length).tolist(), "offsets": "exact"},
             heldout=HELDOUT_DEFINITION, reference_free=REFERENCE_FREE_DEFINITION,
@@ -1027,7 +1028,8 @@ def decompose_dense(
     heads = (pd.DataFrame(rows, columns=HEAD_COLUMNS).astype({"window": "Int64"})
              .sort_values(["layer", "head"], ignore_index=True))
     per_layer = heads.groupby(["layer", "layer_type"], dropna=False, sort=True)[COMPONENTS].mean().reset_index()
-    prov = provenance.collect(model=loaded.spec, data=data, layers=layers, query_range=[query_start, query_stop],
+    prov = provenance.collect(model=loaded.spec, data=data, tokens_sha256=tokens_sha256(tokens), layers=layers,
+                              query_range=[query_start, query_stop],
                               keys=keys, bins={**bins.to_dict(), "position_edges": bins.edges(length).tolist()},
                               method="dense reference (cached scores, torch.linalg.lstsq)")
     return Decomposition(heads=heads, layers=per_layer, provenance=prov)
