@@ -116,66 +116,6 @@ def check_fraction(name: str, value: Any) -> float:
     return number
 
 
-def check_finite_number(name: str, value: Any, *, minimum: float | None = None, above: float | None = None,
-                        what: str = "") -> float:
-    """A finite real number, at least ``minimum`` or strictly greater than ``above``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise BadInputError(f"{name} must be a finite number{what}, got {value!r}")
-    number = float(value)
-    if not math.isfinite(number):
-        raise BadInputError(f"{name} must be a finite number{what}, got {value!r}")
-    if minimum is not None and number < minimum:
-        raise BadInputError(f"{name} must be >= {minimum:g}{what}, got {value!r}")
-    if above is not None and number <= above:
-        raise BadInputError(f"{name} must be > {above:g}{what}, got {value!r}")
-    return number
-
-
-BY_PARTS_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_context")
-
-
-def check_position_options(*, ntk_alpha: Any = None, ntk_by_parts: Any = None, window: Any = None,
-                           n_ctx: Any = None) -> dict[str, Any]:
-    """The position options of ``load_model`` checked finite and in range, before anything is
-    built: ``ntk_alpha`` a finite number >= 1 (1 is the identity; below 1 would shrink the rotary
-    base); ``ntk_by_parts`` True, ``{}`` or a dict of finite factors (``factor`` >= 1,
-    ``low_freq_factor`` > 0, ``high_freq_factor`` > ``low_freq_factor``, ``original_context`` an
-    integer >= 2); ``window`` and ``n_ctx`` integers >= 1 and >= 2 (``2.7`` is refused, not cut
-    to 2). Returns them as ``int``/``float``/``dict`` (None where not given)."""
-    out: dict[str, Any] = {"ntk_alpha": None, "ntk_by_parts": ntk_by_parts, "window": None, "n_ctx": None}
-    if ntk_alpha is not None:
-        out["ntk_alpha"] = check_finite_number("ntk_alpha", ntk_alpha, minimum=1.0,
-                                               what=" (the NTK-aware scale, 1 = unscaled)")
-    if ntk_by_parts is not None and ntk_by_parts is not False:
-        if ntk_by_parts is True:
-            out["ntk_by_parts"] = {}
-        elif not isinstance(ntk_by_parts, dict):
-            raise BadInputError(f"ntk_by_parts must be True or a dict with keys among {list(BY_PARTS_KEYS)}, "
-                                f"got {ntk_by_parts!r}")
-        else:
-            unknown = sorted(set(map(str, ntk_by_parts)) - set(BY_PARTS_KEYS))
-            if unknown:
-                raise BadInputError(f"ntk_by_parts has unknown keys {unknown}; use {list(BY_PARTS_KEYS)}")
-            parts = dict(ntk_by_parts)
-            if "factor" in parts:
-                parts["factor"] = check_finite_number("ntk_by_parts factor", parts["factor"], minimum=1.0)
-            for key in ("low_freq_factor", "high_freq_factor"):
-                if key in parts:
-                    parts[key] = check_finite_number(f"ntk_by_parts {key}", parts[key], above=0.0)
-            if parts.get("high_freq_factor", 4.0) <= parts.get("low_freq_factor", 1.0):
-                raise BadInputError("ntk_by_parts needs high_freq_factor > low_freq_factor (the band between "
-                                    f"them is interpolated), got {ntk_by_parts!r}")
-            if "original_context" in parts:
-                parts["original_context"] = check_count("ntk_by_parts original_context",
-                                                        parts["original_context"], minimum=2)
-            out["ntk_by_parts"] = parts
-    if window is not None:
-        out["window"] = check_count("window", window, minimum=1)
-    if n_ctx is not None:
-        out["n_ctx"] = check_count("n_ctx", n_ctx, minimum=2)
-    return out
-
-
 def tokens_sha256(tokens: torch.Tensor) -> str:
     """The identity of a prompt set: sha256 of its token ids as int64, with their shape."""
     ids = tokens.detach().to("cpu", torch.int64).contiguous()

@@ -26,6 +26,7 @@ import datetime as _dt
 import hashlib
 import importlib
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -89,6 +90,7 @@ class SavedResult:
         }
         tensors: dict[str, torch.Tensor] = {}
         staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+        os.chmod(staging, 0o777 & ~current_umask())  # mkdtemp makes it 0700 whatever the umask
         try:
             for f in dataclasses.fields(self):
                 value = getattr(self, f.name)
@@ -120,6 +122,20 @@ class SavedResult:
             raise BadInputError(f"{path} holds a {type(result).__name__}, not a {cls.__name__}: "
                                 f"use {type(result).__name__}.load or lens_position.core.results.load_result")
         return result
+
+
+def current_umask() -> int:
+    """The process's umask (read from ``/proc/self/status``, where setting it to read it back
+    would race with other threads; else by setting it and putting it back)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _file_sha256(path: Path) -> str:

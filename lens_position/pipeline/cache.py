@@ -23,6 +23,7 @@ from typing import Any, Mapping
 
 import pandas as pd
 
+from lens_position.core.results import current_umask
 from lens_position.ground.version import __version__
 
 log = logging.getLogger(__name__)
@@ -147,6 +148,7 @@ class StepCache:
         folder = self.path(step, model, key)
         folder.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-tmp", dir=folder.parent))
+        os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes it 0700 whatever the umask
         try:
             for name, frame in tables.items():
                 frame.to_parquet(tmp / f"{name}.parquet", index=False)
