@@ -191,7 +191,12 @@ class Patch:
                     f"{tuple(target.shape)} (batch first); give one value per prompt or one "
                     "for all"
                 ) from exc
-        activation[index] = value
+        try:
+            activation[index] = value
+        except RuntimeError as error:  # a finite number the activation's dtype cannot hold
+            raise NonFiniteError(f"patch {self.label or self.hook_name}: its value does not fit the activation's "
+                                 f"dtype {str(activation.dtype).removeprefix('torch.')} ({error}); patch with values "
+                                 "of the model's range") from error
         return activation
 
     def hook(self) -> tuple[str, Callable]:
