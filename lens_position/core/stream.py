@@ -286,7 +286,7 @@ def check_finite_activation(hook_name: str, activation: torch.Tensor, rows: Int[
         + _likely_cause(hooked, hook_name, patched))
 
 
-class ActivationCache:
+class WholeActivations:
     """A reducer that keeps whole activations (the exception to "keep sums": for patch
     sources and small reference runs). ``result()``: ``{hook_name: activation}`` with the
     prompts in order along the batch axis, on the model's device unless ``device`` says

@@ -32,7 +32,7 @@ import pandas as pd
 
 from lens_position.core.results import current_umask
 from lens_position.ground.errors import BadInputError
-from lens_position.pipeline.cache import jsonable
+from lens_position.ground.provenance import jsonable
 
 MANIFEST = "provenance.json"
 OWN_ENTRIES = frozenset({MANIFEST, "cache"})  # what a run puts in its folder besides its outputs
