@@ -46,6 +46,7 @@ from transformer_lens import HookedTransformer
 
 from lens_position.analyses.decompose import Decomposition, decompose
 from lens_position.ground.errors import BadInputError
+from lens_position.core.checks import check_same_origin
 from lens_position.core.intervals import BIAS_CORRECTED_QUANTITIES, Bootstrap, bootstrap_interval, interval_method
 from lens_position.models.spec import LoadedModel
 from lens_position.analyses.patching import Patch
@@ -185,8 +186,13 @@ def _level(base: Decomposition) -> float:
 def compare(base: Decomposition, conditions: Mapping[str, Decomposition]) -> Comparison:
     """Compare each condition's decomposition with the base, head by head, per layer and
     overall (module docstring). A condition may cover fewer layers than the base (e.g.
-    only those downstream of a patch); only the heads it covers are compared."""
+    only those downstream of a patch); only the heads it covers are compared.
+
+    Base and conditions must come from the same model (weights hash) and the same prompts
+    (token hash), or the "paired" intervals would pair unrelated sequences:
+    :func:`~lens_position.core.checks.check_same_origin` refuses them otherwise."""
     for name, result in conditions.items():
+        check_same_origin(base.provenance, result.provenance, f"condition {name!r}")
         for column in ("query_start", "query_stop", "keys"):
             if set(result.heads[column]) != set(base.heads[column]):
                 raise BadInputError(
@@ -208,8 +214,8 @@ def compare(base: Decomposition, conditions: Mapping[str, Decomposition]) -> Com
         heads["R_heldout_change"] = heads["R_heldout_condition"] - heads["R_heldout_base"]
         bounds = _head_change_intervals(base, result, level)
         if bounds is None:
-            for name in HEAD_CHANGES:
-                heads[f"{name}_lo"] = heads[f"{name}_hi"] = np.nan
+            for change in HEAD_CHANGES:
+                heads[f"{change}_lo"] = heads[f"{change}_hi"] = np.nan
         else:
             heads = heads.merge(bounds, on=HEAD_KEYS, how="left")
         head_frames.append(heads)

@@ -56,14 +56,14 @@ from jaxtyping import Float, Int
 from transformer_lens import HookedTransformer
 
 from lens_position.ground import provenance
-from lens_position.core.checks import check_count, check_layers, check_query_range
-from lens_position.ground.errors import BadInputError, UnsupportedArchitectureError
+from lens_position.core.checks import check_count, check_layers, check_query_range, tokens_sha256
+from lens_position.ground.errors import BadInputError, NonFiniteError, UnsupportedArchitectureError
 from lens_position.core.inputs import Prompts, checked_prompts
-from lens_position.core.intervals import (BIAS_CORRECTED_QUANTITIES, Bootstrap, bootstrap_interval, interval_method,
-                                    resample_counts, small_sample_widening)
+from lens_position.core.intervals import (BIAS_CORRECTED_QUANTITIES, MIN_INTERVAL_UNITS, Bootstrap,
+                                         bootstrap_interval, interval_method, resample_counts, small_sample_widening)
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.core.results import SavedResult
-from lens_position.core.stream import stream
+from lens_position.core.stream import check_finite_activation, stream
 
 if TYPE_CHECKING:
     from lens_position.analyses.patching import Patch
@@ -699,18 +699,29 @@ def _check_options(loaded: LoadedModel, tokens: torch.Tensor, layers: Sequence[i
     query_start, query_stop = check_query_range(query_range, length)
     if keys not in ("all", "no-bos"):
         raise BadInputError(f"keys must be 'all' or 'no-bos', got {keys!r}")
-    if keys == "no-bos" and query_stop <= 1:
-        raise BadInputError("keys='no-bos' leaves no pairs for query 0 alone; widen query_range")
     return layers, query_start, query_stop
 
 
-def _check_mask(scores: torch.Tensor, design: PairDesign, layer: int) -> None:
-    rows = scores[0, 0, design.query_start:design.query_stop]
-    if not torch.equal(torch.isfinite(rows), design.key_set):
+def _check_mask(scores: torch.Tensor, design: PairDesign, layer: int, rows: torch.Tensor | None = None) -> None:
+    """Every head of every prompt must see exactly the key set ``design`` expects. A departure
+    shared by all heads and prompts is the model's mask; one confined to some of them is an
+    infinite score (non-finite weights, or overflow), named with its head and prompt."""
+    visible = torch.isfinite(scores[:, :, design.query_start:design.query_stop])
+    key_set = design.key_set.to(visible.device)
+    if bool((visible == key_set).all()):
+        return
+    same_everywhere = bool((visible == visible[:1, :1]).all())
+    if same_everywhere:
         raise UnsupportedArchitectureError(
             f"layer {layer}: the attention mask in hook_attn_scores is not the causal/sliding-window "
             f"key set lens_position expects (window={design.window}); decompose only supports "
             "unpadded causal or sliding-window attention")
+    batch, head, query, key = (int(i) for i in (visible != key_set).nonzero()[0].tolist())
+    prompt = int(rows[batch]) if rows is not None else batch
+    raise NonFiniteError(
+        f"layer {layer}, head {head}, prompt {prompt}: the score of query {design.query_start + query} on key {key} "
+        "is infinite where the mask shows that key (the other heads see the expected key set); likely cause: "
+        "non-finite weights in that head's W_Q/W_K, or overflow in float16/bfloat16 (run in float32)")
 
 
 MAX_GROUPS = 32  # sequences are kept in at most this many groups (each its own while N <= MAX_GROUPS)
@@ -733,6 +744,7 @@ class DecompositionReducer:
                  bootstrap: Bootstrap = Bootstrap()) -> None:
         self.loaded = as_loaded(model)
         tokens, self.data = _prompt_tokens(self.loaded, prompts)
+        self.tokens_sha256 = tokens_sha256(tokens)
         self.seed = getattr(getattr(prompts, "spec", None), "seed", None)
         self.layers, self.query_start, self.query_stop = _check_options(self.loaded, tokens, layers,
                                                                          query_range, keys)
@@ -767,9 +779,7 @@ class DecompositionReducer:
             design = self._on_device[self.windows[layer]]
         else:
             design = self.designs[self.windows[layer]]
-        if layer not in self._checked:
-            _check_mask(scores, design, layer)
-            self._checked.add(layer)
+        _check_mask(scores, design, layer, rows)
         _reduce(scores, design, rows % self.n_groups, self.stats[layer], self._workspace)
 
     def resample_weights(self) -> Float[torch.Tensor, "replicate group"] | None:
@@ -794,7 +804,8 @@ class DecompositionReducer:
         if n_seq == 0:
             raise BadInputError("no prompts were streamed through this decomposition")
         self.stats = {layer: stats.to("cpu") for layer, stats in self.stats.items()}
-        weights = self.resample_weights()
+        # too few sequences for an interval to exist (MIN_INTERVAL_UNITS): none is computed
+        weights = self.resample_weights() if n_seq >= MIN_INTERVAL_UNITS else None
         level = self.bootstrap.level
         stats0 = self.stats[self.layers[0]]
         per_half = min(int(((stats0.n_sequences > 0) & (stats0.halves == h)).sum()) for h in (0, 1))
@@ -860,7 +871,8 @@ class DecompositionReducer:
                                         grid[per_layer["layer"].tolist()].to_numpy(), level, interval_method(name))
             per_layer[f"{name}_lo"], per_layer[f"{name}_hi"] = lo, hi
         prov = provenance.collect(
-            model=self.loaded.spec, data=self.data, seed=self.seed, layers=self.layers,
+            model=self.loaded.spec, data=self.data, seed=self.seed, tokens_sha256=self.tokens_sha256,
+            layers=self.layers,
             query_range=[self.query_start, self.query_stop], keys=self.keys, **options,
             bins={**self.bins.to_dict(), "position_edges": self.bins.edges(self.length).tolist(), "offsets": "exact"},
             heldout=HELDOUT_DEFINITION, reference_free=REFERENCE_FREE_DEFINITION,
@@ -961,6 +973,8 @@ def decompose_dense(
     with torch.no_grad():
         _, cache = hooked.run_with_cache(tokens, names_filter=lambda name: name in names,
                                          stop_at_layer=layers[-1] + 1)
+    for name in sorted(names):
+        check_finite_activation(name, cache[name], torch.arange(len(tokens)), hooked)
     n_heads = hooked.cfg.n_heads
     rows = []
     for window in dict.fromkeys(windows[layer] for layer in layers):
@@ -1027,7 +1041,8 @@ def decompose_dense(
     heads = (pd.DataFrame(rows, columns=HEAD_COLUMNS).astype({"window": "Int64"})
              .sort_values(["layer", "head"], ignore_index=True))
     per_layer = heads.groupby(["layer", "layer_type"], dropna=False, sort=True)[COMPONENTS].mean().reset_index()
-    prov = provenance.collect(model=loaded.spec, data=data, layers=layers, query_range=[query_start, query_stop],
+    prov = provenance.collect(model=loaded.spec, data=data, tokens_sha256=tokens_sha256(tokens), layers=layers,
+                              query_range=[query_start, query_stop],
                               keys=keys, bins={**bins.to_dict(), "position_edges": bins.edges(length).tolist()},
                               method="dense reference (cached scores, torch.linalg.lstsq)")
     return Decomposition(heads=heads, layers=per_layer, provenance=prov)
@@ -1055,6 +1070,8 @@ def check_identity(
     with torch.no_grad():
         _, cache = hooked.run_with_cache(tokens, names_filter=lambda name: name in names,
                                          stop_at_layer=layers[-1] + 1)
+    for name in sorted(names):
+        check_finite_activation(name, cache[name], torch.arange(len(tokens)), hooked)
     rows = []
     for layer in layers:
         t, z = self_referenced_scores(cache[f"blocks.{layer}.attn.hook_attn_scores"])

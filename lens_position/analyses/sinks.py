@@ -39,7 +39,7 @@ from jaxtyping import Float
 from transformer_lens import HookedTransformer
 
 from lens_position.ground import provenance
-from lens_position.core.checks import check_count, check_query_range
+from lens_position.core.checks import check_count, check_fraction, check_query_range
 from lens_position.analyses.compare import compare, decompose_conditions
 from lens_position.core.data import DEFAULT_BOS
 from lens_position.analyses.decompose import Decomposition, DecompositionReducer
@@ -180,6 +180,7 @@ def sink_heads(
     :class:`SinkScoreReducer` sharing a pass): per prompt ``[prompt, layer, head]`` (its
     :meth:`~SinkScoreReducer.result`), or pooled ``[layer, head]`` (:func:`sink_scores`; no
     intervals and no Gu et al. rate then); no pass is made."""
+    eps = check_fraction("eps", eps)
     loaded = as_loaded(model)
     prompts = checked_prompts(loaded, prompts)
     if scores is None:
@@ -287,6 +288,7 @@ def sink_rate(
     ``lens_position.core.data.DEFAULT_BOS``). ``scores``: the per-prompt scores
     (:class:`SinkScoreReducer`) of some conditions' prompts when already streamed.
     """
+    eps = check_fraction("eps", eps)
     loaded = as_loaded(model)
     prompt_sets = sink_rate_prompts(loaded, conditions=conditions, T=T, N=N, seed=seed, protocol=protocol,
                                     bos=bos, text=text, corpus=corpus)

@@ -84,6 +84,12 @@ def _query_range(text: str) -> tuple[int, int]:
     return start, stop
 
 
+def _out_folder(text: str) -> Path:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the output folder is the empty path; name a folder (--out DIR)")
+    return Path(text)
+
+
 def _add_common(sub: argparse.ArgumentParser, *, many_models: bool, out: Path) -> None:
     from lens_position.models.registry import DEFAULT_MODELS
 
@@ -135,9 +141,12 @@ def _add_common(sub: argparse.ArgumentParser, *, many_models: bool, out: Path) -
     analysis.add_argument("--batch-size", dest="batch_size", type=_positive_int, default=None, metavar="B",
                           help="sequences per forward pass (default: 16); memory grows with it")
     run = sub.add_argument_group("run")
-    run.add_argument("--out", type=Path, default=out, metavar="DIR",
+    run.add_argument("--out", type=_out_folder, default=out, metavar="DIR",
                      help="output folder (default: %(default)s; each sub-command has its own, so none rewrites "
                           "another's report); finished steps cached in DIR/cache are reused")
+    run.add_argument("--force", action="store_true",
+                     help="write into a non-empty folder that holds no earlier run (its files are kept; only "
+                          "files of the same name are replaced)")
     run.add_argument("--json", dest="json", action="store_true",
                      help="print what was written (files, claims) as one JSON object instead of a summary")
     run.add_argument("--quick", action="store_true", help="a small fast run (smoke test)")
@@ -214,8 +223,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "sweep's report.html.")
     sweep.add_argument("spec", type=Path, metavar="SPEC.toml", help="the sweep spec (TOML)")
     out = sweep.add_argument_group("run")
-    out.add_argument("--out", type=Path, default=Path("sweep"), metavar="DIR",
+    out.add_argument("--out", type=_out_folder, default=Path("sweep"), metavar="DIR",
                      help="output folder (default: %(default)s); finished steps cached in DIR/cache are reused")
+    out.add_argument("--force", action="store_true",
+                     help="write into a non-empty folder that holds no earlier run (its files are kept)")
     out.add_argument("--json", dest="json", action="store_true",
                      help="print what was written (files, claims) as one JSON object instead of a summary")
     out.add_argument("--format", dest="fmt", choices=("parquet", "csv"), default="parquet",
@@ -263,7 +274,8 @@ def _config(args: argparse.Namespace, argv: Sequence[str]):
 
         return sweep_config(read_spec(args.spec), out=args.out, compute=compute, executor=args.executor,
                             ray_address=args.ray_address, fmt=args.fmt, use_cache=args.use_cache,
-                            browser_check=args.browser_check, progress=args.progress, command=command)
+                            browser_check=args.browser_check, progress=args.progress, command=command,
+                            force=args.force)
     if args.command == "reproduce":
         from lens_position.pipeline.models import expand_zoo
 
@@ -283,6 +295,7 @@ def _config(args: argparse.Namespace, argv: Sequence[str]):
         T=args.T, N=args.N, quick=args.quick, fmt=args.fmt, use_cache=args.use_cache,
         browser_check=args.browser_check, progress=args.progress,
         compute=compute, executor=args.executor, ray_address=args.ray_address, command=command,
+        force=args.force,
     )
 
 

@@ -12,8 +12,12 @@ The context-length check lives with the model facts
 
 from __future__ import annotations
 
+import hashlib
+import math
 import numbers
 from typing import Any, Iterable
+
+import torch
 
 from lens_position.ground.errors import BadInputError
 
@@ -122,6 +126,11 @@ def _query_range(query_range: Any, length: int, name: str) -> tuple[int, int]:
     if not 0 <= start < stop:
         raise BadInputError(f"{name} {tuple(query_range)} selects no queries of prompts with T={length} "
                             f"positions; use 0 <= start < stop with start < {length}")
+    if stop < 2:
+        raise BadInputError(
+            f"{name} {tuple(query_range)} holds only query 0, which sees only itself (its attention on "
+            "position 0 is 1 in every head): nothing to measure; use a range with stop >= 2 "
+            f"(and prompts of T >= 2; these have T={length})")
     return start, stop
 
 
@@ -132,3 +141,37 @@ def check_position(position: Any, length: int, name: str = "position") -> int:
         raise BadInputError(f"{name} {position!r} is out of range for prompts of {length} positions "
                             f"(valid: 0..{length - 1})")
     return value
+
+
+def check_fraction(name: str, value: Any) -> float:
+    """A threshold in ``[0, 1]`` (a sink's ``eps``, a share): finite, not a bool."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise BadInputError(f"{name} must be a number in [0, 1], got {value!r}")
+    number = float(value)
+    if not 0.0 <= number <= 1.0:  # NaN fails both comparisons
+        raise BadInputError(f"{name} must lie in [0, 1] (a fraction of attention), got {value!r}")
+    return number
+
+
+def tokens_sha256(tokens: torch.Tensor) -> str:
+    """The identity of a prompt set: sha256 of its token ids as int64, with their shape."""
+    ids = tokens.detach().to("cpu", torch.int64).contiguous()
+    digest = hashlib.sha256(f"{tuple(ids.shape)}|".encode())
+    digest.update(ids.numpy().tobytes())
+    return digest.hexdigest()
+
+
+def check_same_origin(base: dict[str, Any], other: dict[str, Any], what: str = "the condition") -> None:
+    """Refuse to pair two results (a base and a condition) unless their provenance names the same
+    model weights (``model.weights_sha256``) and the same prompts (``tokens_sha256``). A side that
+    records a hash the other lacks is refused too: pairing needs proof on both sides."""
+    facts = {"model weights (sha256)": lambda p: (p.get("model") or {}).get("weights_sha256"),
+             "prompts (token ids sha256)": lambda p: p.get("tokens_sha256")}
+    for label, read in facts.items():
+        mine, theirs = read(base or {}), read(other or {})
+        if mine is None and theirs is None:
+            continue
+        if mine != theirs:
+            raise BadInputError(
+                f"{what} and the base come from different {label}: {str(theirs)[:12]} vs {str(mine)[:12]}; "
+                "a paired comparison needs both decomposed from the same model on the same prompts")

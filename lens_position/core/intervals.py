@@ -125,6 +125,14 @@ class Bootstrap:
 
 NO_INTERVALS = Bootstrap(n_resamples=0)
 
+# Fewest units (sequences, prompts) an interval is computed from and a verdict decided on. The
+# decomposition resamples within its two halves (even / odd sequences); below two units per half
+# a half of one sequence resamples to itself, every replicate equals the estimate and the "95%
+# interval" has zero width: with N = 2 claims would "hold" on noise. With 4 units (2 per half)
+# the spread is the smallest a resample can show; below that no interval is computed, the
+# ``*_lo``/``*_hi`` columns are NaN and every verdict that needs one is "inconclusive at this N".
+MIN_INTERVAL_UNITS = 4
+
 
 def resample_counts(n_units: int, n_resamples: int, seed: int = BOOTSTRAP_SEED,
                     strata: Sequence[int] | np.ndarray | None = None) -> Int[torch.Tensor, "resample unit"]:
@@ -221,6 +229,10 @@ class Estimate:
 
     @property
     def has_interval(self) -> bool:
+        """Whether an interval exists to decide on: finite bounds from at least
+        :data:`MIN_INTERVAL_UNITS` units (when ``n`` is known)."""
+        if self.n is not None and self.n < MIN_INTERVAL_UNITS:
+            return False
         return math.isfinite(self.lo) and math.isfinite(self.hi)
 
     @property
@@ -310,7 +322,7 @@ def bootstrap_mean(values: Float[np.ndarray, "unit ..."], bootstrap: Bootstrap =
     ``bootstrap.n_resamples`` resamples of the units: ``(mean, lo, hi)``."""
     values = np.asarray(values, dtype=float)
     mean = values.mean(0)
-    if not bootstrap.enabled or len(values) < 2:
+    if not bootstrap.enabled or len(values) < MIN_INTERVAL_UNITS:
         nan = np.full_like(mean, np.nan, dtype=float)
         return mean, nan, nan
     counts = resample_counts(len(values), bootstrap.n_resamples, bootstrap.seed).numpy().astype(float)

@@ -6,6 +6,8 @@ patch constructors and sweeps live in :mod:`lens_position.analyses.patching`.
 
 from __future__ import annotations
 
+import math
+import numbers
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -20,7 +22,7 @@ except ImportError:  # pragma: no cover - older 3.x
     from transformer_lens.utils import get_act_name as _get_act_name
 
 from lens_position.core.checks import check_layers, check_position
-from lens_position.ground.errors import BadInputError
+from lens_position.ground.errors import BadInputError, NonFiniteError
 
 _BLOCK_HOOK = re.compile(r"^blocks\.(\d+)\.")
 # Hooks whose activation is [batch, pos, ...] (position on axis 1, head on axis 2 if any).
@@ -80,6 +82,22 @@ def _n_heads_at(model: HookedTransformer, hook_name: str) -> int:
 # --------------------------------------------------------------------------- the value
 
 
+def _check_finite_value(value: Any, label: str) -> None:
+    """A patch value must be finite numbers: a NaN written into the residual stream spreads to
+    every later score of the prompt and gives all-NaN tables."""
+    if isinstance(value, bool) or not isinstance(value, (torch.Tensor, numbers.Real)):
+        raise BadInputError(f"patch {label}: value must be a tensor or a number, got {type(value).__name__}")
+    if isinstance(value, torch.Tensor):
+        if not (value.is_floating_point() or value.is_complex()) and value.dtype != torch.bool:
+            return  # integer values are finite by construction
+        finite = bool(torch.isfinite(value).all()) if value.numel() else True
+    else:
+        finite = math.isfinite(float(value))
+    if not finite:
+        raise NonFiniteError(f"patch {label}: the value holds NaN or infinite numbers; patch with finite "
+                             "values (a cached activation of a run that itself had non-finite weights?)")
+
+
 @dataclass(frozen=True, eq=False)
 class Patch:
     """One intervention: ``activation[rows, position, head] = value`` at ``hook_name``.
@@ -113,6 +131,7 @@ class Patch:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hook_name", act_name(self.hook_name))
+        _check_finite_value(self.value, self.label or self.hook_name)
         if self.rows is not None:
             object.__setattr__(self, "rows", torch.as_tensor(self.rows, dtype=torch.int64).reshape(-1).cpu())
 
@@ -172,7 +191,12 @@ class Patch:
                     f"{tuple(target.shape)} (batch first); give one value per prompt or one "
                     "for all"
                 ) from exc
-        activation[index] = value
+        try:
+            activation[index] = value
+        except RuntimeError as error:  # a finite number the activation's dtype cannot hold
+            raise NonFiniteError(f"patch {self.label or self.hook_name}: its value does not fit the activation's "
+                                 f"dtype {str(activation.dtype).removeprefix('torch.')} ({error}); patch with values "
+                                 "of the model's range") from error
         return activation
 
     def hook(self) -> tuple[str, Callable]:

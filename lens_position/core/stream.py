@@ -47,7 +47,7 @@ from jaxtyping import Int
 from transformer_lens import HookedTransformer
 
 from lens_position.core.checks import check_count
-from lens_position.ground.errors import BadInputError
+from lens_position.ground.errors import BadInputError, NonFiniteError
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.ground.progress import progress as progress_bar
 
@@ -177,6 +177,7 @@ def stream(
         return activation
 
     def read(activation: torch.Tensor, hook: Any) -> None:
+        check_finite_activation(hook.name, activation, current["rows"], hooked, bool(patches))
         for reducer in readers[hook.name]:
             reducer.update(hook.name, activation.detach(), current["rows"])
 
@@ -209,12 +210,80 @@ def stream(
                                 return_type="logits" if LOGITS in readers else None)
             except _PassDone:
                 output = None
+            if readers.get(LOGITS):
+                check_finite_activation(LOGITS, output, rows, hooked, bool(patches))
             for reducer in readers.get(LOGITS, ()):
                 reducer.update(LOGITS, output.detach(), rows)
             bar.update(len(rows))
     log.info("%s: %d prompts, %d reducer(s), %d patch(es), stop_at_layer=%s, %.1f s", desc, n_prompts,
              len(reducers), len(patches), stop, time.perf_counter() - started)
     return reducers
+
+
+PATTERN_ROW_TOLERANCE = 1e-2  # float16 rounding of a softmax stays far below; a zeroed NaN row is off by 1
+
+
+def _likely_cause(hooked: HookedTransformer, hook_name: str, patched: bool) -> str:
+    causes = []
+    dtype = next(hooked.parameters()).dtype
+    if dtype in (torch.float16, torch.bfloat16):
+        causes.append(f"overflow of {str(dtype).removeprefix('torch.')} (run in float32)")
+    causes.append("non-finite weights (W_Q/W_K/W_V of that layer, or an embedding row of a token the prompt "
+                  "holds: check torch.isfinite(p).all() for model.parameters())")
+    if patched:
+        causes.append("a non-finite patch value")
+    return "; likely cause: " + ", or ".join(causes)
+
+
+def check_finite_activation(hook_name: str, activation: torch.Tensor, rows: Int[torch.Tensor, "batch"],
+                            hooked: HookedTransformer, patched: bool = False) -> None:
+    """Raise :class:`NonFiniteError` if ``activation`` holds a value no finite model produces:
+    NaN or an infinity anywhere, except in attention scores (``hook_attn_scores``) where ``-inf``
+    is the mask; there NaN, ``+inf`` and a ``-inf`` on a query's own key (never masked) are
+    refused. One reduction per tensor; the search for where it happened runs only on failure.
+    The message names the hook (layer), head, prompt (its index in the streamed prompts) and
+    position, and the likely cause."""
+    if not activation.is_floating_point():
+        return
+    scores = hook_name.endswith("hook_attn_scores") and activation.ndim == 4
+    if scores:
+        top = activation.amax()  # NaN propagates through max
+        own = activation.diagonal(dim1=-2, dim2=-1)
+        ok = bool(torch.isfinite(top)) and bool(torch.isfinite(own.amin()))
+    else:
+        ok = bool(torch.isfinite(activation.sum() if activation.numel() else activation.new_zeros(())))
+        if not ok:  # a sum can overflow where every element is finite
+            ok = bool(torch.isfinite(activation).all())
+    pattern = hook_name.endswith("hook_pattern") and activation.ndim == 4
+    row_error = None
+    if ok and pattern:
+        # TransformerLens turns a NaN pattern into zeros: a row that does not sum to 1 is that
+        row_error = (activation.sum(-1, dtype=torch.float64) - 1).abs()
+        ok = bool(row_error.amax() <= PATTERN_ROW_TOLERANCE)
+    if ok:
+        return
+    if row_error is not None:
+        bad = (row_error > PATTERN_ROW_TOLERANCE)[..., None].expand_as(activation)
+    elif scores:
+        bad = torch.isnan(activation) | (activation == float("inf"))
+        diag = ~torch.isfinite(activation.diagonal(dim1=-2, dim2=-1))
+        bad |= torch.diag_embed(diag).to(bad.dtype) if diag.any() else torch.zeros_like(bad)
+    else:
+        bad = ~torch.isfinite(activation)
+    where = [int(i) for i in bad.nonzero()[0].tolist()]
+    place = [f"prompt {int(rows[where[0]])}"]
+    if scores or hook_name.endswith(("hook_pattern", "hook_q", "hook_k", "hook_v", "hook_z")):
+        head_axis = 1 if scores or hook_name.endswith("hook_pattern") else 2
+        if len(where) > head_axis:
+            place.insert(0, f"head {where[head_axis]}")
+    if len(where) > 1 and not (scores and len(where) < 3):
+        place.append(f"position {where[2] if scores or hook_name.endswith('hook_pattern') else where[1]}")
+    block = block_of(hook_name)
+    layer = f"layer {block}, " if block is not None and block >= 0 else ""
+    n_bad = int(bad.sum())
+    raise NonFiniteError(
+        f"non-finite values at {hook_name} ({layer}{', '.join(place)}; {n_bad} value(s) in this batch)"
+        + _likely_cause(hooked, hook_name, patched))
 
 
 class WholeActivations:

@@ -27,7 +27,7 @@ from lens_position.models import sources
 from lens_position.models.adapters import FAMILY_OF_ARCHITECTURE, build_hooked, convert_state_dict, hooked_config
 from lens_position.models.cache import CachedModel, cached_convert, file_identity, state_dict_sha256
 from lens_position.models.registry import REGISTRY, is_zoo_name, lookup, unknown_model_message
-from lens_position.models.rope import apply_position_options
+from lens_position.models.rope import apply_position_options, check_position_options
 from lens_position.models.spec import LoadedModel, attach_tokenizer, remember, spec_from_config, tokenizer_prepends_bos
 from lens_position.models.tiny import tiny_hf_model
 
@@ -60,6 +60,7 @@ def load_model(
     A forward pass longer than ``n_ctx`` raises ContextLengthError.
     """
     started = time.perf_counter()
+    check_position_options(ntk_alpha=ntk_alpha, ntk_by_parts=ntk_by_parts, window=window, n_ctx=n_ctx)
     if is_zoo_name(name_or_path):
         return _load_zoo(str(name_or_path), ntk_alpha=ntk_alpha, ntk_by_parts=ntk_by_parts, window=window,
                          n_ctx=n_ctx, device=device)

@@ -188,8 +188,34 @@ def remember(loaded: LoadedModel) -> LoadedModel:
     return loaded
 
 
-def _weights_version(model: HookedTransformer) -> tuple[int, ...]:
-    return tuple(t._version for t in model.state_dict(keep_vars=True).values())
+def _weights_version(model: HookedTransformer) -> tuple[Any, ...]:
+    # in-place writes bump ``_version``; a cast or a ``.data`` swap changes dtype or storage
+    return tuple((t._version, t.dtype, t.data_ptr()) for t in model.state_dict(keep_vars=True).values())
+
+
+def _current(loaded: LoadedModel) -> LoadedModel:
+    """``loaded`` with a spec that states the weights as they are now: when a weight was written
+    to, cast or replaced since the spec was made, its sha256 is taken again (the load-time one is
+    kept as ``extra["weights_sha256_at_load"]``); ``extra["dtype"]`` is the dtype computed in."""
+    version = _weights_version(loaded.model)
+    known = _BARE.get(loaded.model)
+    dtype = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
+    spec = loaded.spec
+    if known is None and spec.weights_sha256 is not None and spec.extra.get("dtype") in (None, dtype):
+        pass  # first sight of a spec built elsewhere: its hash describes these weights
+    elif known is None or known[0] != version or known[2] is not loaded:
+        from lens_position.models.cache import state_dict_sha256
+
+        at_load = spec.extra.get("weights_sha256_at_load", spec.weights_sha256)
+        fresh = state_dict_sha256(loaded.model.state_dict())
+        extra = {**spec.extra, "dtype": dtype}
+        if fresh != at_load and at_load is not None:
+            extra["weights_sha256_at_load"] = at_load
+        loaded.spec = dataclasses.replace(spec, weights_sha256=fresh, extra=extra)
+    if loaded.spec.extra.get("dtype") != dtype:
+        loaded.spec = dataclasses.replace(loaded.spec, extra={**loaded.spec.extra, "dtype": dtype})
+    _BARE[loaded.model] = (version, loaded.tokenizer, loaded)
+    return loaded
 
 
 def _bare_spec(model: HookedTransformer, tokenizer: Any) -> ModelSpec:
@@ -208,6 +234,7 @@ def _bare_spec(model: HookedTransformer, tokenizer: Any) -> ModelSpec:
         tokenizer_prepends_bos=prepends_bos, bos_token_id=bos_id,
         weights_sha256=state_dict_sha256(model.state_dict()),
         extra={"tokenizer": tokenizer_name, "class": f"{type(model).__module__}.{type(model).__qualname__}",
+               "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
                "ungrouped_kv_hooks": bool(model.cfg.ungroup_grouped_query_attention)},
     )
 
@@ -229,7 +256,7 @@ def as_loaded(model: "LoadedModel | HookedTransformer", tokenizer: Any = None) -
     """
     if isinstance(model, LoadedModel):
         _ungroup_kv_hooks(model.model)
-        return model
+        return _current(model)
     if not isinstance(model, HookedTransformer):
         raise TypeError(f"expected a LoadedModel or a HookedTransformer (or a subclass), got {type(model).__name__}")
     _ungroup_kv_hooks(model)

@@ -184,6 +184,7 @@ class RunConfig:
     batch_size: int | None = None
     n_resamples: int | None = None  # bootstrap replicates (None: the mode's default; 0: no intervals)
     prompt_sets: int = 0  # K disjoint prompt sets for the opt-in step prompt_sets (0: off)
+    force: bool = False  # write into a non-empty folder that holds no run (its files are kept)
 
     def settings(self) -> Settings:
         base = QUICK if self.quick else FULL

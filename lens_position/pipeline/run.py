@@ -290,7 +290,12 @@ def run(config: RunConfig, *, load: Callable[[str], Any] | None = None,
     """
     started = time.perf_counter()
     plan = plan_run(config, check_model_names=load is None)
-    folder = OutputFolder(config.out, known_output_names(), KNOWN_PATTERNS)
+    with OutputFolder(config.out, known_output_names(), KNOWN_PATTERNS, force=config.force) as folder:
+        return _run_into(folder, config, plan, started, load=load, steps=steps)
+
+
+def _run_into(folder: OutputFolder, config: RunConfig, plan: Plan, started: float, *,
+              load: Callable[[str], Any] | None, steps: Mapping[str, steps_module.Step] | None) -> RunResult:
     cache = StepCache(folder.out / "cache")
     collected = execute(plan, config, cache, load=load, steps=steps)
     if collected.failures:

@@ -401,10 +401,24 @@ def find_chromium() -> str:
     )
 
 
+# The report is a local file with its scripts inlined: Chromium needs no network, and these flags
+# stop what it would send by itself (DNS prefetch, component and safe-browsing updates, metrics,
+# field trials, sync, WebRTC's STUN packets, pings): every proxied request goes to a closed port
+# on the loopback, and loopback itself bypasses nothing.
+NETWORK_OFF = ("--proxy-server=127.0.0.1:9", "--proxy-bypass-list=<-loopback>",
+               "--disable-background-networking", "--disable-component-update", "--disable-sync",
+               "--disable-domain-reliability", "--dns-prefetch-disable", "--no-pings", "--disable-breakpad",
+               "--disable-client-side-phishing-detection", "--disable-default-apps", "--disable-field-trial-config",
+               "--metrics-recording-only", "--no-default-browser-check", "--disable-features=OptimizationHints,"
+               "MediaRouter,DialMediaRouteProvider,AutofillServerCommunication,CertificateTransparencyComponentUpdater,"
+               "Translate,InterestFeedContentSuggestions,NetworkTimeServiceQuerying,WebRtcHideLocalIpsWithMdns",
+               "--force-webrtc-ip-handling-policy=disable_non_proxied_udp", "--host-resolver-rules=MAP * ~NOTFOUND, "
+               "EXCLUDE localhost, EXCLUDE 127.0.0.1")
+
+
 def _chromium_args(binary: str, profile: str) -> list[str]:
     return [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            "--disable-extensions", "--disable-dev-shm-usage", "--hide-scrollbars",
+            *NETWORK_OFF, "--disable-extensions", "--disable-dev-shm-usage", "--hide-scrollbars",
             f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0"]
 
 

@@ -180,10 +180,10 @@ def sink_trajectory(point: str, *, root: Path | None = None, seed: int = 0) -> "
     still training (or was interrupted), from its resume file. Empty when the point has not
     been trained with sink measurements (points trained before they were added)."""
     import pandas as pd
-    import torch
 
     from lens_position.analyses.zoo.training import default_work_dir
     from lens_position.models.zoo.store import checkpoints, model_name
+    from lens_position.models.zoo.train import read_resume
 
     recipe = point_recipe(point, seed)
     root = root or default_sweep_dir()
@@ -195,7 +195,7 @@ def sink_trajectory(point: str, *, root: Path | None = None, seed: int = 0) -> "
     else:
         resume = default_work_dir() / f"{recipe.variant}-seed{recipe.seed}.resume.pt"
         if resume.is_file():
-            state = torch.load(resume, map_location="cpu", weights_only=False)
+            state = read_resume(resume)
             if state["recipe_sha256"] == recipe.sha256():
                 curve = state["curve"]
     rows = [{"point": point, "seed": seed, "step": c["step"], "tokens": c["tokens"],

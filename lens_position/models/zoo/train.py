@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from jaxtyping import Int
 from transformer_lens import HookedTransformer
 
-from lens_position.ground.errors import BadInputError
+from lens_position.ground.errors import BadInputError, CorruptFileError
 from lens_position.ground.progress import progress as progress_bar
 from lens_position.models.zoo.architecture import build_model, load_parameters, parameters_of
 from lens_position.models.zoo.corpus import TrainingSplit, evaluation_batch, sample_batch, train_subset, training_split
@@ -112,6 +112,22 @@ def _save_partial(path: Path, model: HookedTransformer, optimizer: torch.optim.A
     partial.replace(path)
 
 
+def read_resume(path: Path, device: str = "cpu") -> dict[str, Any]:
+    """A resume file written by training, read with ``weights_only=True`` (tensors, numbers,
+    strings and containers only: a planted pickle cannot run code). CorruptFileError naming the
+    file if it cannot be read or lacks the fields a resume needs."""
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+    except Exception as error:  # pickle, zip and unpickler-refusal errors all mean: not ours
+        raise CorruptFileError(f"{path} is not a readable resume file ({type(error).__name__}: {error}); "
+                               "delete it to train from the start") from error
+    needed = {"recipe_sha256", "step", "parameters", "optimizer", "curve", "seconds"}
+    if not isinstance(state, dict) or not needed <= set(state):
+        raise CorruptFileError(f"{path} is not a resume file of zoo training (missing "
+                               f"{sorted(needed - set(state) if isinstance(state, dict) else needed)}); delete it")
+    return state
+
+
 def train(recipe: Recipe, *, work_dir: Path, device: str | None = None, progress: bool = True,
           corpus: TrainingSplit | None = None, stop_after: int | None = None, threads: int = 1,
           on_eval: Callable[[HookedTransformer], dict[str, Any]] | None = None) -> TrainResult:
@@ -160,7 +176,7 @@ def _train(recipe: Recipe, *, work_dir: Path, device: str | None, progress: bool
     model = build_model(recipe, rotary_base=base, device=device)
     optimizer = _optimizer(model, recipe)
     if resume_path.is_file():
-        state = torch.load(resume_path, map_location=device, weights_only=False)
+        state = read_resume(resume_path, device)
         if state["recipe_sha256"] == recipe.sha256():
             start, curve, seconds_before = state["step"], state["curve"], state["seconds"]
             base = recipe.phase(start)[2]
