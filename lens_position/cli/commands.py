@@ -140,7 +140,10 @@ def _add_common(sub: argparse.ArgumentParser, *, many_models: bool, out: Path) -
                           "another's report); finished steps cached in DIR/cache are reused")
     run.add_argument("--json", dest="json", action="store_true",
                      help="print what was written (files, claims) as one JSON object instead of a summary")
-    run.add_argument("--quick", action="store_true", help="a small fast run (smoke test)")
+    run.add_argument("--quick", action="store_true",
+                     help="a quick run of every step on every model (T=40, N=4; sliding-window models at 1.25 x "
+                          "their window; probes on 160 positions; 16 early queries; sink steps at T=32): "
+                          "QUICK_HELP_TIME")
     run.add_argument("--format", dest="fmt", choices=("parquet", "csv"), default="parquet",
                      help="table format (default: %(default)s)")
     run.add_argument("--no-cache", dest="use_cache", action="store_false",
