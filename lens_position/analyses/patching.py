@@ -867,22 +867,44 @@ def min_token_layers(layers: Sequence[int], positions: Sequence[int], n_rows: in
     return n_heads * n_rows * sum((n_pos - p) * (n_layers - l) for l in layers for p in positions)
 
 
-def _tl_twin(activation: str, doc: str) -> Callable:
-    def twin(model: LoadedModel | HookedTransformer, corrupted_tokens: Int[torch.Tensor, "batch pos"],
-             clean_cache: Any, patching_metric: Callable[[Float[torch.Tensor, "batch pos d_vocab"]], torch.Tensor],
-             *, batch_size: int = 64, reuse_prefix: bool | None = None) -> torch.Tensor:
-        return activation_sweep(model, corrupted_tokens, clean_cache, patching_metric, activation,
-                                batch_size=batch_size, reuse_prefix=reuse_prefix, progress=False).values
-    twin.__name__ = twin.__qualname__ = f"get_act_patch_{doc}"
-    twin.__doc__ = (f"``transformer_lens.patching.get_act_patch_{doc}`` with its arguments and result: for every "
-                    f"layer and position{' and head' if activation == 'z' else ''}, the corrupted run with "
-                    f"``{SWEPT_ACTIVATIONS[activation]}`` there taken from ``clean_cache`` (an ``ActivationCache`` from "
-                    "``model.run_with_cache(clean_tokens)``), scored by ``patching_metric(logits)``. The same "
-                    f"numbers, computed by :func:`activation_sweep` (``activation={activation!r}``).")
-    return twin
+_METRIC = Callable[[Float[torch.Tensor, "batch pos d_vocab"]], torch.Tensor]
 
 
-get_act_patch_resid_pre = _tl_twin("resid_pre", "resid_pre")
-get_act_patch_attn_out = _tl_twin("attn_out", "attn_out")
-get_act_patch_mlp_out = _tl_twin("mlp_out", "mlp_out")
-get_act_patch_attn_head_out_by_pos = _tl_twin("z", "attn_head_out_by_pos")
+def get_act_patch_resid_pre(model: LoadedModel | HookedTransformer, corrupted_tokens: Int[torch.Tensor, "batch pos"],
+                            clean_cache: Any, patching_metric: _METRIC, *, batch_size: int = 64,
+                            reuse_prefix: bool | None = None) -> Float[torch.Tensor, "layer pos"]:
+    """``transformer_lens.patching.get_act_patch_resid_pre`` with its arguments and result: for every
+    layer and position, the corrupted run with ``resid_pre`` there taken from ``clean_cache`` (an
+    ``ActivationCache`` from ``model.run_with_cache(clean_tokens)``), scored by
+    ``patching_metric(logits)``. The same numbers, computed by :func:`activation_sweep`."""
+    return activation_sweep(model, corrupted_tokens, clean_cache, patching_metric, "resid_pre", batch_size=batch_size,
+                            reuse_prefix=reuse_prefix, progress=False).values
+
+
+def get_act_patch_attn_out(model: LoadedModel | HookedTransformer, corrupted_tokens: Int[torch.Tensor, "batch pos"],
+                           clean_cache: Any, patching_metric: _METRIC, *, batch_size: int = 64,
+                           reuse_prefix: bool | None = None) -> Float[torch.Tensor, "layer pos"]:
+    """``transformer_lens.patching.get_act_patch_attn_out``: :func:`get_act_patch_resid_pre` with
+    ``blocks.l.hook_attn_out`` patched."""
+    return activation_sweep(model, corrupted_tokens, clean_cache, patching_metric, "attn_out", batch_size=batch_size,
+                            reuse_prefix=reuse_prefix, progress=False).values
+
+
+def get_act_patch_mlp_out(model: LoadedModel | HookedTransformer, corrupted_tokens: Int[torch.Tensor, "batch pos"],
+                          clean_cache: Any, patching_metric: _METRIC, *, batch_size: int = 64,
+                          reuse_prefix: bool | None = None) -> Float[torch.Tensor, "layer pos"]:
+    """``transformer_lens.patching.get_act_patch_mlp_out``: :func:`get_act_patch_resid_pre` with
+    ``blocks.l.hook_mlp_out`` patched."""
+    return activation_sweep(model, corrupted_tokens, clean_cache, patching_metric, "mlp_out", batch_size=batch_size,
+                            reuse_prefix=reuse_prefix, progress=False).values
+
+
+def get_act_patch_attn_head_out_by_pos(
+    model: LoadedModel | HookedTransformer, corrupted_tokens: Int[torch.Tensor, "batch pos"], clean_cache: Any,
+    patching_metric: _METRIC, *, batch_size: int = 64, reuse_prefix: bool | None = None,
+) -> Float[torch.Tensor, "layer pos head"]:
+    """``transformer_lens.patching.get_act_patch_attn_head_out_by_pos``: for every layer, position
+    and head, the corrupted run with that head's ``blocks.l.attn.hook_z`` there taken from
+    ``clean_cache``, scored by ``patching_metric(logits)`` (:func:`activation_sweep`, ``"z"``)."""
+    return activation_sweep(model, corrupted_tokens, clean_cache, patching_metric, "z", batch_size=batch_size,
+                            reuse_prefix=reuse_prefix, progress=False).values
