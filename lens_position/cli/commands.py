@@ -149,7 +149,11 @@ def _add_common(sub: argparse.ArgumentParser, *, many_models: bool, out: Path) -
                           "files of the same name are replaced)")
     run.add_argument("--json", dest="json", action="store_true",
                      help="print what was written (files, claims) as one JSON object instead of a summary")
-    run.add_argument("--quick", action="store_true", help="a small fast run (smoke test)")
+    run.add_argument("--quick", action="store_true",
+                     help="a quick run of every step on every model (T=40, N=4; sliding-window models at 1.25 x "
+                          "their window; probes on 160 positions; 16 early queries; sink steps at T=32): "
+                          "50 bootstrap replicates; sized for about 3 min of 2 cores, see docs/performance.md for the "
+                          "measured time")
     run.add_argument("--format", dest="fmt", choices=("parquet", "csv"), default="parquet",
                      help="table format (default: %(default)s)")
     run.add_argument("--no-cache", dest="use_cache", action="store_false",

@@ -372,3 +372,34 @@ def t_interval(values: Sequence[float | None]) -> tuple[float, float, float, flo
     sd = float(v.std(ddof=1))
     half = t_quantile((1 + LEVEL) / 2, n - 1) * sd / math.sqrt(n)
     return mean, sd, mean - half, mean + half, n
+
+
+EXACT_SIGN_FLIPS = 12  # up to 2^12 = 4096 sign vectors: enumerate them all, else draw them
+
+
+def sign_flip_pvalue(effects: Float[np.ndarray, "unit ..."], n_permutations: int = 1000,
+                     seed: int = BOOTSTRAP_SEED) -> np.ndarray:
+    """Two-sided sign-flip permutation p-value of "the mean over units (axis 0) is zero", per
+    cell of ``effects``: the share of sign vectors (each unit's effect kept or negated) whose
+    mean is at least as far from zero as the observed one. Under the null hypothesis each
+    unit's effect is symmetric about zero, so every sign vector is as likely as the observed.
+    Exact (all ``2^m`` sign vectors) for ``m <= 12`` units, otherwise ``n_permutations`` draws
+    seeded by ``seed``, counted with the observed one (``(1 + hits) / (1 + draws)``, never 0).
+    Fewer than 2 units give NaN. A cell whose effects are all zero gets 1."""
+    values = np.asarray(effects, dtype=float)
+    n_units = len(values)
+    if n_units < 2:
+        return np.full(values.shape[1:], np.nan)[()]
+    flat = values.reshape(n_units, -1)
+    observed = np.abs(flat.mean(0))
+    if n_units <= EXACT_SIGN_FLIPS:
+        codes = np.arange(2 ** n_units)[:, None] >> np.arange(n_units)[None, :] & 1
+        signs = 1.0 - 2.0 * codes
+        hits = (np.abs(signs @ flat / n_units) >= observed - 1e-12 * (1 + observed)).sum(0)
+        pvalue = hits / len(signs)
+    else:
+        rng = np.random.default_rng([seed, n_units])
+        signs = rng.choice((-1.0, 1.0), size=(n_permutations, n_units))
+        hits = (np.abs(signs @ flat / n_units) >= observed - 1e-12 * (1 + observed)).sum(0)
+        pvalue = (1 + hits) / (1 + n_permutations)
+    return pvalue.reshape(values.shape[1:])[()]

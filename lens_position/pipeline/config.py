@@ -77,11 +77,12 @@ class Settings:
             raise BadInputError(f"{self.prompt_sets} prompt sets: the spread between prompt sets needs at least 2")
 
 
-# The full run is sized to fit 15 min warm on 2 cores with peak memory under 8 GB: measured by
-# benchmarks/reproduce.py on an idle 2-core machine, 298 s and 3.7 GB peak (the slowest steps:
-# Gemma-3's decomposition and probe at T = 640, about 50 s each). --quick is a smoke run on tiny models.
+# The full run is sized to fit 15 min warm on 2 cores with peak memory under 8 GB (the slowest
+# steps: Gemma-3's decomposition and probe at T = 640). --quick runs every step on every model at
+# small sizes, aiming at 3 min of 2 cores, with 50 bootstrap replicates instead of 200 (each
+# interval's refits cost in proportion; benchmarks/reproduce.py --quick, docs/performance.md).
 FULL = Settings(T=128, N=16, early_N=16, probe_positions=2048, sink_T=64)
-QUICK = Settings(T=40, N=4, early_N=4, probe_positions=160, query_range=(0, 16), sink_T=32)
+QUICK = Settings(T=40, N=4, early_N=4, probe_positions=160, query_range=(0, 16), sink_T=32, n_resamples=50)
 
 
 @dataclass(frozen=True)

@@ -574,6 +574,61 @@ def patching_sweep(sweep, *, token_labels: Sequence[str] | None = None,
     return _base_layout(fig, title, height=max(320, 24 * len(layer_ids) + 200))
 
 
+def patching_sweep_intervals(sweep, *, head: int | None = None, token_labels: Sequence[str] | None = None,
+                             metric_name: str = "effect", title: str = "Activation patching sweep: effect per cell"
+                             ) -> go.Figure:
+    """Heatmap of a sweep's mean effect per cell (the patched run's metric minus the unpatched
+    target run's, averaged over target prompts), with a mark on every cell whose bootstrap
+    interval (``effect_lo``, ``effect_hi``) excludes zero.
+
+    ``sweep`` is a ``PatchSweep`` run with ``reduce="none"`` (or its ``frame``: columns ``layer``,
+    ``position``, ``effect``, ``effect_lo``, ``effect_hi``, and ``p_value`` shown on hover when
+    present). A per-head sweep (a ``head`` column) is drawn one ``head`` at a time. Layers keep
+    their real indices; diverging colours centred on 0.
+    """
+    frame = getattr(sweep, "frame", sweep)
+    _require(frame, ["layer", "position", "effect", "effect_lo", "effect_hi"], "patching_sweep_intervals")
+    if "head" in frame.columns:
+        if head is None:
+            raise BadInputError("this sweep has one cell per head: pass head= to draw one head")
+        frame = frame[frame["head"] == head]
+        if frame.empty:
+            raise BadInputError(f"the sweep has no cells for head {head}")
+    elif head is not None:
+        raise BadInputError("this sweep has no head axis; drop head=")
+    layer_ids = layer_rows(frame["layer"].tolist())
+    positions = sorted({int(p) for p in frame["position"].tolist()})
+    grid = frame.pivot_table(index="layer", columns="position", values="effect", aggfunc="first")
+    grid = grid.reindex(index=layer_ids, columns=positions)
+    if token_labels is not None:
+        labels = list(token_labels)
+        if max(positions, default=-1) >= len(labels):
+            raise BadInputError(f"token_labels has {len(labels)} entries but the sweep patches position "
+                                f"{max(positions)}: pass one label per position of the sequence")
+        ticktext = [f"{p} {labels[p]!s}" for p in positions]
+    else:
+        ticktext = [str(p) for p in positions]
+    fig = go.Figure(go.Heatmap(
+        z=[_as_list(row) for row in grid.to_numpy(dtype=float)], x=positions, y=layer_ids,
+        colorscale="RdBu", zmid=0.0, colorbar=dict(title=metric_name),
+        meta={"group": "sweep", "quantity": "effect"},
+        hovertemplate=f"layer %{{y}}, position %{{x}}<br>{metric_name} = %{{z:.4f}}<extra></extra>",
+    ))
+    excludes = frame[(frame["effect_lo"] > 0) | (frame["effect_hi"] < 0)]
+    hover = [f"[{lo:.4f}, {hi:.4f}]" + (f", p = {p:.3g}" if "p_value" in excludes.columns else "")
+             for lo, hi, p in zip(excludes["effect_lo"], excludes["effect_hi"],
+                                  excludes["p_value"] if "p_value" in excludes.columns else [0.0] * len(excludes))]
+    fig.add_trace(go.Scatter(
+        x=[int(p) for p in excludes["position"]], y=[int(l) for l in excludes["layer"]], mode="markers",
+        marker=dict(symbol="circle-open", size=9, color="black", line=dict(width=1.5)), text=hover,
+        name="interval excludes 0", meta={"group": "sweep", "quantity": "interval_excludes_zero"},
+        hovertemplate="layer %{y}, position %{x}<br>interval %{text}<extra></extra>",
+    ))
+    fig.update_xaxes(title_text="patched position", tickvals=positions, ticktext=ticktext, tickangle=-60)
+    fig.update_yaxes(title_text="patched layer", tickmode="array", tickvals=layer_ids, autorange="reversed")
+    return _base_layout(fig, title, height=max(320, 24 * len(layer_ids) + 200))
+
+
 EXPORT_FORMATS = ("png", "pdf", "svg", "html")
 
 
