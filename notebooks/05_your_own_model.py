@@ -218,7 +218,7 @@ pd.DataFrame({
 own = cache_activations(loaded, prompts, ["blocks.1.hook_resid_pre"])
 self_patch = resid_pre_patch(own, layer=1, position=0)
 self_patched = decompose(loaded, prompts, fwd_hooks=patches_as_hooks([self_patch]), progress=False)
-difference = (self_patched.heads[["T", "R", "M", "C"]] - base.heads[["T", "R", "M", "C"]]).abs().to_numpy().max()
+difference = (self_patched.heads[["total", "R", "M", "C"]] - base.heads[["total", "R", "M", "C"]]).abs().to_numpy().max()
 print(f"largest change from a self-patch: {difference:.1e}")
 assert difference < 1e-6
 

@@ -50,12 +50,13 @@ from lens_position.core.intervals import BIAS_CORRECTED_QUANTITIES, Bootstrap, b
 from lens_position.models.spec import LoadedModel
 from lens_position.analyses.patching import Patch, as_tokens
 from lens_position.ground.progress import progress as progress_bar
+from lens_position.core.summaries import Headline, headlines_from_rows
 from lens_position.core.results import SavedResult
 
 HEAD_KEYS = ["layer", "head"]
 
 
-@dataclass
+@dataclass(repr=False)
 class Comparison(SavedResult):
     """Result of :func:`compare` (module docstring: definitions).
 
@@ -75,6 +76,15 @@ class Comparison(SavedResult):
     overall: pd.DataFrame
     provenance: dict[str, Any] = field(default_factory=dict)
     replicates: pd.DataFrame | None = None
+
+    WHAT = "conditions against a base decomposition: the change in the residual component"
+    INTERVALS = "95% paired bootstrap over sequences"
+    HEADS = ("heads", "R_change")
+
+    def headline(self) -> list[Headline]:
+        """Per condition, the fraction of R' removed over all compared heads, with its paired interval."""
+        return headlines_from_rows(self.overall, "condition", [
+            ("fraction_removed_rf", "R' removed", "1 - R'_condition / R'_base (negative: added)")])
 
 
 def fraction_removed(base: float, condition: float) -> float:
@@ -185,7 +195,7 @@ def compare(base: Decomposition, conditions: Mapping[str, Decomposition]) -> Com
     overall (module docstring). A condition may cover fewer layers than the base (e.g.
     only those downstream of a patch); only the heads it covers are compared."""
     for name, result in conditions.items():
-        for column in ("query_start", "query_stop", "keys"):
+        for column in ("query_start", "query_stop", "key_set"):
             if set(result.heads[column]) != set(base.heads[column]):
                 raise BadInputError(
                     f"condition {name!r} was decomposed with {column}={sorted(set(result.heads[column]))} but "

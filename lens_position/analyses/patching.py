@@ -56,6 +56,8 @@ from lens_position.ground.errors import BadInputError
 from lens_position.core.inputs import checked_prompts
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.ground.progress import progress as progress_bar
+from lens_position.core.intervals import Estimate
+from lens_position.core.summaries import Headline
 from lens_position.core.results import SavedResult
 from lens_position.core.stream import LOGITS, ActivationCache, stream
 
@@ -434,7 +436,7 @@ def head_ablation(
 # --------------------------------------------------------------------------- sweeps
 
 
-@dataclass
+@dataclass(repr=False)
 class PatchSweep(SavedResult):
     """A metric per patch condition. ``values``: ``[layer, pos]`` for a resid_pre sweep, in the
     order of the swept layers and positions (row ``i`` is ``layers[i]``: like the model when
@@ -444,6 +446,20 @@ class PatchSweep(SavedResult):
     values: torch.Tensor
     frame: pd.DataFrame
     provenance: dict[str, Any] = field(default_factory=dict)
+
+    WHAT = "a patching sweep: the metric per patched (layer, position)"
+
+    def headline(self) -> list[Headline]:
+        """The largest and smallest metric value and where they are."""
+        values = self.values.detach().to(torch.float64).cpu().reshape(-1)
+        if values.numel() == 0 or len(self.frame) != values.numel():
+            return []
+        out = []
+        for what, index in (("largest", int(values.argmax())), ("smallest", int(values.argmin()))):
+            row = self.frame.iloc[index]
+            where = ", ".join(f"{c} {int(row[c])}" for c in ("layer", "position") if c in self.frame.columns)
+            out.append(Headline("metric", f"{what} metric ({where})", Estimate(float(values[index])), "metric(logits)"))
+        return out
 
 
 def resid_pre_sweep(

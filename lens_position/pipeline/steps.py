@@ -288,7 +288,7 @@ def _run_prompt_sets(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
     decompositions = [decompose(ctx.loaded, prompts, batch_size=sizes["batch_size"], bootstrap=_bootstrap(sizes),
                                 progress=ctx.progress) for prompts in sets]
     result = between_sets(decompositions, name=ctx.spec.name)
-    return StepOutput({"prompt_sets": result.sets, "prompt_sets_summary": result.summary}, result.provenance,
+    return StepOutput({"prompt_sets": result.sets, "prompt_sets_summary": result.spread}, result.provenance,
                       {**sizes, "prompts": [p.spec for p in sets]})
 
 

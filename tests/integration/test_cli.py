@@ -127,7 +127,7 @@ def test_decompose_restricted_by_layers_queries_and_keys_writes_only_those(capsy
     heads = pd.read_parquet(summary["files"]["decompose_heads"])
     assert sorted(heads["layer"].unique().tolist()) == [0, 2]
     assert set(zip(heads["query_start"], heads["query_stop"])) == {(4, 20)}
-    assert set(heads["keys"]) == {"no-bos"}
+    assert set(heads["key_set"]) == {"no-bos"}
 
 
 def test_each_subcommand_writes_to_its_own_folder_by_default(monkeypatch, tmp_path):
