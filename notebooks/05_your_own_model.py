@@ -114,8 +114,9 @@ if not FAST:
 # %% [markdown]
 # ### A hub name
 #
-# With network access, a hub id loads like a path (`offline=False`, or `HF_HUB_OFFLINE` unset and
-# the hub reachable). Offline, lens_position refuses with a message that says what to do instead.
+# With network access, a hub id loads like a path when you pass `offline=False` (and the hub is
+# reachable); without it, lens_position refuses a hub id, whatever `HF_HUB_OFFLINE` says, with a
+# message that says what to do instead.
 
 # %%
 from lens_position.ground.errors import BadInputError

@@ -10,8 +10,9 @@
   averaged over queries is thresholded at ``eps``; the 0/1 outcomes are averaged over
   prompts, layers and heads (``sink_rate``, in [0, 1]; they report percent), with a
   bootstrap interval over prompts. Their inputs are the first ``T = 64`` tokens of each
-  document, tokenised with the tokenizer's own special tokens (its own BOS): the default
-  ``protocol="documents"`` here. The rate lens_position reported before, the fraction of
+  document, tokenised with the tokenizer's own special tokens (its own BOS):
+  ``protocol="documents"`` here. The default, ``protocol="windows"``, draws windows of the
+  corpus with the run's BOS policy instead, as every other analysis does. The rate lens_position reported before, the fraction of
   heads whose score *averaged over prompts first* exceeds ``eps``, is kept as
   ``sink_rate_pooled``; it is not the authors' metric and runs higher than it when a
   head's score varies across prompts around ``eps``.
