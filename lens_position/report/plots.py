@@ -228,7 +228,7 @@ def layer_components(layers: pd.DataFrame, *, by: str = "architecture",
 
 
 def head_heatmaps(heads: pd.DataFrame, *, by: str = "architecture",
-                  components: Sequence[str] = ("total_heldout", "R_rf_heldout", "M_rf_heldout")) -> go.Figure:
+                  components: Sequence[str] = ("R_rf_heldout", "M_rf_heldout", "total_heldout")) -> go.Figure:
     """Heatmaps of per-head components: one row per architecture, one column per component.
 
     ``heads`` is ``Decomposition.heads`` stacked over models (columns ``layer``, ``head`` and

@@ -23,8 +23,8 @@ FAST = os.environ.get("LENS_POSITION_FAST", "1") == "1"
 FAST_SWAPS = [('"smollm2-135m"', '"tiny-llama"'), ('"gemma3-270m"', '"tiny-gemma3"'), ("T=128", "T=32"),
               ("T=64", "T=32"), ("N=16", "N=4"), ("[0, 5, 11]", "[0, 2]"), ("[0, 6, 12]", "[0, 1, 2]"),
               ("range(12)", "range(3)"), ("blocks.3.hook_resid_pre", "blocks.2.hook_resid_pre"),
-              ("query_range=(0, 32)", "query_range=(0, 16)"), ("resid_pre_patch(clean_cache, 3, 5)",
-                                                                  "resid_pre_patch(clean_cache, 2, 5)")]
+              ("query_range=(0, 32)", "query_range=(0, 16)"), ('layers="0:6"', 'layers="0:2"'),
+              ("resid_pre_patch(clean_cache, 3, 5)", "resid_pre_patch(clean_cache, 2, 5)")]
 BLOCK = re.compile(r"(<!-- not run: (?P<why>[^>]*?) -->\s*)?```python\n(?P<code>.*?)```", re.S)
 MAX_NOT_RUN = 2
 
