@@ -38,7 +38,8 @@ import plotly.offline
 from lens_position.report import plots
 from lens_position.report.plots import ReportFigure
 from lens_position.analyses import tables as table_registry
-from lens_position.analyses.claims import CLAIMS, FAILS, HOLDS, INCONCLUSIVE, PAPER, Criteria, claims_table
+from lens_position.analyses import claims as claim_registry
+from lens_position.analyses.claims import FAILS, HOLDS, INCONCLUSIVE, PAPER, Criteria, claims_table
 from lens_position.analyses.sentences import UNTRAINED_NOTE, components_sentence, sinks_sentence
 from lens_position.core.intervals import Estimate
 from lens_position.core.summaries import fmt, is_untrained
@@ -239,7 +240,7 @@ def claims_html(claims: pd.DataFrame) -> str:
     verdict; then, for every claim that does not hold or is inconclusive, its explanation in words
     built from the numbers."""
     archs = [a for a in dict.fromkeys(claims["architecture"].tolist()) if a != "overall"]
-    titles = {c.key: c.title for c in CLAIMS}
+    titles = {c.key: c.title for c in claim_registry.CLAIMS}
     head = "".join(f"<th>{html.escape(a)}</th>" for a in archs)
     body = []
     for claim in dict.fromkeys(claims["claim"].tolist()):
