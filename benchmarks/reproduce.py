@@ -182,10 +182,17 @@ def _timed_cli(pythonpath: Path, args: argparse.Namespace, models: str, out: Pat
 # ``sink_rate_pooled``. A column of this version named like a mapped baseline column is a new
 # definition with no baseline counterpart.
 RENAMED = {"sink_rate": {"sink_rate": "sink_rate_pooled"}}
+# Columns renamed with their definition unchanged (a column named like a pandas attribute, ``T``,
+# became ``total``; the sink rate's sequence length ``T`` became ``seq_len``): a baseline's
+# frame gets the new names before anything is compared.
+_TOTAL = {f"T{s}": f"total{s}" for s in ("", "_lo", "_hi", "_heldout", "_heldout_lo", "_heldout_hi")}
+SAME_DEFINITION = {"sink_rate": {"T": "seq_len"}, **{t: _TOTAL for t in (
+    "decompose_layers", "decompose_heads", "decompose_replicates", "decompose_early_layers",
+    "decompose_early_heads", "decompose_early_replicates")}}
 # Columns that say which inputs a row measured, with the value a baseline without the column used.
 # Where they differ, the two versions measured different prompts: those rows are compared on the
 # baseline's inputs, recomputed by this version (``_recompute_on_baseline_inputs``).
-INPUT_COLUMNS = {"sink_rate": {"condition": None, "T": None, "N": None, "eps": None, "bos": None,
+INPUT_COLUMNS = {"sink_rate": {"condition": None, "seq_len": None, "N": None, "eps": None, "bos": None,
                                "protocol": "windows"}}
 
 
@@ -243,6 +250,7 @@ def _table_differences(base: Path, new: Path) -> tuple[dict[str, float], list[st
             out[table] = float("inf")
             continue
         a, b = pd.read_parquet(base / f"{table}.parquet"), pd.read_parquet(new / f"{table}.parquet")
+        a = a.rename(columns=SAME_DEFINITION.get(table, {}))
         renamed = RENAMED.get(table, {})
         counterpart = {column: renamed.get(column, column) for column in a.columns}
         inputs = INPUT_COLUMNS.get(table, {})
@@ -292,7 +300,8 @@ def _recompute_on_baseline_inputs(table: str, base: Path) -> float:
     worst = 0.0
     for model, rows in a.groupby("model", sort=False):
         loaded = load_request(model)
-        for (T, N, eps, bos), group in rows.groupby(["T", "N", "eps", "bos"], sort=False):
+        rows = rows.rename(columns=SAME_DEFINITION.get(table, {}))
+        for (T, N, eps, bos), group in rows.groupby(["seq_len", "N", "eps", "bos"], sort=False):
             result = sink_rate(loaded, conditions=tuple(group["condition"]), T=int(T), N=int(N), eps=float(eps),
                                seed=seed, protocol="windows", bos=bos, batch_size=settings["batch_size"],
                                bootstrap=NO_INTERVALS, progress=False).frame.set_index("condition")

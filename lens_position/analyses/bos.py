@@ -48,12 +48,13 @@ from lens_position.core.intervals import Bootstrap
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.analyses.patching import as_tokens, default_replacement_token, embedding_patch
 from lens_position.ground.progress import progress as progress_bar
+from lens_position.core.summaries import Headline, headlines_from_rows
 from lens_position.core.results import SavedResult
 
 REPLACEMENTS = ("token", "mean", "random")
 
 
-@dataclass
+@dataclass(repr=False)
 class BosReplacement(SavedResult):
     """Result of :func:`bos_replacement` (module docstring: definitions).
 
@@ -76,6 +77,14 @@ class BosReplacement(SavedResult):
     replicates: pd.DataFrame | None = None
     base_layers: pd.DataFrame | None = None
     base_replicates: pd.DataFrame | None = None
+
+    WHAT = "BOS replacement: the share of the residual component R' removed at early queries"
+    INTERVALS = "95% paired bootstrap over sequences"
+
+    def headline(self) -> list[Headline]:
+        """Per replacement, the fraction of R' removed over all layers, with its paired interval."""
+        return headlines_from_rows(self.overall, "replacement", [
+            ("fraction_removed_rf", "R' removed", "1 - R'_replaced / R'_base (negative: added)")])
 
 
 def bos_replacement(

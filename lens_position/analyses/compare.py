@@ -53,12 +53,13 @@ from lens_position.analyses.patching import Patch
 from lens_position.core.checks import check_layers, check_query_range
 from lens_position.core.inputs import Prompts, checked_prompts
 from lens_position.ground.progress import progress as progress_bar
+from lens_position.core.summaries import Headline, headlines_from_rows
 from lens_position.core.results import SavedResult
 
 HEAD_KEYS = ["layer", "head"]
 
 
-@dataclass
+@dataclass(repr=False)
 class Comparison(SavedResult):
     """Result of :func:`compare` (module docstring: definitions).
 
@@ -78,6 +79,15 @@ class Comparison(SavedResult):
     overall: pd.DataFrame
     provenance: dict[str, Any] = field(default_factory=dict)
     replicates: pd.DataFrame | None = None
+
+    WHAT = "conditions against a base decomposition: the change in the residual component"
+    INTERVALS = "95% paired bootstrap over sequences"
+    HEADS = ("heads", "R_change")
+
+    def headline(self) -> list[Headline]:
+        """Per condition, the fraction of R' removed over all compared heads, with its paired interval."""
+        return headlines_from_rows(self.overall, "condition", [
+            ("fraction_removed_rf", "R' removed", "1 - R'_condition / R'_base (negative: added)")])
 
 
 def fraction_removed(base: float, condition: float) -> float:
@@ -193,7 +203,7 @@ def compare(base: Decomposition, conditions: Mapping[str, Decomposition]) -> Com
     :func:`~lens_position.core.checks.check_same_origin` refuses them otherwise."""
     for name, result in conditions.items():
         check_same_origin(base.provenance, result.provenance, f"condition {name!r}")
-        for column in ("query_start", "query_stop", "keys"):
+        for column in ("query_start", "query_stop", "key_set"):
             if set(result.heads[column]) != set(base.heads[column]):
                 raise BadInputError(
                     f"condition {name!r} was decomposed with {column}={sorted(set(result.heads[column]))} but "

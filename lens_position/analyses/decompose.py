@@ -62,6 +62,7 @@ from lens_position.core.inputs import Prompts, checked_prompts
 from lens_position.core.intervals import (BIAS_CORRECTED_QUANTITIES, MIN_INTERVAL_UNITS, Bootstrap,
                                          bootstrap_interval, interval_method, resample_counts, small_sample_widening)
 from lens_position.models.spec import LoadedModel, as_loaded
+from lens_position.core.summaries import Headline, layer_mean
 from lens_position.core.results import SavedResult
 from lens_position.core.stream import check_finite_activation, stream
 
@@ -582,7 +583,7 @@ def _weighted_components(fit: _Fitter, stats: HeadStatistics, per_group: torch.T
     var_t, var_z, cov_tz = cov(*a["t"], *a["t"]), cov(*a["z"], *a["z"]), cov(*a["t"], *a["z"])
     out = {"R": var_t / var_log_a, "M": var_z / var_log_a, "C": -2 * cov_tz / var_log_a,
            "var_logA": var_log_a, "var_abs_t": var_t, "var_abs_z": var_z, "cov_abs_tz": cov_tz}
-    out["T"] = out["R"] + out["M"] + out["C"]
+    out["total"] = out["R"] + out["M"] + out["C"]
     out["R_rf"] = cov(*a["res"], *a["res"]) / var_log_a
     out["M_rf"] = cov(*a["lam"], *a["lam"]) / var_log_a
     out["C_rf"] = 2 * cov(*a["lam"], *a["res"]) / var_log_a
@@ -595,7 +596,7 @@ def _weighted_components(fit: _Fitter, stats: HeadStatistics, per_group: torch.T
     out["R_heldout"] = cross("t", "t")
     out["M_heldout"] = cross("z", "z")
     out["C_heldout"] = -(cross("t", "z") + cross("z", "t"))
-    out["T_heldout"] = out["R_heldout"] + out["M_heldout"] + out["C_heldout"]
+    out["total_heldout"] = out["R_heldout"] + out["M_heldout"] + out["C_heldout"]
     out["R_rf_heldout"] = cross("res", "res")
     out["M_rf_heldout"] = cross("lam", "lam")
     out["C_rf_heldout"] = cross("lam", "res") + cross("res", "lam")
@@ -606,19 +607,19 @@ def _weighted_components(fit: _Fitter, stats: HeadStatistics, per_group: torch.T
 # Public API
 # ---------------------------------------------------------------------------------------
 
-COMPONENTS = ["T", "R", "M", "C", "T_heldout", "R_heldout", "M_heldout", "C_heldout",
+COMPONENTS = ["total", "R", "M", "C", "total_heldout", "R_heldout", "M_heldout", "C_heldout",
               "R_rf", "M_rf", "C_rf", "R_rf_heldout", "M_rf_heldout", "C_rf_heldout"]
 INTERVAL_COLUMNS = [f"{c}_{side}" for c in COMPONENTS for side in ("lo", "hi")]
 # The components kept per head and replicate (Decomposition.head_replicates): the residual components an
 # intervention changes, so a per-head change gets a paired interval (lens_position.analyses.compare).
 HEAD_REPLICATE_COMPONENTS = ["R", "R_heldout", "R_rf", "R_rf_heldout"]
 HEAD_COLUMNS = [
-    "layer", "head", "layer_type", "window", "query_start", "query_stop", "keys", *COMPONENTS,
+    "layer", "head", "layer_type", "window", "query_start", "query_stop", "key_set", *COMPONENTS,
     "var_logA", "var_abs_t", "var_abs_z", "cov_abs_tz", "n_pairs", "n_sequences", *INTERVAL_COLUMNS,
 ]
 
 
-@dataclass
+@dataclass(repr=False)
 class Decomposition(SavedResult):
     """Result of :func:`decompose`.
 
@@ -653,6 +654,24 @@ class Decomposition(SavedResult):
     provenance: dict[str, Any]
     replicates: pd.DataFrame | None = None
     head_replicates: pd.DataFrame | None = None
+
+    WHAT = "absolute position in attention split into residual (R') and mask (M') components"
+    HEADS = ("heads", "R_rf_heldout")
+
+    def headline(self) -> list[Headline]:
+        """Mean over layers and heads of R', M' (held out, reference-free: what the claims use) and
+        the total, with their intervals; the query range in the label when it is not all queries."""
+        stop = int(self.layers["query_stop"].iloc[0]) if "query_stop" in self.layers.columns and len(self.layers) else None
+        where = f", queries < {stop}" if stop is not None and stop < int((self.provenance.get("data") or {}).get("T") or 0) else ""
+        out = []
+        for column, label, meaning in (
+                ("R_rf_heldout", "R' residual", "the residual stream's share of Var(log A)"),
+                ("M_rf_heldout", "M' mask", "the causal mask's share of Var(log A)"),
+                ("total_heldout", "total", "absolute-position share of Var(log A)")):
+            if column in self.layers.columns:
+                out.append(Headline(column, f"{label} (held out{where})",
+                                    layer_mean(self.layers, self.replicates, column), meaning))
+        return out
 
     def to_tensor(self, component: str = "R") -> Float[torch.Tensor, "layer head"]:
         """One per-head column of ``heads`` (``"R"``, ``"M_heldout"``, ...) as a float64
@@ -851,7 +870,7 @@ class DecompositionReducer:
                 row = {
                     "layer": layer, "head": head, "layer_type": self.loaded.spec.layer_types[layer],
                     "window": window, "query_start": self.query_start, "query_stop": self.query_stop,
-                    "keys": self.keys, "n_pairs": design.n_pairs * n_seq, "n_sequences": n_seq,
+                    "key_set": self.keys, "n_pairs": design.n_pairs * n_seq, "n_sequences": n_seq,
                 }
                 row.update({name: float(v[head]) for name, v in values.items()})
                 for name, (lo, hi) in bounds.items():
@@ -1014,7 +1033,7 @@ def decompose_dense(
             a_t, a_z = fits[0][:, cols_t], fits[0][:, cols_z]
             var_t, var_z, cov_tz = centred_cov(a_t, a_t), centred_cov(a_z, a_z), centred_cov(a_t, a_z)
             values = {"R": var_t / var_log_a, "M": var_z / var_log_a, "C": -2 * cov_tz / var_log_a,
-                      "T": (a_t - a_z).var(0, unbiased=False) / var_log_a,
+                      "total": (a_t - a_z).var(0, unbiased=False) / var_log_a,
                       "var_logA": var_log_a, "var_abs_t": var_t, "var_abs_z": var_z, "cov_abs_tz": cov_tz}
             if n_seq > 1:
                 (at0, az0), (at1, az1) = [(f[:, cols_t], f[:, cols_z]) for f in fits[1:]]
@@ -1027,14 +1046,14 @@ def decompose_dense(
                         centred_cov(fitted[0].repeat(la.shape[0], 1), la.reshape(-1, n_heads)),
                         centred_cov(fitted[1].repeat(la.shape[0], 1), la.reshape(-1, n_heads)),
                     ]) / v_other)
-                values["T_heldout"] = 0.5 * sum(c[0] - c[1] for c in cross)
+                values["total_heldout"] = 0.5 * sum(c[0] - c[1] for c in cross)
                 values["R_heldout"] = 0.5 * (centred_cov(at0, at1) / v1 + centred_cov(at1, at0) / v0)
                 values["M_heldout"] = 0.5 * (centred_cov(az0, az1) / v1 + centred_cov(az1, az0) / v0)
                 values["C_heldout"] = -0.5 * ((centred_cov(at0, az1) + centred_cov(az0, at1)) / v1
                                               + (centred_cov(at1, az0) + centred_cov(az1, at0)) / v0)
             for head in range(n_heads):
                 row = {"layer": layer, "head": head, "layer_type": loaded.spec.layer_types[layer],
-                       "window": window, "query_start": query_start, "query_stop": query_stop, "keys": keys,
+                       "window": window, "query_start": query_start, "query_stop": query_stop, "key_set": keys,
                        "n_pairs": design.n_pairs * n_seq, "n_sequences": n_seq}
                 row.update({name: float(v[head]) for name, v in values.items()})
                 rows.append(row)

@@ -33,6 +33,8 @@ from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.analyses.patching import as_tokens, cache_activations
 from lens_position.ground.progress import progress as progress_bar
 from lens_position.core.stream import WholeActivations, stream
+from lens_position.core.intervals import Estimate
+from lens_position.core.summaries import Headline
 from lens_position.core.results import SavedResult
 
 
@@ -109,7 +111,7 @@ def residual_names(model: LoadedModel | HookedTransformer) -> list[str]:
     ]
 
 
-@dataclass
+@dataclass(repr=False)
 class Fingerprint(SavedResult):
     """Result of :func:`fingerprint`.
 
@@ -125,6 +127,15 @@ class Fingerprint(SavedResult):
 
     frame: pd.DataFrame
     provenance: dict[str, Any]
+
+    WHAT = "the position-0 fingerprint: spread of resid[:, 0] across inputs, per layer and condition"
+
+    def headline(self) -> list[Headline]:
+        """Per condition, the largest relative spread over layers (float noise for auto-BOS)."""
+        return [Headline("spread_relative", f"largest relative spread ({condition})",
+                         Estimate(float(part["spread_relative"].astype(float).max())),
+                         "spread / ||mean x||; float noise when all layers are")
+                for condition, part in self.frame.groupby("condition", sort=False)]
 
 
 def _summarise(x: Float[torch.Tensor, "batch d_model"], bos_mean: Float[torch.Tensor, "d_model"]) -> dict:

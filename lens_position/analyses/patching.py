@@ -59,6 +59,8 @@ from lens_position.core.inputs import Prompts, checked_prompts
 from lens_position.core.intervals import Bootstrap, bootstrap_mean, sign_flip_pvalue
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.ground.progress import progress as progress_bar
+from lens_position.core.intervals import Estimate
+from lens_position.core.summaries import Headline
 from lens_position.core.results import SavedResult
 from lens_position.core.stream import LOGITS, WholeActivations, stream
 
@@ -656,7 +658,7 @@ SWEPT_ACTIVATIONS = {
 Reduce = Literal["scalar", "none"]
 
 
-@dataclass
+@dataclass(repr=False)
 class PatchSweep(SavedResult):
     """A metric per patch condition (cell), named as TransformerLens 4.3's ``PatchingResult``
     where the meaning is the same.
@@ -830,6 +832,20 @@ def activation_sweep(
         token_layers=token_layers(plan, n_rows, n_pos, n_layers),
         intervals=bootstrap.to_dict(unit="prompt") if per_prompt else None)
     return sweep
+
+    WHAT = "a patching sweep: the metric per patched (layer, position)"
+
+    def headline(self) -> list[Headline]:
+        """The largest and smallest metric value and where they are."""
+        values = self.values.detach().to(torch.float64).cpu().reshape(-1)
+        if values.numel() == 0 or len(self.frame) != values.numel():
+            return []
+        out = []
+        for what, index in (("largest", int(values.argmax())), ("smallest", int(values.argmin()))):
+            row = self.frame.iloc[index]
+            where = ", ".join(f"{c} {int(row[c])}" for c in ("layer", "position") if c in self.frame.columns)
+            out.append(Headline("metric", f"{what} metric ({where})", Estimate(float(values[index])), "metric(logits)"))
+        return out
 
 
 def resid_pre_sweep(

@@ -10,8 +10,9 @@
   averaged over queries is thresholded at ``eps``; the 0/1 outcomes are averaged over
   prompts, layers and heads (``sink_rate``, in [0, 1]; they report percent), with a
   bootstrap interval over prompts. Their inputs are the first ``T = 64`` tokens of each
-  document, tokenised with the tokenizer's own special tokens (its own BOS): the default
-  ``protocol="documents"`` here. The rate lens_position reported before, the fraction of
+  document, tokenised with the tokenizer's own special tokens (its own BOS):
+  ``protocol="documents"`` here. The default, ``protocol="windows"``, draws windows of the
+  corpus with the run's BOS policy instead, as every other analysis does. The rate lens_position reported before, the fraction of
   heads whose score *averaged over prompts first* exceeds ``eps``, is kept as
   ``sink_rate_pooled``; it is not the authors' metric and runs higher than it when a
   head's score varies across prompts around ``eps``.
@@ -46,10 +47,11 @@ from lens_position.analyses.decompose import Decomposition, DecompositionReducer
 from lens_position.ground.errors import BadInputError
 from lens_position.analyses.fingerprint import counterfactual_token0, position0_activations
 from lens_position.core.inputs import Prompts, checked_prompts
-from lens_position.core.intervals import Bootstrap, bootstrap_mean
+from lens_position.core.intervals import Bootstrap, Estimate, bootstrap_mean
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.analyses.patching import Patch, as_tokens, cache_activations, head_ablation
 from lens_position.ground.progress import progress as progress_bar
+from lens_position.core.summaries import Headline, headlines_from_rows, row_estimate
 from lens_position.core.results import SavedResult
 from lens_position.core.stream import WholeActivations, stream
 
@@ -69,7 +71,7 @@ def _bos_policy(prompts: Any) -> Any:
 # --------------------------------------------------------------------------- sink heads
 
 
-@dataclass
+@dataclass(repr=False)
 class SinkHeads(SavedResult):
     """Result of :func:`sink_heads`. ``frame``: one row per (layer, head) with ``sink_score``
     (mean attention on position 0 over prompts and queries, in [0, 1]), its bootstrap
@@ -87,6 +89,20 @@ class SinkHeads(SavedResult):
     eps: float
     prompt_scores: Float[torch.Tensor, "prompt layer head"] | None = None
     provenance: dict[str, Any] = field(default_factory=dict)
+
+    WHAT = "sink heads: mean attention on position 0 per head"
+    INTERVALS = "95% bootstrap over prompts"
+    HEADS = ("frame", "sink_score")
+
+    def headline(self) -> list[Headline]:
+        """How many heads are sinks, and the largest sink score with its interval."""
+        out = [Headline("is_sink", f"sink heads (score > {self.eps:g})", Estimate(float(self.frame["is_sink"].sum())),
+                        f"of {len(self.frame)} heads")]
+        if len(self.frame):
+            top = self.frame.loc[self.frame["sink_score"].astype(float).idxmax()]
+            out.append(Headline("sink_score", f"largest sink score (L{int(top['layer'])}.H{int(top['head'])})",
+                                row_estimate(top, "sink_score"), "mean attention on position 0, in [0, 1]"))
+        return out
 
     @property
     def sink_rate(self) -> float:
@@ -209,14 +225,14 @@ def sink_heads(
         metric="sink_score = mean over prompts and queries of A[i, 0]", intervals=bootstrap.to_dict("prompt")))
 
 
-@dataclass
+@dataclass(repr=False)
 class SinkRate(SavedResult):
     """Result of :func:`sink_rate`. ``frame``: one row per condition with ``sink_rate`` (Gu
     et al.'s metric: the fraction of (prompt, layer, head) triples whose attention on
     position 0, averaged over queries, exceeds ``eps``; in [0, 1]), ``sink_rate_lo`` /
     ``sink_rate_hi`` (its bootstrap interval over prompts), ``sink_rate_pooled`` (the
     fraction of heads whose score averaged over prompts exceeds ``eps``: not their metric),
-    ``eps``, ``T``, ``N``, ``bos``, ``protocol``, ``n_heads``, ``n_sink_heads`` (heads whose score averaged
+    ``eps``, ``seq_len`` (positions per prompt), ``N``, ``bos``, ``protocol``, ``n_heads``, ``n_sink_heads`` (heads whose score averaged
     over prompts exceeds ``eps``: the sink heads).
     ``heads``: the per-head sink scores of every condition (the :class:`SinkHeads` frames
     with a ``condition`` column)."""
@@ -224,6 +240,15 @@ class SinkRate(SavedResult):
     frame: pd.DataFrame
     heads: pd.DataFrame
     provenance: dict[str, Any] = field(default_factory=dict)
+
+    WHAT = "Gu et al.'s sink rate per input condition"
+    INTERVALS = "95% bootstrap over prompts"
+    HEADS = ("heads", "sink_score")
+
+    def headline(self) -> list[Headline]:
+        """Per condition, the sink rate with its interval over prompts."""
+        return headlines_from_rows(self.frame, "condition", [
+            ("sink_rate", "sink rate", "fraction of (prompt, layer, head) triples above eps")])
 
 
 SINK_PROTOCOLS = ("documents", "windows")
@@ -306,7 +331,7 @@ def sink_rate(
         per_prompt = (result.prompt_scores > eps).to(torch.float64).mean((1, 2)).numpy()
         rate, lo, hi = bootstrap_mean(per_prompt, bootstrap)
         rows.append({"condition": condition, "sink_rate": float(rate), "sink_rate_lo": float(lo),
-                     "sink_rate_hi": float(hi), "sink_rate_pooled": result.sink_rate_pooled, "eps": eps, "T": T,
+                     "sink_rate_hi": float(hi), "sink_rate_pooled": result.sink_rate_pooled, "eps": eps, "seq_len": T,
                      "N": N, "bos": bos, "protocol": protocol, "position0": prompts.spec.position0,
                      "n_sink_heads": int(result.frame["is_sink"].sum()), "n_heads": len(result.frame)})
         frames.append(result.frame.assign(condition=condition))
@@ -323,7 +348,7 @@ def sink_rate(
 # --------------------------------------------------------------------------- sink-reading heads
 
 
-@dataclass
+@dataclass(repr=False)
 class SinkReading(SavedResult):
     """Result of :func:`sink_reading_heads`.
 
@@ -333,7 +358,7 @@ class SinkReading(SavedResult):
     change). ``R_base``, ``R_patched``: the head's residual component (fraction of
     Var(log A), ``decompose`` over ``query_range``) without and with its own position-0
     key/value patched; ``R_change = R_patched - R_base``, ``R_heldout_change`` the same for
-    the held-out ``R``. ``rank``: 1 = largest ``|R_change|`` (ties broken by
+    the held-out ``R``. ``reading_rank``: 1 = largest ``|R_change|`` (ties broken by
     ``output_change``).
 
     ``ablation``: one row per (ablation, layer): ``R_before`` / ``R_after`` = mean over the
@@ -354,6 +379,22 @@ class SinkReading(SavedResult):
     ablation_heads: pd.DataFrame
     ablated: list[tuple[int, int]]
     provenance: dict[str, Any] = field(default_factory=dict)
+
+    WHAT = "sink-reading heads: how each head's R changes when its own position-0 key/value is patched"
+    INTERVALS = "95% paired bootstrap over sequences"
+    HEADS = ("frame", "R_change")
+
+    def headline(self) -> list[Headline]:
+        """The three best-ranked sink-reading heads' R change, and what ablating the top heads did."""
+        out = [Headline("R_change", f"R change, reader #{int(row['reading_rank'])} (L{int(row['layer'])}.H{int(row['head'])})",
+                        row_estimate(row, "R_change"), "own position-0 key/value patched, fraction of Var(log A)")
+               for _, row in self.frame.sort_values("reading_rank").head(3).iterrows()]
+        if len(self.ablation):
+            for kind, part in self.ablation.groupby("ablation", sort=False):
+                out.append(Headline("R_change", f"mean R change, {kind} ablation of {len(self.ablated)} heads",
+                                    Estimate(float(part["R_change"].astype(float).mean())),
+                                    "mean over layers of the layer's mean R change"))
+        return out
 
 
 def base_activation_names(model: LoadedModel | HookedTransformer) -> list[str]:
@@ -475,9 +516,9 @@ def sink_reading_scores(
             frame[f"{name}_{side}"] = comparison.heads[f"{name}_{side}"].to_numpy()
     order = frame.assign(abs_change=frame["R_change"].abs()).sort_values(
         ["abs_change", "output_change"], ascending=False, kind="stable").index
-    frame.loc[order, "rank"] = range(1, len(frame) + 1)
-    frame["rank"] = frame["rank"].astype(int)
-    return frame.sort_values("rank").reset_index(drop=True)
+    frame.loc[order, "reading_rank"] = range(1, len(frame) + 1)
+    frame["reading_rank"] = frame["reading_rank"].astype(int)
+    return frame.sort_values("reading_rank").reset_index(drop=True)
 
 
 def head_ablation_effect(

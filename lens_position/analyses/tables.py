@@ -51,8 +51,8 @@ _ALL = (
     Table("sink_ablation", "sink_reading", "reading", "ablation", "SinkReading.ablation"),
     Table("prompt_sets", "prompt_sets", "prompt_sets", "sets",
           "PromptSetSpread.sets (opt-in, --prompt-sets K): C1's and C2's numbers on each prompt set"),
-    Table("prompt_sets_summary", "prompt_sets", "prompt_sets", "summary",
-          "PromptSetSpread.summary (opt-in): the spread between prompt sets beside the bootstrap's"),
+    Table("prompt_sets_summary", "prompt_sets", "prompt_sets", "spread",
+          "PromptSetSpread.spread (opt-in): the spread between prompt sets beside the bootstrap's"),
 )
 
 #: The registry: table name -> :class:`Table`.

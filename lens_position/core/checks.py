@@ -53,6 +53,24 @@ def check_seed(seed: Any) -> int:
     return value
 
 
+def parse_layers(text: str) -> list[int]:
+    """Layers written as on the command line: ``"0,4,8"``, ``"2:6"`` (layers 2 to 5, as
+    ``range(2, 6)``) or both mixed, ``"0,2:4"``. Sorted, without repeats."""
+    layers: list[int] = []
+    try:
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            if ":" in part:
+                start, stop = (int(x) for x in part.split(":", 1))
+                layers.extend(range(start, stop))
+            else:
+                layers.append(int(part))
+    except ValueError:
+        raise BadInputError(f"expected layer indices like 0,4,8 or 2:6, got {text!r}") from None
+    if not layers or min(layers) < 0:
+        raise BadInputError(f"expected one or more layer indices >= 0, got {text!r}")
+    return sorted(set(layers))
+
+
 class CheckedLayers(list):
     """Layers :func:`check_layers` accepted for a model of ``n_layers`` layers (sorted, no
     repeats); handed back to it unchanged, it is returned without a second check."""
@@ -64,8 +82,10 @@ class CheckedLayers(list):
 
 
 def check_layers(layers: Any, n_layers: int) -> list[int]:
-    """Layers to analyse: ``None`` (all), one layer, or a non-empty collection of layers in
-    ``0 .. n_layers - 1``. Returns them sorted, without repeats, as :class:`CheckedLayers`."""
+    """Layers to analyse: ``None`` (all), one layer, a non-empty collection of layers in
+    ``0 .. n_layers - 1``, or a string as on the command line (``"0:6"`` is layers 0 to 5,
+    ``"0,6"`` layers 0 and 6: :func:`parse_layers`; a tuple ``(0, 6)`` is the two layers 0 and 6).
+    Returns them sorted, without repeats, as :class:`CheckedLayers`."""
     if (isinstance(layers, CheckedLayers) and layers.n_layers == n_layers
             and tuple(layers) == layers._as_checked):
         return layers
@@ -75,7 +95,9 @@ def check_layers(layers: Any, n_layers: int) -> list[int]:
 def _layers(layers: Any, n_layers: int) -> list[int]:
     if layers is None:
         return list(range(n_layers))
-    if isinstance(layers, (str, bytes)) or not isinstance(layers, Iterable) and not isinstance(layers, numbers.Number):
+    if isinstance(layers, str):
+        layers = parse_layers(layers)
+    if isinstance(layers, bytes) or not isinstance(layers, Iterable) and not isinstance(layers, numbers.Number):
         raise BadInputError(f"layers must be a layer index or a list of them, got {layers!r}")
     items = [layers] if isinstance(layers, numbers.Number) else list(layers)
     chosen = sorted({_as_int("each layer", layer) for layer in items})

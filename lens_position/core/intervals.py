@@ -75,7 +75,7 @@ INTERVAL_METHODS = {
 # decomposition's in-sample components, and the fractions and changes lens_position.analyses.compare
 # computes from them. Each gets the bias-corrected percentile interval; every other quantity the
 # percentile one.
-BIAS_CORRECTED_QUANTITIES = frozenset({"T", "R", "M", "C", "R_rf", "M_rf", "C_rf",
+BIAS_CORRECTED_QUANTITIES = frozenset({"total", "R", "M", "C", "R_rf", "M_rf", "C_rf",
                               "fraction_removed", "fraction_removed_rf", "R_change", "R_rf_change"})
 
 

