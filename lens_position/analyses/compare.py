@@ -42,7 +42,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
-from transformer_lens import HookedTransformer
+from lens_position.models.backends import ModelLike
 
 from lens_position.analyses.decompose import Decomposition, decompose
 from lens_position.ground.errors import BadInputError
@@ -251,7 +251,7 @@ def compare(base: Decomposition, conditions: Mapping[str, Decomposition]) -> Com
 
 
 def decompose_conditions(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     prompts: Any,
     conditions: Mapping[str, Sequence[Patch]],
     *,

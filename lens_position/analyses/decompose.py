@@ -53,7 +53,7 @@ import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
-from transformer_lens import HookedTransformer
+from lens_position.models.backends import ModelLike
 
 from lens_position.ground import provenance
 from lens_position.core.checks import check_count, check_layers, check_query_range
@@ -674,7 +674,7 @@ class Decomposition(SavedResult):
         return out
 
 
-def layer_key_windows(model: LoadedModel | HookedTransformer) -> list[int | None]:
+def layer_key_windows(model: ModelLike) -> list[int | None]:
     """Window of each layer's attention mask (``None`` for a causal layer over all earlier
     keys): ``ModelSpec.layer_windows``, which the spec builder reads off the model's own
     attention modules."""
@@ -727,7 +727,7 @@ class DecompositionReducer:
     model (together with any other reducers), then call :meth:`result`.
     """
 
-    def __init__(self, model: LoadedModel | HookedTransformer, prompts: Any, *,
+    def __init__(self, model: ModelLike, prompts: Any, *,
                  layers: Sequence[int] | None = None, query_range: tuple[int, int] | None = None,
                  keys: KeySet = "all", bins: PositionBins = PositionBins(),
                  bootstrap: Bootstrap = Bootstrap()) -> None:
@@ -876,7 +876,7 @@ class DecompositionReducer:
 
 
 def decompose(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     prompts: Any,
     *,
     layers: Sequence[int] | None = None,
@@ -935,7 +935,7 @@ def decompose(
 
 
 def decompose_dense(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     prompts: Any,
     *,
     layers: Sequence[int] | None = None,
@@ -952,16 +952,14 @@ def decompose_dense(
     cases (tests, the benchmark), never for analysis.
     """
     loaded = as_loaded(model)
-    hooked = loaded.model
     tokens, data = _prompt_tokens(loaded, prompts)
     layers, query_start, query_stop = _check_options(loaded, tokens, layers, query_range, keys)
     n_seq, length = tokens.shape
     windows = layer_key_windows(loaded)
     names = {f"blocks.{layer}.attn.hook_attn_scores" for layer in layers}
     with torch.no_grad():
-        _, cache = hooked.run_with_cache(tokens, names_filter=lambda name: name in names,
-                                         stop_at_layer=layers[-1] + 1)
-    n_heads = hooked.cfg.n_heads
+        cache = loaded.backend.run_with_cache(tokens, sorted(names), stop_at_layer=layers[-1] + 1)
+    n_heads = loaded.backend.n_heads
     rows = []
     for window in dict.fromkeys(windows[layer] for layer in layers):
         group = [layer for layer in layers if windows[layer] == window]
@@ -1034,7 +1032,7 @@ def decompose_dense(
 
 
 def check_identity(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     prompts: Any,
     *,
     layers: Sequence[int] | None = None,
@@ -1048,13 +1046,11 @@ def check_identity(
     ``max_row_sum_error`` = max |sum_j exp(t - z) - 1|. Expected: float32 round-off.
     """
     loaded = as_loaded(model)
-    hooked = loaded.model
     tokens, _ = _prompt_tokens(loaded, prompts)
     layers, _, _ = _check_options(loaded, tokens, layers, None, "all")
     names = {f"blocks.{layer}.attn.{kind}" for layer in layers for kind in ("hook_attn_scores", "hook_pattern")}
     with torch.no_grad():
-        _, cache = hooked.run_with_cache(tokens, names_filter=lambda name: name in names,
-                                         stop_at_layer=layers[-1] + 1)
+        cache = loaded.backend.run_with_cache(tokens, sorted(names), stop_at_layer=layers[-1] + 1)
     rows = []
     for layer in layers:
         t, z = self_referenced_scores(cache[f"blocks.{layer}.attn.hook_attn_scores"])

@@ -46,7 +46,7 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
-from transformer_lens import HookedTransformer
+from lens_position.models.backends import ModelLike
 from transformer_lens.ActivationCache import ActivationCache as TransformerLensCache
 
 from lens_position.ground import provenance
@@ -65,11 +65,13 @@ Replacement = Literal["token", "mean", "random"]
 # --------------------------------------------------------------------------- inputs
 
 
-def _hooked(model: LoadedModel | HookedTransformer) -> HookedTransformer:
+def _hooked(model: ModelLike) -> Any:
+    """The TransformerLens model behind ``model`` (either backend: both have the config facts
+    read here, ``hook_dict`` and ``W_E``); forward passes go through the stream loop's seam."""
     return as_loaded(model).model
 
 
-def as_tokens(model: LoadedModel | HookedTransformer, prompts: Any) -> Int[torch.Tensor, "batch pos"]:
+def as_tokens(model: ModelLike, prompts: Any) -> Int[torch.Tensor, "batch pos"]:
     """The token tensor of ``prompts``, checked by the input door
     (:func:`lens_position.core.inputs.checked_prompts`: ids in the vocabulary, length within the
     context, no padding), on the model's device."""
@@ -109,7 +111,7 @@ def check_same_layout(target: Any, source: Any, *, what: str = "source") -> None
 
 
 def cache_activations(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     prompts: Any,
     names: Sequence[str],
     *,
@@ -133,7 +135,7 @@ def cache_activations(
 
 
 def resid_pre_stack(
-    model: LoadedModel | HookedTransformer, prompts: Any
+    model: ModelLike, prompts: Any
 ) -> Float[torch.Tensor, "layer batch pos d_model"]:
     """``resid_pre`` of every block on ``prompts``, stacked: the cache that patches resume from."""
     hooked = _hooked(model)
@@ -146,7 +148,7 @@ def resid_pre_stack(
 
 
 def run_patches(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     prompts: Any,
     conditions: Sequence[Condition | Patch],
     metric: Callable[[Any], torch.Tensor],
@@ -239,7 +241,7 @@ def run_patches(
 # --------------------------------------------------------------------------- entry points
 
 
-def kv_head_of(model: LoadedModel | HookedTransformer, head: int) -> int:
+def kv_head_of(model: ModelLike, head: int) -> int:
     """The checkpoint's key/value head that query head ``head`` reads: ``head // (n_heads /
     n_key_value_heads)`` with grouped-query attention, ``head`` itself without. (The hooks carry
     one ungrouped copy per query head; this names the weights the copy comes from.)"""
@@ -250,7 +252,7 @@ def kv_head_of(model: LoadedModel | HookedTransformer, head: int) -> int:
 
 
 def replacement_embedding(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     prompts: Any,
     replacement: Replacement,
     *,
@@ -287,7 +289,7 @@ def replacement_embedding(
 
 
 def default_replacement_token(
-    model: LoadedModel | HookedTransformer, prompts: Any, *, position: int = 0, seed: int = 0
+    model: ModelLike, prompts: Any, *, position: int = 0, seed: int = 0
 ) -> int:
     """A token drawn with ``seed`` from the vocabulary, avoiding every token the prompts hold
     at ``position`` (so the replacement really changes the input) and the tokenizer's
@@ -310,7 +312,7 @@ def default_replacement_token(
 
 
 def embedding_patch(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     prompts: Any,
     replacement: Replacement | torch.Tensor = "token",
     *,
@@ -356,7 +358,7 @@ def resid_pre_patch(
 
 
 def head_kv_patches(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     source: dict[str, torch.Tensor],
     *,
     layer: int,
@@ -396,7 +398,7 @@ def head_kv_patches(
 
 
 def head_ablation(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     heads: Sequence[tuple[int, int]],
     kind: Literal["zero", "mean"] = "zero",
     *,
@@ -447,7 +449,7 @@ class PatchSweep(SavedResult):
 
 
 def resid_pre_sweep(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     target: Any,
     source: Any,
     metric: Callable[[Float[torch.Tensor, "batch pos d_vocab"]], torch.Tensor],
@@ -507,7 +509,7 @@ def resid_pre_sweep(
 
 
 def get_act_patch_resid_pre(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     corrupted_tokens: Int[torch.Tensor, "batch pos"],
     clean_cache: Any,
     patching_metric: Callable[[Float[torch.Tensor, "batch pos d_vocab"]], torch.Tensor],

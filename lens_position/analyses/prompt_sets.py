@@ -43,7 +43,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 import torch
-from transformer_lens import HookedTransformer
+from lens_position.models.backends import ModelLike
 
 from lens_position.analyses import claims
 from lens_position.ground import provenance
@@ -64,7 +64,7 @@ SUMMARY_COLUMNS = ["claim", "quantity", "n_sets", "mean", "between_sd", "bootstr
 
 
 def disjoint_prompt_sets(
-    model: LoadedModel | HookedTransformer | Any,
+    model: ModelLike,
     K: int,
     *,
     T: int = 128,
@@ -198,7 +198,7 @@ def between_sets(decompositions: Sequence[Decomposition], *, name: str = "model"
 
 
 def across_prompt_sets(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     K: int = 4,
     *,
     T: int = 128,

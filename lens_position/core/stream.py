@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, runtime_che
 
 import torch
 from jaxtyping import Int
-from transformer_lens import HookedTransformer
+from lens_position.models.backends import ModelLike
 
 from lens_position.core.checks import check_count
 from lens_position.ground.errors import BadInputError
@@ -115,7 +115,7 @@ def stream_inputs(prompts: Any) -> torch.Tensor:
 
 
 def stream(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     prompts: Any,
     reducers: Sequence[Reducer],
     *,
@@ -131,7 +131,7 @@ def stream(
     reducer (module docstring). Returns ``reducers``.
 
     Args:
-        model: a ``LoadedModel`` or a bare ``HookedTransformer``.
+        model: a ``LoadedModel`` or a bare ``HookedTransformer`` / ``TransformerBridge``.
         prompts: a ``PromptSet`` or tokens ``Int[Tensor, "N T"]``; with ``start_at_layer``,
             the residual stream ``Float[Tensor, "N T d_model"]`` entering that block.
         reducers: the statistics to feed (:class:`Reducer`).
@@ -148,17 +148,17 @@ def stream(
             the pass either way).
         desc: label of the progress bar (when it is the outermost) and the log line.
     """
-    hooked = as_loaded(model).model
+    backend = as_loaded(model).backend
     inputs = stream_inputs(prompts)
     batch_size = check_count("batch_size", batch_size)
     names = [name for reducer in reducers for name in reducer.hook_names]
-    missing = sorted({n for n in names if n != LOGITS and n not in hooked.hook_dict})
+    missing = sorted({n for n in names if n != LOGITS and n not in backend.hook_dict})
     if missing:
         raise BadInputError(f"the model has no hooks named {missing}")
     n_prompts = inputs.shape[0]
     positions = inputs.shape[1] if inputs.ndim > 1 else 1
     for patch in patches:
-        patch.validate(hooked, positions)
+        patch.validate(backend, positions)
         patch.check_prompts(n_prompts)
     stop = needed_stop([n for n in names if n != LOGITS]) if stop_at_layer is None and LOGITS not in names \
         else stop_at_layer
@@ -195,18 +195,18 @@ def stream(
 
     if end_early:
         hooks += [(name, done) for name in watched]  # after the others at the same hook: they run first
-    device = hooked.cfg.device or next(hooked.parameters()).device
+    device = backend.device
     started = time.perf_counter()
     with progress_bar(desc, total=n_prompts, enabled=progress) as bar, torch.no_grad(), \
-            hooked.hooks(fwd_hooks=hooks):
+            backend.hooks(hooks):
         for first in range(0, n_prompts, batch_size):
             rows = torch.arange(first, min(first + batch_size, n_prompts))
             current["rows"] = rows
             pending.update(watched)
             batch = inputs[first:first + batch_size].to(device)
             try:
-                output = hooked(batch, stop_at_layer=stop, start_at_layer=start_at_layer,
-                                return_type="logits" if LOGITS in readers else None)
+                output = backend.forward(batch, stop_at_layer=stop, start_at_layer=start_at_layer,
+                                         return_type="logits" if LOGITS in readers else None)
             except _PassDone:
                 output = None
             for reducer in readers.get(LOGITS, ()):
