@@ -271,7 +271,7 @@ def replacement_embedding(
     hooked = _hooked(model)
     tokens = as_tokens(model, prompts)
     _check_position(position, tokens.shape[1])
-    W_E = hooked.W_E.detach()
+    W_E = as_loaded(model).backend.W_E.detach()  # rows as hook_embed carries them (scaled, for Gemma)
     original = W_E[tokens[:, position]]
     if replacement == "token":
         if token is None:

@@ -20,20 +20,17 @@ it holds a :class:`~lens_position.models.spec.LoadedModel` and talks to ``loaded
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Literal, Mapping, Protocol, Sequence, Union, \
-    runtime_checkable
+from typing import Any, Callable, ContextManager, Literal, Mapping, Protocol, Sequence, Union, runtime_checkable
 
 import torch
-
-if TYPE_CHECKING:
-    from lens_position.models.spec import LoadedModel
 
 BackendName = Literal["hooked", "bridge"]
 BACKENDS: tuple[str, ...] = ("auto", "hooked", "bridge")
 
-# What a public entry point accepts as a model: a LoadedModel, or a bare HookedTransformer /
-# TransformerBridge (wrapped once, at the door, by ``as_loaded``).
-ModelLike = Union["LoadedModel", Any]
+# What a public entry point accepts as a model: a ``LoadedModel``, or a bare HookedTransformer /
+# TransformerBridge (wrapped once, at the door, by ``lens_position.models.spec.as_loaded``). Spelled
+# Any: the LoadedModel lives in ``spec``, which imports this module.
+ModelLike = Any
 
 FwdHook = tuple[Union[str, Callable[[str], bool]], Callable]
 

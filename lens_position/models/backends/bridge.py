@@ -90,6 +90,8 @@ def boot_bridge(hf_model: torch.nn.Module, tokenizer: Any, *, name: str, device:
     is modified in place (:func:`ungroup_kv`): pass one you own."""
     from transformer_lens.model_bridge import TransformerBridge
 
+    if not getattr(hf_model.config, "architectures", None):  # a config built in code names none
+        hf_model.config.architectures = [type(hf_model).__name__]
     n_kv = ungroup_kv(hf_model)
     hf_model.to(dtype=dtype)
     hf_model.eval()
@@ -195,6 +197,19 @@ def _device(bridge: Any) -> torch.device:
     return torch.device(device) if device else next(bridge.parameters()).device
 
 
+class _NamedHook:
+    """A bridge hook point seen under the name a caller registered it by."""
+
+    __slots__ = ("_point", "name")
+
+    def __init__(self, point: Any, name: str) -> None:
+        self._point = point
+        self.name = name
+
+    def __getattr__(self, attribute: str) -> Any:
+        return getattr(self._point, attribute)
+
+
 class BridgeBackend:
     """The seam (:class:`~lens_position.models.backends.ModelBackend`) over a TransformerBridge in
     compatibility mode."""
@@ -231,23 +246,32 @@ class BridgeBackend:
 
     @property
     def W_E(self) -> torch.Tensor:
-        return self.model.W_E
+        """The embedding rows as ``hook_embed`` carries them: the HF embedding times its scale where it
+        has one (Gemma's ``embed_scale`` = sqrt(d_model); the bridge's own ``W_E`` is unscaled)."""
+        embedding = self.model.original_model.get_input_embeddings()
+        scale = getattr(embedding, "embed_scale", None)
+        weight = embedding.weight
+        return weight if scale is None else weight * torch.as_tensor(scale).to(weight.dtype)
 
     @property
     def native_start_at_layer(self) -> bool:
         """Whether this TransformerLens's bridge resumes from a residual itself (4.x; not 3.9)."""
         return hasattr(self.model, "_setup_start_at_layer")
 
-    def _silenced(self, fn: Callable) -> Callable:
+    def _wrapped(self, name: Any, fn: Callable) -> Callable:
+        """``fn`` as the bridge should call it: under the name it was registered with (many 3.x names
+        are aliases of a bridge hook whose own name differs: ``blocks.0.hook_resid_pre`` is
+        ``blocks.0.hook_in``), and silent before an emulated ``start_at_layer``."""
         def hook(activation: torch.Tensor, hook: Any) -> Any:
-            if self._silent_below is not None and _block_of(hook.name) < self._silent_below:
+            named = _NamedHook(hook, name) if isinstance(name, str) else hook
+            if self._silent_below is not None and _block_of(named.name) < self._silent_below:
                 return None
-            return fn(activation, hook=hook)
+            return fn(activation, hook=named)
 
         return hook
 
     def hooks(self, fwd_hooks: Sequence[Any]) -> ContextManager:
-        return self.model.hooks(fwd_hooks=[(name, self._silenced(fn)) for name, fn in fwd_hooks])
+        return self.model.hooks(fwd_hooks=[(name, self._wrapped(name, fn)) for name, fn in fwd_hooks])
 
     def forward(self, inputs: torch.Tensor, *, stop_at_layer: int | None = None,
                 start_at_layer: int | None = None, return_type: str | None = "logits") -> torch.Tensor | None:
