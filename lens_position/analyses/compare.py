@@ -206,8 +206,8 @@ def compare(base: Decomposition, conditions: Mapping[str, Decomposition]) -> Com
         heads["R_heldout_change"] = heads["R_heldout_condition"] - heads["R_heldout_base"]
         bounds = _head_change_intervals(base, result, level)
         if bounds is None:
-            for name in HEAD_CHANGES:
-                heads[f"{name}_lo"] = heads[f"{name}_hi"] = np.nan
+            for change in HEAD_CHANGES:  # not `name`: that is the condition's, used below
+                heads[f"{change}_lo"] = heads[f"{change}_hi"] = np.nan
         else:
             heads = heads.merge(bounds, on=HEAD_KEYS, how="left")
         head_frames.append(heads)

@@ -704,9 +704,16 @@ def _check_options(loaded: LoadedModel, tokens: torch.Tensor, layers: Sequence[i
     return layers, query_start, query_stop
 
 
+def visible_keys(scores: torch.Tensor) -> torch.Tensor:
+    """Which cells of ``scores`` the mask leaves visible: masked cells are ``-inf`` (HookedTransformer,
+    a bridge in compatibility mode) or the dtype's most negative value (``finfo.min``, a bridge
+    outside it); anything at or below half of it is masked."""
+    return torch.isfinite(scores) & (scores > torch.finfo(scores.dtype).min / 2)
+
+
 def _check_mask(scores: torch.Tensor, design: PairDesign, layer: int) -> None:
     rows = scores[0, 0, design.query_start:design.query_stop]
-    if not torch.equal(torch.isfinite(rows), design.key_set):
+    if not torch.equal(visible_keys(rows), design.key_set):
         raise UnsupportedArchitectureError(
             f"layer {layer}: the attention mask in hook_attn_scores is not the causal/sliding-window "
             f"key set lens_position expects (window={design.window}); decompose only supports "

@@ -230,6 +230,13 @@ class Patch:
         if self.head is not None:
             if not _HEAD_AXIS_HOOK.search(self.hook_name):
                 raise BadInputError(f"{self.hook_name!r} has no head axis; drop head=")
+            backend = _backend(model)
+            if re.search(r"attn\.hook_(k|v)$", self.hook_name) and not backend.kv_hooks_per_query_head:
+                raise BadInputError(
+                    f"{self.hook_name} of this model carries one entry per key/value head (a TransformerBridge "
+                    "booted outside lens_position cannot be ungrouped); a patch of one query head's key or value "
+                    "needs one entry per query head: load the model with load_model(..., backend='bridge'), "
+                    "or patch without head=")
             n_heads = _n_heads_at(model, self.hook_name)
             if not 0 <= self.head < n_heads:
                 raise BadInputError(

@@ -32,8 +32,10 @@ def adapter_for(hf_config: Any) -> ModuleType:
     if model_type not in ADAPTERS:
         raise UnsupportedArchitectureError(
             f"architecture {model_type!r} ({', '.join(getattr(hf_config, 'architectures', None) or [])}) "
-            f"is not supported; lens_position has adapters for model_type {sorted(ADAPTERS)} "
-            "(Llama/SmolLM2, Mistral, Qwen2, Gemma-3 text). Open an issue to add one")
+            f"is not supported by the hooked backend; lens_position has adapters for model_type {sorted(ADAPTERS)} "
+            "(Llama/SmolLM2, Mistral, Qwen2, Gemma-3 text). Routes that work: load_model(..., backend='bridge') "
+            "(TransformerBridge: Qwen3, SmolLM3, OLMo-2, Phi-3 and the other decoders it supports), or build "
+            "the model yourself as a HookedTransformer or TransformerBridge and pass it to the analyses")
     return ADAPTERS[model_type]
 
 

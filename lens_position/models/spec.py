@@ -274,7 +274,7 @@ def _bare_spec(model: Any, tokenizer: Any) -> ModelSpec:
         n_kv = prepare_bare_bridge(model)
         spec = spec_from_hf_config(model.original_model.config, **common,
                                    extra={"tokenizer": tokenizer_name, "class": cls, "backend": "bridge",
-                                          "ungrouped_kv_hooks": True})
+                                          "ungrouped_kv_hooks": backend_for(model).kv_hooks_per_query_head})
         return dataclasses.replace(spec, n_kv_heads=n_kv)
     return spec_from_config(
         model, **common,

@@ -45,6 +45,7 @@ class ModelBackend(Protocol):
 
     kind: str
     model: torch.nn.Module
+    kv_hooks_per_query_head: bool
 
     @property
     def hook_dict(self) -> Mapping[str, Any]: ...

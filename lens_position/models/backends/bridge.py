@@ -20,8 +20,9 @@ numbers are the same:
   is set back to ours, its padding side to the right, and the default BOS policy to the
   tokenizer's own (``ModelSpec.tokenizer_prepends_bos``).
 - **start_at_layer.** 3.9's bridge refuses it; :class:`BridgeBackend` then runs the blocks before
-  the start on placeholder tokens, puts the given residual in at the start block and keeps every
-  hook before it silent (only the cost differs).
+  the start on placeholder tokens and puts the given residual in at the start block; on either
+  release every hook before the start block is kept silent (4.x runs those blocks too, on the
+  residual as input embeddings, and discards them).
 """
 
 from __future__ import annotations
@@ -112,7 +113,8 @@ def boot_bridge(hf_model: torch.nn.Module, tokenizer: Any, *, name: str, device:
                 type(hf_model).__name__
             raise UnsupportedArchitectureError(
                 f"TransformerBridge does not support {architectures} (model_type "
-                f"{getattr(hf_model.config, 'model_type', None)!r}): {exc}. Routes that work: the hooked "
+                f"{getattr(hf_model.config, 'model_type', None)!r}: {str(exc).split('. ')[0][:160]}). Routes that "
+                "work: the hooked "
                 "backend (backend='hooked', TransformerLens 3.x) for model_type llama, mistral, qwen2, gemma3; "
                 "or build the model yourself as a HookedTransformer or TransformerBridge and pass it to the "
                 "analyses directly") from exc
@@ -123,28 +125,30 @@ def boot_bridge(hf_model: torch.nn.Module, tokenizer: Any, *, name: str, device:
         bridge._tokenizer = tokenizer  # the setter would re-configure it (and re-derive d_vocab)
     bridge.cfg.default_prepend_bos = prepends_bos
     bridge.cfg.tokenizer_prepends_bos = prepends_bos
-    bridge._lens_position_n_kv = n_kv
+    bridge.__dict__["_lens_position_n_kv"] = n_kv
     check_scores_hook(bridge)
     return bridge
 
 
 def prepare_bare_bridge(bridge: Any) -> int:
-    """Make a user's own TransformerBridge fit the seam, as :func:`boot_bridge` makes ours: it must
-    be in compatibility mode (the 3.x hook names; BadInputError otherwise), its K/V are ungrouped in
-    place (:func:`ungroup_kv` on the HF model it wraps) and its scores hook is checked
-    (:func:`check_scores_hook`). Returns the model's own number of key/value heads."""
+    """Check a user's own TransformerBridge fits the seam: it must be in compatibility mode (the 3.x
+    hook names; BadInputError otherwise) and fire its scores hook before the softmax
+    (:func:`check_scores_hook`). Its K/V cannot be ungrouped once booted (the bridge has sized its
+    attention by then): ``hook_k``/``hook_v`` then keep one entry per key/value head, and a patch of a
+    single head there is refused (:attr:`BridgeBackend.kv_hooks_per_query_head`). Returns the model's
+    own number of key/value heads."""
     from lens_position.ground.errors import BadInputError
 
-    if "blocks.0.hook_resid_pre" not in bridge.hook_dict or "blocks.0.attn.hook_attn_scores" not in bridge.hook_dict:
-        raise BadInputError("this TransformerBridge is not in compatibility mode (no blocks.0.hook_resid_pre / "
-                            "attn.hook_attn_scores); call bridge.enable_compatibility_mode(no_processing=True) "
+    if not getattr(bridge, "compatibility_mode", False) or "blocks.0.attn.hook_attn_scores" not in bridge.hook_dict:
+        raise BadInputError("this TransformerBridge is not in compatibility mode (the 3.x hook names and "
+                            "numerics lens_position reads); call bridge.enable_compatibility_mode(no_processing=True) "
                             "first, or load the model with lens_position.load_model(..., backend='bridge')")
     original = bridge.original_model
-    n_kv = int(getattr(original.config, "num_key_value_heads", None) or original.config.num_attention_heads)
-    if getattr(bridge, "_lens_position_n_kv", None) is None:
-        bridge._lens_position_n_kv = ungroup_kv(original)
     check_scores_hook(bridge)
-    return int(bridge._lens_position_n_kv or n_kv)
+    known = bridge.__dict__.get("_lens_position_n_kv")
+    if known is not None:  # booted by boot_bridge: K/V ungrouped before booting
+        return int(known)
+    return int(getattr(original.config, "num_key_value_heads", None) or original.config.num_attention_heads)
 
 
 @contextlib.contextmanager
@@ -162,34 +166,38 @@ def check_scores_hook(bridge: Any) -> None:
     """Refuse (UnsupportedArchitectureError) a bridge whose ``hook_attn_scores`` does not carry the
     scores before the softmax in every layer: run ``_SCORE_CHECK_TOKENS`` tokens once and require
     ``softmax(scores) == pattern`` (an attention bridge that fires the hook on the weights after the
-    softmax fails it: the softmax of probabilities is not those probabilities) and ``hook_rot_q``
-    and ``hook_rot_k`` to fire."""
+    softmax fails it: the softmax of probabilities is not those probabilities)."""
     n_layers = int(bridge.cfg.n_layers)
-    names = [f"blocks.{layer}.attn.hook_{kind}" for layer in range(n_layers)
-             for kind in ("attn_scores", "pattern", "rot_q", "rot_k")]
+    names = [f"blocks.{layer}.attn.hook_{kind}" for layer in range(n_layers) for kind in ("attn_scores", "pattern")]
     missing = [name for name in names if name not in bridge.hook_dict]
     if missing:
         raise UnsupportedArchitectureError(
             f"this model's attention bridge has no {missing[0]} (and {len(missing) - 1} more): lens_position "
-            "needs the scores before the softmax and the rotated queries and keys; use backend='hooked' "
+            "needs the scores before the softmax and the pattern; use backend='hooked' "
             "(TransformerLens 3.x) for this architecture")
     tokens = torch.arange(_SCORE_CHECK_TOKENS, device=_device(bridge)).unsqueeze(0) % max(2, int(bridge.cfg.d_vocab))
     backend = BridgeBackend(bridge)
     cache = backend.run_with_cache(tokens, names)
     for layer in range(n_layers):
         prefix = f"blocks.{layer}.attn.hook_"
-        if any(prefix + kind not in cache for kind in ("attn_scores", "pattern", "rot_q", "rot_k")):
+        if any(prefix + kind not in cache for kind in ("attn_scores", "pattern")):
             raise UnsupportedArchitectureError(
-                f"layer {layer}: the attention bridge did not fire hook_attn_scores / hook_pattern / "
-                "hook_rot_q / hook_rot_k; use backend='hooked' for this architecture")
-        scores = cache[prefix + "attn_scores"].to(torch.float64)
-        pattern = cache[prefix + "pattern"].to(torch.float64)
-        if not torch.allclose(torch.softmax(scores, dim=-1), pattern, atol=_SCORE_CHECK_TOL, rtol=0):
+                f"layer {layer}: the attention bridge did not fire hook_attn_scores / hook_pattern; use "
+                "backend='hooked' for this architecture")
+        if not scores_before_softmax(cache[prefix + "attn_scores"], cache[prefix + "pattern"]):
             raise UnsupportedArchitectureError(
                 f"layer {layer}: this model's attention bridge fires hook_attn_scores after the softmax "
                 "(softmax(scores) is not the pattern), so the scores lens_position would read are not the "
                 "scores: refused rather than a wrong decomposition. Use backend='hooked' (TransformerLens "
                 "3.x) for this architecture")
+
+
+def scores_before_softmax(scores: torch.Tensor, pattern: torch.Tensor) -> bool:
+    """Whether ``scores`` are the scores the softmax turned into ``pattern`` (``softmax(scores) ==
+    pattern`` within float32 round-off, masked cells at ``-inf`` or ``finfo.min`` included), rather
+    than the weights after it: weights ``w`` give ``softmax(w) != w`` unless a row is uniform."""
+    expected = torch.softmax(scores.to(torch.float64), dim=-1)
+    return bool(torch.allclose(expected, pattern.to(torch.float64), atol=_SCORE_CHECK_TOL, rtol=0))
 
 
 def _device(bridge: Any) -> torch.device:
@@ -254,6 +262,14 @@ class BridgeBackend:
         return weight if scale is None else weight * torch.as_tensor(scale).to(weight.dtype)
 
     @property
+    def kv_hooks_per_query_head(self) -> bool:
+        """Whether ``hook_k``/``hook_v`` carry one entry per query head (a model booted by
+        :func:`boot_bridge`, or one without grouped-query attention)."""
+        config = self.model.original_model.config
+        n_kv = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+        return n_kv == int(config.num_attention_heads)
+
+    @property
     def native_start_at_layer(self) -> bool:
         """Whether this TransformerLens's bridge resumes from a residual itself (4.x; not 3.9)."""
         return hasattr(self.model, "_setup_start_at_layer")
@@ -277,10 +293,16 @@ class BridgeBackend:
                 start_at_layer: int | None = None, return_type: str | None = "logits") -> torch.Tensor | None:
         if start_at_layer is None or start_at_layer == 0 and not inputs.is_floating_point():
             return self.model(inputs, stop_at_layer=stop_at_layer, return_type=return_type)
-        if self.native_start_at_layer:
+        if not self.native_start_at_layer:
+            return self._emulated_start(inputs, start_at_layer, stop_at_layer, return_type)
+        # 4.x runs the blocks before the start too (on the residual as input embeddings, then discards
+        # them): their hooks must not report what they saw
+        self._silent_below = start_at_layer
+        try:
             return self.model(inputs, stop_at_layer=stop_at_layer, start_at_layer=start_at_layer,
                               return_type=return_type)
-        return self._emulated_start(inputs, start_at_layer, stop_at_layer, return_type)
+        finally:
+            self._silent_below = None
 
     def _emulated_start(self, residual: torch.Tensor, start: int, stop: int | None,
                         return_type: str | None) -> torch.Tensor | None:

@@ -45,6 +45,8 @@ class HookedBackend:
     def device(self) -> torch.device:
         return torch.device(self.model.cfg.device) if self.model.cfg.device else next(self.model.parameters()).device
 
+    kv_hooks_per_query_head = True  # ungrouped when wrapped
+
     @property
     def W_E(self) -> torch.Tensor:
         return self.model.W_E
