@@ -23,7 +23,7 @@ from lens_position.analyses.decompose import DecompositionReducer, check_identit
 from lens_position.core.data import build_prompts
 from lens_position.core.intervals import Bootstrap
 from lens_position.core.patch import Patch
-from lens_position.core.stream import ActivationCache, stream
+from lens_position.core.stream import WholeActivations, stream
 from lens_position.ground.errors import BadInputError, UnsupportedArchitectureError
 from lens_position.models import load_model
 from lens_position.models.backends import ModelBackend, hooked_available, resolve_backend
@@ -213,9 +213,9 @@ def test_grouped_query_keys_are_patched_per_query_head(bridged):
     assert loaded.spec.n_kv_heads == 2 and loaded.spec.n_heads == 4
     prompts = build_prompts(loaded, N=2, T=16, source="random", seed=3)
     name = "blocks.1.attn.hook_pattern"
-    base = ActivationCache([name])
+    base = WholeActivations([name])
     stream(loaded, prompts, [base], progress=False)
-    patched = ActivationCache([name])
+    patched = WholeActivations([name])
     stream(loaded, prompts, [patched], patches=[Patch("blocks.1.attn.hook_k", 0.0, position=0, head=0)],
            progress=False)
     before, after = base.result()[name], patched.result()[name]
@@ -242,10 +242,10 @@ def test_start_at_layer_resumes_from_the_residual(native, bridged, monkeypatch):
     if not native or not loaded.backend.native_start_at_layer:  # 3.9: emulated either way
         monkeypatch.setattr(BridgeBackend, "native_start_at_layer", property(lambda self: False))
     prompts = build_prompts(loaded, N=2, T=16, source="random", seed=4)
-    full = ActivationCache(["blocks.2.hook_resid_pre", "blocks.2.attn.hook_pattern"])
+    full = WholeActivations(["blocks.2.hook_resid_pre", "blocks.2.attn.hook_pattern"])
     stream(loaded, prompts, [full], progress=False)
     reference = full.result()
-    resumed = ActivationCache(["blocks.0.attn.hook_pattern", "blocks.2.attn.hook_pattern"])
+    resumed = WholeActivations(["blocks.0.attn.hook_pattern", "blocks.2.attn.hook_pattern"])
     stream(loaded, reference["blocks.2.hook_resid_pre"], [resumed], start_at_layer=2, progress=False)
     out = resumed.result()
     assert "blocks.0.attn.hook_pattern" not in out  # blocks before the start never report
