@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import pandas as pd
-from transformer_lens import HookedTransformer
+from lens_position.models.backends import ModelLike
 
 from lens_position.ground import provenance
 from lens_position.core.checks import check_count, check_query_range, check_seed
@@ -88,7 +88,7 @@ class BosReplacement(SavedResult):
 
 
 def bos_replacement(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     prompts: Prompts,
     *,
     replacements: Sequence[str] = REPLACEMENTS,

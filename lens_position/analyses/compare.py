@@ -42,7 +42,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
-from transformer_lens import HookedTransformer
+from lens_position.models.backends import ModelLike
 
 from lens_position.analyses.decompose import Decomposition, decompose
 from lens_position.ground.errors import BadInputError
@@ -224,7 +224,7 @@ def compare(base: Decomposition, conditions: Mapping[str, Decomposition]) -> Com
         heads["R_heldout_change"] = heads["R_heldout_condition"] - heads["R_heldout_base"]
         bounds = _head_change_intervals(base, result, level)
         if bounds is None:
-            for change in HEAD_CHANGES:
+            for change in HEAD_CHANGES:  # not `name`: that is the condition's, used below
                 heads[f"{change}_lo"] = heads[f"{change}_hi"] = np.nan
         else:
             heads = heads.merge(bounds, on=HEAD_KEYS, how="left")
@@ -269,7 +269,7 @@ def compare(base: Decomposition, conditions: Mapping[str, Decomposition]) -> Com
 
 
 def decompose_conditions(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     prompts: Prompts,
     conditions: Mapping[str, Sequence[Patch]],
     *,

@@ -53,7 +53,7 @@ import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
-from transformer_lens import HookedTransformer
+from lens_position.models.backends import ModelLike
 
 from lens_position.ground import provenance
 from lens_position.core.checks import check_count, check_layers, check_query_range, tokens_sha256
@@ -693,7 +693,7 @@ class Decomposition(SavedResult):
         return out
 
 
-def layer_key_windows(model: LoadedModel | HookedTransformer) -> list[int | None]:
+def layer_key_windows(model: ModelLike) -> list[int | None]:
     """Window of each layer's attention mask (``None`` for a causal layer over all earlier
     keys): ``ModelSpec.layer_windows``, which the spec builder reads off the model's own
     attention modules."""
@@ -721,11 +721,18 @@ def _check_options(loaded: LoadedModel, tokens: torch.Tensor, layers: Sequence[i
     return layers, query_start, query_stop
 
 
+def visible_keys(scores: torch.Tensor) -> torch.Tensor:
+    """Which cells of ``scores`` the mask leaves visible: masked cells are ``-inf`` (HookedTransformer,
+    a bridge in compatibility mode) or the dtype's most negative value (``finfo.min``, a bridge
+    outside it); anything at or below half of it is masked."""
+    return torch.isfinite(scores) & (scores > torch.finfo(scores.dtype).min / 2)
+
+
 def _check_mask(scores: torch.Tensor, design: PairDesign, layer: int, rows: torch.Tensor | None = None) -> None:
     """Every head of every prompt must see exactly the key set ``design`` expects. A departure
-    shared by all heads and prompts is the model's mask; one confined to some of them is an
-    infinite score (non-finite weights, or overflow), named with its head and prompt."""
-    visible = torch.isfinite(scores[:, :, design.query_start:design.query_stop])
+    shared by all heads and prompts is the model's mask (masked cells: :func:`visible_keys`); one
+    confined to some of them is an infinite score (non-finite weights, or overflow), named with its head and prompt."""
+    visible = visible_keys(scores[:, :, design.query_start:design.query_stop])
     key_set = design.key_set.to(visible.device)
     if bool((visible == key_set).all()):
         return
@@ -757,7 +764,7 @@ class DecompositionReducer:
     model (together with any other reducers), then call :meth:`result`.
     """
 
-    def __init__(self, model: LoadedModel | HookedTransformer, prompts: Any, *,
+    def __init__(self, model: ModelLike, prompts: Any, *,
                  layers: Sequence[int] | None = None, query_range: tuple[int, int] | None = None,
                  keys: KeySet = "all", bins: PositionBins = PositionBins(),
                  bootstrap: Bootstrap = Bootstrap()) -> None:
@@ -907,7 +914,7 @@ class DecompositionReducer:
 
 
 def decompose(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     prompts: Prompts,
     *,
     layers: Sequence[int] | None = None,
@@ -966,7 +973,7 @@ def decompose(
 
 
 def decompose_dense(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     prompts: Prompts,
     *,
     layers: Sequence[int] | None = None,
@@ -983,18 +990,16 @@ def decompose_dense(
     cases (tests, the benchmark), never for analysis.
     """
     loaded = as_loaded(model)
-    hooked = loaded.model
     tokens, data = _prompt_tokens(loaded, prompts)
     layers, query_start, query_stop = _check_options(loaded, tokens, layers, query_range, keys)
     n_seq, length = tokens.shape
     windows = layer_key_windows(loaded)
     names = {f"blocks.{layer}.attn.hook_attn_scores" for layer in layers}
     with torch.no_grad():
-        _, cache = hooked.run_with_cache(tokens, names_filter=lambda name: name in names,
-                                         stop_at_layer=layers[-1] + 1)
+        cache = loaded.backend.run_with_cache(tokens, sorted(names), stop_at_layer=layers[-1] + 1)
     for name in sorted(names):
-        check_finite_activation(name, cache[name], torch.arange(len(tokens)), hooked)
-    n_heads = hooked.cfg.n_heads
+        check_finite_activation(name, cache[name], torch.arange(len(tokens)), loaded.backend.model)
+    n_heads = loaded.backend.n_heads
     rows = []
     for window in dict.fromkeys(windows[layer] for layer in layers):
         group = [layer for layer in layers if windows[layer] == window]
@@ -1068,7 +1073,7 @@ def decompose_dense(
 
 
 def check_identity(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     prompts: Prompts,
     *,
     layers: Sequence[int] | None = None,
@@ -1082,15 +1087,13 @@ def check_identity(
     ``max_row_sum_error`` = max |sum_j exp(t - z) - 1|. Expected: float32 round-off.
     """
     loaded = as_loaded(model)
-    hooked = loaded.model
     tokens, _ = _prompt_tokens(loaded, prompts)
     layers, _, _ = _check_options(loaded, tokens, layers, None, "all")
     names = {f"blocks.{layer}.attn.{kind}" for layer in layers for kind in ("hook_attn_scores", "hook_pattern")}
     with torch.no_grad():
-        _, cache = hooked.run_with_cache(tokens, names_filter=lambda name: name in names,
-                                         stop_at_layer=layers[-1] + 1)
+        cache = loaded.backend.run_with_cache(tokens, sorted(names), stop_at_layer=layers[-1] + 1)
     for name in sorted(names):
-        check_finite_activation(name, cache[name], torch.arange(len(tokens)), hooked)
+        check_finite_activation(name, cache[name], torch.arange(len(tokens)), loaded.backend.model)
     rows = []
     for layer in layers:
         t, z = self_referenced_scores(cache[f"blocks.{layer}.attn.hook_attn_scores"])

@@ -48,7 +48,7 @@ import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
-from transformer_lens import HookedTransformer
+from lens_position.models.backends import ModelLike
 from transformer_lens.ActivationCache import ActivationCache as TransformerLensCache
 
 from lens_position.ground import provenance
@@ -70,11 +70,13 @@ Replacement = Literal["token", "mean", "random"]
 # --------------------------------------------------------------------------- inputs
 
 
-def _hooked(model: LoadedModel | HookedTransformer) -> HookedTransformer:
+def _hooked(model: ModelLike) -> Any:
+    """The TransformerLens model behind ``model`` (either backend: both have the config facts
+    read here, ``hook_dict`` and ``W_E``); forward passes go through the stream loop's seam."""
     return as_loaded(model).model
 
 
-def as_tokens(model: LoadedModel | HookedTransformer, prompts: Prompts) -> Int[torch.Tensor, "batch pos"]:
+def as_tokens(model: ModelLike, prompts: Prompts) -> Int[torch.Tensor, "batch pos"]:
     """The token tensor of ``prompts``, checked by the input door
     (:func:`lens_position.core.inputs.checked_prompts`: ids in the vocabulary, length within the
     context, no padding), on the model's device."""
@@ -114,7 +116,7 @@ def check_same_layout(target: Any, source: Any, *, what: str = "source") -> None
 
 
 def cache_activations(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     prompts: Prompts,
     names: Sequence[str],
     *,
@@ -138,7 +140,7 @@ def cache_activations(
 
 
 def resid_pre_stack(
-    model: LoadedModel | HookedTransformer, prompts: Prompts
+    model: ModelLike, prompts: Prompts
 ) -> Float[torch.Tensor, "layer batch pos d_model"]:
     """``resid_pre`` of every block on ``prompts``, stacked: the cache that patches resume from."""
     hooked = _hooked(model)
@@ -292,7 +294,7 @@ def _prefix_hooks(
 
 
 def run_patches(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     prompts: Prompts,
     conditions: Sequence[Condition | Patch],
     metric: Callable[[Any], torch.Tensor],
@@ -453,7 +455,7 @@ def _target_run(
 # --------------------------------------------------------------------------- entry points
 
 
-def kv_head_of(model: LoadedModel | HookedTransformer, head: int) -> int:
+def kv_head_of(model: ModelLike, head: int) -> int:
     """The checkpoint's key/value head that query head ``head`` reads: ``head // (n_heads /
     n_key_value_heads)`` with grouped-query attention, ``head`` itself without. (The hooks carry
     one ungrouped copy per query head; this names the weights the copy comes from.)"""
@@ -464,7 +466,7 @@ def kv_head_of(model: LoadedModel | HookedTransformer, head: int) -> int:
 
 
 def replacement_embedding(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     prompts: Prompts,
     replacement: Replacement,
     *,
@@ -483,7 +485,7 @@ def replacement_embedding(
     hooked = _hooked(model)
     tokens = as_tokens(model, prompts)
     _check_position(position, tokens.shape[1])
-    W_E = hooked.W_E.detach()
+    W_E = as_loaded(model).backend.W_E.detach()  # rows as hook_embed carries them (scaled, for Gemma)
     original = W_E[tokens[:, position]]
     if replacement == "token":
         if token is None:
@@ -501,7 +503,7 @@ def replacement_embedding(
 
 
 def default_replacement_token(
-    model: LoadedModel | HookedTransformer, prompts: Prompts, *, position: int = 0, seed: int = 0
+    model: ModelLike, prompts: Prompts, *, position: int = 0, seed: int = 0
 ) -> int:
     """A token drawn with ``seed`` from the vocabulary, avoiding every token the prompts hold
     at ``position`` (so the replacement really changes the input) and the tokenizer's
@@ -524,7 +526,7 @@ def default_replacement_token(
 
 
 def embedding_patch(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     prompts: Prompts,
     replacement: Replacement | torch.Tensor = "token",
     *,
@@ -570,7 +572,7 @@ def resid_pre_patch(
 
 
 def head_kv_patches(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     source: dict[str, torch.Tensor],
     *,
     layer: int,
@@ -610,7 +612,7 @@ def head_kv_patches(
 
 
 def head_ablation(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     heads: Sequence[tuple[int, int]],
     kind: Literal["zero", "mean"] = "zero",
     *,
@@ -849,7 +851,7 @@ def activation_sweep(
 
 
 def resid_pre_sweep(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     target: Any,
     source: Any,
     metric: Callable[[Float[torch.Tensor, "batch pos d_vocab"]], torch.Tensor],
@@ -886,7 +888,7 @@ def min_token_layers(layers: Sequence[int], positions: Sequence[int], n_rows: in
 _METRIC = Callable[[Float[torch.Tensor, "batch pos d_vocab"]], torch.Tensor]
 
 
-def get_act_patch_resid_pre(model: LoadedModel | HookedTransformer, corrupted_tokens: Int[torch.Tensor, "batch pos"],
+def get_act_patch_resid_pre(model: ModelLike, corrupted_tokens: Int[torch.Tensor, "batch pos"],
                             clean_cache: Any, patching_metric: _METRIC, *, batch_size: int = 64,
                             reuse_prefix: bool | None = None) -> Float[torch.Tensor, "layer pos"]:
     """``transformer_lens.patching.get_act_patch_resid_pre`` with its arguments and result: for every
@@ -897,7 +899,7 @@ def get_act_patch_resid_pre(model: LoadedModel | HookedTransformer, corrupted_to
                             reuse_prefix=reuse_prefix, progress=False).values
 
 
-def get_act_patch_attn_out(model: LoadedModel | HookedTransformer, corrupted_tokens: Int[torch.Tensor, "batch pos"],
+def get_act_patch_attn_out(model: ModelLike, corrupted_tokens: Int[torch.Tensor, "batch pos"],
                            clean_cache: Any, patching_metric: _METRIC, *, batch_size: int = 64,
                            reuse_prefix: bool | None = None) -> Float[torch.Tensor, "layer pos"]:
     """``transformer_lens.patching.get_act_patch_attn_out``: :func:`get_act_patch_resid_pre` with
@@ -906,7 +908,7 @@ def get_act_patch_attn_out(model: LoadedModel | HookedTransformer, corrupted_tok
                             reuse_prefix=reuse_prefix, progress=False).values
 
 
-def get_act_patch_mlp_out(model: LoadedModel | HookedTransformer, corrupted_tokens: Int[torch.Tensor, "batch pos"],
+def get_act_patch_mlp_out(model: ModelLike, corrupted_tokens: Int[torch.Tensor, "batch pos"],
                           clean_cache: Any, patching_metric: _METRIC, *, batch_size: int = 64,
                           reuse_prefix: bool | None = None) -> Float[torch.Tensor, "layer pos"]:
     """``transformer_lens.patching.get_act_patch_mlp_out``: :func:`get_act_patch_resid_pre` with
@@ -916,7 +918,7 @@ def get_act_patch_mlp_out(model: LoadedModel | HookedTransformer, corrupted_toke
 
 
 def get_act_patch_attn_head_out_by_pos(
-    model: LoadedModel | HookedTransformer, corrupted_tokens: Int[torch.Tensor, "batch pos"], clean_cache: Any,
+    model: ModelLike, corrupted_tokens: Int[torch.Tensor, "batch pos"], clean_cache: Any,
     patching_metric: _METRIC, *, batch_size: int = 64, reuse_prefix: bool | None = None,
 ) -> Float[torch.Tensor, "layer pos head"]:
     """``transformer_lens.patching.get_act_patch_attn_head_out_by_pos``: for every layer, position

@@ -70,7 +70,7 @@ import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float
-from transformer_lens import HookedTransformer
+from lens_position.models.backends import ModelLike
 
 from lens_position.ground import provenance
 from lens_position.core.checks import check_count, check_layers, check_query_range, check_seed
@@ -295,7 +295,7 @@ class ProbeReducer:
     sequences and of the two training folds. Options as in :func:`position_probe`; call
     :meth:`result` after streaming."""
 
-    def __init__(self, model: LoadedModel | HookedTransformer, prompts: Any, *,
+    def __init__(self, model: ModelLike, prompts: Any, *,
                  layers: Sequence[int] | None = None, ridge: float | None = None, seed: int = 0,
                  positions: tuple[int, int | None] = (1, None), bootstrap: Bootstrap = Bootstrap()) -> None:
         self.loaded = as_loaded(model)
@@ -470,7 +470,7 @@ class ProbeReducer:
 
 
 def position_probe(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     prompts: Prompts,
     *,
     layers: Sequence[int] | None = None,

@@ -40,7 +40,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 import torch
-from transformer_lens import HookedTransformer
+from lens_position.models.backends import ModelLike
 
 from lens_position.analyses import claims
 from lens_position.ground import provenance
@@ -62,7 +62,7 @@ SUMMARY_COLUMNS = ["claim", "quantity", "n_sets", "mean_over_sets", "between_sd"
 
 
 def disjoint_prompt_sets(
-    model: LoadedModel | HookedTransformer | Any,
+    model: ModelLike,
     K: int,
     *,
     T: int = 128,
@@ -204,7 +204,7 @@ def between_sets(decompositions: Sequence[Decomposition], *, name: str = "model"
 
 
 def across_prompt_sets(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     K: int = 4,
     *,
     T: int = 128,

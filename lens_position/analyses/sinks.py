@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float
-from transformer_lens import HookedTransformer
+from lens_position.models.backends import ModelLike
 
 from lens_position.ground import provenance
 from lens_position.core.checks import check_count, check_fraction, check_query_range
@@ -123,7 +123,7 @@ class SinkScoreReducer:
     (``[prompt, layer, head]``: Gu et al.'s sink rate thresholds each prompt);
     :func:`sink_scores` averages them over prompts."""
 
-    def __init__(self, model: LoadedModel | HookedTransformer, prompts: Any, *,
+    def __init__(self, model: ModelLike, prompts: Any, *,
                  query_range: tuple[int, int] | None = None) -> None:
         hooked = as_loaded(model).model
         tokens = as_tokens(model, prompts)
@@ -148,7 +148,7 @@ class SinkScoreReducer:
 
 
 def sink_scores(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     prompts: Prompts,
     *,
     query_range: tuple[int, int] | None = None,
@@ -162,7 +162,7 @@ def sink_scores(
 
 
 def prompt_sink_scores(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     prompts: Prompts,
     *,
     query_range: tuple[int, int] | None = None,
@@ -179,7 +179,7 @@ def prompt_sink_scores(
 
 
 def sink_heads(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     prompts: Prompts,
     *,
     eps: float = SINK_EPS,
@@ -255,7 +255,7 @@ SINK_PROTOCOLS = ("documents", "windows")
 
 
 def sink_rate_prompts(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     *,
     conditions: Sequence[str] = SINK_CONDITIONS,
     T: int = 64,
@@ -286,7 +286,7 @@ def sink_rate_prompts(
 
 
 def sink_rate(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     *,
     conditions: Sequence[str] = SINK_CONDITIONS,
     T: int = 64,
@@ -397,7 +397,7 @@ class SinkReading(SavedResult):
         return out
 
 
-def base_activation_names(model: LoadedModel | HookedTransformer) -> list[str]:
+def base_activation_names(model: ModelLike) -> list[str]:
     """The unpatched run's activations the sink-reading detector reuses: every block's
     ``hook_z`` (the base of the output change, and the mean of the mean ablation) and
     ``resid_pre`` of blocks ``1..L-1`` (pinned by :func:`own_position0_patches`)."""
@@ -407,7 +407,7 @@ def base_activation_names(model: LoadedModel | HookedTransformer) -> list[str]:
 
 
 def own_position0_patches(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     prompts: Prompts,
     counterfactual: str,
     *,
@@ -443,7 +443,7 @@ def own_position0_patches(
 
 
 def sink_reading_base(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     prompts: Prompts,
     *,
     query_range: tuple[int, int] = (0, 32),
@@ -479,7 +479,7 @@ def _output_change(base_z: Sequence[torch.Tensor], patched_z: Sequence[torch.Ten
 
 
 def sink_reading_scores(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     prompts: Prompts,
     patches: Sequence[Patch],
     *,
@@ -522,7 +522,7 @@ def sink_reading_scores(
 
 
 def head_ablation_effect(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     prompts: Prompts,
     heads: Sequence[tuple[int, int]],
     *,
@@ -559,7 +559,7 @@ def head_ablation_effect(
 
 
 def sink_reading_heads(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     prompts: Prompts,
     *,
     counterfactual: str = "no-bos",

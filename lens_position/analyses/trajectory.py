@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import pandas as pd
 import torch
 from jaxtyping import Float
-from transformer_lens import HookedTransformer
+from lens_position.models.backends import ModelLike
 
 from lens_position.ground import provenance
 from lens_position.core.checks import check_count, check_layers, check_query_range
@@ -67,7 +67,7 @@ class TrajectoryPatching(SavedResult):
 
 
 def trajectory_patches(
-    model: LoadedModel | HookedTransformer, prompts: Prompts, counterfactual: str, layers: Sequence[int]
+    model: ModelLike, prompts: Prompts, counterfactual: str, layers: Sequence[int]
 ) -> dict[int, Patch]:
     """For each patch layer ``l``: the patch of ``resid_pre[l][:, 0]`` with the
     counterfactual position-0 residual (one value per prompt)."""
@@ -80,7 +80,7 @@ def trajectory_patches(
 
 
 def _pattern_change(
-    hooked: HookedTransformer, tokens: torch.Tensor, patches: dict[int, Patch],
+    hooked: Any, tokens: torch.Tensor, patches: dict[int, Patch],
     query_range: tuple[int, int], batch_size: int,
 ) -> Float[torch.Tensor, "patch_layer layer head"]:
     n_layers = hooked.cfg.n_layers
@@ -101,7 +101,7 @@ def _pattern_change(
 
 
 def trajectory_patching(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     prompts: Prompts,
     *,
     counterfactual: str = "no-bos",

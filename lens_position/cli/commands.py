@@ -191,6 +191,10 @@ def _add_compute(sub: argparse.ArgumentParser) -> None:
                               "(default: %(default)s)")
     compute.add_argument("--n-devices", type=_positive_int, default=1, metavar="K",
                          help="split each model over K GPUs (TransformerLens n_devices; with --device cuda)")
+    compute.add_argument("--backend", choices=("auto", "hooked", "bridge"), default="auto",
+                         help="model backend: hooked (HookedTransformer, TransformerLens 3.x), bridge "
+                              "(TransformerBridge, TransformerLens 3.9 and 4.x), auto: hooked where it exists "
+                              "(default: %(default)s)")
     compute.add_argument("--threads", type=_positive_int, default=None, metavar="K",
                          help="torch CPU threads per model (default: torch's own; a Ray actor's CPUs)")
 
@@ -285,7 +289,8 @@ def _config(args: argparse.Namespace, argv: Sequence[str]):
     from lens_position.pipeline.config import Compute, DataOptions, RunConfig
     from lens_position.pipeline.steps import commands
 
-    compute = Compute(device=args.device, dtype=args.dtype, n_devices=args.n_devices, threads=args.threads)
+    compute = Compute(device=args.device, dtype=args.dtype, n_devices=args.n_devices, threads=args.threads,
+                      backend=args.backend)
     command = " ".join(["lens-position", *map(shlex.quote, argv)])
     if args.command == "sweep":
         from lens_position.pipeline.sweep import read_spec, sweep_config

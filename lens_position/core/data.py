@@ -45,7 +45,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from jaxtyping import Int
-from transformer_lens import HookedTransformer
+from lens_position.models.backends import ModelLike, is_model
 
 from lens_position.core.checks import check_count, check_seed
 from lens_position.ground.errors import BadInputError
@@ -119,9 +119,9 @@ class PromptSet:
 def _unpack(model_or_tokenizer: Any) -> tuple[Any, int | None, int | None]:
     """(tokenizer, model vocabulary size or None, BOS id from the model spec or None)."""
     if isinstance(model_or_tokenizer, LoadedModel):
-        return (model_or_tokenizer.tokenizer, model_or_tokenizer.model.cfg.d_vocab,
+        return (model_or_tokenizer.tokenizer, model_or_tokenizer.backend.d_vocab,
                 model_or_tokenizer.spec.bos_token_id)
-    if isinstance(model_or_tokenizer, HookedTransformer):
+    if is_model(model_or_tokenizer):
         return model_or_tokenizer.tokenizer, model_or_tokenizer.cfg.d_vocab, None
     return model_or_tokenizer, None, None
 

@@ -14,7 +14,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 from jaxtyping import Int
-from transformer_lens import HookedTransformer
+from lens_position.models.backends import ModelBackend
+from lens_position.models.backends.bridge import BridgeBackend
+from lens_position.models.backends.hooked import HookedBackend
 
 try:  # TransformerLens 3.9 moved get_act_name to utilities (utils still works, with a warning)
     from transformer_lens.utilities import get_act_name as _get_act_name
@@ -39,8 +41,14 @@ def _check_position(position: int | None, n_pos: int) -> None:
         check_position(position, n_pos)
 
 
-def _check_layer(model: HookedTransformer, layer: int) -> None:
-    check_layers([layer], model.cfg.n_layers)
+def _backend(model: Any) -> ModelBackend:
+    from lens_position.models.spec import as_loaded
+
+    return model if isinstance(model, (HookedBackend, BridgeBackend)) else as_loaded(model).backend
+
+
+def _check_layer(model: Any, layer: int) -> None:
+    check_layers([layer], _backend(model).n_layers)
 
 
 def act_name(name: str | tuple) -> str:
@@ -72,11 +80,10 @@ def source_activation(source: Any, name: str) -> torch.Tensor:
     return source[name]
 
 
-def _n_heads_at(model: HookedTransformer, hook_name: str) -> int:
-    kv = re.search(r"attn\.hook_(k|v)$", hook_name)
-    if kv and model.cfg.n_key_value_heads and not model.cfg.ungroup_grouped_query_attention:
-        return model.cfg.n_key_value_heads
-    return model.cfg.n_heads
+def _n_heads_at(model: Any, hook_name: str) -> int:
+    """Heads on the head axis of ``hook_name``: the query heads, ``hook_k``/``hook_v`` included
+    (both backends carry one key/value entry per query head)."""
+    return _backend(model).n_heads
 
 
 # --------------------------------------------------------------------------- the value
@@ -233,9 +240,10 @@ class Patch:
         full = 4 if _HEAD_AXIS_HOOK.search(self.hook_name) else 3
         return full - (self.position is not None) - (self.head is not None)
 
-    def validate(self, model: HookedTransformer, n_pos: int) -> None:
-        """Raise BadInputError if this patch cannot apply to ``model`` on ``n_pos`` positions."""
-        if self.hook_name not in model.hook_dict:
+    def validate(self, model: Any, n_pos: int) -> None:
+        """Raise BadInputError if this patch cannot apply to ``model`` (a backend, a LoadedModel
+        or a bare model) on ``n_pos`` positions."""
+        if self.hook_name not in _backend(model).hook_dict:
             raise BadInputError(f"the model has no hook named {self.hook_name!r}")
         if not _POS_AXIS_HOOK.match(self.hook_name):
             raise BadInputError(
@@ -246,6 +254,13 @@ class Patch:
         if self.head is not None:
             if not _HEAD_AXIS_HOOK.search(self.hook_name):
                 raise BadInputError(f"{self.hook_name!r} has no head axis; drop head=")
+            backend = _backend(model)
+            if re.search(r"attn\.hook_(k|v)$", self.hook_name) and not backend.kv_hooks_per_query_head:
+                raise BadInputError(
+                    f"{self.hook_name} of this model carries one entry per key/value head (a TransformerBridge "
+                    "booted outside lens_position cannot be ungrouped); a patch of one query head's key or value "
+                    "needs one entry per query head: load the model with load_model(..., backend='bridge'), "
+                    "or patch without head=")
             n_heads = _n_heads_at(model, self.hook_name)
             if not 0 <= self.head < n_heads:
                 raise BadInputError(

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, runtime_che
 
 import torch
 from jaxtyping import Int
-from transformer_lens import HookedTransformer
+from lens_position.models.backends import ModelLike
 
 from lens_position.core.checks import check_count
 from lens_position.ground.errors import BadInputError, NonFiniteError
@@ -115,7 +115,7 @@ def stream_inputs(prompts: Any) -> torch.Tensor:
 
 
 def stream(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     prompts: Any,
     reducers: Sequence[Reducer],
     *,
@@ -131,7 +131,7 @@ def stream(
     reducer (module docstring). Returns ``reducers``.
 
     Args:
-        model: a ``LoadedModel`` or a bare ``HookedTransformer``.
+        model: a ``LoadedModel`` or a bare ``HookedTransformer`` / ``TransformerBridge``.
         prompts: a ``PromptSet`` or tokens ``Int[Tensor, "N T"]``; with ``start_at_layer``,
             the residual stream ``Float[Tensor, "N T d_model"]`` entering that block.
         reducers: the statistics to feed (:class:`Reducer`).
@@ -148,17 +148,17 @@ def stream(
             the pass either way).
         desc: label of the progress bar (when it is the outermost) and the log line.
     """
-    hooked = as_loaded(model).model
+    backend = as_loaded(model).backend
     inputs = stream_inputs(prompts)
     batch_size = check_count("batch_size", batch_size)
     names = [name for reducer in reducers for name in reducer.hook_names]
-    missing = sorted({n for n in names if n != LOGITS and n not in hooked.hook_dict})
+    missing = sorted({n for n in names if n != LOGITS and n not in backend.hook_dict})
     if missing:
         raise BadInputError(f"the model has no hooks named {missing}")
     n_prompts = inputs.shape[0]
     positions = inputs.shape[1] if inputs.ndim > 1 else 1
     for patch in patches:
-        patch.validate(hooked, positions)
+        patch.validate(backend, positions)
         patch.check_prompts(n_prompts)
     stop = needed_stop([n for n in names if n != LOGITS]) if stop_at_layer is None and LOGITS not in names \
         else stop_at_layer
@@ -177,7 +177,7 @@ def stream(
         return activation
 
     def read(activation: torch.Tensor, hook: Any) -> None:
-        check_finite_activation(hook.name, activation, current["rows"], hooked, bool(patches))
+        check_finite_activation(hook.name, activation, current["rows"], backend.model, bool(patches))
         for reducer in readers[hook.name]:
             reducer.update(hook.name, activation.detach(), current["rows"])
 
@@ -196,22 +196,22 @@ def stream(
 
     if end_early:
         hooks += [(name, done) for name in watched]  # after the others at the same hook: they run first
-    device = hooked.cfg.device or next(hooked.parameters()).device
+    device = backend.device
     started = time.perf_counter()
     with progress_bar(desc, total=n_prompts, enabled=progress) as bar, torch.no_grad(), \
-            hooked.hooks(fwd_hooks=hooks):
+            backend.hooks(hooks):
         for first in range(0, n_prompts, batch_size):
             rows = torch.arange(first, min(first + batch_size, n_prompts))
             current["rows"] = rows
             pending.update(watched)
             batch = inputs[first:first + batch_size].to(device)
             try:
-                output = hooked(batch, stop_at_layer=stop, start_at_layer=start_at_layer,
-                                return_type="logits" if LOGITS in readers else None)
+                output = backend.forward(batch, stop_at_layer=stop, start_at_layer=start_at_layer,
+                                         return_type="logits" if LOGITS in readers else None)
             except _PassDone:
                 output = None
             if readers.get(LOGITS):
-                check_finite_activation(LOGITS, output, rows, hooked, bool(patches))
+                check_finite_activation(LOGITS, output, rows, backend.model, bool(patches))
             for reducer in readers.get(LOGITS, ()):
                 reducer.update(LOGITS, output.detach(), rows)
             bar.update(len(rows))
@@ -223,9 +223,9 @@ def stream(
 PATTERN_ROW_TOLERANCE = 1e-2  # float16 rounding of a softmax stays far below; a zeroed NaN row is off by 1
 
 
-def _likely_cause(hooked: HookedTransformer, hook_name: str, patched: bool) -> str:
+def _likely_cause(module: torch.nn.Module, hook_name: str, patched: bool) -> str:
     causes = []
-    dtype = next(hooked.parameters()).dtype
+    dtype = next(module.parameters()).dtype
     if dtype in (torch.float16, torch.bfloat16):
         causes.append(f"overflow of {str(dtype).removeprefix('torch.')} (run in float32)")
     causes.append("non-finite weights (W_Q/W_K/W_V of that layer, or an embedding row of a token the prompt "
@@ -236,13 +236,13 @@ def _likely_cause(hooked: HookedTransformer, hook_name: str, patched: bool) -> s
 
 
 def check_finite_activation(hook_name: str, activation: torch.Tensor, rows: Int[torch.Tensor, "batch"],
-                            hooked: HookedTransformer, patched: bool = False) -> None:
+                            module: torch.nn.Module, patched: bool = False) -> None:
     """Raise :class:`NonFiniteError` if ``activation`` holds a value no finite model produces:
     NaN or an infinity anywhere, except in attention scores (``hook_attn_scores``) where ``-inf``
     is the mask; there NaN, ``+inf`` and a ``-inf`` on a query's own key (never masked) are
     refused. One reduction per tensor; the search for where it happened runs only on failure.
     The message names the hook (layer), head, prompt (its index in the streamed prompts) and
-    position, and the likely cause."""
+    position, and the likely cause (``module``: the model, whose dtype the cause names)."""
     if not activation.is_floating_point():
         return
     scores = hook_name.endswith("hook_attn_scores") and activation.ndim == 4
@@ -283,7 +283,7 @@ def check_finite_activation(hook_name: str, activation: torch.Tensor, rows: Int[
     n_bad = int(bad.sum())
     raise NonFiniteError(
         f"non-finite values at {hook_name} ({layer}{', '.join(place)}; {n_bad} value(s) in this batch)"
-        + _likely_cause(hooked, hook_name, patched))
+        + _likely_cause(module, hook_name, patched))
 
 
 class WholeActivations:

@@ -118,6 +118,8 @@ class Compute:
     weights' and activations' precision (``float32``, ``bfloat16``, ``float16``); the
     decomposition's statistics are accumulated in float64 whatever the dtype.
     ``n_devices``: GPUs a model is split over (TransformerLens pipeline of layers).
+    ``backend``: the model seam's backend (``auto``, ``hooked``, ``bridge``; see
+    ``lens_position.models.backends``).
     ``threads``: torch's CPU threads per model (None: torch's default in this process, the
     actor's CPUs under Ray). Results are bitwise identical for the same thread count; another
     count changes float rounding only (about 1e-13 on the tiny models), so it is not part of
@@ -128,8 +130,11 @@ class Compute:
     dtype: str = "float32"
     n_devices: int = 1
     threads: int | None = None
+    backend: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.backend not in ("auto", "hooked", "bridge"):
+            raise BadInputError(f"unknown backend {self.backend!r}; use auto, hooked or bridge")
         if self.device not in ("cpu", "cuda", "auto"):
             raise BadInputError(f"unknown device {self.device!r}; use cpu, cuda or auto")
         if self.dtype not in ("float32", "bfloat16", "float16"):
@@ -146,7 +151,13 @@ class Compute:
 
     def key_dict(self) -> dict[str, Any]:
         """What of the compute options a result depends on (its cache key)."""
-        return {"device": self.device, "dtype": self.dtype, "n_devices": self.n_devices}
+        key: dict[str, Any] = {"device": self.device, "dtype": self.dtype, "n_devices": self.n_devices}
+        from lens_position.models.backends import resolve_backend
+
+        backend = resolve_backend(self.backend)
+        if backend != "hooked":  # the reference backend keeps the keys results were cached under
+            key["backend"] = backend
+        return key
 
 
 @dataclass

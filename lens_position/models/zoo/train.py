@@ -18,6 +18,11 @@ predicts the next byte; a BOS is never a target).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
 import json
 import math
 import os
@@ -29,7 +34,6 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 from jaxtyping import Int
-from transformer_lens import HookedTransformer
 
 from lens_position.ground.errors import BadInputError, CorruptFileError
 from lens_position.ground.progress import progress as progress_bar
