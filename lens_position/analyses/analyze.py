@@ -34,7 +34,7 @@ from typing import Any
 import pandas as pd
 import torch
 from jaxtyping import Float
-from transformer_lens import HookedTransformer
+from lens_position.models.backends import ModelLike
 
 from lens_position.analyses.bos import BosReplacement, bos_replacement
 from lens_position.analyses.claims import PAPER
@@ -47,7 +47,7 @@ from lens_position.core import summaries
 from lens_position.core.results import SavedResult
 from lens_position.core.summaries import Headline, is_untrained, row_estimate
 from lens_position.ground.progress import progress as progress_bar
-from lens_position.models.spec import LoadedModel, as_loaded
+from lens_position.models.spec import as_loaded
 
 
 @dataclass(repr=False)
@@ -117,7 +117,7 @@ class Analysis(SavedResult):
 
 
 def analyze(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     prompts: Any,
     *,
     early_queries: int = PAPER.early_queries,

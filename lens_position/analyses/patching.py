@@ -42,13 +42,13 @@ import dataclasses
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
-from lens_position.models.backends import ModelLike
+from lens_position.models.backends import ModelLike, hooked_class
 from transformer_lens.ActivationCache import ActivationCache as TransformerLensCache
 
 from lens_position.ground import provenance
@@ -63,6 +63,9 @@ from lens_position.core.intervals import Estimate
 from lens_position.core.summaries import Headline
 from lens_position.core.results import SavedResult
 from lens_position.core.stream import LOGITS, WholeActivations, stream
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
 
 Replacement = Literal["token", "mean", "random"]
 
@@ -173,7 +176,7 @@ class PatchPass:
     conditions: tuple[int, ...]
 
 
-def prefix_reuse_unsupported(model: LoadedModel | HookedTransformer) -> str | None:
+def prefix_reuse_unsupported(model: ModelLike) -> str | None:
     """Why ``model`` cannot reuse the target run's prefix (None: it can).
 
     Prefix reuse computes positions ``>= p`` only and hands attention the target run's keys and
@@ -184,7 +187,8 @@ def prefix_reuse_unsupported(model: LoadedModel | HookedTransformer) -> str | No
     already in the residual stream (learned absolute embeddings); a backend that computes rotary
     positions from the length of the sequence it is given (a ``TransformerBridge``) cannot."""
     hooked = model.model if isinstance(model, LoadedModel) else model
-    if not isinstance(hooked, HookedTransformer):
+    hooked_type = hooked_class()
+    if hooked_type is None or not isinstance(hooked, hooked_type):
         return (f"{type(hooked).__name__} is not a HookedTransformer: its attention takes rotary "
                 "positions from the length of the sequence it is given")
     cfg = hooked.cfg
@@ -696,6 +700,20 @@ class PatchSweep(SavedResult):
         """The mean over prompts per cell (``values`` itself when already reduced)."""
         return self.values if self.reduced else self.values.mean(-1)
 
+    WHAT = "a patching sweep: the metric per patched (layer, position)"
+
+    def headline(self) -> list[Headline]:
+        """The largest and smallest metric value and where they are."""
+        values = self.values.detach().to(torch.float64).cpu().reshape(-1)
+        if values.numel() == 0 or len(self.frame) != values.numel():
+            return []
+        out = []
+        for what, index in (("largest", int(values.argmax())), ("smallest", int(values.argmin()))):
+            row = self.frame.iloc[index]
+            where = ", ".join(f"{c} {int(row[c])}" for c in ("layer", "position") if c in self.frame.columns)
+            out.append(Headline("metric", f"{what} metric ({where})", Estimate(float(values[index])), "metric(logits)"))
+        return out
+
     def effect(self) -> torch.Tensor:
         """``values - baseline``: what each patch changes in the unpatched target run, per prompt."""
         if self.baseline is None:
@@ -725,7 +743,7 @@ class PatchSweep(SavedResult):
 
 
 def activation_sweep(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     target: Any,
     source: Any,
     metric: Callable[[Float[torch.Tensor, "batch pos d_vocab"]], torch.Tensor],
@@ -834,20 +852,6 @@ def activation_sweep(
         token_layers=token_layers(plan, n_rows, n_pos, n_layers),
         intervals=bootstrap.to_dict(unit="prompt") if per_prompt else None)
     return sweep
-
-    WHAT = "a patching sweep: the metric per patched (layer, position)"
-
-    def headline(self) -> list[Headline]:
-        """The largest and smallest metric value and where they are."""
-        values = self.values.detach().to(torch.float64).cpu().reshape(-1)
-        if values.numel() == 0 or len(self.frame) != values.numel():
-            return []
-        out = []
-        for what, index in (("largest", int(values.argmax())), ("smallest", int(values.argmin()))):
-            row = self.frame.iloc[index]
-            where = ", ".join(f"{c} {int(row[c])}" for c in ("layer", "position") if c in self.frame.columns)
-            out.append(Headline("metric", f"{what} metric ({where})", Estimate(float(values[index])), "metric(logits)"))
-        return out
 
 
 def resid_pre_sweep(
