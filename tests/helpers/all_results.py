@@ -38,7 +38,7 @@ def all_results() -> dict:
         "Fingerprint": fingerprint(model, T=16, N=4, progress=False),
         "TrajectoryPatching": trajectory_patching(model, prompts, query_range=(0, 16), progress=False),
         "PatchSweep": resid_pre_sweep(model, prompts.tokens, prompts.tokens,
-                                      lambda logits: logits[:, -1].logsumexp(-1), progress=False),
+                                      lambda logits: logits[:, -1].logsumexp(-1).mean(), progress=False),
         "Comparison": compare(base, {"itself": base}),
         "PromptSetSpread": across_prompt_sets(model, 2, T=16, N=4, source="random", progress=False),
         "Analysis": analyze(model, prompts, progress=False),

@@ -128,7 +128,7 @@ seeds = [0, 1]
 steps = ["decompose", "probe", "sink_rate", "fingerprint"]
 quick = true
 T = 20
-N = 3
+N = 4  # the smallest N with intervals (MIN_INTERVAL_UNITS): the sweep writes every table
 """
 
 
