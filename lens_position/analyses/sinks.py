@@ -694,7 +694,10 @@ class WindowSinks(SavedResult):
     ``layer_types``: one row per (layer type, metric): ``n_layers``, ``n_heads``,
     ``n_sink_heads`` (heads whose score averaged over prompts exceeds ``eps``), ``sink_rate``
     (Gu et al.'s thresholding per prompt: the fraction of (prompt, layer, head) triples of
-    that type above ``eps``) and ``mean_score``, each with its interval over prompts."""
+    that type above ``eps``) and ``mean_score``, each with its interval over prompts. Metrics:
+    ``"gu"``, ``"window_aware"`` and ``"visible"`` (attention on position 0 over the queries
+    that can see it only: in a window layer, the part of both metrics that past-window queries
+    do not dilute)."""
 
     heads: pd.DataFrame
     layer_types: pd.DataFrame
@@ -754,7 +757,7 @@ def window_sinks(
     rows = []
     for kind in dict.fromkeys(layer_types):
         layers = [l for l in range(n_layers) if layer_types[l] == kind]
-        for metric, values in (("gu", gu), ("window_aware", aware)):
+        for metric, values in (("gu", gu), ("window_aware", aware), ("visible", scores["visible"])):
             part = values[:, layers]
             rate, rate_lo, rate_hi = bootstrap_mean((part > eps).to(torch.float64).mean((1, 2)).numpy(), bootstrap)
             score, score_lo, score_hi = bootstrap_mean(part.mean((1, 2)).numpy(), bootstrap)
