@@ -323,6 +323,36 @@ def _run_fingerprint(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
                       {**sizes, "corpus": ctx.data.corpus})
 
 
+def _window_sinks_sizes(s: Settings, spec: Any) -> dict[str, Any]:
+    # past the window the two metrics differ: the model's T (raised above a sliding window), early_N sequences
+    return {"T": model_T(s, spec), "N": s.early_N, "eps": s.eps, "batch_size": s.batch_size,
+            "n_resamples": s.n_resamples}
+
+
+def _run_window_sinks(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
+    from lens_position.analyses.sinks import window_sinks
+
+    prompts = ctx.prompts(sizes["T"], sizes["N"])
+    result = window_sinks(ctx.loaded, prompts, eps=sizes["eps"], batch_size=sizes["batch_size"],
+                          bootstrap=_bootstrap(sizes), progress=ctx.progress)
+    return StepOutput(_frames(result, window_sinks_heads="heads", window_sinks_types="layer_types"),
+                      result.provenance, {"prompts": prompts.spec, **sizes})
+
+
+def _run_rotary_bands(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
+    from lens_position.analyses.rotary_bands import rotary_bands
+
+    prompts = ctx.prompts(sizes["T"], sizes["N"])
+    if ctx.spec.rope_kind == "none":  # NoPE, learned positions: no rotary frequencies to split by
+        empty = pd.DataFrame({"layer": pd.Series(dtype="int64")})
+        return StepOutput({"bands_heads": empty, "bands_layers": empty},
+                          {"skipped": f"{ctx.spec.name} has no rotary embedding"}, {"prompts": prompts.spec, **sizes})
+    result = rotary_bands(ctx.loaded, prompts, n_bands=sizes["n_bands"], batch_size=sizes["batch_size"],
+                          bootstrap=_bootstrap(sizes), progress=ctx.progress)
+    return StepOutput(_frames(result, bands_heads="heads", bands_layers="layers"), result.provenance,
+                      {"prompts": prompts.spec, **sizes})
+
+
 _STEP_LIST = (
     Step("decompose", ("decompose_layers", "decompose_heads", "decompose_replicates"), "decompose",
          lambda s, spec: {"T": model_T(s, spec), "N": s.N, "batch_size": s.batch_size, "n_resamples": s.n_resamples,
@@ -348,6 +378,11 @@ _STEP_LIST = (
     Step("sink_reading", ("sink_reading", "sink_ablation"), "sinks", _early, _run_sink_reading,
          needs_bos="finding sink-reading heads (position 0 with and without BOS)",
          requests=lambda ctx, sizes: _early_requests(ctx, sizes, activations=True)),
+    Step("window_sinks", ("window_sinks_heads", "window_sinks_types"), "sinks", _window_sinks_sizes,
+         _run_window_sinks),
+    Step("rotary_bands", ("bands_heads", "bands_layers"), "bands",
+         lambda s, spec: {"T": min(s.sink_T, model_T(s, spec)), "N": s.early_N, "n_bands": 4,
+                          "batch_size": s.batch_size, "n_resamples": s.n_resamples}, _run_rotary_bands),
     Step("fingerprint", ("fingerprint",), "fingerprint",
          lambda s, spec: {"T": s.sink_T, "N": s.N}, _run_fingerprint, requests=_fingerprint_requests),
     Step("prompt_sets", ("prompt_sets", "prompt_sets_summary"), "decompose",

@@ -56,6 +56,10 @@ TABLES: dict[str, str] = {
     "sink_rate": "SinkRate.frame",
     "sink_reading": "SinkReading.frame",
     "sink_ablation": "SinkReading.ablation",
+    "window_sinks_heads": "WindowSinks.heads: Gu et al.'s and the window-aware sink score per head",
+    "window_sinks_types": "WindowSinks.layer_types: sink heads and sink rate per layer type under both metrics",
+    "bands_heads": "RotaryBands.heads: R's exact split by RoPE band (error) and R' attribution (error) per head",
+    "bands_layers": "RotaryBands.layers: per layer and band, R_band and the R' attribution (mean over heads)",
     "prompt_sets": "PromptSetSpread.sets (opt-in, --prompt-sets K): C1's and C2's numbers on each prompt set",
     "prompt_sets_summary": "PromptSetSpread.summary (opt-in): the spread between prompt sets beside the bootstrap's",
 }
@@ -134,6 +138,22 @@ def report_figures(results: Mapping[str, pd.DataFrame]) -> list[ReportFigure]:
         "natural text, random tokens and repeated tokens. Hollow diamonds: the pooled rate (scores averaged "
         "over prompts first, thresholded once), which is not the authors' metric.",
         lambda f: plots.sink_rate_bars(f))
+    add("window_sinks", ("window_sinks_heads",), "Sinks under a sliding window: both metrics",
+        "Per layer, the mean over its heads of Gu et al.'s sink score (attention on position 0 averaged over "
+        "all queries, solid), of the window-aware score (attention on the first key each query can see: "
+        "position 0 while visible, the window's first key past it; normalised over the visible keys; dashed) "
+        "and of attention on position 0 over the queries that can see it (dotted). Circles: local "
+        "(sliding-window) layers, diamonds: global ones, where the three coincide. In a local layer of W keys "
+        "measured at T > W, Gu et al.'s score counts a 0 for every query past the window.",
+        lambda f: plots.window_sink_layers(f))
+    add("rotary_bands", ("bands_layers",), "The residual component by RoPE frequency band",
+        "Left: each band's own term Var(abs t_b)/V of the exact split of the residual component R over RoPE "
+        "frequency bands (band 0 the fastest pairs; the cross-band terms, which complete the sum to R, are in "
+        "the bands_heads table with the split's error). Right: the attribution of the reference-free R' to "
+        "each band, R' minus R' of the scores with that band removed; these attributions do not add up to R' "
+        "(R' passes through the softmax normaliser) and their error is in the bands_heads table. Mean over "
+        "each layer's heads.",
+        lambda f: plots.rotary_band_layers(f))
     add("sink_ablation", ("sink_ablation",), "Ablating the sink-reading heads",
         "Held-out residual component R per layer before (solid) and after (dashed) zero- and mean-ablating "
         "the sink-reading heads. Error bars on the after values: the 95% paired bootstrap interval of the "
