@@ -283,12 +283,14 @@ def bos_fraction_removed(layers: pd.DataFrame, overall: pd.DataFrame | None = No
     stacked over models. ``fraction_removed`` = 1 − R_replaced / R_base (unitless; 1 = all
     of R gone, negative = R grew). Left panel: overall, grouped by replacement; the others:
     per layer, one panel per replacement. The dashed line marks the paper's 40%. ``column``:
-    the fraction drawn (default ``fraction_removed_rf``, the reference-free R' that claim C4
-    is decided on, when the frame has it; else ``fraction_removed``); error bars: its
+    the fraction drawn (default ``fraction_removed_rf_heldout``, the held-out reference-free R'
+    that claim C4 is decided on, when the frame has it; else ``fraction_removed_rf``, else
+    ``fraction_removed``); error bars: its
     ``_lo``/``_hi`` interval (bias-corrected, :mod:`lens_position.core.intervals`; a hatched bar or
     an open marker: the estimate lies outside it; hovering gives the interval and its method).
     """
-    column = column or ("fraction_removed_rf" if "fraction_removed_rf" in layers.columns else "fraction_removed")
+    column = column or ([c for c in ("fraction_removed_rf_heldout", "fraction_removed_rf") if c in layers.columns]
+                        or ["fraction_removed"])[0]
     _require(layers, ["replacement", "layer", column], "bos_fraction_removed")
     replacements = list(dict.fromkeys(layers["replacement"].tolist()))
     n_panels = len(replacements) + (overall is not None)

@@ -175,8 +175,9 @@ def components_sentence(layers: pd.DataFrame, architecture: str | None = None) -
 def bos_direction(overall: pd.DataFrame, architecture: str | None = None) -> str:
     """Which way BOS replacement moved the residual component, per replacement and on average,
     from ``BosReplacement.overall``, against the paper's fraction (``claims.PAPER``)."""
-    column = "fraction_removed_rf" if "fraction_removed_rf" in overall.columns else "fraction_removed"
-    label = "R'" if column.endswith("_rf") else "R"
+    column = ([c for c in ("fraction_removed_rf_heldout", "fraction_removed_rf") if c in overall.columns]
+              or ["fraction_removed"])[0]
+    label = {"fraction_removed_rf_heldout": "R' (held-out)", "fraction_removed_rf": "R'"}.get(column, "R")
     where = f" on {architecture}" if architecture else ""
     parts, signs = [], []
     for _, row in overall.iterrows():
