@@ -17,7 +17,8 @@ MLP output at position 0 are, one at a time, patched from the unreplaced run int
 one, and the share of the gap ``||replaced - unreplaced||`` they close is measured right after
 the block (``closed_here``) and at the last layer (``closed_final``); ``closed_in_run`` is how
 much of the gap each sub-block closes in the replaced run itself, without any patch
-(``1 - gap after / gap before``; negative: it widens the gap).
+(``1 - d after / d before`` with ``d`` the gap over the unreplaced state's norm at that point, since
+a sub-block may grow the state's norm by orders of magnitude; negative: it widens the gap).
 
 Because position 0 sees only itself, the measurement runs on one-token sequences (each distinct
 token 0 of the prompts), exactly what position 0 of any longer prompt computes. Intervals are
@@ -203,12 +204,16 @@ def position0_convergence(
 
     scale = post_b.norm(dim=-1)  # [layer, unit]
 
-    def closed(after: torch.Tensor, before: torch.Tensor, layer: int) -> torch.Tensor:
-        """1 - after / before; NaN where there was no gap to close (below round-off of the state's norm)."""
-        nothing = before <= _NO_GAP * scale[layer]
+    def closed(after: torch.Tensor, before: torch.Tensor, layer: int | None) -> torch.Tensor:
+        """1 - after / before; NaN where there was no gap to close (below round-off of the state's norm;
+        ``layer`` None: the gaps are already relative to it)."""
+        nothing = before <= _NO_GAP * (scale[layer] if layer is not None else 1.0)
         return torch.where(nothing, torch.full_like(before, float("nan")), 1 - after / before.clamp_min(1e-300))
 
-    gap_of = {name: (replaced[name] - base_units[name]).norm(dim=-1) for name in ("resid_pre", "resid_mid")}
+    # in the run itself the state's norm changes from one sub-block to the next (massive activations grow by
+    # orders of magnitude in one MLP): the gap there is taken relative to the unreplaced state's norm
+    relative = {name: (replaced[name] - base_units[name]).norm(dim=-1) / base_units[name].norm(dim=-1)
+                for name in ("resid_pre", "resid_mid", "resid_post")}
     rows = []
     for layer in range(n_layers):
         for component in COMPONENTS:
@@ -217,8 +222,8 @@ def position0_convergence(
                            (hook_name, base_units[f"{component}_out"][layer]))
             gap_here = (patched["resid_post"][layer] - post_b[layer]).norm(dim=-1)
             gap_final = (patched["resid_post"][final] - post_b[final]).norm(dim=-1)
-            in_run = (closed(gap_of["resid_mid"][layer], gap_of["resid_pre"][layer], layer) if component == "attn"
-                      else closed(gap[layer], gap_of["resid_mid"][layer], layer))
+            in_run = (closed(relative["resid_mid"][layer], relative["resid_pre"][layer], None) if component == "attn"
+                      else closed(relative["resid_post"][layer], relative["resid_mid"][layer], None))
             row: dict[str, Any] = {"layer": layer, "component": component}
             for name, values in (("closed_here", closed(gap_here, gap[layer], layer)),
                                  ("closed_final", closed(gap_final, gap[final], final)), ("closed_in_run", in_run)):

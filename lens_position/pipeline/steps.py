@@ -353,6 +353,20 @@ def _run_rotary_bands(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
                       {"prompts": prompts.spec, **sizes})
 
 
+def _run_convergence(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
+    from lens_position.analyses.convergence import position0_convergence
+
+    prompts = ctx.prompts(sizes["T"], sizes["N"])  # the BOS step's prompts: the same token 0
+    if ctx.loaded.model.cfg.attn_only:  # no MLP to restore the state with
+        empty = pd.DataFrame({"layer": pd.Series(dtype="int64")})
+        return StepOutput({"convergence_layers": empty, "convergence_restoration": empty},
+                          {"skipped": f"{ctx.spec.name} has no MLPs"}, {"prompts": prompts.spec, **sizes})
+    result = position0_convergence(ctx.loaded, prompts, seed=ctx.data.seed, bootstrap=_bootstrap(sizes),
+                                   progress=ctx.progress)
+    return StepOutput(_frames(result, convergence_layers="layers", convergence_restoration="restoration"),
+                      result.provenance, {"prompts": prompts.spec, **sizes})
+
+
 _STEP_LIST = (
     Step("decompose", ("decompose_layers", "decompose_heads", "decompose_replicates"), "decompose",
          lambda s, spec: {"T": model_T(s, spec), "N": s.N, "batch_size": s.batch_size, "n_resamples": s.n_resamples,
@@ -367,6 +381,7 @@ _STEP_LIST = (
                  "decompose_early_replicates"), "bos", _early,
          _run_bos, needs_bos="BOS replacement",
          requests=lambda ctx, sizes: _early_requests(ctx, sizes, activations=False)),
+    Step("convergence", ("convergence_layers", "convergence_restoration"), "bos", _early, _run_convergence),
     Step("sink_heads", ("sink_heads",), "sinks",
          lambda s, spec: {"T": min(s.sink_T, model_T(s, spec)), "N": s.N, "eps": s.eps,
                           "batch_size": s.batch_size, "n_resamples": s.n_resamples}, _run_sink_heads,

@@ -56,6 +56,8 @@ TABLES: dict[str, str] = {
     "sink_rate": "SinkRate.frame",
     "sink_reading": "SinkReading.frame",
     "sink_ablation": "SinkReading.ablation",
+    "convergence_layers": "Position0Convergence.layers: cosine and norm of the replaced position-0 state per layer",
+    "convergence_restoration": "Position0Convergence.restoration: the gap each attention / MLP output closes",
     "window_sinks_heads": "WindowSinks.heads: Gu et al.'s and the window-aware sink score per head",
     "window_sinks_types": "WindowSinks.layer_types: sink heads and sink rate per layer type under both metrics",
     "bands_heads": "RotaryBands.heads: R's exact split by RoPE band (error) and R' attribution (error) per head",
@@ -65,6 +67,26 @@ TABLES: dict[str, str] = {
 }
 
 # --------------------------------------------------------------------------- figures
+
+
+def _convergence_sentences(results: Mapping[str, pd.DataFrame]) -> list[str]:
+    """Per architecture, whether the position-0 state's convergence accounts for C4
+    (:func:`lens_position.report.takeaways.convergence_sentence`)."""
+    from lens_position.report.takeaways import convergence_sentence
+
+    convergence = results.get("convergence_layers")
+    if convergence is None or len(convergence) == 0:
+        return []
+
+    def part(name: str, arch: str | None) -> pd.DataFrame | None:
+        frame = results.get(name)
+        if frame is None or arch is None or "architecture" not in frame.columns:
+            return frame
+        return frame[frame["architecture"] == arch]
+
+    archs = (list(dict.fromkeys(convergence["architecture"])) if "architecture" in convergence.columns else [None])
+    return [convergence_sentence(part("convergence_layers", arch), part("bos_layers", arch),
+                                 part("bos_overall", arch), arch) for arch in archs]
 
 
 def report_figures(results: Mapping[str, pd.DataFrame]) -> list[ReportFigure]:
@@ -119,6 +141,13 @@ def report_figures(results: Mapping[str, pd.DataFrame]) -> list[ReportFigure]:
         "estimate lies outside its interval). Dashed: the paper's "
         f"{PAPER.c4_fraction_removed:.0%}.",
         lambda f, o: plots.bos_fraction_removed(f, o))
+    add("convergence", ("convergence_layers", "bos_layers"), "C4: does the position-0 state forget its token?",
+        "Left: cosine of the residual state at position 0 after each block, with its embedding replaced (other "
+        "tokens, the mean embedding, random vectors of the same norm), to the unreplaced state; mean over "
+        "replacements with a 95% bootstrap interval over them; dotted: 1 − tolerance, above which a layer counts "
+        "as converged. Right: the fraction of R' that the same kind of replacement removes per layer (C4). "
+        + " ".join(_convergence_sentences(results)),
+        lambda c, b: plots.convergence_c4(c, b))
     add("fingerprint", ("fingerprint",), "C5: the position-0 fingerprint",
         "Spread of the residual stream at position 0 across inputs (left, log scale) and its norm "
         "(right), per layer, with the auto-prepended BOS at position 0 (solid) and with a varying "

@@ -690,3 +690,51 @@ def rotary_band_layers(layers: pd.DataFrame, *, by: str = "architecture") -> go.
     fig.update_xaxes(title_text="layer")
     fig.update_yaxes(title_text="fraction of Var(log A)", row=1, col=1)
     return _base_layout(fig, "Residual component by RoPE frequency band", height=460)
+
+
+def convergence_c4(convergence: pd.DataFrame, bos_layers: pd.DataFrame | None = None, *,
+                   by: str = "architecture") -> go.Figure:
+    """The position-0 state's convergence per layer beside the fraction of R' that BOS replacement
+    removes there (C4).
+
+    ``convergence`` is ``Position0Convergence.layers`` stacked over models (``layer``, ``cosine``
+    with ``cosine_lo``/``_hi``: cosine of the replaced position-0 state to the unreplaced one,
+    mean over replacements; ``tolerance``). Left: that cosine with its interval; dotted: ``1 -
+    tolerance``, above which a layer counts as converged. Right (with ``bos_layers``,
+    ``BosReplacement.frame``): the fraction of R' removed per layer, mean over replacements (the
+    held-out fraction when the frame has it, as C4 is decided).
+    """
+    _require(convergence, ["layer", "cosine", "tolerance"], "convergence_c4")
+    panels = ["cosine of the replaced position-0 state to the unreplaced one"]
+    column = None
+    if bos_layers is not None and len(bos_layers):
+        column = ([c for c in ("fraction_removed_rf_heldout", "fraction_removed_rf") if c in bos_layers.columns]
+                  or ["fraction_removed"])[0]
+        _require(bos_layers, ["replacement", "layer", column], "convergence_c4")
+        panels.append("fraction of R' removed per layer (mean over replacements)")
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=panels)
+    for gi, (name, group) in enumerate(_groups(convergence, by)):
+        part = group.sort_values("layer")
+        fig.add_trace(go.Scatter(
+            x=_as_list(part["layer"]), y=_as_list(part["cosine"]), mode="lines+markers", name=f"{name}: cosine",
+            legendgroup=name, line=dict(color=_color(gi)), error_y=_error_bars(part, "cosine"),
+            meta={"group": name, "quantity": "cosine"},
+        ), row=1, col=1)
+        tolerance = float(part["tolerance"].iloc[0])
+        fig.add_trace(go.Scatter(
+            x=_as_list(part["layer"]), y=[1 - tolerance] * len(part), mode="lines", name=f"{name}: 1 − tolerance",
+            legendgroup=name, showlegend=False, line=dict(color=_color(gi), dash="dot", width=1),
+            meta={"group": name, "quantity": "converged_threshold"},
+        ), row=1, col=1)
+    if column is not None:
+        for gi, (name, group) in enumerate(_groups(bos_layers, by)):
+            per_layer = group.groupby("layer", sort=True)[column].mean().reset_index()
+            fig.add_trace(go.Scatter(
+                x=_as_list(per_layer["layer"]), y=_as_list(per_layer[column]), mode="lines+markers",
+                name=f"{name}: fraction removed", legendgroup=name, line=dict(color=_color(gi), dash="dash"),
+                meta={"group": name, "quantity": column},
+            ), row=1, col=2)
+        fig.update_yaxes(title_text="fraction removed", row=1, col=2)
+    fig.update_xaxes(title_text="layer")
+    fig.update_yaxes(title_text="cosine", row=1, col=1)
+    return _base_layout(fig, "C4: position-0 convergence beside the fraction of R' removed", height=460)

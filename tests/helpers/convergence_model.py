@@ -5,7 +5,7 @@
   the embedding: converged from layer 0, the attention closing all of the gap;
 - ``restoring="mlp"``: block 1's MLP writes ``-x + c`` (``relu(x) - relu(-x) = x``), so the state
   is the embedding after block 0 and ``c`` from block 1 on;
-- ``restoring="half"``: block 0's attention writes ``-x / 2``: it closes half of the gap;
+- ``restoring="half"``: block 0's attention writes ``(c - x) / 2``: the state goes half way to ``c``;
 - ``restoring=None``: every block writes 0: the state stays the embedding at every layer.
 """
 
@@ -36,8 +36,7 @@ def convergence_model(restoring: str | None, *, n_layers: int = 3, seed: int = 0
             attn = model.blocks[0].attn
             attn.W_V[0] = eye
             attn.W_O[0] = -eye if restoring == "attention" else -0.5 * eye
-            if restoring == "attention":
-                attn.b_O.copy_(TARGET)
+            attn.b_O.copy_(TARGET if restoring == "attention" else TARGET / 2)
         elif restoring == "mlp":
             mlp = model.blocks[1].mlp
             mlp.W_in.copy_(torch.cat([eye, -eye], dim=1))

@@ -1,6 +1,6 @@
 """Position-0 convergence against the hand-set models of ``convergence_model`` (its docstring):
 a block whose attention or MLP writes ``-x + c`` makes the state at position 0 the same whatever
-its embedding; one whose attention writes ``-x / 2`` closes half of the gap; blocks writing 0
+its embedding; one whose attention writes ``(c - x) / 2`` takes it half way there; blocks writing 0
 leave the state the embedding. Expected values are closed forms of those constructions."""
 
 import pytest
@@ -13,7 +13,7 @@ from lens_position.core.results import load_result
 from lens_position.ground.errors import BadInputError
 from lens_position.models.toy import BOS_TOKEN_ID, offset_only_model, toy_tokens
 
-from convergence_model import convergence_model
+from convergence_model import TARGET, convergence_model
 
 TOKENS = toy_tokens(4, 6, bos=True)
 
@@ -55,10 +55,15 @@ def test_untouched_states_keep_the_cosine_of_the_embeddings_at_every_layer():
     assert (result.restoration["closed_here"] == 0).all()
 
 
-def test_an_attention_that_halves_the_state_closes_half_of_the_gap():
-    restoration = _run("half").restoration.set_index(["layer", "component"])
-    assert restoration.loc[(0, "attn"), "closed_in_run"] == pytest.approx(0.5)
-    # the unreplaced run's attention output (-x_base / 2) put into the replaced run doubles the gap
+def test_an_attention_that_goes_half_way_to_a_fixed_state_closes_its_closed_form_share_of_the_gap():
+    model = convergence_model("half")
+    restoration = position0_convergence(model, TOKENS, progress=False).restoration.set_index(["layer", "component"])
+    # the gap halves, the unreplaced state becomes (x_base + c) / 2: relative to its norm the gap shrinks by
+    # ||x_base|| / ||x_base + c||
+    x_base = model.model.W_E.detach()[BOS_TOKEN_ID]
+    expected = 1 - float(x_base.norm() / (x_base + TARGET).norm())
+    assert restoration.loc[(0, "attn"), "closed_in_run"] == pytest.approx(expected)
+    # the unreplaced run's attention output put into the replaced run doubles the gap after block 0
     assert restoration.loc[(0, "attn"), "closed_here"] == pytest.approx(-1.0)
 
 
