@@ -46,3 +46,43 @@ def test_a_frame_without_the_columns_is_refused():
         plots.rotary_band_layers(pd.DataFrame({"layer": [0]}))
     with pytest.raises(BadInputError):
         plots.window_sink_layers(pd.DataFrame({"layer": [0]}))
+
+
+def _convergence(cosines, tolerance=0.02):
+    return pd.DataFrame({"layer": range(len(cosines)), "cosine": cosines, "tolerance": tolerance,
+                         "converged": [c >= 1 - tolerance for c in cosines]})
+
+
+def _bos(fraction_per_layer, lo, hi):
+    layers = pd.DataFrame([{"replacement": r, "layer": l, "fraction_removed_rf_heldout": f}
+                           for r in ("token", "mean") for l, f in enumerate(fraction_per_layer)])
+    overall = pd.DataFrame([{"replacement": r, "fraction_removed_rf_heldout": sum(fraction_per_layer) / len(
+        fraction_per_layer), "fraction_removed_rf_heldout_lo": lo, "fraction_removed_rf_heldout_hi": hi}
+        for r in ("token", "mean")])
+    return layers, overall
+
+
+def test_the_convergence_figure_draws_the_cosines_and_the_mean_fraction_per_layer():
+    layers, _ = _bos([0.1, 0.3, 0.5], -0.1, 0.4)
+    fig = plots.convergence_c4(_convergence([0.5, 0.99, 1.0]), layers)
+    by_quantity = {trace.meta["quantity"]: trace for trace in fig.data}
+    assert list(by_quantity["cosine"].y) == [0.5, 0.99, 1.0]
+    assert list(by_quantity["converged_threshold"].y) == pytest.approx([0.98] * 3)
+    assert list(by_quantity["fraction_removed_rf_heldout"].y) == pytest.approx([0.1, 0.3, 0.5])
+
+
+@pytest.mark.parametrize("cosines,fractions,lo,hi,verdict", [
+    ([0.5, 0.99, 1.0, 1.0], [0.0, 0.01, -0.02, 0.0], -0.05, 0.04, "convergence accounts for the C4 result"),
+    ([0.5, 0.99, 1.0, 1.0], [0.5, 0.4, 0.6, 0.5], 0.3, 0.7, "convergence does not account for the C4 result"),
+    ([0.5, 0.3, 0.2, 0.4], [0.8, 0.8, 0.9, 0.8], 0.7, 0.95, "the state does not re-form and the replacement removes"),
+    ([0.5, 0.3, 0.2, 0.4], [0.0, 0.01, 0.0, 0.0], -0.05, 0.05, "the state does not re-form, yet the replacement "
+                                                                "removes little"),
+])
+def test_the_convergence_sentence_follows_the_numbers(cosines, fractions, lo, hi, verdict):
+    from lens_position.report.takeaways import convergence_sentence
+
+    layers, overall = _bos(fractions, lo, hi)
+    text = convergence_sentence(_convergence(cosines), layers, overall, "m")
+    assert verdict in text
+    n_converged = sum(c >= 0.98 for c in cosines)
+    assert (f"{n_converged} of {len(cosines)} layers" if n_converged else "at any layer") in text
