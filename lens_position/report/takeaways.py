@@ -304,10 +304,12 @@ def convergence_sentence(convergence: pd.DataFrame, bos_layers: pd.DataFrame | N
     else:
         overall, holds_zero = float(per_layer.mean()), False
     little = abs(overall) < 0.1 or holds_zero
-    split = (f"per layer it removes {in_converged.mean():+.0%} on average where the state has converged"
-             if len(in_converged) else "no layer has converged")
-    if len(in_other):
-        split += f" and {in_other.mean():+.0%} where it has not"
+    if len(in_converged):
+        split = f"per layer it removes {in_converged.mean():+.0%} on average where the state has converged"
+        if len(in_other):
+            split += f" and {in_other.mean():+.0%} where it has not"
+    else:
+        split = f"per layer {in_other.mean():+.0%} on average, at layers none of which has converged"
     reformed = n_converged >= n_layers / 2
     numbers = f"; BOS replacement removes {overall:+.0%} of {label} (mean over replacements; {split})"
     if reformed and little:
