@@ -269,11 +269,10 @@ def rotary_bands(
     cross-band terms), and attribute its reference-free ``R'`` to bands by removing each band's
     scores, with the attribution's error against ``R'`` (module docstring).
 
-    Args:
-        layers, query_range, bins, bootstrap, batch_size: as for
-            :func:`lens_position.analyses.decompose.decompose` (keys: all of ``K(i)``).
-        n_bands: number of frequency bands the rotated pairs are grouped into (contiguous
-            frequency index, fastest first; at most the number of pairs).
+    ``layers``, ``query_range``, ``bins``, ``bootstrap`` and ``batch_size`` are those of
+    :func:`lens_position.analyses.decompose.decompose` (keys: all of ``K(i)``); ``n_bands`` is the
+    number of frequency bands the rotated pairs are grouped into (contiguous frequency index,
+    fastest first; at most the number of pairs).
     """
     loaded = as_loaded(model)
     prompts = checked_prompts(loaded, prompts, min_length=2)
