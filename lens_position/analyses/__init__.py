@@ -7,5 +7,6 @@
 - ``bos``: BOS replacement (C4); ``sinks``: sink and sink-reading heads;
 - ``fingerprint``: the position-0 fingerprint (C5); ``trajectory``: position-0 trajectory patching;
 - ``prompt_sets``: the claims' numbers on independent prompt sets;
+- ``tables``: the registry of the tables a reproduction writes (read by the steps, the report, the takeaways);
 - ``zoo``: the controlled zoo's measurements (sink rate, the sink sweep).
 """

@@ -31,7 +31,7 @@ from lens_position.ground.errors import BadInputError
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.analyses.patching import as_tokens, cache_activations
 from lens_position.ground.progress import progress as progress_bar
-from lens_position.core.stream import ActivationCache, stream
+from lens_position.core.stream import WholeActivations, stream
 from lens_position.core.results import SavedResult
 
 
@@ -94,7 +94,7 @@ def counterfactual_token0(
 def position0_activations(
     model: LoadedModel | HookedTransformer, token0: Int[torch.Tensor, "batch"], names: Sequence[str]
 ) -> Any:
-    """Activations at position 0 (``[batch, 1, ...]``, in an ``ActivationCache``) of one-token runs on
+    """Activations at position 0 (``[batch, 1, ...]``, in a ``WholeActivations`` reducer) of one-token runs on
     ``token0``: the fingerprint of that token 0 at the hooks in ``names``. Equal to position 0 of any
     longer run with the same token 0 (causal attention), up to float round-off."""
     return cache_activations(model, token0.reshape(-1, 1), names)
@@ -173,10 +173,10 @@ def fingerprint_tokens(condition: str, prompts: Any) -> Int[torch.Tensor, "batch
     return tokens if condition == "auto-bos" else tokens[:, :1]
 
 
-def position0_reducer(model: LoadedModel | HookedTransformer) -> ActivationCache:
+def position0_reducer(model: LoadedModel | HookedTransformer) -> WholeActivations:
     """A reducer keeping position 0 of every residual in :func:`residual_names`
     (``result()``: ``{name: Float[Tensor, "batch d_model"]}``), for :func:`fingerprint`."""
-    return ActivationCache(residual_names(model), select=lambda activation: activation[:, 0])
+    return WholeActivations(residual_names(model), select=lambda activation: activation[:, 0])
 
 
 def fingerprint(

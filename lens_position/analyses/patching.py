@@ -57,7 +57,7 @@ from lens_position.core.inputs import checked_prompts
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.ground.progress import progress as progress_bar
 from lens_position.core.results import SavedResult
-from lens_position.core.stream import LOGITS, ActivationCache, stream
+from lens_position.core.stream import LOGITS, WholeActivations, stream
 
 Replacement = Literal["token", "mean", "random"]
 
@@ -126,7 +126,7 @@ def cache_activations(
     hooked = _hooked(model)
     tokens = as_tokens(model, prompts)
     names = [act_name(name) for name in names]
-    cache = ActivationCache(names)
+    cache = WholeActivations(names)
     stream(hooked, tokens, [cache], fwd_hooks=fwd_hooks, batch_size=max(1, len(tokens)), progress=False,
            desc="cache activations")
     return TransformerLensCache(cache.result(), hooked)
@@ -221,7 +221,7 @@ def run_patches(
             # bound to its own block of rows
             patches = [dataclasses.replace(patch, rows=range(k * n_rows, (k + 1) * n_rows))
                        for k, index in enumerate(indices) for patch in conditions[index]]
-            captured = ActivationCache(list(read) or [LOGITS])
+            captured = WholeActivations(list(read) or [LOGITS])
             repeats = len(indices)
             x = resid_pre[start].repeat(repeats, 1, 1) if start > 0 else tokens.repeat(repeats, 1)
             # reading hooks only: the pass stops after the last block read (no unembedding)

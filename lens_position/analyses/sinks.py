@@ -51,7 +51,7 @@ from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.analyses.patching import Patch, as_tokens, cache_activations, head_ablation
 from lens_position.ground.progress import progress as progress_bar
 from lens_position.core.results import SavedResult
-from lens_position.core.stream import ActivationCache, stream
+from lens_position.core.stream import WholeActivations, stream
 
 SINK_EPS = 0.3
 SINK_CONDITIONS = ("natural", "random", "repeated")
@@ -414,7 +414,7 @@ def sink_reading_base(
     tokens = as_tokens(model, prompts)
     query_range = check_query_range(query_range, tokens.shape[1])
     decomposition = DecompositionReducer(model, prompts, query_range=query_range, bootstrap=bootstrap)
-    activations = ActivationCache(base_activation_names(model))
+    activations = WholeActivations(base_activation_names(model))
     stream(model, prompts, [decomposition, activations], batch_size=batch_size, progress=progress,
            desc="sink reading: base")
     return decomposition.result(batch_size=batch_size), activations.result()
@@ -456,7 +456,7 @@ def sink_reading_scores(
     query_range = check_query_range(query_range, tokens.shape[1])
     z_names = [f"blocks.{l}.attn.hook_z" for l in range(hooked.cfg.n_layers)]
     patched = DecompositionReducer(model, prompts, query_range=query_range, bootstrap=bootstrap)
-    patched_z = ActivationCache(z_names)
+    patched_z = WholeActivations(z_names)
     stream(model, prompts, [patched, patched_z], patches=patches, batch_size=batch_size, progress=progress,
            desc="sink reading: patched")
     output_change = _output_change([base_activations[n] for n in z_names],
@@ -589,9 +589,6 @@ def sink_reading_heads(
 
 
 # --------------------------------------------------------------------------- window-aware sinks
-
-SINK_METRICS = ("gu", "window_aware")
-
 
 def first_visible_keys(length: int, window: int | None, query_start: int = 0,
                        query_stop: int | None = None) -> torch.Tensor:

@@ -30,30 +30,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from lens_position.ground.errors import BadInputError
-from lens_position.ground.provenance import package_versions
+from lens_position.ground.provenance import jsonable, package_versions
 
 MANIFEST = "result.json"
 TENSORS = "tensors.safetensors"
 FORMAT_VERSION = 1
 
 R = TypeVar("R", bound="SavedResult")
-
-
-def _jsonable(value: Any) -> Any:
-    """Plain JSON types (tuples become lists, numpy scalars Python numbers, paths strings)."""
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if hasattr(value, "item") and callable(value.item) and getattr(value, "ndim", 1) == 0:
-        return value.item()
-    if isinstance(value, Path):
-        return str(value)
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if hasattr(value, "to_dict"):
-        return _jsonable(value.to_dict())
-    raise BadInputError(f"cannot save a value of type {type(value).__name__} in a result's JSON fields")
 
 
 def _restore(annotation: str, value: Any) -> Any:
@@ -93,7 +76,7 @@ class SavedResult:
                     tensors[f.name] = value.detach().cpu().contiguous()
                     manifest["tensors"].append(f.name)
                 else:
-                    manifest["fields"][f.name] = _jsonable(value)
+                    manifest["fields"][f.name] = jsonable(value, strict=True)
             if tensors:
                 save_file(tensors, str(staging / TENSORS))
             (staging / MANIFEST).write_text(json.dumps(manifest, indent=1, allow_nan=True))

@@ -217,7 +217,7 @@ def stream(
     return reducers
 
 
-class ActivationCache:
+class WholeActivations:
     """A reducer that keeps whole activations (the exception to "keep sums": for patch
     sources and small reference runs). ``result()``: ``{hook_name: activation}`` with the
     prompts in order along the batch axis, on the model's device unless ``device`` says

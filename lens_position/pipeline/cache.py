@@ -10,7 +10,6 @@ interrupted run resumes where it stopped, and changing anything a result depends
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
@@ -23,38 +22,14 @@ from typing import Any, Mapping
 
 import pandas as pd
 
-from lens_position.ground.version import __version__
+from lens_position.ground.provenance import jsonable, package_versions
 
 log = logging.getLogger(__name__)
-
-
-def jsonable(obj: Any) -> Any:
-    """``obj`` as plain JSON types (dataclasses, ``to_dict`` objects, paths, numpy/torch scalars)."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return jsonable(dataclasses.asdict(obj))
-    if hasattr(obj, "to_dict"):
-        return jsonable(obj.to_dict())
-    if isinstance(obj, Mapping):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [jsonable(v) for v in obj]
-    if isinstance(obj, Path):
-        return str(obj)
-    if isinstance(obj, float) and obj != obj:
-        return None
-    if hasattr(obj, "item") and callable(obj.item):  # numpy / torch scalars
-        return obj.item()
-    if obj is None or isinstance(obj, (str, int, float, bool)):
-        return obj
-    return repr(obj)
 
 
 # ModelSpec.extra entries that describe one load (how long it took, whether the weight cache was
 # warm), not the model: they must not change a cache key.
 LOAD_EVENT_KEYS = ("from_cache", "load_seconds", "cache_dir", "cache_path")
-
-# The packages whose versions can change a number (a kernel, a hook's semantics, a tokenizer).
-KEY_PACKAGES = ("torch", "transformers", "transformer_lens")
 
 
 def model_identity(model_spec: Any) -> dict[str, Any]:
@@ -66,16 +41,8 @@ def model_identity(model_spec: Any) -> dict[str, Any]:
 
 
 def key_versions() -> dict[str, str]:
-    """Versions of the packages a cached result depends on."""
-    import importlib.metadata as md
-
-    out = {"lens_position": __version__}
-    for name in KEY_PACKAGES:
-        try:
-            out[name] = md.version(name)
-        except md.PackageNotFoundError:
-            out[name] = "absent"
-    return out
+    """Versions of the packages a cached result depends on (``ground.provenance.PACKAGES``)."""
+    return package_versions(numbers_only=True)
 
 
 def step_key(step: str, model_spec: Any, config: Mapping[str, Any]) -> str:

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Mapping
 import pandas as pd
 
 from lens_position.ground.errors import BadInputError
-from lens_position.pipeline.cache import jsonable
+from lens_position.ground.provenance import jsonable
 
 MANIFEST = "provenance.json"
 TABLE_SUFFIXES = {"parquet": ".parquet", "csv": ".csv"}

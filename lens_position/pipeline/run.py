@@ -23,7 +23,8 @@ from lens_position.report import html as report_module
 from lens_position.ground.errors import LensPositionError, MissingPackageError, is_input_error
 from lens_position.core.intervals import annotate_intervals
 from lens_position.pipeline import steps as steps_module
-from lens_position.pipeline.cache import StepCache, jsonable
+from lens_position.ground.provenance import jsonable
+from lens_position.pipeline.cache import StepCache
 from lens_position.pipeline.config import RunConfig
 from lens_position.pipeline.executors import make_executor
 from lens_position.pipeline.measure import measure

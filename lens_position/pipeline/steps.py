@@ -1,6 +1,6 @@
 """The steps of a reproduction, each one value in one registry (``STEPS``).
 
-A ``Step`` says its name, the tables it writes (names as in ``report.TABLES``), the
+A ``Step`` says its name (the tables it writes are the registry's, ``analyses.tables``), the
 sub-command that runs it, how its sizes follow from the run's ``Settings`` and the model's
 ``ModelSpec``, and how it runs on a loaded model. The command line, the step cache, the
 report and the executors all read this registry; adding a step is adding one value here.
@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping
 
 import pandas as pd
 
+from lens_position.analyses.tables import step_frames, tables_of_step
 from lens_position.ground.errors import BadInputError
 from lens_position.pipeline.config import DataOptions, Settings
 from lens_position.pipeline.passes import Request, SharedPasses
@@ -89,13 +90,17 @@ class Step:
     command-line option that adds an opt-in step (such a step is in no command by default)."""
 
     name: str
-    tables: tuple[str, ...]
     command: str
     sizes: Callable[[Settings, Any], dict[str, Any]]
     run: Callable[[StepContext, Mapping[str, Any]], StepOutput]
     needs_bos: str | None = None
     requests: Callable[[StepContext, Mapping[str, Any]], list[Request]] = lambda ctx, sizes: []
     opt_in: str | None = None
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        """The tables this step writes (``lens_position.analyses.tables.TABLES``)."""
+        return tables_of_step(self.name)
 
 
 def model_T(settings: Settings, spec: Any) -> int:
@@ -127,12 +132,6 @@ def _bootstrap(sizes: Mapping[str, Any]) -> Any:
     return Bootstrap(n_resamples=sizes["n_resamples"])
 
 
-def _frames(result: Any, **names: str) -> dict[str, pd.DataFrame]:
-    """The result's tables by name; one that is None (bootstrap replicates with intervals off) is left out."""
-    return {table: getattr(result, attr).reset_index(drop=True) for table, attr in names.items()
-            if getattr(result, attr) is not None}
-
-
 def _decompose_requests(ctx: StepContext, sizes: Mapping[str, Any]) -> list[Request]:
     from lens_position.analyses.decompose import DecompositionReducer
 
@@ -147,8 +146,7 @@ def _decompose_requests(ctx: StepContext, sizes: Mapping[str, Any]) -> list[Requ
 def _run_decompose(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
     prompts = ctx.prompts(sizes["T"], sizes["N"])
     result, = [ctx.passes.get(request) for request in _decompose_requests(ctx, sizes)]
-    return StepOutput(_frames(result, decompose_layers="layers", decompose_heads="heads",
-                              decompose_replicates="replicates"), result.provenance,
+    return StepOutput(step_frames("decompose", result), result.provenance,
                       {"prompts": prompts.spec, **sizes})
 
 
@@ -165,7 +163,7 @@ def _probe_requests(ctx: StepContext, sizes: Mapping[str, Any]) -> list[Request]
 def _run_probe(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
     prompts = ctx.prompts(sizes["T"], sizes["N"])
     result, = [ctx.passes.get(request) for request in _probe_requests(ctx, sizes)]
-    return StepOutput({"probe_layers": result.layers.reset_index(drop=True)}, result.provenance,
+    return StepOutput(step_frames("probe", result), result.provenance,
                       {"prompts": prompts.spec, **sizes})
 
 
@@ -174,7 +172,7 @@ def _early_requests(ctx: StepContext, sizes: Mapping[str, Any], *, activations: 
     compare with: its decomposition and (for the detector) the activations it reuses."""
     from lens_position.analyses.decompose import DecompositionReducer
     from lens_position.analyses.sinks import base_activation_names
-    from lens_position.core.stream import ActivationCache
+    from lens_position.core.stream import WholeActivations
 
     prompts = ctx.prompts(sizes["T"], sizes["N"])
     query_range = tuple(sizes["query_range"])
@@ -185,7 +183,7 @@ def _early_requests(ctx: StepContext, sizes: Mapping[str, Any], *, activations: 
                         sizes["batch_size"])]
     if activations:
         requests.append(Request("sink-reading base activations", prompts,
-                                lambda: ActivationCache(base_activation_names(ctx.loaded)), sizes["batch_size"]))
+                                lambda: WholeActivations(base_activation_names(ctx.loaded)), sizes["batch_size"]))
     return requests
 
 
@@ -199,9 +197,7 @@ def _run_bos(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
                              base=base, batch_size=sizes["batch_size"], bootstrap=_bootstrap(sizes),
                              progress=ctx.progress)
     # the base run is the decomposition at early queries: C2 reports it beside the all-queries criterion
-    tables = {**_frames(result, bos_layers="frame", bos_overall="overall", bos_replicates="replicates"),
-              **_frames(result, decompose_early_layers="base_layers", decompose_early_replicates="base_replicates")}
-    return StepOutput(tables, result.provenance,
+    return StepOutput(step_frames("bos", result), result.provenance,
                       {"prompts": prompts.spec, **sizes})
 
 
@@ -219,7 +215,7 @@ def _run_sink_heads(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
     scores, = [ctx.passes.get(request) for request in _sink_heads_requests(ctx, sizes)]
     result = sink_heads(ctx.loaded, prompts, eps=sizes["eps"], scores=scores, batch_size=sizes["batch_size"],
                         bootstrap=_bootstrap(sizes), progress=ctx.progress)
-    return StepOutput({"sink_heads": result.frame.reset_index(drop=True)}, result.provenance,
+    return StepOutput(step_frames("sink_heads", result), result.provenance,
                       {"prompts": prompts.spec, **sizes})
 
 
@@ -261,7 +257,7 @@ def _run_sink_rate(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
                        text=ctx.corpus_text, scores=scores, batch_size=sizes["batch_size"],
                        bootstrap=_bootstrap(sizes),
                        progress=ctx.progress)
-    return StepOutput({"sink_rate": result.frame.reset_index(drop=True)}, result.provenance,
+    return StepOutput(step_frames("sink_rate", result), result.provenance,
                       {**sizes, "protocol": protocol, "corpus": ctx.data.corpus})
 
 
@@ -274,7 +270,7 @@ def _run_sink_reading(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
     result = sink_reading_heads(ctx.loaded, prompts, counterfactual="no-bos",
                                 query_range=tuple(sizes["query_range"]), base=base, batch_size=sizes["batch_size"],
                                 bootstrap=_bootstrap(sizes), progress=ctx.progress)
-    return StepOutput(_frames(result, sink_reading="frame", sink_ablation="ablation"), result.provenance,
+    return StepOutput(step_frames("sink_reading", result), result.provenance,
                       {"prompts": prompts.spec, **sizes})
 
 
@@ -288,7 +284,7 @@ def _run_prompt_sets(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
     decompositions = [decompose(ctx.loaded, prompts, batch_size=sizes["batch_size"], bootstrap=_bootstrap(sizes),
                                 progress=ctx.progress) for prompts in sets]
     result = between_sets(decompositions, name=ctx.spec.name)
-    return StepOutput({"prompt_sets": result.sets, "prompt_sets_summary": result.summary}, result.provenance,
+    return StepOutput(step_frames("prompt_sets", result), result.provenance,
                       {**sizes, "prompts": [p.spec for p in sets]})
 
 
@@ -319,7 +315,7 @@ def _run_fingerprint(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
     position0 = dict(zip(conditions, (ctx.passes.get(request) for request in _fingerprint_requests(ctx, sizes))))
     result = fingerprint(ctx.loaded, T=sizes["T"], N=sizes["N"], seed=ctx.data.seed, source=ctx.data.source,
                          text=ctx.text(), position0=position0, progress=ctx.progress)
-    return StepOutput({"fingerprint": result.frame.reset_index(drop=True)}, result.provenance,
+    return StepOutput(step_frames("fingerprint", result), result.provenance,
                       {**sizes, "corpus": ctx.data.corpus})
 
 
@@ -335,7 +331,7 @@ def _run_window_sinks(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
     prompts = ctx.prompts(sizes["T"], sizes["N"])
     result = window_sinks(ctx.loaded, prompts, eps=sizes["eps"], batch_size=sizes["batch_size"],
                           bootstrap=_bootstrap(sizes), progress=ctx.progress)
-    return StepOutput(_frames(result, window_sinks_heads="heads", window_sinks_types="layer_types"),
+    return StepOutput(step_frames("window_sinks", result),
                       result.provenance, {"prompts": prompts.spec, **sizes})
 
 
@@ -349,7 +345,7 @@ def _run_rotary_bands(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
                           {"skipped": f"{ctx.spec.name} has no rotary embedding"}, {"prompts": prompts.spec, **sizes})
     result = rotary_bands(ctx.loaded, prompts, n_bands=sizes["n_bands"], batch_size=sizes["batch_size"],
                           bootstrap=_bootstrap(sizes), progress=ctx.progress)
-    return StepOutput(_frames(result, bands_heads="heads", bands_layers="layers"), result.provenance,
+    return StepOutput(step_frames("rotary_bands", result), result.provenance,
                       {"prompts": prompts.spec, **sizes})
 
 
@@ -363,44 +359,42 @@ def _run_convergence(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
                           {"skipped": f"{ctx.spec.name} has no MLPs"}, {"prompts": prompts.spec, **sizes})
     result = position0_convergence(ctx.loaded, prompts, seed=ctx.data.seed, bootstrap=_bootstrap(sizes),
                                    progress=ctx.progress)
-    return StepOutput(_frames(result, convergence_layers="layers", convergence_restoration="restoration"),
+    return StepOutput(step_frames("convergence", result),
                       result.provenance, {"prompts": prompts.spec, **sizes})
 
 
 _STEP_LIST = (
-    Step("decompose", ("decompose_layers", "decompose_heads", "decompose_replicates"), "decompose",
+    Step("decompose", "decompose",
          lambda s, spec: {"T": model_T(s, spec), "N": s.N, "batch_size": s.batch_size, "n_resamples": s.n_resamples,
                           **_restrictions(s, "layers", "query_range", "keys")}, _run_decompose,
          requests=_decompose_requests),
-    Step("probe", ("probe_layers",), "probe",
+    Step("probe", "probe",
          lambda s, spec: {"T": model_T(s, spec), "N": max(s.N, -(-s.probe_positions // model_T(s, spec))),
                           "batch_size": s.batch_size, "n_resamples": s.n_resamples,
                           **_restrictions(s, "layers")}, _run_probe,
          requests=_probe_requests),
-    Step("bos", ("bos_layers", "bos_overall", "bos_replicates", "decompose_early_layers",
-                 "decompose_early_replicates"), "bos", _early,
+    Step("bos", "bos", _early,
          _run_bos, needs_bos="BOS replacement",
          requests=lambda ctx, sizes: _early_requests(ctx, sizes, activations=False)),
-    Step("convergence", ("convergence_layers", "convergence_restoration"), "bos", _early, _run_convergence),
-    Step("sink_heads", ("sink_heads",), "sinks",
+    Step("convergence", "bos", _early, _run_convergence),
+    Step("sink_heads", "sinks",
          lambda s, spec: {"T": min(s.sink_T, model_T(s, spec)), "N": s.N, "eps": s.eps,
                           "batch_size": s.batch_size, "n_resamples": s.n_resamples}, _run_sink_heads,
          requests=_sink_heads_requests),
-    Step("sink_rate", ("sink_rate",), "sinks",
+    Step("sink_rate", "sinks",
          lambda s, spec: {"T": s.sink_T, "N": s.N, "eps": s.eps, "batch_size": s.batch_size,
                           "n_resamples": s.n_resamples}, _run_sink_rate,
          requests=_sink_rate_requests),
-    Step("sink_reading", ("sink_reading", "sink_ablation"), "sinks", _early, _run_sink_reading,
+    Step("sink_reading", "sinks", _early, _run_sink_reading,
          needs_bos="finding sink-reading heads (position 0 with and without BOS)",
          requests=lambda ctx, sizes: _early_requests(ctx, sizes, activations=True)),
-    Step("window_sinks", ("window_sinks_heads", "window_sinks_types"), "sinks", _window_sinks_sizes,
-         _run_window_sinks),
-    Step("rotary_bands", ("bands_heads", "bands_layers"), "bands",
+    Step("window_sinks", "sinks", _window_sinks_sizes, _run_window_sinks),
+    Step("rotary_bands", "bands",
          lambda s, spec: {"T": min(s.sink_T, model_T(s, spec)), "N": s.early_N, "n_bands": 4,
                           "batch_size": s.batch_size, "n_resamples": s.n_resamples}, _run_rotary_bands),
-    Step("fingerprint", ("fingerprint",), "fingerprint",
+    Step("fingerprint", "fingerprint",
          lambda s, spec: {"T": s.sink_T, "N": s.N}, _run_fingerprint, requests=_fingerprint_requests),
-    Step("prompt_sets", ("prompt_sets", "prompt_sets_summary"), "decompose",
+    Step("prompt_sets", "decompose",
          lambda s, spec: {"T": model_T(s, spec), "N": s.N, "K": s.prompt_sets, "batch_size": s.batch_size,
                           "n_resamples": s.n_resamples}, _run_prompt_sets, opt_in="--prompt-sets"),
 )

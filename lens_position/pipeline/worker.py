@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, Sequence
 import pandas as pd
 
 from lens_position.ground.errors import LensPositionError
-from lens_position.pipeline.cache import jsonable
+from lens_position.ground.provenance import jsonable
 from lens_position.pipeline.measure import measure
 from lens_position.pipeline.plan import Cell, Condition
 from lens_position.pipeline.steps import Step, StepContext

@@ -2,7 +2,7 @@
 
 A reproduction produces a set of tidy tables, stacked over models, each with the columns
 ``model``, ``architecture`` (a display label) and ``role`` (``"standard"``, ``"ntk"`` or
-``"sliding"``, read off the ``ModelSpec``); see ``TABLES``. This module renders them; it
+``"sliding"``, read off the ``ModelSpec``); see ``TABLES`` (from :mod:`lens_position.analyses.tables`). This module renders them; it
 decides nothing. The claims, their criteria, verdicts and the words that explain a
 disagreement come from :mod:`lens_position.analyses.claims`.
 
@@ -37,34 +37,12 @@ import plotly.offline
 
 from lens_position.report import plots
 from lens_position.report.plots import ReportFigure
+from lens_position.analyses import tables as table_registry
 from lens_position.analyses.claims import FAILS, HOLDS, INCONCLUSIVE, PAPER, Criteria, claims_table
 from lens_position.ground.errors import BadInputError, MissingPackageError
 
-# The tables a reproduction writes, with the experiment that produces each.
-TABLES: dict[str, str] = {
-    "decompose_layers": "Decomposition.layers (all queries, all keys)",
-    "decompose_heads": "Decomposition.heads (all queries, all keys)",
-    "decompose_replicates": "Decomposition.replicates (all queries, all keys): per-layer means per bootstrap replicate",
-    "decompose_early_layers": "Decomposition.layers (early queries, all keys)",
-    "decompose_early_replicates": "Decomposition.replicates (early queries, all keys)",
-    "probe_layers": "ProbeResult.layers",
-    "bos_layers": "BosReplacement.frame",
-    "bos_overall": "BosReplacement.overall",
-    "bos_replicates": "BosReplacement.replicates: overall fraction of R removed per bootstrap replicate",
-    "fingerprint": "Fingerprint.frame",
-    "sink_heads": "SinkHeads.frame",
-    "sink_rate": "SinkRate.frame",
-    "sink_reading": "SinkReading.frame",
-    "sink_ablation": "SinkReading.ablation",
-    "convergence_layers": "Position0Convergence.layers: cosine and norm of the replaced position-0 state per layer",
-    "convergence_restoration": "Position0Convergence.restoration: the gap each attention / MLP output closes",
-    "window_sinks_heads": "WindowSinks.heads: Gu et al.'s and the window-aware sink score per head",
-    "window_sinks_types": "WindowSinks.layer_types: sink heads and sink rate per layer type under both metrics",
-    "bands_heads": "RotaryBands.heads: R's exact split by RoPE band (error) and R' attribution (error) per head",
-    "bands_layers": "RotaryBands.layers: per layer and band, R_band and the R' attribution (mean over heads)",
-    "prompt_sets": "PromptSetSpread.sets (opt-in, --prompt-sets K): C1's and C2's numbers on each prompt set",
-    "prompt_sets_summary": "PromptSetSpread.summary (opt-in): the spread between prompt sets beside the bootstrap's",
-}
+# The tables a reproduction writes, with the experiment that produces each (the registry's).
+TABLES: dict[str, str] = {name: table.meaning for name, table in table_registry.TABLES.items()}
 
 # --------------------------------------------------------------------------- figures
 

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from lens_position.analyses.claims import CLAIMS, HOLDS, NOT_MEASURED, PAPER, Criteria, Tables, evaluate
+from lens_position.analyses.tables import result_sources
 from lens_position.core.intervals import Estimate
 
 HEADING = "### What the numbers show"
@@ -54,27 +55,18 @@ class Takeaway(str):
 
 # --------------------------------------------------------------------------- result tables
 
-# result attribute -> table name of lens_position.report.html.TABLES, per keyword of result_tables
-_TABLES = {
-    "decomposition": {"layers": "decompose_layers", "heads": "decompose_heads", "replicates": "decompose_replicates"},
-    "early": {"layers": "decompose_early_layers", "replicates": "decompose_early_replicates"},
-    "bos": {"frame": "bos_layers", "overall": "bos_overall", "replicates": "bos_replicates",
-            "base_layers": "decompose_early_layers", "base_replicates": "decompose_early_replicates"},
-    "probe": {"layers": "probe_layers"},
-    "fingerprint": {"frame": "fingerprint"},
-    "sinks": {"frame": "sink_heads"},
-    "sink_rate": {"frame": "sink_rate"},
-    "reading": {"frame": "sink_reading", "ablation": "sink_ablation"},
-}
+# result attribute -> table name, per keyword of result_tables (lens_position.analyses.tables)
+_TABLES = result_sources()
 
 
 def result_tables(architecture: str, role: str = "standard", **results: Any) -> dict[str, pd.DataFrame]:
-    """The tables of a reproduction (``lens_position.report.html.TABLES``) from result objects of
+    """The tables of a reproduction (``lens_position.analyses.tables.TABLES``) from result objects of
     one model, tagged with its ``architecture`` label and ``role`` (``"standard"``, ``"ntk"``,
     ``"sliding"``: ``ModelSpec.role``), ready for :func:`lens_position.analyses.claims.evaluate`.
 
     Keywords (each optional): ``decomposition`` (all queries), ``early`` (a decomposition at
-    early queries), ``bos``, ``probe``, ``fingerprint``, ``sinks``, ``sink_rate``, ``reading``.
+    early queries), ``bos``, ``probe``, ``fingerprint``, ``sinks``, ``sink_rate``, ``reading``,
+    ``prompt_sets``.
     """
     unknown = set(results) - set(_TABLES)
     if unknown:
