@@ -590,6 +590,7 @@ def sink_reading_heads(
 
 # --------------------------------------------------------------------------- window-aware sinks
 
+
 def first_visible_keys(length: int, window: int | None, query_start: int = 0,
                        query_stop: int | None = None) -> torch.Tensor:
     """The first key each query ``query_start <= i < query_stop`` can see: 0 in a causal layer

@@ -330,3 +330,47 @@ def _runs_of(layers: Sequence[int], flags: Sequence[bool]) -> str:
         elif flag:
             runs.append([layer, layer])
     return ", ".join(f"{a}" if a == b else f"{a}–{b}" for a, b in runs)
+
+
+def window_sinks_sentence(layer_types: pd.DataFrame, architecture: str | None = None) -> str:
+    """How the sink heads of each layer type count under Gu et al.'s metric, the window-aware one
+    and attention on position 0 while visible (``WindowSinks.layer_types``), and what that says."""
+    where = f" on {architecture}" if architecture else ""
+    frame = layer_types.set_index(["layer_type", "metric"])
+    parts = []
+    for kind in dict.fromkeys(layer_types["layer_type"]):
+        counts = {metric: int(frame.loc[(kind, metric), "n_sink_heads"]) for metric in ("gu", "window_aware", "visible")
+                  if (kind, metric) in frame.index}
+        n_heads = int(frame.loc[(kind, "gu"), "n_heads"])
+        parts.append(f"{kind} layers: {counts.get('gu', 0)} of {n_heads} heads under Gu et al.'s metric, "
+                     f"{counts.get('window_aware', 0)} window-aware, {counts.get('visible', 0)} on position 0 "
+                     "while it is visible")
+    text = f"Sink heads (score above ε){where}: " + "; ".join(parts) + "."
+    if "local" in set(layer_types["layer_type"]):
+        local = {m: frame.loc[("local", m)] for m in ("gu", "window_aware", "visible") if ("local", m) in frame.index}
+        gain = local["window_aware"]["mean_score"] - local["gu"]["mean_score"]
+        if int(local["window_aware"]["n_sink_heads"]) > int(local["gu"]["n_sink_heads"]):
+            text += (" The window-aware metric finds local sink heads Gu et al.'s misses: heads that attend to "
+                     "the first key of each window once position 0 has left it.")
+        else:
+            text += (f" The window-aware score adds {gain:.1e} to the local layers' mean score: their heads do not "
+                     "move their sink to the window's first key once position 0 has left the window.")
+        if int(local["visible"]["n_sink_heads"]) > int(local["gu"]["n_sink_heads"]):
+            text += (" Counting only the queries that can see position 0 finds more: Gu et al.'s score of a local "
+                     "head is diluted by the queries past the window, whatever the head does.")
+    return text
+
+
+def rotary_bands_sentence(heads: pd.DataFrame, layers: pd.DataFrame, architecture: str | None = None) -> str:
+    """Which RoPE band carries the residual component (``RotaryBands.heads`` and ``.layers``), how
+    exact the split is and how far the R' attribution is from adding up."""
+    where = f" on {architecture}" if architecture else ""
+    own = layers.groupby(["band_index", "band"])["R_band"].mean().reset_index().sort_values("band_index")
+    top = own.loc[own["R_band"].idxmax()]
+    shares = ", ".join(f"{row.band} {row.R_band:.3f}" for row in own.itertuples())
+    return (f"The residual component{where} (mean R {heads['R'].mean():.3f}) splits by RoPE band as {shares}, "
+            f"with cross-band terms {heads['R_cross'].mean():+.3f}: it rides mostly on {top['band']} "
+            f"({'the slowest' if int(top['band_index']) == int(own['band_index'].max()) else 'not the slowest'} "
+            f"band). The split is exact to {heads['R_split_error'].abs().max():.1e}. The attribution of R' by "
+            f"removing a band adds up to R' only within {heads['R_rf_attribution_error'].abs().mean():.3f} "
+            f"(mean |error| per head, against a mean R' of {heads['R_rf'].mean():.3f}).")

@@ -86,3 +86,27 @@ def test_the_convergence_sentence_follows_the_numbers(cosines, fractions, lo, hi
     assert verdict in text
     n_converged = sum(c >= 0.98 for c in cosines)
     assert (f"{n_converged} of {len(cosines)} layers" if n_converged else "at any layer") in text
+
+
+def test_the_window_sinks_sentence_counts_each_metric_and_reads_them():
+    from lens_position.report.takeaways import window_sinks_sentence
+
+    rows = [{"layer_type": kind, "metric": metric, "n_heads": 8, "n_sink_heads": n, "mean_score": score}
+            for kind, metric, n, score in (("local", "gu", 1, 0.2), ("local", "window_aware", 4, 0.5),
+                                           ("local", "visible", 2, 0.3), ("global", "gu", 3, 0.4),
+                                           ("global", "window_aware", 3, 0.4), ("global", "visible", 3, 0.4))]
+    text = window_sinks_sentence(pd.DataFrame(rows), "m")
+    assert "local layers: 1 of 8 heads under Gu et al.'s metric, 4 window-aware, 2" in text
+    assert "finds local sink heads Gu et al.'s misses" in text
+    rows[1]["n_sink_heads"] = 1
+    assert "do not move their sink" in window_sinks_sentence(pd.DataFrame(rows))
+
+
+def test_the_rotary_bands_sentence_names_the_band_that_carries_r():
+    from lens_position.report.takeaways import rotary_bands_sentence
+
+    heads = pd.DataFrame({"R": [0.2], "R_cross": [-0.05], "R_split_error": [1e-9], "R_rf_attribution_error": [0.1],
+                          "R_rf": [0.15]})
+    layers = pd.DataFrame({"band_index": [0, 1], "band": ["band 0", "band 1"], "R_band": [0.05, 0.2]})
+    text = rotary_bands_sentence(heads, layers)
+    assert "rides mostly on band 1 (the slowest band)" in text and "1.0e-09" in text
