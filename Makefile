@@ -1,11 +1,21 @@
 # The two commands a newcomer needs (see README.md).
-.PHONY: reproduce test setup
+.PHONY: reproduce test setup setup-tl4 test-tl3 test-tl4
 
 setup:
 	bash scripts/setup.sh
 
+setup-tl4:
+	bash scripts/setup.sh --tl4
+
 reproduce: setup
 	.venv/bin/lens-position reproduce --out results
 
-test: setup
+# Both locked environments: the full suite on TransformerLens 3.9, then on 4.3 the tests marked
+# tl4 and a quick reproduction (scripts/test-tl4.sh). Either failing fails the target.
+test: test-tl3 test-tl4
+
+test-tl3: setup
 	.venv/bin/python -m pytest
+
+test-tl4: setup-tl4
+	bash scripts/test-tl4.sh

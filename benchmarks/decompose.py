@@ -50,7 +50,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 MODES = ("bare", "streamed", "dense", "streamed-no-intervals")
-COMPONENT_COLUMNS = ["T", "R", "M", "C", "T_heldout", "R_heldout", "M_heldout", "C_heldout"]
+COMPONENT_COLUMNS = ["total", "R", "M", "C", "total_heldout", "R_heldout", "M_heldout", "C_heldout"]
 
 
 class PeakSampler:

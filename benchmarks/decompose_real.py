@@ -50,7 +50,7 @@ def table(measured: dict) -> str:
     layers = measured["layers"].rename(columns=lambda c: c.replace("_heldout", "_ho"))
     window = measured["heads"].groupby("layer").window.first()
     layers.insert(2, "window", layers.layer.map(window))
-    by_type = layers.groupby("layer_type")[["T", "R", "M", "C", "T_ho", "R_ho", "M_ho", "C_ho"]].mean()
+    by_type = layers.groupby("layer_type")[["total", "R", "M", "C", "total_ho", "R_ho", "M_ho", "C_ho"]].mean()
     header = (f"{measured['name']}: T={measured['T']}, N={measured['N']}, bos={measured['bos']} "
               f"(position 0: {measured['position0']}), queries={measured['query_range'] or 'all'}, "
               f"keys={measured['keys']}; decompose took {measured['seconds']:.0f} s; identity "

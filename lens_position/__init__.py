@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from lens_position.ground.version import __version__
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and the API reference
+    from lens_position.analyses.analyze import Analysis, analyze
     from lens_position.analyses.bos import bos_replacement
     from lens_position.analyses.compare import compare
     from lens_position.analyses.decompose import Decomposition, decompose, decompose_dense
@@ -39,6 +40,7 @@ _EXPORTS = {
     **dict.fromkeys(["load_model", "describe"], "lens_position.models"),
     **dict.fromkeys(["build_prompts"], "lens_position.core.data"),
     **dict.fromkeys(["Patch"], "lens_position.core.patch"),
+    **dict.fromkeys(["Analysis", "analyze"], "lens_position.analyses.analyze"),
     **dict.fromkeys(["Decomposition", "decompose", "decompose_dense"], "lens_position.analyses.decompose"),
     **dict.fromkeys(["position_probe"], "lens_position.analyses.probes"),
     **dict.fromkeys(["resid_pre_sweep", "run_patches"], "lens_position.analyses.patching"),

@@ -15,9 +15,11 @@
 # # Quickstart: one model, one decomposition, one figure
 #
 # Load a model, build a prompt set, split the absolute position in every attention head into
-# its **residual** component `R` (carried by the residual stream) and its **mask** component `M`
-# (the causal softmax normaliser), and plot both per layer. The [concepts page](../docs/concepts.md)
-# defines every number.
+# its **residual** component R' (carried by the residual stream) and its **mask** component M'
+# (the causal softmax normaliser), and plot both per layer. The numbers to read first are the
+# held-out, reference-free ones the claims use (`R_rf_heldout`, `M_rf_heldout`, with
+# `total_heldout`); the [concepts page](../docs/concepts.md) defines every number and the
+# [column reference](../docs/columns.md) lists every column.
 #
 # `FAST` (set by the environment variable `LENS_POSITION_FAST=1`, as CI does) swaps the real
 # SmolLM2-135M for a tiny random model built in code, so the notebook runs in seconds.
@@ -42,12 +44,16 @@ pio.renderers.default = "plotly_mimetype+notebook"
 loaded = load_model(MODEL)  # HookedTransformer + tokenizer + ModelSpec
 prompts = build_prompts(loaded, source="natural", T=T, N=N, bos="force")  # N sequences of T tokens
 result = decompose(loaded, prompts, progress=False)
-result.layers[["layer", "T", "R", "M", "C"]]  # fractions of Var(log A), mean over heads
+result  # what was measured, on what, R', M' and the total with 95% intervals, where the tables are
+
+# %%
+result.layers[["layer", "R_rf_heldout", "M_rf_heldout", "total_heldout"]]  # fractions of Var(log A), mean over heads
 
 # %% [markdown]
-# `T = R + M + C` holds exactly in every row: the total absolute-position signal of the
-# log-attention, split into what the scores carry (`R`), what the normaliser adds (`M`), and
-# their interaction (`C`).
+# Held out means fitted on one half of the sequences and evaluated on the other; reference-free
+# means the mask's part is what the causal mask does to the offset-only part of the scores. The
+# in-sample, self-referenced split stays available (`total = R + M + C` exactly in every row).
+# `result.top_heads(5)` gives the heads with the largest R'.
 
 # %%
 plots.layer_components(result.layers.assign(architecture=loaded.spec.name))
@@ -62,5 +68,5 @@ plots.layer_components(result.layers.assign(architecture=loaded.spec.name))
 # %%
 tables = takeaways.result_tables(loaded.spec.name, loaded.spec.role, decomposition=result)
 takeaways.Takeaway.join(takeaways.untrained_note(FAST),
-                        takeaways.components_sentence(result.layers, loaded.spec.name),
+                        takeaways.components_sentence(result.layers, loaded.spec.name, result.replicates),
                         takeaways.claims_markdown(tables, ["C1", "C2"]))

@@ -48,7 +48,7 @@ from lens_position.models import load_model
 from lens_position.models.toy import offset_only_model, toy_tokens
 
 pio.renderers.default = "plotly_mimetype+notebook"
-COLUMNS = ["layer", "head", "T", "R", "M", "C", "T_heldout", "R_heldout", "M_heldout"]
+COLUMNS = ["layer", "head", "total", "R", "M", "C", "total_heldout", "R_heldout", "M_heldout"]
 
 # %% [markdown]
 # ## 1. Offset-only scores: all of the absolute position is mask
@@ -95,7 +95,7 @@ offset_only.heads[COLUMNS]
 
 # %%
 assert (offset_only.heads["R"].abs() < 1e-9).all()
-assert np.allclose(offset_only.heads["T"], offset_only.heads["M"], atol=1e-9)
+assert np.allclose(offset_only.heads["total"], offset_only.heads["M"], atol=1e-9)
 
 # %% [markdown]
 # ## 2. The other ground truths
@@ -118,12 +118,12 @@ cases = {
 rows = []
 for name, (model, toks, query_range) in cases.items():
     heads = decompose(model, toks, query_range=query_range, progress=False).heads
-    rows.append({"case": name, **heads[["T", "R", "M", "C"]].mean().to_dict()})
+    rows.append({"case": name, **heads[["total", "R", "M", "C"]].mean().to_dict()})
 ground_truths = pd.DataFrame(rows).set_index("case")
 ground_truths
 
 # %%
-assert ground_truths.loc["uniform", "R"] < 1e-9 and abs(ground_truths.loc["uniform", "T"] - ground_truths.loc["uniform", "M"]) < 1e-9
+assert ground_truths.loc["uniform", "R"] < 1e-9 and abs(ground_truths.loc["uniform", "total"] - ground_truths.loc["uniform", "M"]) < 1e-9
 assert abs(ground_truths.loc[f"window W={W}, queries i >= W-1", "M"]) < 1e-9
 assert ground_truths.loc["key-0 bonus b=2", "R"] > 0.01 and ground_truths.loc["key-0 bonus b=0", "R"] < 1e-9
 
@@ -143,14 +143,14 @@ identity.drop(columns="layer").max().rename("largest error over all layers")
 
 # %%
 real = decompose(loaded, prompts, progress=False)
-real.layers[["layer", "T", "R", "M", "C", "T_heldout", "R_heldout", "M_heldout"]]
+real.layers[["layer", "total", "R", "M", "C", "total_heldout", "R_heldout", "M_heldout"]]
 
 # %%
-assert np.allclose(real.heads["T"], real.heads["R"] + real.heads["M"] + real.heads["C"], atol=1e-6)
+assert np.allclose(real.heads["total"], real.heads["R"] + real.heads["M"] + real.heads["C"], atol=1e-6)
 R, M = real.layers["R"], real.layers["M"]
 print(f"R > M in {int((R > M).sum())} of {len(R)} layers; over all heads, R/(R+M) = {R.sum() / (R + M).sum():.2f}")
 print(f"layer with the largest M: {int(real.layers.loc[M.idxmax(), 'layer'])} (M = {M.max():.3f})")
-plots.layer_components(real.layers.assign(architecture=loaded.spec.name), components=("T", "R", "M"))
+plots.layer_components(real.layers.assign(architecture=loaded.spec.name), components=("total", "R", "M"))
 
 # %%
 plots.head_heatmaps(real.heads.assign(architecture=loaded.spec.name))
@@ -191,7 +191,7 @@ print("options:", {k: real.provenance["options"][k] for k in ("query_range", "ke
 # intervals, by `lens_position.analyses.claims`).
 
 # %%
-toys = pd.concat([offset_only.heads[["T", "R", "M", "C"]].mean().rename("offset-only").to_frame().T, ground_truths])
+toys = pd.concat([offset_only.heads[["total", "R", "M", "C"]].mean().rename("offset-only").to_frame().T, ground_truths])
 tables = takeaways.result_tables(loaded.spec.name, loaded.spec.role, decomposition=real)
 takeaways.Takeaway.join(
     "On the toy models, whose answer is known by construction (means over heads):",

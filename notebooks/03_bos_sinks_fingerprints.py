@@ -89,7 +89,7 @@ sinks.frame.sort_values("sink_score", ascending=False).head(8)
 
 # %%
 rates = sink_rate(loaded, T=T, N=N)
-rates.frame[["condition", "sink_rate", "n_sink_heads", "n_heads", "eps", "T", "N", "bos"]]
+rates.frame[["condition", "sink_rate", "n_sink_heads", "n_heads", "eps", "seq_len", "N", "bos"]]
 
 # %%
 plots.sink_rate_bars(rates.frame.assign(architecture=label))

@@ -96,8 +96,8 @@ pd.DataFrame({label: {"model": s.name, "rope": s.rope_kind, "rotary base": s.rot
 # columns):
 
 # %%
-summary = layers.groupby("architecture", sort=False)[["T", "R", "M", "C", "R_heldout", "M_heldout"]].mean()
-summary["R share of T"] = summary["R"] / summary["T"]
+summary = layers.groupby("architecture", sort=False)[["total", "R", "M", "C", "R_heldout", "M_heldout"]].mean()
+summary["R share of T"] = summary["R"] / summary["total"]
 summary["R / standard RoPE's R"] = summary["R"] / summary.loc["standard RoPE", "R"]
 summary
 
@@ -135,7 +135,7 @@ for label, row in by_half.iterrows():
 # from the first `W - 1` queries; global layers keep the full causal normaliser.
 
 # %%
-layers[layers["architecture"] == "sliding window"][["layer", "layer_type", "T", "R", "M", "C"]]
+layers[layers["architecture"] == "sliding window"][["layer", "layer_type", "total", "R", "M", "C"]]
 
 # %% [markdown]
 # ## The probe view

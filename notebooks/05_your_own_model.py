@@ -114,8 +114,9 @@ if not FAST:
 # %% [markdown]
 # ### A hub name
 #
-# With network access, a hub id loads like a path (`offline=False`, or `HF_HUB_OFFLINE` unset and
-# the hub reachable). Offline, lens_position refuses with a message that says what to do instead.
+# With network access, a hub id loads like a path when you pass `offline=False` (and the hub is
+# reachable); without it, lens_position refuses a hub id, whatever `HF_HUB_OFFLINE` says, with a
+# message that says what to do instead.
 
 # %%
 from lens_position.ground.errors import BadInputError
@@ -218,7 +219,7 @@ pd.DataFrame({
 own = cache_activations(loaded, prompts, ["blocks.1.hook_resid_pre"])
 self_patch = resid_pre_patch(own, layer=1, position=0)
 self_patched = decompose(loaded, prompts, fwd_hooks=patches_as_hooks([self_patch]), progress=False)
-difference = (self_patched.heads[["T", "R", "M", "C"]] - base.heads[["T", "R", "M", "C"]]).abs().to_numpy().max()
+difference = (self_patched.heads[["total", "R", "M", "C"]] - base.heads[["total", "R", "M", "C"]]).abs().to_numpy().max()
 print(f"largest change from a self-patch: {difference:.1e}")
 assert difference < 1e-6
 

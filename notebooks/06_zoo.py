@@ -74,7 +74,7 @@ pd.DataFrame([{"variant": name, **{k: v for k, v in recipe.to_dict().items() if 
 # (a recipe names its corpus by hash, so the tiny recipe names that one).
 
 # %%
-from lens_position.models.zoo.corpus import corpus_of, load_corpus, unigram_bits_per_byte
+from lens_position.models.zoo.corpus import corpus_of, training_split, unigram_bits_per_byte
 from lens_position.models.zoo.store import load_zoo_model, save_checkpoint
 from lens_position.models.zoo.train import train
 
@@ -83,7 +83,7 @@ if FAST:
 
     corpus = corpus_of([pydoc_data.topics.topics[k] for k in sorted(pydoc_data.topics.topics)])
 else:
-    corpus = load_corpus()
+    corpus = training_split()
 tiny = dataclasses.replace(recipe_for("ntk"), variant="my-ntk", n_layers=2, attn_types=("global",) * 2,
                            d_model=32, n_heads=2, d_mlp=64,
                            steps=40 if FAST else 200, extend_at=20 if FAST else 100, eval_every=10,

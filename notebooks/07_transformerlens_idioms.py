@@ -85,7 +85,7 @@ result = decompose(model, clean, progress=False)
 spec = result.provenance["model"]
 print(f"{spec['name']}: weights sha256 {spec['weights_sha256'][:16]}..., class {spec['extra']['class']}, "
       f"BOS id {spec['bos_token_id']}, tokenizer prepends BOS: {spec['tokenizer_prepends_bos']}")
-result.layers[["layer", "T", "R", "M"]].round(4)
+result.layers[["layer", "total", "R", "M"]].round(4)
 
 # %% [markdown]
 # ## A patch from an `ActivationCache`

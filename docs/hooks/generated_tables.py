@@ -2,7 +2,9 @@
 
 - ``<!-- model-registry -->``: every name in ``lens_position.models.registry.REGISTRY`` with
   its kind, description and default load options.
-- ``<!-- result-tables -->``: the tables a reproduction writes (``lens_position.report.html.TABLES``).
+- ``<!-- result-tables -->``: the tables a reproduction writes (``lens_position.analyses.tables.TABLES``, also ``lens_position.report.html.TABLES``).
+- ``<!-- column-reference -->``: every column of every result table with its meaning
+  (``lens_position.core.columns.COLUMNS``), the recommended ones first.
 """
 
 from __future__ import annotations
@@ -35,7 +37,19 @@ def result_tables() -> str:
     return "\n".join(rows)
 
 
-GENERATORS = {"<!-- model-registry -->": model_registry, "<!-- result-tables -->": result_tables}
+def column_reference() -> str:
+    from lens_position.core.columns import COLUMNS, RECOMMENDED
+
+    rows = ["| column | meaning |", "|---|---|"]
+    first = [c for c in RECOMMENDED if c in COLUMNS]
+    for name in first + sorted((c for c in COLUMNS if c not in first), key=str.lower):
+        mark = " **(recommended)**" if name in first else ""
+        rows.append(f"| `{name}`{mark} | {_escape(COLUMNS[name])} |")
+    return "\n".join(rows)
+
+
+GENERATORS = {"<!-- model-registry -->": model_registry, "<!-- result-tables -->": result_tables,
+              "<!-- column-reference -->": column_reference}
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:

@@ -36,24 +36,25 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import pandas as pd
-from transformer_lens import HookedTransformer
+from lens_position.models.backends import ModelLike
 
 from lens_position.ground import provenance
 from lens_position.core.checks import check_count, check_query_range, check_seed
 from lens_position.analyses.compare import compare, decompose_conditions
 from lens_position.analyses.decompose import Decomposition, decompose
-from lens_position.core.inputs import checked_prompts
+from lens_position.core.inputs import Prompts, checked_prompts
 from lens_position.ground.errors import BadInputError
 from lens_position.core.intervals import Bootstrap
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.analyses.patching import as_tokens, default_replacement_token, embedding_patch
 from lens_position.ground.progress import progress as progress_bar
+from lens_position.core.summaries import Headline, headlines_from_rows
 from lens_position.core.results import SavedResult
 
 REPLACEMENTS = ("token", "mean", "random")
 
 
-@dataclass
+@dataclass(repr=False)
 class BosReplacement(SavedResult):
     """Result of :func:`bos_replacement` (module docstring: definitions).
 
@@ -77,10 +78,18 @@ class BosReplacement(SavedResult):
     base_layers: pd.DataFrame | None = None
     base_replicates: pd.DataFrame | None = None
 
+    WHAT = "BOS replacement: the share of the residual component R' removed at early queries"
+    INTERVALS = "95% paired bootstrap over sequences"
+
+    def headline(self) -> list[Headline]:
+        """Per replacement, the fraction of R' removed over all layers, with its paired interval."""
+        return headlines_from_rows(self.overall, "replacement", [
+            ("fraction_removed_rf", "R' removed", "1 - R'_replaced / R'_base (negative: added)")])
+
 
 def bos_replacement(
-    model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    model: ModelLike,
+    prompts: Prompts,
     *,
     replacements: Sequence[str] = REPLACEMENTS,
     query_range: tuple[int, int] = (0, 32),
@@ -117,12 +126,12 @@ def bos_replacement(
         raise BadInputError(f"unknown replacements {unknown}; choose from {list(REPLACEMENTS)}")
     query_range = check_query_range(query_range, tokens.shape[1])
     if token is None and "token" in replacements:
-        token = default_replacement_token(loaded, tokens, position=0, seed=seed)
+        token = default_replacement_token(loaded, prompts, position=0, seed=seed)
     passes = len(replacements) + (base is None)
     with progress_bar("bos replacement", total=passes * len(tokens), enabled=progress):
         if base is None:
             base = decompose(loaded, prompts, query_range=query_range, batch_size=batch_size, bootstrap=bootstrap)
-        conditions = {replacement: [embedding_patch(loaded, tokens, replacement, position=0, token=token,
+        conditions = {replacement: [embedding_patch(loaded, prompts, replacement, position=0, token=token,
                                                     seed=seed)]
                       for replacement in replacements}
         replaced = decompose_conditions(loaded, prompts, conditions, query_range=query_range,

@@ -2,7 +2,7 @@
 
 Each :class:`Claim` is written once, here: the paper's statement, our criterion (built from
 the thresholds in :class:`Criteria`), and the function that evaluates it from the results
-tables of a reproduction (``lens_position.report.html.TABLES``), one :class:`Evaluation` per
+tables of a reproduction (``lens_position.analyses.tables.TABLES``), one :class:`Evaluation` per
 architecture and one ``"overall"``. The report and the command line only render what this
 module returns; the paper's numbers are in :data:`PAPER` and nowhere else.
 
@@ -104,12 +104,14 @@ class Evaluation:
 @dataclass(frozen=True)
 class Claim:
     """A claim of the paper: its ``key`` (C1..C5), the paper's ``statement``, our
-    ``criterion`` (text from the thresholds) and ``evaluate`` (tables -> evaluations)."""
+    ``criterion`` (text from the thresholds), ``evaluate`` (tables -> evaluations) and a short
+    ``title``."""
 
     key: str
     statement: str
     criterion: Callable[[Criteria], str]
     evaluate: Callable[[Tables, Criteria], list[Evaluation]] = field(repr=False)
+    title: str = ""  # a few words, for the row heading of a compact table
 
 
 # --------------------------------------------------------------------------- verdict rules
@@ -258,14 +260,14 @@ def _summary(results: Tables, arch: str, prefix: str = "decompose") -> _ModelSum
     return _ModelSummary(layers, _part(results, f"{prefix}_replicates", arch), n)
 
 
-def _slope(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+def slope(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Least-squares slope of ``y`` (``[..., layer]``) against ``x`` (``[layer]``)."""
     xc = x - x.mean()
     return (np.asarray(y, dtype=float) - np.asarray(y, dtype=float).mean(-1, keepdims=True)) @ xc / (xc @ xc)
 
 
 def _columns(split: str) -> tuple[str, str, str]:
-    return "T_heldout", f"R{split}_heldout", f"M{split}_heldout"
+    return "total_heldout", f"R{split}_heldout", f"M{split}_heldout"
 
 
 def _has_split(summary: _ModelSummary, split: str) -> bool:
@@ -282,17 +284,17 @@ def _evaluate_c1(results: Tables, criteria: Criteria) -> list[Evaluation]:
         if summary is None:
             rows.append(_not_measured("C1", arch))
             continue
-        total, _ = summary.estimate("T_heldout")
+        total, _ = summary.estimate("total_heldout")
         verdict = at_least(total, criteria.min_signal)
-        measured = f"held-out T = {total.format()} (mean over layers and heads, all queries)"
+        measured = f"held-out total = {total.format()} (mean over layers and heads, all queries)"
         n_needed, explanation = math.nan, ""
         if verdict == FAILS:
             explanation = (f"{arch}: the absolute-position share of Var(log A) is {total.format()}, below our "
                            f"threshold {criteria.min_signal:g} over its whole interval; the paper says RoPE "
                            "decoders distinguish absolute position in their attention patterns.")
         elif verdict == INCONCLUSIVE:
-            n_needed, explanation = _decide_text(summary.n, total, criteria.min_signal, f"{arch}: held-out T")
-        rows.append(Evaluation("C1", arch, verdict, "T_heldout", total, measured, summary.n, n_needed, explanation))
+            n_needed, explanation = _decide_text(summary.n, total, criteria.min_signal, f"{arch}: held-out total")
+        rows.append(Evaluation("C1", arch, verdict, "total_heldout", total, measured, summary.n, n_needed, explanation))
     return rows
 
 
@@ -372,9 +374,9 @@ def _balance(results: Tables, arch: str, role: str) -> _Balance | None:
     share_value = r / (r + m) if r + m > 0 else math.nan
     share_reps = None if r_reps is None else np.where(r_reps + m_reps > 0, r_reps / (r_reps + m_reps), np.nan)
     depth = summary.depth()
-    slope_value = float(_slope(depth, summary.layers[r_col].to_numpy(dtype=float))) if len(depth) > 1 else math.nan
+    slope_value = float(slope(depth, summary.layers[r_col].to_numpy(dtype=float))) if len(depth) > 1 else math.nan
     layer_reps = summary.layer_replicates(r_col)
-    slope_reps = None if layer_reps is None or len(depth) < 2 else _slope(depth, layer_reps)
+    slope_reps = None if layer_reps is None or len(depth) < 2 else slope(depth, layer_reps)
     return _Balance(arch, role, summary.n, from_replicates(share_value, share_reps, n=summary.n), share_reps,
                     from_replicates(slope_value, slope_reps, n=summary.n), slope_reps)
 
@@ -586,30 +588,32 @@ def _not_measured(claim: str, arch: str) -> Evaluation:
 CLAIMS: tuple[Claim, ...] = (
     Claim("C1", "RoPE-trained decoders distinguish absolute position in their attention patterns, although RoPE "
                 "puts only relative offsets into q·k.",
-          lambda c: f"held-out T (mean over layers and heads, all queries) ≥ {c.min_signal:g}, over its whole "
-                    f"{LEVEL:.0%} interval", _evaluate_c1),
+          lambda c: f"held-out total signal (mean over layers and heads, all queries) ≥ {c.min_signal:g}, over its whole "
+                    f"{LEVEL:.0%} interval", _evaluate_c1, title="absolute position in attention"),
     Claim("C2", "Two sources, the mask component (causal softmax normalizer) and the residual component (absolute "
                 "position carried by the residual stream), both appear in every architecture.",
           lambda c: f"held-out R' and M' of the reference-free split (means over layers and heads, all queries) both "
                     f"≥ {c.min_signal:g}, over their whole {LEVEL:.0%} intervals; early queries "
-                    f"(i < {PAPER.early_queries}) are reported beside it, not used", _evaluate_c2),
+                    f"(i < {PAPER.early_queries}) are reported beside it, not used", _evaluate_c2,
+          title="two sources: mask and residual"),
     Claim("C3", "The balance depends on the architecture: NTK-scaled RoPE suppresses the residual component, "
                 "sliding-window attention lets it accumulate with depth, standard RoPE sits between.",
           lambda c: "the interval of R'/(R'+M') of every NTK model minus that of every standard model lies below 0; "
                     "the interval of the depth slope of R' (least squares against relative depth "
                     "layer / (n_layers − 1)) of every sliding-window model lies above 0 and above that of every "
-                    "standard model (interval of the difference)", _evaluate_c3),
+                    "standard model (interval of the difference)", _evaluate_c3,
+          title="the balance depends on the architecture"),
     Claim("C4", "Replacing the BOS embedding before the forward pass removes about 40% of the residual component at "
                 "early queries.",
           lambda c: f"interval of the mean over replacements of the fraction of the reference-free R' removed (queries i < "
                     f"{PAPER.early_queries}) within {PAPER.c4_fraction_removed:.0%} ± {c.c4_tolerance:.0%}",
-          _evaluate_c4),
+          _evaluate_c4, title="BOS replacement removes about 40% of R"),
     Claim("C5", "Position 0 is a closed dynamical system: its activation is a deterministic fingerprint, identical "
                 "across inputs when token 0 is the auto-prepended BOS, varying with token 0 otherwise; attention "
                 "sinks pass it forward.",
           lambda c: f"auto-BOS relative spread ≤ {c.c5_noise:g} at every layer, varying-token-0 median relative "
                     f"spread ≥ {c.c5_varying:g} (both exact), and at least one head whose sink-score interval lies "
-                    "above ε", _evaluate_c5),
+                    "above ε", _evaluate_c5, title="position 0 is a deterministic fingerprint"),
 )
 
 COLUMNS = ["claim", "statement", "criterion", "architecture", "verdict", "quantity", "value", "value_lo",

@@ -42,20 +42,24 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
-from transformer_lens import HookedTransformer
+from lens_position.models.backends import ModelLike
 
 from lens_position.analyses.decompose import Decomposition, decompose
 from lens_position.ground.errors import BadInputError
+from lens_position.core.checks import check_same_origin
 from lens_position.core.intervals import BIAS_CORRECTED_QUANTITIES, Bootstrap, bootstrap_interval, interval_method
 from lens_position.models.spec import LoadedModel
-from lens_position.analyses.patching import Patch, as_tokens
+from lens_position.analyses.patching import Patch
+from lens_position.core.checks import check_layers, check_query_range
+from lens_position.core.inputs import Prompts, checked_prompts
 from lens_position.ground.progress import progress as progress_bar
+from lens_position.core.summaries import Headline, headlines_from_rows
 from lens_position.core.results import SavedResult
 
 HEAD_KEYS = ["layer", "head"]
 
 
-@dataclass
+@dataclass(repr=False)
 class Comparison(SavedResult):
     """Result of :func:`compare` (module docstring: definitions).
 
@@ -75,6 +79,15 @@ class Comparison(SavedResult):
     overall: pd.DataFrame
     provenance: dict[str, Any] = field(default_factory=dict)
     replicates: pd.DataFrame | None = None
+
+    WHAT = "conditions against a base decomposition: the change in the residual component"
+    INTERVALS = "95% paired bootstrap over sequences"
+    HEADS = ("heads", "R_change")
+
+    def headline(self) -> list[Headline]:
+        """Per condition, the fraction of R' removed over all compared heads, with its paired interval."""
+        return headlines_from_rows(self.overall, "condition", [
+            ("fraction_removed_rf", "R' removed", "1 - R'_condition / R'_base (negative: added)")])
 
 
 def fraction_removed(base: float, condition: float) -> float:
@@ -188,9 +201,14 @@ def _level(base: Decomposition) -> float:
 def compare(base: Decomposition, conditions: Mapping[str, Decomposition]) -> Comparison:
     """Compare each condition's decomposition with the base, head by head, per layer and
     overall (module docstring). A condition may cover fewer layers than the base (e.g.
-    only those downstream of a patch); only the heads it covers are compared."""
+    only those downstream of a patch); only the heads it covers are compared.
+
+    Base and conditions must come from the same model (weights hash) and the same prompts
+    (token hash), or the "paired" intervals would pair unrelated sequences:
+    :func:`~lens_position.core.checks.check_same_origin` refuses them otherwise."""
     for name, result in conditions.items():
-        for column in ("query_start", "query_stop", "keys"):
+        check_same_origin(base.provenance, result.provenance, f"condition {name!r}")
+        for column in ("query_start", "query_stop", "key_set"):
             if set(result.heads[column]) != set(base.heads[column]):
                 raise BadInputError(
                     f"condition {name!r} was decomposed with {column}={sorted(set(result.heads[column]))} but "
@@ -211,8 +229,8 @@ def compare(base: Decomposition, conditions: Mapping[str, Decomposition]) -> Com
         heads["R_heldout_change"] = heads["R_heldout_condition"] - heads["R_heldout_base"]
         bounds = _head_change_intervals(base, result, level)
         if bounds is None:
-            for name in HEAD_CHANGES:
-                heads[f"{name}_lo"] = heads[f"{name}_hi"] = np.nan
+            for change in HEAD_CHANGES:  # not `name`: that is the condition's, used below
+                heads[f"{change}_lo"] = heads[f"{change}_hi"] = np.nan
         else:
             heads = heads.merge(bounds, on=HEAD_KEYS, how="left")
         head_frames.append(heads)
@@ -259,8 +277,8 @@ def compare(base: Decomposition, conditions: Mapping[str, Decomposition]) -> Com
 
 
 def decompose_conditions(
-    model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    model: ModelLike,
+    prompts: Prompts,
     conditions: Mapping[str, Sequence[Patch]],
     *,
     layers: Mapping[str, Sequence[int]] | Sequence[int] | None = None,
@@ -274,7 +292,12 @@ def decompose_conditions(
     condition name (default all; the pass stops after the last). ``progress``: one bar
     counting the sequences of every condition's pass."""
     out = {}
-    n_prompts = len(as_tokens(model, prompts))
+    prompts = checked_prompts(model, prompts, min_length=2)  # what decompose asks of them: checked once here
+    if query_range is not None:
+        query_range = check_query_range(query_range, prompts.tokens.shape[1])
+    if layers is not None and not isinstance(layers, Mapping):
+        layers = check_layers(layers, (model.model if isinstance(model, LoadedModel) else model).cfg.n_layers)
+    n_prompts = len(prompts)
     with progress_bar("decompose conditions", total=len(conditions) * n_prompts, enabled=progress):
         for name, patches in conditions.items():
             chosen = layers.get(name) if isinstance(layers, Mapping) else layers

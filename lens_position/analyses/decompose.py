@@ -53,17 +53,18 @@ import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
-from transformer_lens import HookedTransformer
+from lens_position.models.backends import ModelLike
 
 from lens_position.ground import provenance
-from lens_position.core.checks import check_count, check_layers, check_query_range
-from lens_position.ground.errors import BadInputError, UnsupportedArchitectureError
-from lens_position.core.inputs import checked_prompts
-from lens_position.core.intervals import (BIAS_CORRECTED_QUANTITIES, Bootstrap, bootstrap_interval, interval_method,
-                                    resample_counts, small_sample_widening)
+from lens_position.core.checks import check_count, check_layers, check_query_range, tokens_sha256
+from lens_position.ground.errors import BadInputError, NonFiniteError, UnsupportedArchitectureError
+from lens_position.core.inputs import Prompts, checked_prompts
+from lens_position.core.intervals import (BIAS_CORRECTED_QUANTITIES, MIN_INTERVAL_UNITS, Bootstrap,
+                                         bootstrap_interval, interval_method, resample_counts, small_sample_widening)
 from lens_position.models.spec import LoadedModel, as_loaded
+from lens_position.core.summaries import Headline, layer_mean
 from lens_position.core.results import SavedResult
-from lens_position.core.stream import stream
+from lens_position.core.stream import check_finite_activation, stream
 
 if TYPE_CHECKING:
     from lens_position.analyses.patching import Patch
@@ -582,7 +583,7 @@ def _weighted_components(fit: _Fitter, stats: HeadStatistics, per_group: torch.T
     var_t, var_z, cov_tz = cov(*a["t"], *a["t"]), cov(*a["z"], *a["z"]), cov(*a["t"], *a["z"])
     out = {"R": var_t / var_log_a, "M": var_z / var_log_a, "C": -2 * cov_tz / var_log_a,
            "var_logA": var_log_a, "var_abs_t": var_t, "var_abs_z": var_z, "cov_abs_tz": cov_tz}
-    out["T"] = out["R"] + out["M"] + out["C"]
+    out["total"] = out["R"] + out["M"] + out["C"]
     out["R_rf"] = cov(*a["res"], *a["res"]) / var_log_a
     out["M_rf"] = cov(*a["lam"], *a["lam"]) / var_log_a
     out["C_rf"] = 2 * cov(*a["lam"], *a["res"]) / var_log_a
@@ -595,7 +596,7 @@ def _weighted_components(fit: _Fitter, stats: HeadStatistics, per_group: torch.T
     out["R_heldout"] = cross("t", "t")
     out["M_heldout"] = cross("z", "z")
     out["C_heldout"] = -(cross("t", "z") + cross("z", "t"))
-    out["T_heldout"] = out["R_heldout"] + out["M_heldout"] + out["C_heldout"]
+    out["total_heldout"] = out["R_heldout"] + out["M_heldout"] + out["C_heldout"]
     out["R_rf_heldout"] = cross("res", "res")
     out["M_rf_heldout"] = cross("lam", "lam")
     out["C_rf_heldout"] = cross("lam", "res") + cross("res", "lam")
@@ -606,19 +607,19 @@ def _weighted_components(fit: _Fitter, stats: HeadStatistics, per_group: torch.T
 # Public API
 # ---------------------------------------------------------------------------------------
 
-COMPONENTS = ["T", "R", "M", "C", "T_heldout", "R_heldout", "M_heldout", "C_heldout",
+COMPONENTS = ["total", "R", "M", "C", "total_heldout", "R_heldout", "M_heldout", "C_heldout",
               "R_rf", "M_rf", "C_rf", "R_rf_heldout", "M_rf_heldout", "C_rf_heldout"]
 INTERVAL_COLUMNS = [f"{c}_{side}" for c in COMPONENTS for side in ("lo", "hi")]
 # The components kept per head and replicate (Decomposition.head_replicates): the residual components an
 # intervention changes, so a per-head change gets a paired interval (lens_position.analyses.compare).
 HEAD_REPLICATE_COMPONENTS = ["R", "R_heldout", "R_rf", "R_rf_heldout"]
 HEAD_COLUMNS = [
-    "layer", "head", "layer_type", "window", "query_start", "query_stop", "keys", *COMPONENTS,
+    "layer", "head", "layer_type", "window", "query_start", "query_stop", "key_set", *COMPONENTS,
     "var_logA", "var_abs_t", "var_abs_z", "cov_abs_tz", "n_pairs", "n_sequences", *INTERVAL_COLUMNS,
 ]
 
 
-@dataclass
+@dataclass(repr=False)
 class Decomposition(SavedResult):
     """Result of :func:`decompose`.
 
@@ -654,6 +655,24 @@ class Decomposition(SavedResult):
     replicates: pd.DataFrame | None = None
     head_replicates: pd.DataFrame | None = None
 
+    WHAT = "absolute position in attention split into residual (R') and mask (M') components"
+    HEADS = ("heads", "R_rf_heldout")
+
+    def headline(self) -> list[Headline]:
+        """Mean over layers and heads of R', M' (held out, reference-free: what the claims use) and
+        the total, with their intervals; the query range in the label when it is not all queries."""
+        stop = int(self.layers["query_stop"].iloc[0]) if "query_stop" in self.layers.columns and len(self.layers) else None
+        where = f", queries < {stop}" if stop is not None and stop < int((self.provenance.get("data") or {}).get("T") or 0) else ""
+        out = []
+        for column, label, meaning in (
+                ("R_rf_heldout", "R' residual", "the residual stream's share of Var(log A)"),
+                ("M_rf_heldout", "M' mask", "the causal mask's share of Var(log A)"),
+                ("total_heldout", "total", "absolute-position share of Var(log A)")):
+            if column in self.layers.columns:
+                out.append(Headline(column, f"{label} (held out{where})",
+                                    layer_mean(self.layers, self.replicates, column), meaning))
+        return out
+
     def to_tensor(self, component: str = "R") -> Float[torch.Tensor, "layer head"]:
         """One per-head column of ``heads`` (``"R"``, ``"M_heldout"``, ...) as a float64
         ``[layer, head]`` tensor indexed like the model: ``to_tensor("R")[l, h]`` is layer ``l``,
@@ -674,7 +693,7 @@ class Decomposition(SavedResult):
         return out
 
 
-def layer_key_windows(model: LoadedModel | HookedTransformer) -> list[int | None]:
+def layer_key_windows(model: ModelLike) -> list[int | None]:
     """Window of each layer's attention mask (``None`` for a causal layer over all earlier
     keys): ``ModelSpec.layer_windows``, which the spec builder reads off the model's own
     attention modules."""
@@ -699,18 +718,36 @@ def _check_options(loaded: LoadedModel, tokens: torch.Tensor, layers: Sequence[i
     query_start, query_stop = check_query_range(query_range, length)
     if keys not in ("all", "no-bos"):
         raise BadInputError(f"keys must be 'all' or 'no-bos', got {keys!r}")
-    if keys == "no-bos" and query_stop <= 1:
-        raise BadInputError("keys='no-bos' leaves no pairs for query 0 alone; widen query_range")
     return layers, query_start, query_stop
 
 
-def _check_mask(scores: torch.Tensor, design: PairDesign, layer: int) -> None:
-    rows = scores[0, 0, design.query_start:design.query_stop]
-    if not torch.equal(torch.isfinite(rows), design.key_set):
+def visible_keys(scores: torch.Tensor) -> torch.Tensor:
+    """Which cells of ``scores`` the mask leaves visible: masked cells are ``-inf`` (HookedTransformer,
+    a bridge in compatibility mode) or the dtype's most negative value (``finfo.min``, a bridge
+    outside it); anything at or below half of it is masked."""
+    return torch.isfinite(scores) & (scores > torch.finfo(scores.dtype).min / 2)
+
+
+def _check_mask(scores: torch.Tensor, design: PairDesign, layer: int, rows: torch.Tensor | None = None) -> None:
+    """Every head of every prompt must see exactly the key set ``design`` expects. A departure
+    shared by all heads and prompts is the model's mask (masked cells: :func:`visible_keys`); one
+    confined to some of them is an infinite score (non-finite weights, or overflow), named with its head and prompt."""
+    visible = visible_keys(scores[:, :, design.query_start:design.query_stop])
+    key_set = design.key_set.to(visible.device)
+    if bool((visible == key_set).all()):
+        return
+    same_everywhere = bool((visible == visible[:1, :1]).all())
+    if same_everywhere:
         raise UnsupportedArchitectureError(
             f"layer {layer}: the attention mask in hook_attn_scores is not the causal/sliding-window "
             f"key set lens_position expects (window={design.window}); decompose only supports "
             "unpadded causal or sliding-window attention")
+    batch, head, query, key = (int(i) for i in (visible != key_set).nonzero()[0].tolist())
+    prompt = int(rows[batch]) if rows is not None else batch
+    raise NonFiniteError(
+        f"layer {layer}, head {head}, prompt {prompt}: the score of query {design.query_start + query} on key {key} "
+        "is infinite where the mask shows that key (the other heads see the expected key set); likely cause: "
+        "non-finite weights in that head's W_Q/W_K, or overflow in float16/bfloat16 (run in float32)")
 
 
 MAX_GROUPS = 32  # sequences are kept in at most this many groups (each its own while N <= MAX_GROUPS)
@@ -727,12 +764,13 @@ class DecompositionReducer:
     model (together with any other reducers), then call :meth:`result`.
     """
 
-    def __init__(self, model: LoadedModel | HookedTransformer, prompts: Any, *,
+    def __init__(self, model: ModelLike, prompts: Any, *,
                  layers: Sequence[int] | None = None, query_range: tuple[int, int] | None = None,
                  keys: KeySet = "all", bins: PositionBins = PositionBins(),
                  bootstrap: Bootstrap = Bootstrap()) -> None:
         self.loaded = as_loaded(model)
         tokens, self.data = _prompt_tokens(self.loaded, prompts)
+        self.tokens_sha256 = tokens_sha256(tokens)
         self.seed = getattr(getattr(prompts, "spec", None), "seed", None)
         self.layers, self.query_start, self.query_stop = _check_options(self.loaded, tokens, layers,
                                                                          query_range, keys)
@@ -767,9 +805,7 @@ class DecompositionReducer:
             design = self._on_device[self.windows[layer]]
         else:
             design = self.designs[self.windows[layer]]
-        if layer not in self._checked:
-            _check_mask(scores, design, layer)
-            self._checked.add(layer)
+        _check_mask(scores, design, layer, rows)
         _reduce(scores, design, rows % self.n_groups, self.stats[layer], self._workspace)
 
     def resample_weights(self) -> Float[torch.Tensor, "replicate group"] | None:
@@ -794,7 +830,8 @@ class DecompositionReducer:
         if n_seq == 0:
             raise BadInputError("no prompts were streamed through this decomposition")
         self.stats = {layer: stats.to("cpu") for layer, stats in self.stats.items()}
-        weights = self.resample_weights()
+        # too few sequences for an interval to exist (MIN_INTERVAL_UNITS): none is computed
+        weights = self.resample_weights() if n_seq >= MIN_INTERVAL_UNITS else None
         level = self.bootstrap.level
         stats0 = self.stats[self.layers[0]]
         per_half = min(int(((stats0.n_sequences > 0) & (stats0.halves == h)).sum()) for h in (0, 1))
@@ -840,7 +877,7 @@ class DecompositionReducer:
                 row = {
                     "layer": layer, "head": head, "layer_type": self.loaded.spec.layer_types[layer],
                     "window": window, "query_start": self.query_start, "query_stop": self.query_stop,
-                    "keys": self.keys, "n_pairs": design.n_pairs * n_seq, "n_sequences": n_seq,
+                    "key_set": self.keys, "n_pairs": design.n_pairs * n_seq, "n_sequences": n_seq,
                 }
                 row.update({name: float(v[head]) for name, v in values.items()})
                 for name, (lo, hi) in bounds.items():
@@ -860,7 +897,8 @@ class DecompositionReducer:
                                         grid[per_layer["layer"].tolist()].to_numpy(), level, interval_method(name))
             per_layer[f"{name}_lo"], per_layer[f"{name}_hi"] = lo, hi
         prov = provenance.collect(
-            model=self.loaded.spec, data=self.data, seed=self.seed, layers=self.layers,
+            model=self.loaded.spec, data=self.data, seed=self.seed, tokens_sha256=self.tokens_sha256,
+            layers=self.layers,
             query_range=[self.query_start, self.query_stop], keys=self.keys, **options,
             bins={**self.bins.to_dict(), "position_edges": self.bins.edges(self.length).tolist(), "offsets": "exact"},
             heldout=HELDOUT_DEFINITION, reference_free=REFERENCE_FREE_DEFINITION,
@@ -876,8 +914,8 @@ class DecompositionReducer:
 
 
 def decompose(
-    model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    model: ModelLike,
+    prompts: Prompts,
     *,
     layers: Sequence[int] | None = None,
     query_range: tuple[int, int] | None = None,
@@ -935,8 +973,8 @@ def decompose(
 
 
 def decompose_dense(
-    model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    model: ModelLike,
+    prompts: Prompts,
     *,
     layers: Sequence[int] | None = None,
     query_range: tuple[int, int] | None = None,
@@ -952,16 +990,16 @@ def decompose_dense(
     cases (tests, the benchmark), never for analysis.
     """
     loaded = as_loaded(model)
-    hooked = loaded.model
     tokens, data = _prompt_tokens(loaded, prompts)
     layers, query_start, query_stop = _check_options(loaded, tokens, layers, query_range, keys)
     n_seq, length = tokens.shape
     windows = layer_key_windows(loaded)
     names = {f"blocks.{layer}.attn.hook_attn_scores" for layer in layers}
     with torch.no_grad():
-        _, cache = hooked.run_with_cache(tokens, names_filter=lambda name: name in names,
-                                         stop_at_layer=layers[-1] + 1)
-    n_heads = hooked.cfg.n_heads
+        cache = loaded.backend.run_with_cache(tokens, sorted(names), stop_at_layer=layers[-1] + 1)
+    for name in sorted(names):
+        check_finite_activation(name, cache[name], torch.arange(len(tokens)), loaded.backend.model)
+    n_heads = loaded.backend.n_heads
     rows = []
     for window in dict.fromkeys(windows[layer] for layer in layers):
         group = [layer for layer in layers if windows[layer] == window]
@@ -1000,7 +1038,7 @@ def decompose_dense(
             a_t, a_z = fits[0][:, cols_t], fits[0][:, cols_z]
             var_t, var_z, cov_tz = centred_cov(a_t, a_t), centred_cov(a_z, a_z), centred_cov(a_t, a_z)
             values = {"R": var_t / var_log_a, "M": var_z / var_log_a, "C": -2 * cov_tz / var_log_a,
-                      "T": (a_t - a_z).var(0, unbiased=False) / var_log_a,
+                      "total": (a_t - a_z).var(0, unbiased=False) / var_log_a,
                       "var_logA": var_log_a, "var_abs_t": var_t, "var_abs_z": var_z, "cov_abs_tz": cov_tz}
             if n_seq > 1:
                 (at0, az0), (at1, az1) = [(f[:, cols_t], f[:, cols_z]) for f in fits[1:]]
@@ -1013,29 +1051,30 @@ def decompose_dense(
                         centred_cov(fitted[0].repeat(la.shape[0], 1), la.reshape(-1, n_heads)),
                         centred_cov(fitted[1].repeat(la.shape[0], 1), la.reshape(-1, n_heads)),
                     ]) / v_other)
-                values["T_heldout"] = 0.5 * sum(c[0] - c[1] for c in cross)
+                values["total_heldout"] = 0.5 * sum(c[0] - c[1] for c in cross)
                 values["R_heldout"] = 0.5 * (centred_cov(at0, at1) / v1 + centred_cov(at1, at0) / v0)
                 values["M_heldout"] = 0.5 * (centred_cov(az0, az1) / v1 + centred_cov(az1, az0) / v0)
                 values["C_heldout"] = -0.5 * ((centred_cov(at0, az1) + centred_cov(az0, at1)) / v1
                                               + (centred_cov(at1, az0) + centred_cov(az1, at0)) / v0)
             for head in range(n_heads):
                 row = {"layer": layer, "head": head, "layer_type": loaded.spec.layer_types[layer],
-                       "window": window, "query_start": query_start, "query_stop": query_stop, "keys": keys,
+                       "window": window, "query_start": query_start, "query_stop": query_stop, "key_set": keys,
                        "n_pairs": design.n_pairs * n_seq, "n_sequences": n_seq}
                 row.update({name: float(v[head]) for name, v in values.items()})
                 rows.append(row)
     heads = (pd.DataFrame(rows, columns=HEAD_COLUMNS).astype({"window": "Int64"})
              .sort_values(["layer", "head"], ignore_index=True))
     per_layer = heads.groupby(["layer", "layer_type"], dropna=False, sort=True)[COMPONENTS].mean().reset_index()
-    prov = provenance.collect(model=loaded.spec, data=data, layers=layers, query_range=[query_start, query_stop],
+    prov = provenance.collect(model=loaded.spec, data=data, tokens_sha256=tokens_sha256(tokens), layers=layers,
+                              query_range=[query_start, query_stop],
                               keys=keys, bins={**bins.to_dict(), "position_edges": bins.edges(length).tolist()},
                               method="dense reference (cached scores, torch.linalg.lstsq)")
     return Decomposition(heads=heads, layers=per_layer, provenance=prov)
 
 
 def check_identity(
-    model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    model: ModelLike,
+    prompts: Prompts,
     *,
     layers: Sequence[int] | None = None,
     min_pattern: float = 1e-6,
@@ -1048,13 +1087,13 @@ def check_identity(
     ``max_row_sum_error`` = max |sum_j exp(t - z) - 1|. Expected: float32 round-off.
     """
     loaded = as_loaded(model)
-    hooked = loaded.model
     tokens, _ = _prompt_tokens(loaded, prompts)
     layers, _, _ = _check_options(loaded, tokens, layers, None, "all")
     names = {f"blocks.{layer}.attn.{kind}" for layer in layers for kind in ("hook_attn_scores", "hook_pattern")}
     with torch.no_grad():
-        _, cache = hooked.run_with_cache(tokens, names_filter=lambda name: name in names,
-                                         stop_at_layer=layers[-1] + 1)
+        cache = loaded.backend.run_with_cache(tokens, sorted(names), stop_at_layer=layers[-1] + 1)
+    for name in sorted(names):
+        check_finite_activation(name, cache[name], torch.arange(len(tokens)), loaded.backend.model)
     rows = []
     for layer in layers:
         t, z = self_referenced_scores(cache[f"blocks.{layer}.attn.hook_attn_scores"])

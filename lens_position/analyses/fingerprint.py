@@ -24,18 +24,21 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
-from transformer_lens import HookedTransformer
+from lens_position.models.backends import ModelLike
 
+from lens_position.core.inputs import Prompts
 from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.analyses.patching import as_tokens, cache_activations
 from lens_position.ground.progress import progress as progress_bar
 from lens_position.core.stream import WholeActivations, stream
+from lens_position.core.intervals import Estimate
+from lens_position.core.summaries import Headline
 from lens_position.core.results import SavedResult
 
 
-def auto_bos_policy(model: LoadedModel | HookedTransformer) -> str:
+def auto_bos_policy(model: ModelLike) -> str:
     """The ``bos=`` policy that puts the model's BOS token at position 0 of every prompt:
     the tokenizer's own where it prepends BOS (Gemma-3), ``"force"`` where it does not
     (SmolLM2)."""
@@ -43,7 +46,7 @@ def auto_bos_policy(model: LoadedModel | HookedTransformer) -> str:
 
 
 def counterfactual_token0(
-    model: LoadedModel | HookedTransformer, prompts: Any, counterfactual: str
+    model: ModelLike, prompts: Prompts, counterfactual: str
 ) -> Int[torch.Tensor, "batch"]:
     """The token that sits at position 0 of the counterfactual run, one per prompt.
 
@@ -92,7 +95,7 @@ def counterfactual_token0(
 
 
 def position0_activations(
-    model: LoadedModel | HookedTransformer, token0: Int[torch.Tensor, "batch"], names: Sequence[str]
+    model: ModelLike, token0: Int[torch.Tensor, "batch"], names: Sequence[str]
 ) -> Any:
     """Activations at position 0 (``[batch, 1, ...]``, in a ``WholeActivations`` reducer) of one-token runs on
     ``token0``: the fingerprint of that token 0 at the hooks in ``names``. Equal to position 0 of any
@@ -100,7 +103,7 @@ def position0_activations(
     return cache_activations(model, token0.reshape(-1, 1), names)
 
 
-def residual_names(model: LoadedModel | HookedTransformer) -> list[str]:
+def residual_names(model: ModelLike) -> list[str]:
     """``resid_pre`` of every block, then the last block's ``resid_post`` (layer ``n_layers``)."""
     n_layers = as_loaded(model).model.cfg.n_layers
     return [f"blocks.{l}.hook_resid_pre" for l in range(n_layers)] + [
@@ -108,7 +111,7 @@ def residual_names(model: LoadedModel | HookedTransformer) -> list[str]:
     ]
 
 
-@dataclass
+@dataclass(repr=False)
 class Fingerprint(SavedResult):
     """Result of :func:`fingerprint`.
 
@@ -124,6 +127,15 @@ class Fingerprint(SavedResult):
 
     frame: pd.DataFrame
     provenance: dict[str, Any]
+
+    WHAT = "the position-0 fingerprint: spread of resid[:, 0] across inputs, per layer and condition"
+
+    def headline(self) -> list[Headline]:
+        """Per condition, the largest relative spread over layers (float noise for auto-BOS)."""
+        return [Headline("spread_relative", f"largest relative spread ({condition})",
+                         Estimate(float(part["spread_relative"].astype(float).max())),
+                         "spread / ||mean x||; float noise when all layers are")
+                for condition, part in self.frame.groupby("condition", sort=False)]
 
 
 def _summarise(x: Float[torch.Tensor, "batch d_model"], bos_mean: Float[torch.Tensor, "d_model"]) -> dict:
@@ -142,7 +154,7 @@ def _summarise(x: Float[torch.Tensor, "batch d_model"], bos_mean: Float[torch.Te
 
 
 def fingerprint_prompts(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     *,
     T: int = 64,
     N: int = 16,
@@ -162,7 +174,7 @@ def fingerprint_prompts(
     }
 
 
-def fingerprint_tokens(condition: str, prompts: Any) -> Int[torch.Tensor, "batch pos"]:
+def fingerprint_tokens(condition: str, prompts: Prompts) -> Int[torch.Tensor, "batch pos"]:
     """The tokens :func:`fingerprint` streams for a condition: the whole prompts for
     ``"auto-bos"`` (that the rest of the input never reaches position 0 is what this condition
     checks), token 0 alone for ``"varying-token0"``: position 0 attends only to itself, so its
@@ -173,14 +185,14 @@ def fingerprint_tokens(condition: str, prompts: Any) -> Int[torch.Tensor, "batch
     return tokens if condition == "auto-bos" else tokens[:, :1]
 
 
-def position0_reducer(model: LoadedModel | HookedTransformer) -> WholeActivations:
+def position0_reducer(model: ModelLike) -> WholeActivations:
     """A reducer keeping position 0 of every residual in :func:`residual_names`
     (``result()``: ``{name: Float[Tensor, "batch d_model"]}``), for :func:`fingerprint`."""
     return WholeActivations(residual_names(model), select=lambda activation: activation[:, 0])
 
 
 def fingerprint(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     *,
     T: int = 64,
     N: int = 16,

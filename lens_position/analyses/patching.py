@@ -39,25 +39,33 @@ models; within float round-off where batching changes the matmul shapes).
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
 
+import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
-from transformer_lens import HookedTransformer
+from lens_position.models.backends import ModelLike, hooked_class
 from transformer_lens.ActivationCache import ActivationCache as TransformerLensCache
 
 from lens_position.ground import provenance
 from lens_position.core.patch import (Condition, Patch, _check_layer, _check_position, act_name,  # noqa: F401
                                        patches_as_hooks, source_activation)
 from lens_position.ground.errors import BadInputError
-from lens_position.core.inputs import checked_prompts
+from lens_position.core.inputs import Prompts, checked_prompts
+from lens_position.core.intervals import Bootstrap, bootstrap_mean, sign_flip_pvalue
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.ground.progress import progress as progress_bar
+from lens_position.core.intervals import Estimate
+from lens_position.core.summaries import Headline
 from lens_position.core.results import SavedResult
 from lens_position.core.stream import LOGITS, WholeActivations, stream
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
 
 Replacement = Literal["token", "mean", "random"]
 
@@ -65,11 +73,13 @@ Replacement = Literal["token", "mean", "random"]
 # --------------------------------------------------------------------------- inputs
 
 
-def _hooked(model: LoadedModel | HookedTransformer) -> HookedTransformer:
+def _hooked(model: ModelLike) -> Any:
+    """The TransformerLens model behind ``model`` (either backend: both have the config facts
+    read here, ``hook_dict`` and ``W_E``); forward passes go through the stream loop's seam."""
     return as_loaded(model).model
 
 
-def as_tokens(model: LoadedModel | HookedTransformer, prompts: Any) -> Int[torch.Tensor, "batch pos"]:
+def as_tokens(model: ModelLike, prompts: Prompts) -> Int[torch.Tensor, "batch pos"]:
     """The token tensor of ``prompts``, checked by the input door
     (:func:`lens_position.core.inputs.checked_prompts`: ids in the vocabulary, length within the
     context, no padding), on the model's device."""
@@ -109,8 +119,8 @@ def check_same_layout(target: Any, source: Any, *, what: str = "source") -> None
 
 
 def cache_activations(
-    model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    model: ModelLike,
+    prompts: Prompts,
     names: Sequence[str],
     *,
     fwd_hooks: Sequence[tuple[str, Callable]] = (),
@@ -133,7 +143,7 @@ def cache_activations(
 
 
 def resid_pre_stack(
-    model: LoadedModel | HookedTransformer, prompts: Any
+    model: ModelLike, prompts: Prompts
 ) -> Float[torch.Tensor, "layer batch pos d_model"]:
     """``resid_pre`` of every block on ``prompts``, stacked: the cache that patches resume from."""
     hooked = _hooked(model)
@@ -144,17 +154,161 @@ def resid_pre_stack(
 
 # --------------------------------------------------------------------------- the engine
 
+# Inside attention, during a pass that reuses the target run's prefix, these hooks hold every
+# position of the sequence (queries padded, keys and values completed with the target's
+# prefix), so their patches index absolute positions; every other hook holds the computed
+# positions only.
+_FULL_LENGTH_HOOK = re.compile(r"attn\.hook_(q|k|v|rot_q|rot_k|z)$")
+# What one extra forward pass costs beyond its tokens, in token-positions per layer: the
+# scheduler trades it against recomputed prefix positions. It changes which conditions share a
+# pass, never a value.
+PASS_OVERHEAD_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class PatchPass:
+    """One forward pass of :func:`run_patches`: the conditions ``conditions`` (indices), each on
+    the ``B`` target rows, computed from block ``layer`` (-1: from the tokens) and from position
+    ``position`` on (0: every position; above 0, the earlier positions come from the target run)."""
+
+    layer: int
+    position: int
+    conditions: tuple[int, ...]
+
+
+def prefix_reuse_unsupported(model: ModelLike) -> str | None:
+    """Why ``model`` cannot reuse the target run's prefix (None: it can).
+
+    Prefix reuse computes positions ``>= p`` only and hands attention the target run's keys and
+    values of the positions before ``p`` through ``hook_k`` / ``hook_v``, with the queries padded
+    at ``hook_q`` so that TransformerLens applies rotary positions, the causal mask and sliding
+    windows at their absolute positions, and ``hook_z`` cut back to the computed positions. It
+    needs a ``HookedTransformer`` with causal attention whose position information is rotary or
+    already in the residual stream (learned absolute embeddings); a backend that computes rotary
+    positions from the length of the sequence it is given (a ``TransformerBridge``) cannot."""
+    hooked = model.model if isinstance(model, LoadedModel) else model
+    hooked_type = hooked_class()
+    if hooked_type is None or not isinstance(hooked, hooked_type):
+        return (f"{type(hooked).__name__} is not a HookedTransformer: its attention takes rotary "
+                "positions from the length of the sequence it is given")
+    cfg = hooked.cfg
+    if cfg.positional_embedding_type not in ("rotary", "standard"):
+        return f"positional embedding {cfg.positional_embedding_type!r} (supported: rotary, standard)"
+    if cfg.attention_dir != "causal":
+        return f"attention is {cfg.attention_dir}, not causal: every position depends on every other"
+    needed = [f"blocks.{l}.attn.hook_{part}" for l in range(cfg.n_layers) for part in ("q", "k", "v", "z")]
+    missing = [name for name in needed if name not in hooked.hook_dict]
+    if missing:
+        return f"the model has no hooks {missing[:3]}"
+    return None
+
+
+def _first_position(condition: Sequence[Patch], n_pos: int) -> int:
+    """The first position a condition can change (causal attention: none before it); ``n_pos``
+    for the unpatched run; 0 for an embedding-level patch or one at every position."""
+    if not condition:
+        return n_pos
+    if any(p.position is None or p.layer < 0 for p in condition):
+        return 0
+    return min(p.position for p in condition)
+
+
+def plan_passes(
+    starts: Sequence[tuple[int, int]], n_rows: int, n_pos: int, batch_size: int
+) -> list[PatchPass]:
+    """The forward passes that compute conditions starting at ``starts[i] = (block, position)``
+    (block -1: from the tokens), at most ``batch_size // n_rows`` conditions (at least one) per
+    pass. Conditions of one block share passes; a pass computes from the smallest position of its
+    conditions, so conditions are grouped by position, cut where one more pass costs less
+    (:data:`PASS_OVERHEAD_TOKENS`) than recomputing the earlier positions of the others."""
+    per_pass = max(1, batch_size // n_rows)
+    by_layer: dict[int, list[int]] = defaultdict(list)
+    for index, (layer, _) in enumerate(starts):
+        by_layer[layer].append(index)
+    plan = []
+    for layer, indices in sorted(by_layer.items()):
+        indices = sorted(indices, key=lambda i: starts[i][1])
+        lengths = np.array([n_pos - starts[i][1] for i in indices], dtype=float)
+        n = len(indices)
+        best, cut = np.zeros(n + 1), np.zeros(n + 1, dtype=np.int64)
+        for j in range(1, n + 1):
+            first = np.arange(max(0, j - per_pass), j)
+            cost = best[first] + (j - first) * n_rows * lengths[first] + PASS_OVERHEAD_TOKENS
+            k = int(np.argmin(cost))
+            best[j], cut[j] = cost[k], first[k]
+        groups, j = [], n
+        while j > 0:
+            groups.append(indices[cut[j]:j])
+            j = int(cut[j])
+        plan += [PatchPass(layer, starts[group[0]][1], tuple(group)) for group in reversed(groups)]
+    return plan
+
+
+def token_layers(plan: Sequence[PatchPass], n_rows: int, n_pos: int, n_layers: int) -> int:
+    """Token-layers a plan computes: per pass, rows x computed positions x blocks run (a pass at
+    position ``n_pos``, the unpatched run read off the target run, computes none)."""
+    return sum(len(step.conditions) * n_rows * (n_pos - step.position) * (n_layers - max(step.layer, 0))
+               for step in plan)
+
+
+def _prefix_hooks(
+    hooked: HookedTransformer,
+    step: PatchPass,
+    patches: Sequence[Patch],
+    target: Mapping[str, torch.Tensor],
+    repeats: int,
+) -> list[tuple[str, Callable]]:
+    """Forward hooks for a pass computing positions ``>= step.position`` from block
+    ``step.layer`` (:func:`prefix_reuse_unsupported` says how), with ``patches`` applied at their
+    absolute positions."""
+    start = step.position
+    by_name: dict[str, list[Patch]] = defaultdict(list)
+    for patch in patches:
+        if _FULL_LENGTH_HOOK.search(patch.hook_name):
+            by_name[patch.hook_name].append(patch)
+        else:
+            by_name[patch.hook_name].append(dataclasses.replace(patch, position=patch.position - start))
+
+    def hook(name: str, before: Callable | None = None, after: Callable | None = None) -> tuple[str, Callable]:
+        def fn(activation: torch.Tensor, hook: Any) -> torch.Tensor:
+            if before is not None:
+                activation = before(activation)
+            for patch in by_name.get(name, ()):
+                activation = patch.apply(activation)
+            return activation if after is None else after(activation)
+        return (name, fn)
+
+    def prepend(name: str) -> Callable:
+        prefix = target[name][:, :start].repeat(repeats, *(1,) * (target[name].ndim - 1))
+        return lambda activation: torch.cat([prefix.to(activation.dtype), activation], dim=1)
+
+    def pad(activation: torch.Tensor) -> torch.Tensor:
+        zeros = activation.new_zeros((activation.shape[0], start, *activation.shape[2:]))
+        return torch.cat([zeros, activation], dim=1)
+
+    hooks = []
+    for layer in range(max(step.layer, 0), hooked.cfg.n_layers):
+        attn = f"blocks.{layer}.attn"
+        hooks += [hook(f"{attn}.hook_q", before=pad), hook(f"{attn}.hook_k", before=prepend(f"{attn}.hook_k")),
+                  hook(f"{attn}.hook_v", before=prepend(f"{attn}.hook_v")),
+                  hook(f"{attn}.hook_z", after=lambda activation: activation[:, start:])]
+    handled = {name for name, _ in hooks}
+    hooks += [hook(name) for name in by_name if name not in handled]
+    return hooks
+
 
 def run_patches(
-    model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    model: ModelLike,
+    prompts: Prompts,
     conditions: Sequence[Condition | Patch],
     metric: Callable[[Any], torch.Tensor],
     *,
     read: Sequence[str] = (),
     resid_pre: Float[torch.Tensor, "layer batch pos d_model"] | None = None,
     batch_size: int = 64,
+    reuse_prefix: bool | None = None,
     progress: bool = True,
+    plan: list[PatchPass] | None = None,
 ) -> torch.Tensor:
     """Run the target ``prompts`` once per condition, each with its own patches; reduce each
     condition's run with ``metric``. Returns ``metric`` values stacked: ``[condition, ...]``.
@@ -173,7 +327,14 @@ def run_patches(
         resid_pre: the target run's ``resid_pre`` stack (:func:`resid_pre_stack`); computed
             here when some condition can resume from it and it is not given.
         batch_size: most rows per forward pass (conditions x B); at least one condition.
+        reuse_prefix: compute only the positions a condition can change (those from its first
+            patched position on), the earlier ones taken from the target run (module
+            docstring); the values are the same. None: wherever possible (a logits metric on a
+            model :func:`prefix_reuse_unsupported` accepts), else the full computation; True:
+            refuse (BadInputError) where it is not possible; False: never.
         progress: one bar, "patching", counting the patched sequences (conditions x ``B``).
+        plan: if a list is given, the passes run are appended to it (:class:`PatchPass`; count
+            their cost with :func:`token_layers`).
 
     A condition whose earliest patch sits in block ``l > 0`` starts from ``resid_pre[l]``
     (layers ``< l`` are not recomputed); conditions starting at the same block share forward
@@ -192,54 +353,113 @@ def run_patches(
     missing = [n for n in read if n not in hooked.hook_dict]
     if missing:
         raise BadInputError(f"the model has no hooks named {missing}")
+    reuse = _decide_reuse(hooked, reuse_prefix, read)
 
-    def start_of(condition: list[Patch]) -> int:
-        # An unpatched or embedding-level condition runs from the tokens (start 0).
-        return max(0, min((p.layer for p in condition), default=0))
+    def start_of(condition: list[Patch]) -> tuple[int, int]:
+        # An embedding-level condition runs from the tokens (block -1); the unpatched one, for a
+        # logits metric, is read off the target run (position n_pos: nothing to compute).
+        position = _first_position(condition, n_pos) if reuse or (not condition and not read) else 0
+        layer = -1 if not condition or min(p.layer for p in condition) < 0 else min(p.layer for p in condition)
+        if layer == 0 and position == 0:
+            layer = -1
+        return layer, position
 
-    by_start: dict[int, list[int]] = defaultdict(list)
-    for index, condition in enumerate(conditions):
-        by_start[start_of(condition)].append(index)
-    if resid_pre is None and any(start > 0 for start in by_start):
-        resid_pre = resid_pre_stack(hooked, tokens)
+    starts = [start_of(condition) for condition in conditions]
+    passes = plan_passes(starts, n_rows, n_pos, batch_size)
     if resid_pre is not None and tuple(resid_pre.shape[1:3]) != (n_rows, n_pos):
         raise BadInputError(
             f"resid_pre cache has batch x pos {tuple(resid_pre.shape[1:3])} but the target "
             f"prompts are {(n_rows, n_pos)}; cache the same prompts"
         )
+    target = _target_run(hooked, tokens, passes, resid_pre is None)
+    if resid_pre is None and any(step.layer >= 0 for step in passes):
+        resid_pre = torch.stack([target[f"blocks.{l}.hook_resid_pre"] for l in range(hooked.cfg.n_layers)])
+    if plan is not None:
+        plan.extend(passes)
 
-    per_pass = max(1, batch_size // n_rows)
-    passes = [
-        (start, indices[i : i + per_pass])
-        for start, indices in sorted(by_start.items())
-        for i in range(0, len(indices), per_pass)
-    ]
     results: list[torch.Tensor | None] = [None] * len(conditions)
     with progress_bar("patching", total=len(conditions) * n_rows, enabled=progress) as bar:
-        for start, indices in passes:
+        for step in passes:
+            indices, repeats = step.conditions, len(step.conditions)
+            if step.position >= n_pos:  # unpatched: the target run itself
+                for index in indices:
+                    results[index] = torch.as_tensor(metric(target[LOGITS])).detach()
+                bar.update(repeats * n_rows)
+                continue
             # one pass: the target rows repeated once per condition, each condition's patches
             # bound to its own block of rows
             patches = [dataclasses.replace(patch, rows=range(k * n_rows, (k + 1) * n_rows))
                        for k, index in enumerate(indices) for patch in conditions[index]]
             captured = WholeActivations(list(read) or [LOGITS])
-            repeats = len(indices)
-            x = resid_pre[start].repeat(repeats, 1, 1) if start > 0 else tokens.repeat(repeats, 1)
-            # reading hooks only: the pass stops after the last block read (no unembedding)
-            stream(hooked, x, [captured], patches=patches, batch_size=len(x), start_at_layer=start or None,
-                   progress=False, desc="patching")
-            acts = captured.result()
+            if step.layer < 0:
+                x = tokens.repeat(repeats, 1)
+            else:
+                x = resid_pre[step.layer][:, step.position:].repeat(repeats, 1, 1)
+            start_at = step.layer if step.layer >= 0 else None
+            if step.position > 0:
+                for patch in patches:  # stream checks its own patches; these go in as hooks
+                    patch.check_prompts(len(x))
+                hooks = _prefix_hooks(hooked, step, patches, target, repeats)
+                stream(hooked, x, [captured], fwd_hooks=hooks, batch_size=len(x), start_at_layer=start_at,
+                       progress=False, desc="patching")
+                computed = captured.result()[LOGITS]
+                prefix = target[LOGITS][:, :step.position].repeat(repeats, 1, 1)
+                acts = {LOGITS: torch.cat([prefix.to(computed.dtype), computed], dim=1)}
+            else:
+                # reading hooks only: the pass stops after the last block read (no unembedding)
+                stream(hooked, x, [captured], patches=patches, batch_size=len(x), start_at_layer=start_at,
+                       progress=False, desc="patching")
+                acts = captured.result()
             for k, index in enumerate(indices):
                 rows = slice(k * n_rows, (k + 1) * n_rows)
                 view = {name: act[rows] for name, act in acts.items()} if read else acts[LOGITS][rows]
                 results[index] = torch.as_tensor(metric(view)).detach()
-            bar.update(len(indices) * n_rows)
+            bar.update(repeats * n_rows)
     return torch.stack(results) if results else torch.empty(0)
+
+
+def _decide_reuse(hooked: HookedTransformer, reuse_prefix: bool | None, read: Sequence[str]) -> bool:
+    if reuse_prefix is False:
+        return False
+    reason = prefix_reuse_unsupported(hooked)
+    if reason is None and read:
+        reason = "the metric reads hooks (read=), which would see only the computed positions"
+    if reason is not None and reuse_prefix:
+        raise BadInputError(f"cannot reuse the target run's prefix: {reason}; pass reuse_prefix=None "
+                            "(reuse where possible) or False")
+    return reason is None
+
+
+def _target_run(
+    hooked: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"], passes: Sequence[PatchPass],
+    need_resid: bool,
+) -> dict[str, torch.Tensor]:
+    """What the passes take from the unpatched target run, in one forward pass: ``resid_pre`` of
+    every block (if ``need_resid`` and a pass resumes at a block), ``hook_k`` / ``hook_v`` of the
+    blocks a prefix-reusing pass runs, and the logits (for the reused prefix, and for the
+    unpatched condition)."""
+    n_pos = tokens.shape[1]
+    n_layers = hooked.cfg.n_layers
+    names: list[str] = []
+    if need_resid and any(step.layer >= 0 for step in passes):
+        names += [f"blocks.{l}.hook_resid_pre" for l in range(n_layers)]
+    reusing = [step for step in passes if 0 < step.position < n_pos]
+    if reusing:
+        first = min(max(step.layer, 0) for step in reusing)
+        names += [f"blocks.{l}.attn.hook_{part}" for l in range(first, n_layers) for part in ("k", "v")]
+    if reusing or any(step.position >= n_pos for step in passes):
+        names.append(LOGITS)
+    if not names:
+        return {}
+    cache = WholeActivations(names)
+    stream(hooked, tokens, [cache], batch_size=max(1, len(tokens)), progress=False, desc="target run")
+    return cache.result()
 
 
 # --------------------------------------------------------------------------- entry points
 
 
-def kv_head_of(model: LoadedModel | HookedTransformer, head: int) -> int:
+def kv_head_of(model: ModelLike, head: int) -> int:
     """The checkpoint's key/value head that query head ``head`` reads: ``head // (n_heads /
     n_key_value_heads)`` with grouped-query attention, ``head`` itself without. (The hooks carry
     one ungrouped copy per query head; this names the weights the copy comes from.)"""
@@ -250,8 +470,8 @@ def kv_head_of(model: LoadedModel | HookedTransformer, head: int) -> int:
 
 
 def replacement_embedding(
-    model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    model: ModelLike,
+    prompts: Prompts,
     replacement: Replacement,
     *,
     position: int = 0,
@@ -269,7 +489,7 @@ def replacement_embedding(
     hooked = _hooked(model)
     tokens = as_tokens(model, prompts)
     _check_position(position, tokens.shape[1])
-    W_E = hooked.W_E.detach()
+    W_E = as_loaded(model).backend.W_E.detach()  # rows as hook_embed carries them (scaled, for Gemma)
     original = W_E[tokens[:, position]]
     if replacement == "token":
         if token is None:
@@ -287,7 +507,7 @@ def replacement_embedding(
 
 
 def default_replacement_token(
-    model: LoadedModel | HookedTransformer, prompts: Any, *, position: int = 0, seed: int = 0
+    model: ModelLike, prompts: Prompts, *, position: int = 0, seed: int = 0
 ) -> int:
     """A token drawn with ``seed`` from the vocabulary, avoiding every token the prompts hold
     at ``position`` (so the replacement really changes the input) and the tokenizer's
@@ -310,8 +530,8 @@ def default_replacement_token(
 
 
 def embedding_patch(
-    model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    model: ModelLike,
+    prompts: Prompts,
     replacement: Replacement | torch.Tensor = "token",
     *,
     position: int = 0,
@@ -356,7 +576,7 @@ def resid_pre_patch(
 
 
 def head_kv_patches(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     source: dict[str, torch.Tensor],
     *,
     layer: int,
@@ -396,7 +616,7 @@ def head_kv_patches(
 
 
 def head_ablation(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     heads: Sequence[tuple[int, int]],
     kind: Literal["zero", "mean"] = "zero",
     *,
@@ -433,21 +653,209 @@ def head_ablation(
 
 # --------------------------------------------------------------------------- sweeps
 
+# The activations a sweep patches, as TransformerLens names them; "z" is per head.
+SWEPT_ACTIVATIONS = {
+    "resid_pre": "blocks.{layer}.hook_resid_pre",
+    "resid_mid": "blocks.{layer}.hook_resid_mid",
+    "attn_out": "blocks.{layer}.hook_attn_out",
+    "mlp_out": "blocks.{layer}.hook_mlp_out",
+    "z": "blocks.{layer}.attn.hook_z",
+}
+Reduce = Literal["scalar", "none"]
 
-@dataclass
+
+@dataclass(repr=False)
 class PatchSweep(SavedResult):
-    """A metric per patch condition. ``values``: ``[layer, pos]`` for a resid_pre sweep, in the
-    order of the swept layers and positions (row ``i`` is ``layers[i]``: like the model when
-    every layer is swept); ``frame`` has one row per condition with the real ``layer`` and
-    ``position`` (what :func:`lens_position.report.plots.patching_sweep` draws)."""
+    """A metric per patch condition (cell), named as TransformerLens 4.3's ``PatchingResult``
+    where the meaning is the same.
+
+    - ``values``: ``[layer, pos]`` (``[layer, pos, head]`` for a per-head sweep) in the order of
+      the swept layers, positions and heads (row ``i`` is ``layers[i]``: like the model when every
+      layer is swept); with ``reduced = False`` (``reduce="none"``) one more, last axis: the
+      target prompts.
+    - ``baseline``: the metric of the unpatched target run (``[batch]`` per prompt, or a scalar),
+      read off the target run (no extra forward pass).
+    - ``frame``: one row per cell with the real ``layer``, ``position`` (and ``head``) and
+      ``metric`` (the mean over prompts); with per-prompt values also ``metric_lo`` /
+      ``metric_hi`` and ``effect`` (mean of ``values - baseline``), ``effect_lo`` / ``effect_hi``
+      (bootstrap intervals resampling whole prompts, :func:`lens_position.core.intervals.bootstrap_mean`)
+      and ``p_value`` (sign-flip permutation test of "no effect",
+      :func:`lens_position.core.intervals.sign_flip_pvalue`). What
+      :func:`lens_position.report.plots.patching_sweep` and ``patching_sweep_intervals`` draw.
+    """
 
     values: torch.Tensor
     frame: pd.DataFrame
     provenance: dict[str, Any] = field(default_factory=dict)
+    reduced: bool = True
+    baseline: torch.Tensor | None = None
+    axis_names: list[str] = field(default_factory=lambda: ["layer", "pos"])
+
+    def _require_per_prompt(self, what: str) -> None:
+        if self.reduced:
+            raise BadInputError(f"{what} needs per-prompt values: run the sweep with reduce='none' (a metric "
+                                "returning one value per target prompt)")
+
+    def mean(self) -> torch.Tensor:
+        """The mean over prompts per cell (``values`` itself when already reduced)."""
+        return self.values if self.reduced else self.values.mean(-1)
+
+    WHAT = "a patching sweep: the metric per patched (layer, position)"
+
+    def headline(self) -> list[Headline]:
+        """The largest and smallest metric value and where they are."""
+        values = self.values.detach().to(torch.float64).cpu().reshape(-1)
+        if values.numel() == 0 or len(self.frame) != values.numel():
+            return []
+        out = []
+        for what, index in (("largest", int(values.argmax())), ("smallest", int(values.argmin()))):
+            row = self.frame.iloc[index]
+            where = ", ".join(f"{c} {int(row[c])}" for c in ("layer", "position") if c in self.frame.columns)
+            out.append(Headline("metric", f"{what} metric ({where})", Estimate(float(values[index])), "metric(logits)"))
+        return out
+
+    def effect(self) -> torch.Tensor:
+        """``values - baseline``: what each patch changes in the unpatched target run, per prompt."""
+        if self.baseline is None:
+            raise BadInputError("this sweep has no baseline (a sweep saved before baselines were kept)")
+        return self.values - self.baseline
+
+    def stderr(self) -> torch.Tensor:
+        """Standard error of the mean over prompts per cell."""
+        self._require_per_prompt("stderr")
+        return self.values.std(-1) / self.values.shape[-1] ** 0.5
+
+    def bootstrap_ci(self, *, bootstrap: Bootstrap = Bootstrap(), of_effect: bool = False
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(lo, hi)`` per cell: the percentile bootstrap interval of the mean over prompts
+        (whole prompts resampled), of ``values`` or with ``of_effect`` of :meth:`effect`."""
+        self._require_per_prompt("bootstrap_ci")
+        data = self.effect() if of_effect else self.values
+        _, lo, hi = bootstrap_mean(np.moveaxis(data.double().cpu().numpy(), -1, 0), bootstrap)
+        return torch.as_tensor(lo), torch.as_tensor(hi)
+
+    def permutation_pvalue(self, *, n_permutations: int = 1000, seed: int = 0) -> torch.Tensor:
+        """Two-sided sign-flip permutation p-value per cell that the mean :meth:`effect` is zero
+        (exact for 12 prompts or fewer)."""
+        self._require_per_prompt("permutation_pvalue")
+        effects = np.moveaxis(self.effect().double().cpu().numpy(), -1, 0)
+        return torch.as_tensor(sign_flip_pvalue(effects, n_permutations=n_permutations, seed=seed))
+
+
+def activation_sweep(
+    model: ModelLike,
+    target: Any,
+    source: Any,
+    metric: Callable[[Float[torch.Tensor, "batch pos d_vocab"]], torch.Tensor],
+    activation: str = "resid_pre",
+    *,
+    layers: Sequence[int] | None = None,
+    positions: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    batch_size: int = 64,
+    reuse_prefix: bool | None = None,
+    reduce: Reduce = "scalar",
+    bootstrap: Bootstrap = Bootstrap(),
+    progress: bool = True,
+) -> PatchSweep:
+    """Patch ``activation`` (a :data:`SWEPT_ACTIVATIONS` key) at every layer x position (x head,
+    for ``"z"``) from the ``source`` run into the ``target`` run; ``metric(logits)`` of each.
+
+    ``source``: the source prompts (PromptSet or tokens, run here), or the source run's
+    activations already cached, a TransformerLens ``ActivationCache`` (``model.run_with_cache``)
+    or a dict holding the patched hook of the swept layers.
+
+    The same computation as TransformerLens's ``get_act_patch_resid_pre`` / ``_attn_out`` /
+    ``_attn_head_out_by_pos`` (there "corrupted" = our target, "clean" = our source), resumed at
+    each layer, batched over positions and heads, and computing only the positions a patch can
+    change (``reuse_prefix``, :func:`run_patches`). ``metric`` returns a scalar (``reduce =
+    "scalar"``) or, with ``reduce="none"``, one value per target prompt (``[batch]``): the cells
+    then carry intervals and p-values over prompts (:class:`PatchSweep`; ``bootstrap`` sets
+    them), computed from the same passes. ``progress``: one bar counting the patched sequences.
+    """
+    if activation not in SWEPT_ACTIVATIONS:
+        raise BadInputError(f"unknown activation {activation!r}; sweep one of {list(SWEPT_ACTIVATIONS)}")
+    if reduce not in ("scalar", "none"):
+        raise BadInputError(f"reduce must be 'scalar' or 'none', got {reduce!r}")
+    hooked = _hooked(model)
+    target_tokens = as_tokens(model, target)
+    n_rows, n_pos = target_tokens.shape
+    cached = not isinstance(source, torch.Tensor) and hasattr(source, "keys")
+    if not cached:
+        check_same_layout(target, source)
+    layers = list(range(hooked.cfg.n_layers)) if layers is None else list(layers)
+    positions = list(range(n_pos)) if positions is None else list(positions)
+    per_head = activation == "z"
+    if heads is not None and not per_head:
+        raise BadInputError(f"heads= applies to the per-head sweep (activation='z'), not {activation!r}")
+    heads = (list(range(hooked.cfg.n_heads)) if heads is None else list(heads)) if per_head else [None]
+    for layer in layers:
+        _check_layer(hooked, layer)
+    for position in positions:
+        _check_position(position, n_pos)
+    for head in heads:
+        if head is not None and not 0 <= head < hooked.cfg.n_heads:
+            raise BadInputError(f"head {head} is out of range ({hooked.cfg.n_heads} heads)")
+    names = [SWEPT_ACTIVATIONS[activation].format(layer=layer) for layer in layers]
+    if reduce == "none" and n_rows < 2:
+        raise BadInputError("reduce='none' gives intervals over target prompts: pass at least 2 prompts")
+    per_prompt = reduce == "none"
+
+    def checked(values: torch.Tensor) -> torch.Tensor:
+        shape = (n_rows,) if per_prompt else ()
+        if tuple(values.shape) != shape:
+            raise BadInputError(f"the metric returned shape {tuple(values.shape)}; under reduce={reduce!r} it must "
+                                f"return {'one value per target prompt, ' if per_prompt else 'a scalar, '}"
+                                f"shape {shape}")
+        return values
+
+    with progress_bar(f"{activation} sweep", enabled=progress):
+        if cached:
+            store = {name: source_activation(source, name) for name in names}
+            for name, act in store.items():
+                if tuple(act.shape[:2]) != tuple(target_tokens.shape):
+                    raise BadInputError(f"the source cache holds batch x pos {tuple(act.shape[:2])} at {name} but "
+                                        f"the target tokens are {tuple(target_tokens.shape)}; cache a run of the "
+                                        "same shape")
+        else:
+            store = cache_activations(hooked, as_tokens(model, source), names)
+        conditions = [[Patch(name, store[name][:, p] if head is None else store[name][:, p, head],
+                             position=p, head=head, label=f"{activation}[{layer}][{p}]")]
+                      for layer, name in zip(layers, names) for p in positions for head in heads]
+        plan: list[PatchPass] = []
+        flat = run_patches(hooked, target_tokens, conditions + [[]], lambda logits: checked(
+            torch.as_tensor(metric(logits))), batch_size=batch_size, reuse_prefix=reuse_prefix, plan=plan,
+            progress=progress)
+    baseline, flat = flat[-1], flat[:-1]
+    shape = (len(layers), len(positions)) + ((len(heads),) if per_head else ())
+    values = flat.reshape(*shape, *flat.shape[1:])
+    index = [(l, p, h) for l in layers for p in positions for h in heads]
+    frame = pd.DataFrame([row[:3] if per_head else row[:2] for row in index],
+                         columns=["layer", "position", "head"][:3 if per_head else 2])
+    sweep = PatchSweep(values=values, frame=frame, reduced=not per_prompt, baseline=baseline,
+                       axis_names=["layer", "pos"] + (["head"] if per_head else []))
+    frame["metric"] = sweep.mean().reshape(-1).double().cpu().numpy()
+    if per_prompt:
+        lo, hi = sweep.bootstrap_ci(bootstrap=bootstrap)
+        effect_lo, effect_hi = sweep.bootstrap_ci(bootstrap=bootstrap, of_effect=True)
+        frame["metric_lo"], frame["metric_hi"] = lo.reshape(-1).numpy(), hi.reshape(-1).numpy()
+        frame["effect"] = sweep.effect().mean(-1).reshape(-1).double().cpu().numpy()
+        frame["effect_lo"], frame["effect_hi"] = effect_lo.reshape(-1).numpy(), effect_hi.reshape(-1).numpy()
+        frame["p_value"] = sweep.permutation_pvalue(seed=bootstrap.seed).reshape(-1).numpy()
+    n_layers = hooked.cfg.n_layers
+    sweep.provenance = provenance.collect(
+        model=model if isinstance(model, LoadedModel) else None,
+        data=getattr(target, "spec", None), activation=activation,
+        source=("cached activations" if cached else getattr(getattr(source, "spec", None), "to_dict", lambda: None)()),
+        batch_size=batch_size, reduce=reduce,
+        reuse_prefix=any(0 < step.position < n_pos for step in plan),
+        token_layers=token_layers(plan, n_rows, n_pos, n_layers),
+        intervals=bootstrap.to_dict(unit="prompt") if per_prompt else None)
+    return sweep
 
 
 def resid_pre_sweep(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     target: Any,
     source: Any,
     metric: Callable[[Float[torch.Tensor, "batch pos d_vocab"]], torch.Tensor],
@@ -455,68 +863,70 @@ def resid_pre_sweep(
     layers: Sequence[int] | None = None,
     positions: Sequence[int] | None = None,
     batch_size: int = 64,
+    reuse_prefix: bool | None = None,
+    reduce: Reduce = "scalar",
+    bootstrap: Bootstrap = Bootstrap(),
     progress: bool = True,
 ) -> PatchSweep:
     """Patch ``resid_pre[layer][:, pos]`` from the ``source`` run into the ``target`` run,
-    for every layer x position; ``metric(logits)`` (a scalar per condition) of each.
-
-    ``source``: the source prompts (PromptSet or tokens, run here), or the source run's
-    activations already cached, a TransformerLens ``ActivationCache`` (``model.run_with_cache``)
-    or a dict, holding ``blocks.{l}.hook_resid_pre`` of the swept layers.
+    for every layer x position; ``metric(logits)`` of each (:func:`activation_sweep`).
 
     The same computation as ``transformer_lens.patching.get_act_patch_resid_pre(model,
-    target_tokens, source_cache, metric)`` (there "corrupted" = our target, "clean" = our
-    source; :func:`get_act_patch_resid_pre` takes those arguments), resumed at each layer and
-    batched over positions. ``values``: ``Float[Tensor, "layer pos"]``, row ``i`` for
-    ``layers[i]``. ``progress``: one bar, "resid_pre sweep", counting the patched sequences
-    (layers x positions x target prompts).
+    target_tokens, source_cache, metric)`` (:func:`get_act_patch_resid_pre` takes those
+    arguments). ``values``: ``Float[Tensor, "layer pos"]``, row ``i`` for ``layers[i]`` (a last
+    prompt axis with ``reduce="none"``). ``progress``: one bar, "resid_pre sweep", counting the
+    patched sequences (layers x positions x target prompts).
     """
-    hooked = _hooked(model)
-    target_tokens = as_tokens(model, target)
-    cached = not isinstance(source, torch.Tensor) and hasattr(source, "keys")
-    if not cached:
-        check_same_layout(target, source)
-    n_pos = target_tokens.shape[1]
-    layers = list(range(hooked.cfg.n_layers)) if layers is None else list(layers)
-    positions = list(range(n_pos)) if positions is None else list(positions)
-    for layer in layers:
-        _check_layer(hooked, layer)
-    for position in positions:
-        _check_position(position, n_pos)
-    if cached:
-        for layer in layers:
-            shape = tuple(source_activation(source, f"blocks.{layer}.hook_resid_pre").shape[:2])
-            if shape != tuple(target_tokens.shape):
-                raise BadInputError(f"the source cache holds batch x pos {shape} at layer {layer} but the target "
-                                    f"tokens are {tuple(target_tokens.shape)}; cache a run of the same shape")
-    with progress_bar("resid_pre sweep", enabled=progress):
-        source_run = source if cached else resid_pre_stack(hooked, as_tokens(model, source))
-        conditions = [[resid_pre_patch(source_run, l, p)] for l in layers for p in positions]
-        flat = run_patches(hooked, target_tokens, conditions, metric, batch_size=batch_size)
-    values = flat.reshape(len(layers), len(positions), *flat.shape[1:])
-    frame = pd.DataFrame(
-        [(l, p) for l in layers for p in positions], columns=["layer", "position"]
-    )
-    if flat.ndim == 1:
-        frame["metric"] = flat.cpu().numpy()
-    return PatchSweep(values=values, frame=frame, provenance=provenance.collect(
-        model=model if isinstance(model, LoadedModel) else None,
-        data=getattr(target, "spec", None), activation="resid_pre",
-        source=("cached activations" if cached else getattr(getattr(source, "spec", None), "to_dict", lambda: None)()),
-        batch_size=batch_size))
+    return activation_sweep(model, target, source, metric, "resid_pre", layers=layers, positions=positions,
+                            batch_size=batch_size, reuse_prefix=reuse_prefix, reduce=reduce, bootstrap=bootstrap,
+                            progress=progress)
 
 
-def get_act_patch_resid_pre(
-    model: LoadedModel | HookedTransformer,
-    corrupted_tokens: Int[torch.Tensor, "batch pos"],
-    clean_cache: Any,
-    patching_metric: Callable[[Float[torch.Tensor, "batch pos d_vocab"]], torch.Tensor],
-    *,
-    batch_size: int = 64,
-) -> Float[torch.Tensor, "layer pos"]:
-    """``transformer_lens.patching.get_act_patch_resid_pre`` with its arguments and result: for
-    every layer and position, the corrupted run with ``resid_pre`` there taken from
-    ``clean_cache`` (an ``ActivationCache`` from ``model.run_with_cache(clean_tokens)``), scored
-    by ``patching_metric(logits)``. The same numbers, computed by :func:`resid_pre_sweep`
-    (resumed at each layer, batched over positions)."""
-    return resid_pre_sweep(model, corrupted_tokens, clean_cache, patching_metric, batch_size=batch_size).values
+def min_token_layers(layers: Sequence[int], positions: Sequence[int], n_rows: int, n_pos: int,
+                     n_layers: int, n_heads: int = 1) -> int:
+    """The floor of a sweep: token-layers that a patch at each (layer, position) can change,
+    ``n_rows · (n_pos - position) · (n_layers - layer)`` summed over the cells (x ``n_heads``)."""
+    return n_heads * n_rows * sum((n_pos - p) * (n_layers - l) for l in layers for p in positions)
+
+
+_METRIC = Callable[[Float[torch.Tensor, "batch pos d_vocab"]], torch.Tensor]
+
+
+def get_act_patch_resid_pre(model: ModelLike, corrupted_tokens: Int[torch.Tensor, "batch pos"],
+                            clean_cache: Any, patching_metric: _METRIC, *, batch_size: int = 64,
+                            reuse_prefix: bool | None = None) -> Float[torch.Tensor, "layer pos"]:
+    """``transformer_lens.patching.get_act_patch_resid_pre`` with its arguments and result: for every
+    layer and position, the corrupted run with ``resid_pre`` there taken from ``clean_cache`` (an
+    ``ActivationCache`` from ``model.run_with_cache(clean_tokens)``), scored by
+    ``patching_metric(logits)``. The same numbers, computed by :func:`activation_sweep`."""
+    return activation_sweep(model, corrupted_tokens, clean_cache, patching_metric, "resid_pre", batch_size=batch_size,
+                            reuse_prefix=reuse_prefix, progress=False).values
+
+
+def get_act_patch_attn_out(model: ModelLike, corrupted_tokens: Int[torch.Tensor, "batch pos"],
+                           clean_cache: Any, patching_metric: _METRIC, *, batch_size: int = 64,
+                           reuse_prefix: bool | None = None) -> Float[torch.Tensor, "layer pos"]:
+    """``transformer_lens.patching.get_act_patch_attn_out``: :func:`get_act_patch_resid_pre` with
+    ``blocks.l.hook_attn_out`` patched."""
+    return activation_sweep(model, corrupted_tokens, clean_cache, patching_metric, "attn_out", batch_size=batch_size,
+                            reuse_prefix=reuse_prefix, progress=False).values
+
+
+def get_act_patch_mlp_out(model: ModelLike, corrupted_tokens: Int[torch.Tensor, "batch pos"],
+                          clean_cache: Any, patching_metric: _METRIC, *, batch_size: int = 64,
+                          reuse_prefix: bool | None = None) -> Float[torch.Tensor, "layer pos"]:
+    """``transformer_lens.patching.get_act_patch_mlp_out``: :func:`get_act_patch_resid_pre` with
+    ``blocks.l.hook_mlp_out`` patched."""
+    return activation_sweep(model, corrupted_tokens, clean_cache, patching_metric, "mlp_out", batch_size=batch_size,
+                            reuse_prefix=reuse_prefix, progress=False).values
+
+
+def get_act_patch_attn_head_out_by_pos(
+    model: ModelLike, corrupted_tokens: Int[torch.Tensor, "batch pos"], clean_cache: Any,
+    patching_metric: _METRIC, *, batch_size: int = 64, reuse_prefix: bool | None = None,
+) -> Float[torch.Tensor, "layer pos head"]:
+    """``transformer_lens.patching.get_act_patch_attn_head_out_by_pos``: for every layer, position
+    and head, the corrupted run with that head's ``blocks.l.attn.hook_z`` there taken from
+    ``clean_cache``, scored by ``patching_metric(logits)`` (:func:`activation_sweep`, ``"z"``)."""
+    return activation_sweep(model, corrupted_tokens, clean_cache, patching_metric, "z", batch_size=batch_size,
+                            reuse_prefix=reuse_prefix, progress=False).values

@@ -70,14 +70,15 @@ import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float
-from transformer_lens import HookedTransformer
+from lens_position.models.backends import ModelLike
 
 from lens_position.ground import provenance
 from lens_position.core.checks import check_count, check_layers, check_query_range, check_seed
 from lens_position.ground.errors import BadInputError
-from lens_position.core.inputs import checked_prompts
+from lens_position.core.inputs import Prompts, checked_prompts
 from lens_position.core.intervals import Bootstrap, percentile_interval, resample_counts, small_sample_widening
 from lens_position.models.spec import LoadedModel, as_loaded
+from lens_position.core.summaries import Headline, row_estimate
 from lens_position.core.results import SavedResult
 from lens_position.core.stream import stream
 
@@ -257,7 +258,7 @@ def _r2(test: _Moments, target: int, w: Float[torch.Tensor, "*probe d"], c: Floa
     return 1 - sse / sst
 
 
-@dataclass
+@dataclass(repr=False)
 class ProbeResult(SavedResult):
     """``layers``: one row per layer: ``r2_heldout`` (R² of log(i+1) on held-out sequences,
     at most 1), ``r2_train``, ``r2_shuffled`` (probe trained on shuffled positions, scored on
@@ -271,6 +272,22 @@ class ProbeResult(SavedResult):
     layers: pd.DataFrame
     provenance: dict[str, Any]
 
+    WHAT = "position probes: held-out R² of log(i+1) from the residual stream, per layer"
+
+    def headline(self) -> list[Headline]:
+        """The held-out R² at the first, best and last layer, and the shuffled-position control."""
+        if not len(self.layers):
+            return []
+        frame = self.layers.sort_values("layer")
+        picks = {"first layer": frame.iloc[0], "best layer": frame.loc[frame["r2_heldout"].astype(float).idxmax()],
+                 "last layer": frame.iloc[-1]}
+        out = [Headline("r2_heldout", f"R² held out, {what} (L{int(row['layer'])})", row_estimate(row, "r2_heldout"),
+                        "at most 1; 0 = no better than the mean") for what, row in picks.items()]
+        worst = frame.loc[frame["r2_shuffled"].astype(float).idxmax()]
+        out.append(Headline("r2_shuffled", f"R² with shuffled positions, at most (L{int(worst['layer'])})",
+                            row_estimate(worst, "r2_shuffled"), "the chance level"))
+        return out
+
 
 class ProbeReducer:
     """The probe's streaming moments as a reducer for :func:`lens_position.core.stream.stream`:
@@ -278,7 +295,7 @@ class ProbeReducer:
     sequences and of the two training folds. Options as in :func:`position_probe`; call
     :meth:`result` after streaming."""
 
-    def __init__(self, model: LoadedModel | HookedTransformer, prompts: Any, *,
+    def __init__(self, model: ModelLike, prompts: Any, *,
                  layers: Sequence[int] | None = None, ridge: float | None = None, seed: int = 0,
                  positions: tuple[int, int | None] = (1, None), bootstrap: Bootstrap = Bootstrap()) -> None:
         self.loaded = as_loaded(model)
@@ -453,8 +470,8 @@ class ProbeReducer:
 
 
 def position_probe(
-    model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    model: ModelLike,
+    prompts: Prompts,
     *,
     layers: Sequence[int] | None = None,
     ridge: float | None = None,

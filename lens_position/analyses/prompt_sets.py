@@ -13,7 +13,7 @@ differ with what each set's bootstrap interval predicts.
   held-out reference-free ``R'`` and ``M'`` (claim C2), each the mean over layers and heads
   over all queries, with its bootstrap interval, exactly as :mod:`lens_position.analyses.claims`
   computes them, and the claim's verdict on that set.
-- **The comparison** (``summary``): per quantity, the mean over sets, the between-set
+- **The comparison** (``spread``): per quantity, the mean over sets, the between-set
   standard deviation ``between_sd``, the standard deviation the bootstrap predicts
   ``bootstrap_sd`` (the mean over sets of the interval's width / (2 z), z = 1.96 at 95%),
   and their ratio ``sd_ratio`` with a 95% interval from the chi-square distribution of a
@@ -25,25 +25,22 @@ differ with what each set's bootstrap interval predicts.
 Cost: one decomposition pass per set (``K`` times the decomposition of one set; on
 SmolLM2-135M at T = 128, N = 16: 96 s for 4 sets on 2 shared cores), so this is an opt-in
 analysis, not part of the default reproduction: :func:`across_prompt_sets` in Python,
-``lens-position reproduce --prompt-sets K`` (or ``decompose``; the step ``prompt_sets``, its
-tables in the run's output and a table in the report), or
-``python -m lens_position.analyses.prompt_sets MODEL --sets K`` (the two tables as CSV).
+``lens-position reproduce --prompt-sets K`` or ``lens-position decompose MODEL --prompt-sets K``
+(the step ``prompt_sets``: its tables in the run's output and a table in the report).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from statistics import NormalDist
 from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
-from transformer_lens import HookedTransformer
+from lens_position.models.backends import ModelLike
 
 from lens_position.analyses import claims
 from lens_position.ground import provenance
@@ -54,17 +51,18 @@ from lens_position.ground.errors import BadInputError
 from lens_position.core.intervals import Bootstrap, from_replicates
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.ground.progress import progress as progress_bar
+from lens_position.core.summaries import Headline, headlines_from_rows
 from lens_position.core.results import SavedResult
 
 # quantity -> the claim decided on it (module docstring)
-QUANTITIES = {"T_heldout": "C1", "R_rf_heldout": "C2", "M_rf_heldout": "C2"}
+QUANTITIES = {"total_heldout": "C1", "R_rf_heldout": "C2", "M_rf_heldout": "C2"}
 SET_COLUMNS = ["set", "claim", "quantity", "value", "lo", "hi", "level", "n_sequences", "verdict"]
-SUMMARY_COLUMNS = ["claim", "quantity", "n_sets", "mean", "between_sd", "bootstrap_sd", "sd_ratio", "sd_ratio_lo",
-                   "sd_ratio_hi", "min", "max", "verdicts"]
+SUMMARY_COLUMNS = ["claim", "quantity", "n_sets", "mean_over_sets", "between_sd", "bootstrap_sd", "sd_ratio", "sd_ratio_lo",
+                   "sd_ratio_hi", "min_over_sets", "max_over_sets", "verdicts"]
 
 
 def disjoint_prompt_sets(
-    model: LoadedModel | HookedTransformer | Any,
+    model: ModelLike,
     K: int,
     *,
     T: int = 128,
@@ -139,20 +137,28 @@ def _chi_square_quantile(p: float, k: int) -> float:
     return (lo + hi) / 2
 
 
-@dataclass
+@dataclass(repr=False)
 class PromptSetSpread(SavedResult):
     """Result of :func:`between_sets` / :func:`across_prompt_sets` (module docstring).
 
     ``sets``: one row per (set, quantity): ``set`` (1..K), ``claim``, ``quantity``, ``value``
     with its bootstrap interval ``lo``/``hi`` at ``level``, ``n_sequences``, and the claim's
-    ``verdict`` on that set. ``summary``: one row per quantity with ``n_sets``, ``mean``,
+    ``verdict`` on that set. ``spread``: one row per quantity with ``n_sets``, ``mean_over_sets``,
     ``between_sd``, ``bootstrap_sd``, ``sd_ratio`` (``between_sd / bootstrap_sd``) and its 95%
-    interval ``sd_ratio_lo``/``_hi``, ``min``, ``max`` and ``verdicts`` (e.g. ``"holds 4/4"``).
+    interval ``sd_ratio_lo``/``_hi``, ``min_over_sets``, ``max_over_sets`` and ``verdicts`` (e.g. ``"holds 4/4"``).
     ``provenance``: how the sets were drawn and how each interval was computed."""
 
     sets: pd.DataFrame
-    summary: pd.DataFrame
+    spread: pd.DataFrame
     provenance: dict[str, Any] = field(default_factory=dict)
+
+    WHAT = "the spread between disjoint prompt sets beside the bootstrap's"
+    INTERVALS = "95% chi-square interval, K - 1 degrees of freedom"
+
+    def headline(self) -> list[Headline]:
+        """Per quantity, between-set SD / bootstrap SD with its interval (1 = they agree)."""
+        return headlines_from_rows(self.spread, "quantity", [
+            ("sd_ratio", "SD ratio", "between-set SD / bootstrap SD")])
 
 
 def between_sets(decompositions: Sequence[Decomposition], *, name: str = "model") -> PromptSetSpread:
@@ -182,10 +188,10 @@ def between_sets(decompositions: Sequence[Decomposition], *, name: str = "model"
         ratio_lo = ratio * math.sqrt((K - 1) / _chi_square_quantile(0.975, K - 1))
         ratio_hi = ratio * math.sqrt((K - 1) / _chi_square_quantile(0.025, K - 1))
         counts = part["verdict"].value_counts()
-        summary.append({"claim": claim, "quantity": quantity, "n_sets": K, "mean": float(part["value"].mean()),
+        summary.append({"claim": claim, "quantity": quantity, "n_sets": K, "mean_over_sets": float(part["value"].mean()),
                         "between_sd": between, "bootstrap_sd": bootstrap_sd, "sd_ratio": ratio,
-                        "sd_ratio_lo": ratio_lo, "sd_ratio_hi": ratio_hi, "min": float(part["value"].min()),
-                        "max": float(part["value"].max()),
+                        "sd_ratio_lo": ratio_lo, "sd_ratio_hi": ratio_hi, "min_over_sets": float(part["value"].min()),
+                        "max_over_sets": float(part["value"].max()),
                         "verdicts": ", ".join(f"{v} {c}/{K}" for v, c in counts.items())})
     intervals = (decompositions[0].provenance.get("options") or {}).get("intervals") or {}
     prov = {"sets": [d.provenance.get("data") for d in decompositions],
@@ -194,11 +200,11 @@ def between_sets(decompositions: Sequence[Decomposition], *, name: str = "model"
                                      "layers and heads, all queries)",
                           "between_sets": "sample standard deviation of the K estimates; sd_ratio interval: "
                                           "chi-square(K - 1) quantiles (exact)"}}
-    return PromptSetSpread(sets=sets, summary=pd.DataFrame(summary, columns=SUMMARY_COLUMNS), provenance=prov)
+    return PromptSetSpread(sets=sets, spread=pd.DataFrame(summary, columns=SUMMARY_COLUMNS), provenance=prov)
 
 
 def across_prompt_sets(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     K: int = 4,
     *,
     T: int = 128,
@@ -226,32 +232,3 @@ def across_prompt_sets(
                                            seed=seed, K=K, T=T, N=N, source=source, bos=bos,
                                            intervals=result.provenance["intervals"])
     return result
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m lens_position.analyses.prompt_sets MODEL --sets K``: the tables as CSV in ``--out``."""
-    from lens_position.models.load import load_model
-
-    parser = argparse.ArgumentParser(prog="python -m lens_position.analyses.prompt_sets", description=__doc__.splitlines()[0])
-    parser.add_argument("model", help="a registry name, e.g. smollm2-135m")
-    parser.add_argument("--sets", type=int, default=4, help="number of disjoint prompt sets K (default: 4)")
-    parser.add_argument("--T", type=int, default=128)
-    parser.add_argument("--N", type=int, default=16, help="sequences per set (default: 16)")
-    parser.add_argument("--source", default="natural", choices=("natural", "random", "repeated"))
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--out", type=Path, default=Path("results-prompt-sets"))
-    args = parser.parse_args(argv)
-    loaded = load_model(args.model)
-    result = across_prompt_sets(loaded, args.sets, T=args.T, N=args.N, source=args.source, seed=args.seed,
-                                batch_size=args.batch_size, progress=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    result.sets.to_csv(args.out / "prompt_sets.csv", index=False)
-    result.summary.to_csv(args.out / "prompt_sets_summary.csv", index=False)
-    with pd.option_context("display.width", 200, "display.max_columns", 20):
-        print(result.summary.to_string(index=False))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -10,8 +10,9 @@
   averaged over queries is thresholded at ``eps``; the 0/1 outcomes are averaged over
   prompts, layers and heads (``sink_rate``, in [0, 1]; they report percent), with a
   bootstrap interval over prompts. Their inputs are the first ``T = 64`` tokens of each
-  document, tokenised with the tokenizer's own special tokens (its own BOS): the default
-  ``protocol="documents"`` here. The rate lens_position reported before, the fraction of
+  document, tokenised with the tokenizer's own special tokens (its own BOS):
+  ``protocol="documents"`` here. The default, ``protocol="windows"``, draws windows of the
+  corpus with the run's BOS policy instead, as every other analysis does. The rate lens_position reported before, the fraction of
   heads whose score *averaged over prompts first* exceeds ``eps``, is kept as
   ``sink_rate_pooled``; it is not the authors' metric and runs higher than it when a
   head's score varies across prompts around ``eps``.
@@ -36,20 +37,21 @@ import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float
-from transformer_lens import HookedTransformer
+from lens_position.models.backends import ModelLike
 
 from lens_position.ground import provenance
-from lens_position.core.checks import check_count, check_query_range
+from lens_position.core.checks import check_count, check_fraction, check_query_range
 from lens_position.analyses.compare import compare, decompose_conditions
 from lens_position.core.data import DEFAULT_BOS
 from lens_position.analyses.decompose import Decomposition, DecompositionReducer
 from lens_position.ground.errors import BadInputError
 from lens_position.analyses.fingerprint import counterfactual_token0, position0_activations
-from lens_position.core.inputs import checked_prompts
-from lens_position.core.intervals import Bootstrap, bootstrap_mean
+from lens_position.core.inputs import Prompts, checked_prompts
+from lens_position.core.intervals import Bootstrap, Estimate, bootstrap_mean
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.analyses.patching import Patch, as_tokens, cache_activations, head_ablation
 from lens_position.ground.progress import progress as progress_bar
+from lens_position.core.summaries import Headline, headlines_from_rows, row_estimate
 from lens_position.core.results import SavedResult
 from lens_position.core.stream import WholeActivations, stream
 
@@ -69,7 +71,7 @@ def _bos_policy(prompts: Any) -> Any:
 # --------------------------------------------------------------------------- sink heads
 
 
-@dataclass
+@dataclass(repr=False)
 class SinkHeads(SavedResult):
     """Result of :func:`sink_heads`. ``frame``: one row per (layer, head) with ``sink_score``
     (mean attention on position 0 over prompts and queries, in [0, 1]), its bootstrap
@@ -87,6 +89,20 @@ class SinkHeads(SavedResult):
     eps: float
     prompt_scores: Float[torch.Tensor, "prompt layer head"] | None = None
     provenance: dict[str, Any] = field(default_factory=dict)
+
+    WHAT = "sink heads: mean attention on position 0 per head"
+    INTERVALS = "95% bootstrap over prompts"
+    HEADS = ("frame", "sink_score")
+
+    def headline(self) -> list[Headline]:
+        """How many heads are sinks, and the largest sink score with its interval."""
+        out = [Headline("is_sink", f"sink heads (score > {self.eps:g})", Estimate(float(self.frame["is_sink"].sum())),
+                        f"of {len(self.frame)} heads")]
+        if len(self.frame):
+            top = self.frame.loc[self.frame["sink_score"].astype(float).idxmax()]
+            out.append(Headline("sink_score", f"largest sink score (L{int(top['layer'])}.H{int(top['head'])})",
+                                row_estimate(top, "sink_score"), "mean attention on position 0, in [0, 1]"))
+        return out
 
     @property
     def sink_rate(self) -> float:
@@ -107,7 +123,7 @@ class SinkScoreReducer:
     (``[prompt, layer, head]``: Gu et al.'s sink rate thresholds each prompt);
     :func:`sink_scores` averages them over prompts."""
 
-    def __init__(self, model: LoadedModel | HookedTransformer, prompts: Any, *,
+    def __init__(self, model: ModelLike, prompts: Any, *,
                  query_range: tuple[int, int] | None = None) -> None:
         hooked = as_loaded(model).model
         tokens = as_tokens(model, prompts)
@@ -132,8 +148,8 @@ class SinkScoreReducer:
 
 
 def sink_scores(
-    model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    model: ModelLike,
+    prompts: Prompts,
     *,
     query_range: tuple[int, int] | None = None,
     batch_size: int = 8,
@@ -146,8 +162,8 @@ def sink_scores(
 
 
 def prompt_sink_scores(
-    model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    model: ModelLike,
+    prompts: Prompts,
     *,
     query_range: tuple[int, int] | None = None,
     batch_size: int = 8,
@@ -163,8 +179,8 @@ def prompt_sink_scores(
 
 
 def sink_heads(
-    model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    model: ModelLike,
+    prompts: Prompts,
     *,
     eps: float = SINK_EPS,
     query_range: tuple[int, int] | None = None,
@@ -180,6 +196,7 @@ def sink_heads(
     :class:`SinkScoreReducer` sharing a pass): per prompt ``[prompt, layer, head]`` (its
     :meth:`~SinkScoreReducer.result`), or pooled ``[layer, head]`` (:func:`sink_scores`; no
     intervals and no Gu et al. rate then); no pass is made."""
+    eps = check_fraction("eps", eps)
     loaded = as_loaded(model)
     prompts = checked_prompts(loaded, prompts)
     if scores is None:
@@ -208,14 +225,14 @@ def sink_heads(
         metric="sink_score = mean over prompts and queries of A[i, 0]", intervals=bootstrap.to_dict("prompt")))
 
 
-@dataclass
+@dataclass(repr=False)
 class SinkRate(SavedResult):
     """Result of :func:`sink_rate`. ``frame``: one row per condition with ``sink_rate`` (Gu
     et al.'s metric: the fraction of (prompt, layer, head) triples whose attention on
     position 0, averaged over queries, exceeds ``eps``; in [0, 1]), ``sink_rate_lo`` /
     ``sink_rate_hi`` (its bootstrap interval over prompts), ``sink_rate_pooled`` (the
     fraction of heads whose score averaged over prompts exceeds ``eps``: not their metric),
-    ``eps``, ``T``, ``N``, ``bos``, ``protocol``, ``n_heads``, ``n_sink_heads`` (heads whose score averaged
+    ``eps``, ``seq_len`` (positions per prompt), ``N``, ``bos``, ``protocol``, ``n_heads``, ``n_sink_heads`` (heads whose score averaged
     over prompts exceeds ``eps``: the sink heads).
     ``heads``: the per-head sink scores of every condition (the :class:`SinkHeads` frames
     with a ``condition`` column)."""
@@ -224,12 +241,21 @@ class SinkRate(SavedResult):
     heads: pd.DataFrame
     provenance: dict[str, Any] = field(default_factory=dict)
 
+    WHAT = "Gu et al.'s sink rate per input condition"
+    INTERVALS = "95% bootstrap over prompts"
+    HEADS = ("heads", "sink_score")
+
+    def headline(self) -> list[Headline]:
+        """Per condition, the sink rate with its interval over prompts."""
+        return headlines_from_rows(self.frame, "condition", [
+            ("sink_rate", "sink rate", "fraction of (prompt, layer, head) triples above eps")])
+
 
 SINK_PROTOCOLS = ("documents", "windows")
 
 
 def sink_rate_prompts(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     *,
     conditions: Sequence[str] = SINK_CONDITIONS,
     T: int = 64,
@@ -260,7 +286,7 @@ def sink_rate_prompts(
 
 
 def sink_rate(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     *,
     conditions: Sequence[str] = SINK_CONDITIONS,
     T: int = 64,
@@ -287,6 +313,7 @@ def sink_rate(
     ``lens_position.core.data.DEFAULT_BOS``). ``scores``: the per-prompt scores
     (:class:`SinkScoreReducer`) of some conditions' prompts when already streamed.
     """
+    eps = check_fraction("eps", eps)
     loaded = as_loaded(model)
     prompt_sets = sink_rate_prompts(loaded, conditions=conditions, T=T, N=N, seed=seed, protocol=protocol,
                                     bos=bos, text=text, corpus=corpus)
@@ -304,7 +331,7 @@ def sink_rate(
         per_prompt = (result.prompt_scores > eps).to(torch.float64).mean((1, 2)).numpy()
         rate, lo, hi = bootstrap_mean(per_prompt, bootstrap)
         rows.append({"condition": condition, "sink_rate": float(rate), "sink_rate_lo": float(lo),
-                     "sink_rate_hi": float(hi), "sink_rate_pooled": result.sink_rate_pooled, "eps": eps, "T": T,
+                     "sink_rate_hi": float(hi), "sink_rate_pooled": result.sink_rate_pooled, "eps": eps, "seq_len": T,
                      "N": N, "bos": bos, "protocol": protocol, "position0": prompts.spec.position0,
                      "n_sink_heads": int(result.frame["is_sink"].sum()), "n_heads": len(result.frame)})
         frames.append(result.frame.assign(condition=condition))
@@ -321,7 +348,7 @@ def sink_rate(
 # --------------------------------------------------------------------------- sink-reading heads
 
 
-@dataclass
+@dataclass(repr=False)
 class SinkReading(SavedResult):
     """Result of :func:`sink_reading_heads`.
 
@@ -331,7 +358,7 @@ class SinkReading(SavedResult):
     change). ``R_base``, ``R_patched``: the head's residual component (fraction of
     Var(log A), ``decompose`` over ``query_range``) without and with its own position-0
     key/value patched; ``R_change = R_patched - R_base``, ``R_heldout_change`` the same for
-    the held-out ``R``. ``rank``: 1 = largest ``|R_change|`` (ties broken by
+    the held-out ``R``. ``reading_rank``: 1 = largest ``|R_change|`` (ties broken by
     ``output_change``).
 
     ``ablation``: one row per (ablation, layer): ``R_before`` / ``R_after`` = mean over the
@@ -353,8 +380,24 @@ class SinkReading(SavedResult):
     ablated: list[tuple[int, int]]
     provenance: dict[str, Any] = field(default_factory=dict)
 
+    WHAT = "sink-reading heads: how each head's R changes when its own position-0 key/value is patched"
+    INTERVALS = "95% paired bootstrap over sequences"
+    HEADS = ("frame", "R_change")
 
-def base_activation_names(model: LoadedModel | HookedTransformer) -> list[str]:
+    def headline(self) -> list[Headline]:
+        """The three best-ranked sink-reading heads' R change, and what ablating the top heads did."""
+        out = [Headline("R_change", f"R change, reader #{int(row['reading_rank'])} (L{int(row['layer'])}.H{int(row['head'])})",
+                        row_estimate(row, "R_change"), "own position-0 key/value patched, fraction of Var(log A)")
+               for _, row in self.frame.sort_values("reading_rank").head(3).iterrows()]
+        if len(self.ablation):
+            for kind, part in self.ablation.groupby("ablation", sort=False):
+                out.append(Headline("R_change", f"mean R change, {kind} ablation of {len(self.ablated)} heads",
+                                    Estimate(float(part["R_change"].astype(float).mean())),
+                                    "mean over layers of the layer's mean R change"))
+        return out
+
+
+def base_activation_names(model: ModelLike) -> list[str]:
     """The unpatched run's activations the sink-reading detector reuses: every block's
     ``hook_z`` (the base of the output change, and the mean of the mean ablation) and
     ``resid_pre`` of blocks ``1..L-1`` (pinned by :func:`own_position0_patches`)."""
@@ -364,8 +407,8 @@ def base_activation_names(model: LoadedModel | HookedTransformer) -> list[str]:
 
 
 def own_position0_patches(
-    model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    model: ModelLike,
+    prompts: Prompts,
     counterfactual: str,
     *,
     base_activations: dict[str, torch.Tensor] | None = None,
@@ -400,8 +443,8 @@ def own_position0_patches(
 
 
 def sink_reading_base(
-    model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    model: ModelLike,
+    prompts: Prompts,
     *,
     query_range: tuple[int, int] = (0, 32),
     batch_size: int = 8,
@@ -436,8 +479,8 @@ def _output_change(base_z: Sequence[torch.Tensor], patched_z: Sequence[torch.Ten
 
 
 def sink_reading_scores(
-    model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    model: ModelLike,
+    prompts: Prompts,
     patches: Sequence[Patch],
     *,
     base: Decomposition,
@@ -473,14 +516,14 @@ def sink_reading_scores(
             frame[f"{name}_{side}"] = comparison.heads[f"{name}_{side}"].to_numpy()
     order = frame.assign(abs_change=frame["R_change"].abs()).sort_values(
         ["abs_change", "output_change"], ascending=False, kind="stable").index
-    frame.loc[order, "rank"] = range(1, len(frame) + 1)
-    frame["rank"] = frame["rank"].astype(int)
-    return frame.sort_values("rank").reset_index(drop=True)
+    frame.loc[order, "reading_rank"] = range(1, len(frame) + 1)
+    frame["reading_rank"] = frame["reading_rank"].astype(int)
+    return frame.sort_values("reading_rank").reset_index(drop=True)
 
 
 def head_ablation_effect(
-    model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    model: ModelLike,
+    prompts: Prompts,
     heads: Sequence[tuple[int, int]],
     *,
     base: Decomposition,
@@ -516,8 +559,8 @@ def head_ablation_effect(
 
 
 def sink_reading_heads(
-    model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    model: ModelLike,
+    prompts: Prompts,
     *,
     counterfactual: str = "no-bos",
     query_range: tuple[int, int] = (0, 32),

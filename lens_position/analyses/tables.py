@@ -63,8 +63,8 @@ _ALL = (
           "RotaryBands.layers: per layer and band, R_band and the R' attribution (mean over heads)"),
     Table("prompt_sets", "prompt_sets", "prompt_sets", "sets",
           "PromptSetSpread.sets (opt-in, --prompt-sets K): C1's and C2's numbers on each prompt set"),
-    Table("prompt_sets_summary", "prompt_sets", "prompt_sets", "summary",
-          "PromptSetSpread.summary (opt-in): the spread between prompt sets beside the bootstrap's"),
+    Table("prompt_sets_summary", "prompt_sets", "prompt_sets", "spread",
+          "PromptSetSpread.spread (opt-in): the spread between prompt sets beside the bootstrap's"),
 )
 
 #: The registry: table name -> :class:`Table`.

@@ -23,38 +23,51 @@ from typing import Any, Sequence
 import pandas as pd
 import torch
 from jaxtyping import Float
-from transformer_lens import HookedTransformer
+from lens_position.models.backends import ModelLike
 
 from lens_position.ground import provenance
 from lens_position.core.checks import check_count, check_layers, check_query_range
 from lens_position.analyses.compare import compare, decompose_conditions
 from lens_position.analyses.decompose import Decomposition, decompose
-from lens_position.core.inputs import checked_prompts
+from lens_position.core.inputs import Prompts, checked_prompts
 from lens_position.ground.errors import BadInputError
 from lens_position.analyses.fingerprint import counterfactual_token0, position0_activations
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.analyses.patching import Patch, as_tokens, cache_activations, run_patches
 from lens_position.ground.progress import progress as progress_bar
+from lens_position.core.intervals import Estimate
+from lens_position.core.summaries import Headline
 from lens_position.core.results import SavedResult
 
 
-@dataclass
+@dataclass(repr=False)
 class TrajectoryPatching(SavedResult):
     """Result of :func:`trajectory_patching` (module docstring: definitions).
 
     ``frame``: one row per (patch_layer, layer, head) with ``layer >= patch_layer``:
     ``pattern_change``, ``R_base``, ``R_patched``, ``R_change``, ``layer_type``.
-    ``summary``: one row per patch layer: mean ``pattern_change`` and ``R_change`` over the
+    ``by_patch_layer``: one row per patch layer: mean ``pattern_change`` and ``R_change`` over the
     downstream heads, and ``R_base`` / ``R_patched`` as means over the same heads.
     """
 
     frame: pd.DataFrame
-    summary: pd.DataFrame
+    by_patch_layer: pd.DataFrame
     provenance: dict[str, Any] = field(default_factory=dict)
+
+    WHAT = "position-0 trajectory patching: downstream pattern and R change per patched layer"
+    HEADS = ("frame", "R_change")
+
+    def headline(self) -> list[Headline]:
+        """Per patch layer (at most five, largest first), the mean R change of the downstream heads."""
+        frame = self.by_patch_layer.reindex(self.by_patch_layer["R_change"].astype(float).abs()
+                                            .sort_values(ascending=False).index).head(5)
+        return [Headline("R_change", f"mean R change, patch at layer {int(row['patch_layer'])}",
+                         Estimate(float(row["R_change"])), f"pattern change {float(row['pattern_change']):.3g}")
+                for _, row in frame.iterrows()]
 
 
 def trajectory_patches(
-    model: LoadedModel | HookedTransformer, prompts: Any, counterfactual: str, layers: Sequence[int]
+    model: ModelLike, prompts: Prompts, counterfactual: str, layers: Sequence[int]
 ) -> dict[int, Patch]:
     """For each patch layer ``l``: the patch of ``resid_pre[l][:, 0]`` with the
     counterfactual position-0 residual (one value per prompt)."""
@@ -67,7 +80,7 @@ def trajectory_patches(
 
 
 def _pattern_change(
-    hooked: HookedTransformer, tokens: torch.Tensor, patches: dict[int, Patch],
+    hooked: Any, tokens: torch.Tensor, patches: dict[int, Patch],
     query_range: tuple[int, int], batch_size: int,
 ) -> Float[torch.Tensor, "patch_layer layer head"]:
     n_layers = hooked.cfg.n_layers
@@ -88,8 +101,8 @@ def _pattern_change(
 
 
 def trajectory_patching(
-    model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    model: ModelLike,
+    prompts: Prompts,
     *,
     counterfactual: str = "no-bos",
     layers: Sequence[int] | None = None,
@@ -142,7 +155,7 @@ def trajectory_patching(
     summary = frame.groupby("patch_layer", sort=True)[
         ["pattern_change", "R_change", "R_base", "R_patched"]].mean().reset_index()
     spec = getattr(prompts, "spec", None)
-    return TrajectoryPatching(frame=frame, summary=summary, provenance=provenance.collect(
+    return TrajectoryPatching(frame=frame, by_patch_layer=summary, provenance=provenance.collect(
         model=loaded.spec, data=spec if spec is not None else {"source": "tensor", "shape": list(tokens.shape)},
         seed=getattr(spec, "seed", None), counterfactual=counterfactual, patch_layers=layers,
         query_range=list(query_range), bos_policy=getattr(spec, "bos", "as given (token tensor)"),

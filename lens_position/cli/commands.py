@@ -57,20 +57,13 @@ def _seed(text: str) -> int:
 
 
 def _layer_list(text: str) -> tuple[int, ...]:
-    """``0,4,8`` or ``2:6`` (layers 2 to 5), or both mixed: ``0,2:4``."""
-    layers: list[int] = []
+    """``0,4,8`` or ``2:6`` (layers 2 to 5), or both mixed: ``0,2:4`` (as Python's ``layers="2:6"``)."""
+    from lens_position.core.checks import parse_layers
+
     try:
-        for part in filter(None, (p.strip() for p in text.split(","))):
-            if ":" in part:
-                start, stop = (int(x) for x in part.split(":", 1))
-                layers.extend(range(start, stop))
-            else:
-                layers.append(int(part))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected layer indices like 0,4,8 or 2:6, got {text!r}") from None
-    if not layers or min(layers) < 0:
-        raise argparse.ArgumentTypeError(f"expected one or more layer indices >= 0, got {text!r}")
-    return tuple(sorted(set(layers)))
+        return tuple(parse_layers(text))
+    except BadInputError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _query_range(text: str) -> tuple[int, int]:
@@ -84,8 +77,29 @@ def _query_range(text: str) -> tuple[int, int]:
     return start, stop
 
 
-def _add_common(sub: argparse.ArgumentParser, *, many_models: bool, out: Path) -> None:
+def _out_folder(text: str) -> Path:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the output folder is the empty path; name a folder (--out DIR)")
+    return Path(text)
+
+
+# The analysis options each sub-command uses (its --help shows only those); the others keep
+# their defaults, so the pipeline sees the same settings either way.
+ANALYSIS_OPTIONS = {
+    "reproduce": {"layers", "query_range", "keys", "prompt_sets"},
+    "decompose": {"layers", "query_range", "keys", "prompt_sets"},
+    "bos": {"query_range"},
+    "sinks": {"query_range"},
+    "fingerprint": set(),
+    "probe": {"layers"},
+}
+
+
+def _add_common(sub: argparse.ArgumentParser, *, many_models: bool, out: Path,
+                analysis_options: set[str] | None = None) -> None:
     from lens_position.models.registry import DEFAULT_MODELS
+
+    wanted = ANALYSIS_OPTIONS["reproduce"] if analysis_options is None else analysis_options
 
     if many_models:
         # The zoo's 24 models are tiny (about 5 s of CPU each for every step at the full sizes), so
@@ -120,27 +134,40 @@ def _add_common(sub: argparse.ArgumentParser, *, many_models: bool, out: Path) -
     data.add_argument("--seed", type=_seed, default=0,
                       help="seed for data and random replacements, 0..2**63-1 (default: 0)")
     analysis = sub.add_argument_group("analysis")
-    analysis.add_argument("--layers", type=_layer_list, default=None, metavar="LAYERS",
-                          help="layers to analyse, e.g. 0,4,8 or 2:6 (decomposition and probes; default: all)")
-    analysis.add_argument("--query-range", dest="query_range", type=_query_range, default=None,
-                          metavar="START:STOP",
-                          help="queries START <= i < STOP: the decomposition's (default: all) and the early "
-                               "queries of BOS replacement and sink reading (default: 0:32)")
-    analysis.add_argument("--keys", choices=("all", "no-bos"), default=None,
-                          help="keys in the decomposition's fits: all, or all but position 0 (default: all)")
-    analysis.add_argument("--prompt-sets", dest="prompt_sets", type=_prompt_set_count, default=0, metavar="K",
-                          help="also measure C1's and C2's numbers on K disjoint prompt sets of N sequences and "
-                               "report their spread beside the bootstrap's (reproduce and decompose; opt-in: K more "
-                               "decomposition passes per model; default: off)")
+    sub.set_defaults(layers=None, query_range=None, keys=None, prompt_sets=0)
+    if "layers" in wanted:
+        analysis.add_argument("--layers", type=_layer_list, default=None, metavar="LAYERS",
+                              help="layers to analyse, e.g. 0,4,8 or 2:6 = layers 2 to 5, as Python's "
+                                   "layers=\"2:6\" (decomposition and probes; default: all)")
+    if "query_range" in wanted:
+        analysis.add_argument("--query-range", dest="query_range", type=_query_range, default=None,
+                              metavar="START:STOP",
+                              help="queries START <= i < STOP: the decomposition's (default: all) and the early "
+                                   "queries of BOS replacement and sink reading (default: 0:32)")
+    if "keys" in wanted:
+        analysis.add_argument("--keys", choices=("all", "no-bos"), default=None,
+                              help="keys in the decomposition's fits: all, or all but position 0 (default: all)")
+    if "prompt_sets" in wanted:
+        analysis.add_argument("--prompt-sets", dest="prompt_sets", type=_prompt_set_count, default=0, metavar="K",
+                              help="also measure C1's and C2's numbers on K disjoint prompt sets of N sequences "
+                                   "and report their spread beside the bootstrap's (opt-in: K more decomposition "
+                                   "passes per model; default: off)")
     analysis.add_argument("--batch-size", dest="batch_size", type=_positive_int, default=None, metavar="B",
                           help="sequences per forward pass (default: 16); memory grows with it")
     run = sub.add_argument_group("run")
-    run.add_argument("--out", type=Path, default=out, metavar="DIR",
+    run.add_argument("--out", type=_out_folder, default=out, metavar="DIR",
                      help="output folder (default: %(default)s; each sub-command has its own, so none rewrites "
                           "another's report); finished steps cached in DIR/cache are reused")
+    run.add_argument("--force", action="store_true",
+                     help="write into a non-empty folder that holds no earlier run (its files are kept; only "
+                          "files of the same name are replaced)")
     run.add_argument("--json", dest="json", action="store_true",
                      help="print what was written (files, claims) as one JSON object instead of a summary")
-    run.add_argument("--quick", action="store_true", help="a small fast run (smoke test)")
+    run.add_argument("--quick", action="store_true",
+                     help="a quick run of every step on every model (T=40, N=4; sliding-window models at 1.25 x "
+                          "their window; probes on 160 positions; 16 early queries; sink steps at T=32): "
+                          "50 bootstrap replicates; sized for about 3 min of 2 cores, see docs/performance.md for the "
+                          "measured time")
     run.add_argument("--format", dest="fmt", choices=("parquet", "csv"), default="parquet",
                      help="table format (default: %(default)s)")
     run.add_argument("--no-cache", dest="use_cache", action="store_false",
@@ -164,6 +191,10 @@ def _add_compute(sub: argparse.ArgumentParser) -> None:
                               "(default: %(default)s)")
     compute.add_argument("--n-devices", type=_positive_int, default=1, metavar="K",
                          help="split each model over K GPUs (TransformerLens n_devices; with --device cuda)")
+    compute.add_argument("--backend", choices=("auto", "hooked", "bridge"), default="auto",
+                         help="model backend: hooked (HookedTransformer, TransformerLens 3.x), bridge "
+                              "(TransformerBridge, TransformerLens 3.9 and 4.x), auto: hooked where it exists "
+                              "(default: %(default)s)")
     compute.add_argument("--threads", type=_positive_int, default=None, metavar="K",
                          help="torch CPU threads per model (default: torch's own; a Ray actor's CPUs)")
 
@@ -200,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     }
     for name, text in helps.items():
         sub = subs.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
-        _add_common(sub, many_models=False, out=Path(f"results-{name}"))
+        _add_common(sub, many_models=False, out=Path(f"results-{name}"), analysis_options=ANALYSIS_OPTIONS[name])
         sub.add_argument("--browser-check", dest="browser_check", action="store_true",
                          help="also open the report in headless Chromium and save a screenshot")
     from lens_position.cli.zoo import add_parser as add_zoo_parser
@@ -215,8 +246,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "sweep's report.html.")
     sweep.add_argument("spec", type=Path, metavar="SPEC.toml", help="the sweep spec (TOML)")
     out = sweep.add_argument_group("run")
-    out.add_argument("--out", type=Path, default=Path("sweep"), metavar="DIR",
+    out.add_argument("--out", type=_out_folder, default=Path("sweep"), metavar="DIR",
                      help="output folder (default: %(default)s); finished steps cached in DIR/cache are reused")
+    out.add_argument("--force", action="store_true",
+                     help="write into a non-empty folder that holds no earlier run (its files are kept)")
     out.add_argument("--json", dest="json", action="store_true",
                      help="print what was written (files, claims) as one JSON object instead of a summary")
     out.add_argument("--format", dest="fmt", choices=("parquet", "csv"), default="parquet",
@@ -257,14 +290,16 @@ def _config(args: argparse.Namespace, argv: Sequence[str]):
     from lens_position.pipeline.config import Compute, DataOptions, RunConfig
     from lens_position.pipeline.steps import commands
 
-    compute = Compute(device=args.device, dtype=args.dtype, n_devices=args.n_devices, threads=args.threads)
+    compute = Compute(device=args.device, dtype=args.dtype, n_devices=args.n_devices, threads=args.threads,
+                      backend=args.backend)
     command = " ".join(["lens-position", *map(shlex.quote, argv)])
     if args.command == "sweep":
         from lens_position.pipeline.sweep import read_spec, sweep_config
 
         return sweep_config(read_spec(args.spec), out=args.out, compute=compute, executor=args.executor,
                             ray_address=args.ray_address, fmt=args.fmt, use_cache=args.use_cache,
-                            browser_check=args.browser_check, progress=args.progress, command=command)
+                            browser_check=args.browser_check, progress=args.progress, command=command,
+                            force=args.force)
     if args.command == "reproduce":
         from lens_position.pipeline.models import expand_zoo
 
@@ -284,13 +319,68 @@ def _config(args: argparse.Namespace, argv: Sequence[str]):
         T=args.T, N=args.N, quick=args.quick, fmt=args.fmt, use_cache=args.use_cache,
         browser_check=args.browser_check, progress=args.progress,
         compute=compute, executor=args.executor, ray_address=args.ray_address, command=command,
+        force=args.force,
     )
 
 
+def _headlines(tables) -> list[str]:
+    """What the run measured, per model, in the sentences the report opens with: where absolute
+    position comes from (R', M'), the sink heads and their readers, BOS replacement, the probe."""
+    import textwrap
+
+    from lens_position.analyses.sentences import UNTRAINED_NOTE, bos_sentence, components_sentence, sinks_sentence
+    from lens_position.core.summaries import is_untrained
+
+    def part(name, arch):
+        frame = tables.get(name)
+        if frame is None or not len(frame) or "architecture" not in frame.columns:
+            return None
+        frame = frame[frame["architecture"] == arch]
+        return frame.reset_index(drop=True) if len(frame) else None
+
+    archs = dict.fromkeys(a for frame in tables.values() if frame is not None and "architecture" in frame.columns
+                          for a in frame["architecture"])
+    lines = []
+    for arch in archs:
+        sentences = []
+        names = {str(m) for frame in tables.values() if frame is not None and "model" in frame.columns
+                 and "architecture" in frame.columns for m in frame.loc[frame["architecture"] == arch, "model"]}
+        if any(is_untrained({"model": {"name": name}}) for name in names):
+            sentences.append(f"{arch}: {UNTRAINED_NOTE}")
+        layers = part("decompose_layers", arch)
+        if layers is not None:
+            sentences.append(components_sentence(layers.sort_values("layer"), arch,
+                                                 part("decompose_replicates", arch), in_sample=False))
+        sinks = part("sink_heads", arch)
+        if sinks is not None:
+            sentences.append(sinks_sentence(sinks, part("sink_reading", arch), arch))
+        bos = part("bos_overall", arch)
+        if bos is not None:
+            sentences.append(bos_sentence(bos, arch))
+        probe = part("probe_layers", arch)
+        if probe is not None:
+            best = probe.loc[probe["r2_heldout"].astype(float).idxmax()]
+            sentences.append(f"On {arch}, the position probe's held-out R² is at most {float(best['r2_heldout']):.3g} "
+                             f"(layer {int(best['layer'])}).")
+        rate = part("sink_rate", arch)
+        if rate is not None:
+            sentences.append(f"On {arch}, Gu et al.'s sink rate: " + ", ".join(
+                f"{r['condition']} {100 * float(r['sink_rate']):.3g}%" for _, r in rate.iterrows()) + ".")
+        for sentence in sentences:
+            lines += textwrap.wrap(sentence, 110, initial_indent="  ", subsequent_indent="    ")
+    return lines
+
+
 def _summary(result) -> str:
+    from lens_position.analyses.claims import NOT_MEASURED
+
     overall = result.claims[result.claims["architecture"] == "overall"]
     lines = [f"wrote {len(result.files)} files to {result.files['report'].parent}"]
-    if "seed" in overall.columns:  # a sweep: one verdict per condition would be too long here
+    sweep = "seed" in overall.columns
+    if not sweep:  # a sweep's tables hold many conditions per model: its numbers are in the tables
+        lines += _headlines(result.tables)
+    overall = overall[overall["verdict"] != NOT_MEASURED]  # one experiment decides one or two claims
+    if sweep:  # a sweep: one verdict per condition would be too long here
         lines.append(f"  {len(overall)} verdicts over {overall[['source', 'bos', 'seed']].drop_duplicates().shape[0]} "
                      "conditions in claims.csv")
         overall = overall.iloc[:0]

@@ -12,8 +12,12 @@ The context-length check lives with the model facts
 
 from __future__ import annotations
 
+import hashlib
+import math
 import numbers
 from typing import Any, Iterable
+
+import torch
 
 from lens_position.ground.errors import BadInputError
 
@@ -49,12 +53,51 @@ def check_seed(seed: Any) -> int:
     return value
 
 
+def parse_layers(text: str) -> list[int]:
+    """Layers written as on the command line: ``"0,4,8"``, ``"2:6"`` (layers 2 to 5, as
+    ``range(2, 6)``) or both mixed, ``"0,2:4"``. Sorted, without repeats."""
+    layers: list[int] = []
+    try:
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            if ":" in part:
+                start, stop = (int(x) for x in part.split(":", 1))
+                layers.extend(range(start, stop))
+            else:
+                layers.append(int(part))
+    except ValueError:
+        raise BadInputError(f"expected layer indices like 0,4,8 or 2:6, got {text!r}") from None
+    if not layers or min(layers) < 0:
+        raise BadInputError(f"expected one or more layer indices >= 0, got {text!r}")
+    return sorted(set(layers))
+
+
+class CheckedLayers(list):
+    """Layers :func:`check_layers` accepted for a model of ``n_layers`` layers (sorted, no
+    repeats); handed back to it unchanged, it is returned without a second check."""
+
+    def __init__(self, layers: Iterable[int], n_layers: int) -> None:
+        super().__init__(layers)
+        self.n_layers = n_layers
+        self._as_checked = tuple(self)
+
+
 def check_layers(layers: Any, n_layers: int) -> list[int]:
-    """Layers to analyse: ``None`` (all), one layer, or a non-empty collection of layers in
-    ``0 .. n_layers - 1``. Returns them sorted, without repeats."""
+    """Layers to analyse: ``None`` (all), one layer, a non-empty collection of layers in
+    ``0 .. n_layers - 1``, or a string as on the command line (``"0:6"`` is layers 0 to 5,
+    ``"0,6"`` layers 0 and 6: :func:`parse_layers`; a tuple ``(0, 6)`` is the two layers 0 and 6).
+    Returns them sorted, without repeats, as :class:`CheckedLayers`."""
+    if (isinstance(layers, CheckedLayers) and layers.n_layers == n_layers
+            and tuple(layers) == layers._as_checked):
+        return layers
+    return CheckedLayers(_layers(layers, n_layers), n_layers)
+
+
+def _layers(layers: Any, n_layers: int) -> list[int]:
     if layers is None:
         return list(range(n_layers))
-    if isinstance(layers, (str, bytes)) or not isinstance(layers, Iterable) and not isinstance(layers, numbers.Number):
+    if isinstance(layers, str):
+        layers = parse_layers(layers)
+    if isinstance(layers, bytes) or not isinstance(layers, Iterable) and not isinstance(layers, numbers.Number):
         raise BadInputError(f"layers must be a layer index or a list of them, got {layers!r}")
     items = [layers] if isinstance(layers, numbers.Number) else list(layers)
     chosen = sorted({_as_int("each layer", layer) for layer in items})
@@ -67,12 +110,32 @@ def check_layers(layers: Any, n_layers: int) -> list[int]:
     return chosen
 
 
+class QueryRange(tuple):
+    """A query range ``(start, stop)`` :func:`check_query_range` accepted for sequences of
+    ``length`` positions; handed back to it for the same length, it is returned without a
+    second check."""
+
+    def __new__(cls, start: int, stop: int, length: int) -> "QueryRange":
+        pair = super().__new__(cls, (start, stop))
+        pair.length = length
+        return pair
+
+    def __getnewargs__(self) -> tuple[int, int, int]:
+        return self[0], self[1], self.length
+
+
 def check_query_range(query_range: Any, length: int, name: str = "query_range") -> tuple[int, int]:
-    """Queries ``start <= i < stop`` of sequences of ``length`` positions.
+    """Queries ``start <= i < stop`` of sequences of ``length`` positions, as a :class:`QueryRange`.
 
     ``None`` means all queries. ``stop`` beyond the sequence is cut to ``length`` (so a
     default such as ``(0, 32)`` works for short prompts); the range must keep at least one
     query."""
+    if isinstance(query_range, QueryRange) and query_range.length == length:
+        return query_range
+    return QueryRange(*_query_range(query_range, length, name), length)
+
+
+def _query_range(query_range: Any, length: int, name: str) -> tuple[int, int]:
     if query_range is None:
         return 0, length
     if isinstance(query_range, (str, bytes)) or not isinstance(query_range, Iterable):
@@ -85,6 +148,11 @@ def check_query_range(query_range: Any, length: int, name: str = "query_range") 
     if not 0 <= start < stop:
         raise BadInputError(f"{name} {tuple(query_range)} selects no queries of prompts with T={length} "
                             f"positions; use 0 <= start < stop with start < {length}")
+    if stop < 2:
+        raise BadInputError(
+            f"{name} {tuple(query_range)} holds only query 0, which sees only itself (its attention on "
+            "position 0 is 1 in every head): nothing to measure; use a range with stop >= 2 "
+            f"(and prompts of T >= 2; these have T={length})")
     return start, stop
 
 
@@ -95,3 +163,37 @@ def check_position(position: Any, length: int, name: str = "position") -> int:
         raise BadInputError(f"{name} {position!r} is out of range for prompts of {length} positions "
                             f"(valid: 0..{length - 1})")
     return value
+
+
+def check_fraction(name: str, value: Any) -> float:
+    """A threshold in ``[0, 1]`` (a sink's ``eps``, a share): finite, not a bool."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise BadInputError(f"{name} must be a number in [0, 1], got {value!r}")
+    number = float(value)
+    if not 0.0 <= number <= 1.0:  # NaN fails both comparisons
+        raise BadInputError(f"{name} must lie in [0, 1] (a fraction of attention), got {value!r}")
+    return number
+
+
+def tokens_sha256(tokens: torch.Tensor) -> str:
+    """The identity of a prompt set: sha256 of its token ids as int64, with their shape."""
+    ids = tokens.detach().to("cpu", torch.int64).contiguous()
+    digest = hashlib.sha256(f"{tuple(ids.shape)}|".encode())
+    digest.update(ids.numpy().tobytes())
+    return digest.hexdigest()
+
+
+def check_same_origin(base: dict[str, Any], other: dict[str, Any], what: str = "the condition") -> None:
+    """Refuse to pair two results (a base and a condition) unless their provenance names the same
+    model weights (``model.weights_sha256``) and the same prompts (``tokens_sha256``). A side that
+    records a hash the other lacks is refused too: pairing needs proof on both sides."""
+    facts = {"model weights (sha256)": lambda p: (p.get("model") or {}).get("weights_sha256"),
+             "prompts (token ids sha256)": lambda p: p.get("tokens_sha256")}
+    for label, read in facts.items():
+        mine, theirs = read(base or {}), read(other or {})
+        if mine is None and theirs is None:
+            continue
+        if mine != theirs:
+            raise BadInputError(
+                f"{what} and the base come from different {label}: {str(theirs)[:12]} vs {str(mine)[:12]}; "
+                "a paired comparison needs both decomposed from the same model on the same prompts")

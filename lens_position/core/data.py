@@ -40,22 +40,19 @@ import functools
 import hashlib
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import torch
 from jaxtyping import Int
-from transformer_lens import HookedTransformer
+from lens_position.models.backends import ModelLike, is_model
 
 from lens_position.core.checks import check_count, check_seed
-from lens_position.ground.errors import BadInputError, MissingPackageError
+from lens_position.ground.errors import BadInputError
 from lens_position.models.spec import LoadedModel, tokenizer_prepends_bos
-from lens_position.models.sources import hub_offline
+from lens_position.models.corpus import read_corpus
 
 Source = Literal["natural", "random", "repeated"]
-TEXT_SUFFIXES = (".txt", ".md", ".rst")
-DEFAULT_CORPUS = "pydoc_data.topics"
 DEFAULT_BOS = "force"
 BOS_DEFAULT_REASON = ("'force' puts the tokenizer's BOS at position 0 on every model, so sinks, BOS "
                       "replacement and the fingerprint study the same thing everywhere; the tokenizers "
@@ -122,9 +119,9 @@ class PromptSet:
 def _unpack(model_or_tokenizer: Any) -> tuple[Any, int | None, int | None]:
     """(tokenizer, model vocabulary size or None, BOS id from the model spec or None)."""
     if isinstance(model_or_tokenizer, LoadedModel):
-        return (model_or_tokenizer.tokenizer, model_or_tokenizer.model.cfg.d_vocab,
+        return (model_or_tokenizer.tokenizer, model_or_tokenizer.backend.d_vocab,
                 model_or_tokenizer.spec.bos_token_id)
-    if isinstance(model_or_tokenizer, HookedTransformer):
+    if is_model(model_or_tokenizer):
         return model_or_tokenizer.tokenizer, model_or_tokenizer.cfg.d_vocab, None
     return model_or_tokenizer, None, None
 
@@ -189,74 +186,14 @@ def _resolve_bos(policy: str, tokenizer: Any, bos_id: int | None, vocab: int) ->
 
 def default_corpus() -> str:
     """CPython's English help text (``pydoc_data.topics``), topics joined in sorted order."""
-    from pydoc_data.topics import topics
-
-    return "\n\n".join(topics[name].strip() for name in sorted(topics))
-
-
-def _read_text_file(path: Path) -> str:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as error:
-        raise BadInputError(f"{path} is not UTF-8 text ({error}); convert it or pass another file") from error
-    if not text.strip():
-        raise BadInputError(f"{path} is empty: pass a file with text in it")
-    return text
-
-
-def _read_datasets_split(spec: str) -> str:
-    parts = spec.split(":")
-    if len(parts) not in (3, 4) or not parts[1] or not parts[2]:
-        raise BadInputError(f"corpus {spec!r}: use 'hf:<name or saved folder>:<split>[:<column>]'")
-    name, split = parts[1], parts[2]
-    column = parts[3] if len(parts) == 4 else "text"
-    try:
-        import datasets
-    except ImportError as error:
-        raise MissingPackageError("corpus 'hf:...' needs the `datasets` package: pip install datasets") from error
-    try:
-        with hub_offline():  # set where huggingface_hub reads it, not only in os.environ (read at import)
-            if Path(name).is_dir():
-                loaded = datasets.load_from_disk(name)
-                table = loaded[split] if isinstance(loaded, datasets.DatasetDict) else loaded
-            else:
-                table = datasets.load_dataset(name, split=split)
-    except Exception as error:  # datasets raises many types for "not available offline"
-        raise BadInputError(f"corpus {spec!r} could not be loaded from the local cache ({error}); lens_position "
-                            "never downloads: fetch it where there is network, or pass a text file") from error
-    if column not in table.column_names:
-        raise BadInputError(f"corpus {spec!r} has no column {column!r}; columns: {table.column_names}")
-    return "\n\n".join(str(row) for row in table[column] if row)
+    return read_corpus(None).text
 
 
 def load_corpus(corpus: str | os.PathLike | None) -> tuple[str, str]:
     """(text, description) for a corpus: None (CPython's help text), a file, a folder or
-    ``"hf:<name>:<split>[:<column>]"``."""
-    if corpus is None or corpus == DEFAULT_CORPUS:
-        return default_corpus(), DEFAULT_CORPUS
-    if isinstance(corpus, str) and corpus.startswith("hf:"):
-        return _read_datasets_split(corpus), corpus
-    path = Path(corpus)
-    if path.is_file():
-        return _read_text_file(path), f"file:{path.resolve()}"
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
-        if not files:
-            raise BadInputError(f"folder {path} has no {'/'.join(TEXT_SUFFIXES)} files")
-        texts, unreadable = [], []
-        for file in files:
-            try:
-                texts.append(file.read_text(encoding="utf-8"))
-            except UnicodeDecodeError:
-                unreadable.append(str(file.relative_to(path)))
-        if unreadable:
-            shown = ", ".join(unreadable[:5]) + (f" and {len(unreadable) - 5} more" if len(unreadable) > 5 else "")
-            raise BadInputError(f"folder {path} holds files that are not UTF-8 text ({shown}); convert or "
-                                "remove them (they would be read with replacement characters)")
-        if not any(t.strip() for t in texts):
-            raise BadInputError(f"every text file in {path} is empty")
-        return "\n\n".join(t for t in texts if t.strip()), f"folder:{path.resolve()}"
-    raise BadInputError(f"corpus {str(corpus)!r} is neither a file, a folder nor 'hf:<name>:<split>'")
+    ``"hf:<name>:<split>[:<column>]"`` (read by :func:`lens_position.models.corpus.read_corpus`)."""
+    read = read_corpus(corpus)
+    return read.text, read.name
 
 
 # ---------------------------------------------------------------------------------------
@@ -426,17 +363,10 @@ def load_documents(corpus: str | os.PathLike | None = None, text: str | None = N
         raise BadInputError("pass either text= or corpus=, not both")
     if text is not None:
         return [p for p in text.split("\n\n") if p.strip()], "text (paragraphs)"
-    if corpus is None or corpus == DEFAULT_CORPUS:
-        from pydoc_data.topics import topics
-
-        return [topics[name].strip() for name in sorted(topics)], f"{DEFAULT_CORPUS} (one document per topic)"
-    path = Path(corpus) if not (isinstance(corpus, str) and corpus.startswith("hf:")) else None
-    if path is not None and path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
-        docs = [p.read_text(encoding="utf-8", errors="replace") for p in files]
-        return [d for d in docs if d.strip()], f"folder:{path.resolve()} (one document per file)"
-    full, description = load_corpus(corpus)
-    return [p for p in full.split("\n\n") if p.strip()], f"{description} (paragraphs)"
+    read = read_corpus(corpus)
+    if read.unit in ("topic", "file"):
+        return list(read.documents), f"{read.name} (one document per {read.unit})"
+    return [p for p in read.text.split("\n\n") if p.strip()], f"{read.name} (paragraphs)"
 
 
 def build_document_prompts(

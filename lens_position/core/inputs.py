@@ -19,6 +19,10 @@ What is checked: ids are integers inside the model's vocabulary ``0 .. d_vocab -
 ``-1`` would otherwise index the last embedding row), there is at least one sequence of at
 least ``min_length`` positions, and ``T`` fits the model's context ``n_ctx``.
 
+**Once.** The door remembers the prompt sets it returned: handed one back (an entry point
+passing its checked prompts to the analyses it calls) with the same model, tokens not
+modified in place, and no longer ``min_length``, it returns it without checking again.
+
 **Padding.** The analyses read every position of every sequence as content: they have no
 attention mask. A padded batch would be analysed with its pad tokens as text, so it is
 refused, with the error naming how to build equal-length prompts instead: pass the list of
@@ -30,18 +34,43 @@ different lengths, which is what padding to the longest row produces.
 from __future__ import annotations
 
 import hashlib
+import weakref
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Union
 
 import numpy as np
 import torch
-from transformer_lens import HookedTransformer
+from lens_position.models.backends import ModelLike
 
 from lens_position.core.data import PromptSet, PromptSpec, prompts_from_texts
 from lens_position.ground.errors import BadInputError, PaddedPromptsError
 from lens_position.models.spec import LoadedModel, as_loaded
 
 TENSOR_BOS_POLICY = "as given (token tensor)"
+
+#: What the door accepts as prompts (module docstring).
+Prompts = Union[PromptSet, torch.Tensor, np.ndarray, Mapping[str, Any], Sequence[str]]
+
+# The prompt sets the door has checked, by id: (the set, the model, the tokens and their version
+# counter, min_length). Handed back to the door with the same model and untouched tokens, a set
+# is not checked again, so an entry point that passes its checked prompts down checks them once.
+_CHECKED: dict[int, tuple[weakref.ref, weakref.ref, int, int, int]] = {}
+
+
+def _mark_checked(prompts: PromptSet, loaded: LoadedModel, min_length: int) -> PromptSet:
+    key = id(prompts)
+    _CHECKED[key] = (weakref.ref(prompts, lambda _: _CHECKED.pop(key, None)), weakref.ref(loaded.model),
+                     id(prompts.tokens), prompts.tokens._version, min_length)
+    return prompts
+
+
+def _already_checked(prompts: PromptSet, loaded: LoadedModel, min_length: int) -> bool:
+    entry = _CHECKED.get(id(prompts))
+    if entry is None:
+        return False
+    the_set, model, tokens_id, version, checked_length = entry
+    return (the_set() is prompts and model() is loaded.model and tokens_id == id(prompts.tokens)
+            and version == prompts.tokens._version and min_length <= checked_length)
 
 _HOW_TO_BUILD = ("pass the list of strings itself (the analyses cut them to a common length), or build "
                  "equal-length prompts with lens_position.core.data.build_prompts(model, text=..., T=...)")
@@ -145,8 +174,8 @@ def _tensor_prompt_set(loaded: LoadedModel, tokens: torch.Tensor, bos_id: int | 
 
 
 def checked_prompts(
-    model: LoadedModel | HookedTransformer,
-    prompts: Any,
+    model: ModelLike,
+    prompts: Prompts,
     *,
     min_length: int = 1,
     bos: str | None = None,
@@ -178,14 +207,16 @@ def checked_prompts(
         if not isinstance(tokens, torch.Tensor) or tokens.ndim != 2:
             raise BadInputError(f"a PromptSet's tokens must be a tensor [N, T], got {type(tokens).__name__} "
                                 f"{tuple(getattr(tokens, 'shape', ()))}")
+        if _already_checked(prompts, loaded, min_length):
+            return prompts
         _check_tokens(loaded, _check_dtype_and_shape(tokens), min_length, what)
-        return prompts
+        return _mark_checked(prompts, loaded, min_length)
     if isinstance(prompts, str):
         raise BadInputError(f"{what} is one string; pass a list of strings (or build_prompts(model, text=...))")
     if isinstance(prompts, Sequence) and prompts and all(isinstance(p, str) for p in prompts):
         built = prompts_from_texts(loaded, list(prompts), bos=bos, T=T)
         _check_tokens(loaded, built.tokens, min_length, what)
-        return built
+        return _mark_checked(built, loaded, min_length)
     if bos is not None or T is not None:
         raise BadInputError("bos= and T= apply to a list of strings; token ids are taken as given")
     if isinstance(prompts, Sequence) and not isinstance(prompts, torch.Tensor):
@@ -203,4 +234,5 @@ def checked_prompts(
     _check_tokens(loaded, tokens, min_length, what)
     _check_not_padded(loaded, tokens, mask)
     bos_id = getattr(loaded.tokenizer, "bos_token_id", None) if loaded.tokenizer is not None else None
-    return _tensor_prompt_set(loaded, tokens, bos_id if bos_id is not None else loaded.spec.bos_token_id)
+    checked = _tensor_prompt_set(loaded, tokens, bos_id if bos_id is not None else loaded.spec.bos_token_id)
+    return _mark_checked(checked, loaded, min_length)

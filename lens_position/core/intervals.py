@@ -75,7 +75,7 @@ INTERVAL_METHODS = {
 # decomposition's in-sample components, and the fractions and changes lens_position.analyses.compare
 # computes from them. Each gets the bias-corrected percentile interval; every other quantity the
 # percentile one.
-BIAS_CORRECTED_QUANTITIES = frozenset({"T", "R", "M", "C", "R_rf", "M_rf", "C_rf",
+BIAS_CORRECTED_QUANTITIES = frozenset({"total", "R", "M", "C", "R_rf", "M_rf", "C_rf",
                               "fraction_removed", "fraction_removed_rf", "R_change", "R_rf_change"})
 
 
@@ -124,6 +124,14 @@ class Bootstrap:
 
 
 NO_INTERVALS = Bootstrap(n_resamples=0)
+
+# Fewest units (sequences, prompts) an interval is computed from and a verdict decided on. The
+# decomposition resamples within its two halves (even / odd sequences); below two units per half
+# a half of one sequence resamples to itself, every replicate equals the estimate and the "95%
+# interval" has zero width: with N = 2 claims would "hold" on noise. With 4 units (2 per half)
+# the spread is the smallest a resample can show; below that no interval is computed, the
+# ``*_lo``/``*_hi`` columns are NaN and every verdict that needs one is "inconclusive at this N".
+MIN_INTERVAL_UNITS = 4
 
 
 def resample_counts(n_units: int, n_resamples: int, seed: int = BOOTSTRAP_SEED,
@@ -221,6 +229,10 @@ class Estimate:
 
     @property
     def has_interval(self) -> bool:
+        """Whether an interval exists to decide on: finite bounds from at least
+        :data:`MIN_INTERVAL_UNITS` units (when ``n`` is known)."""
+        if self.n is not None and self.n < MIN_INTERVAL_UNITS:
+            return False
         return math.isfinite(self.lo) and math.isfinite(self.hi)
 
     @property
@@ -310,7 +322,7 @@ def bootstrap_mean(values: Float[np.ndarray, "unit ..."], bootstrap: Bootstrap =
     ``bootstrap.n_resamples`` resamples of the units: ``(mean, lo, hi)``."""
     values = np.asarray(values, dtype=float)
     mean = values.mean(0)
-    if not bootstrap.enabled or len(values) < 2:
+    if not bootstrap.enabled or len(values) < MIN_INTERVAL_UNITS:
         nan = np.full_like(mean, np.nan, dtype=float)
         return mean, nan, nan
     counts = resample_counts(len(values), bootstrap.n_resamples, bootstrap.seed).numpy().astype(float)
@@ -332,3 +344,62 @@ def units_to_decide(n: int | None, estimate: Estimate, threshold: float) -> floa
     if distance == 0:
         return math.inf
     return float(math.ceil(n * (max(half_width, 0.0) / distance) ** 2))
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (numerical: the CDF
+    integrated on a fine grid and inverted by interpolation; accurate to ~1e-4)."""
+    if df < 1:
+        return float("nan")
+    x = np.linspace(0.0, 200.0, 400_001)
+    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    density = np.exp(log_norm - (df + 1) / 2 * np.log1p(x * x / df))
+    cdf = 0.5 + np.concatenate([[0.0], np.cumsum((density[1:] + density[:-1]) / 2 * np.diff(x))])
+    return float(np.interp(p, cdf, x))
+
+
+def t_interval(values: Sequence[float | None]) -> tuple[float, float, float, float, int]:
+    """``(mean, sd, low, high, n)`` of a 95 % Student-t interval for the mean of the finite
+    ``values`` (independent units, e.g. training seeds, too few for a bootstrap); NaN bounds
+    for n < 2."""
+    v = np.asarray([x for x in values if x is not None and np.isfinite(x)], dtype=float)
+    n = len(v)
+    if n == 0:
+        return float("nan"), float("nan"), float("nan"), float("nan"), 0
+    mean = float(v.mean())
+    if n < 2:
+        return mean, float("nan"), float("nan"), float("nan"), n
+    sd = float(v.std(ddof=1))
+    half = t_quantile((1 + LEVEL) / 2, n - 1) * sd / math.sqrt(n)
+    return mean, sd, mean - half, mean + half, n
+
+
+EXACT_SIGN_FLIPS = 12  # up to 2^12 = 4096 sign vectors: enumerate them all, else draw them
+
+
+def sign_flip_pvalue(effects: Float[np.ndarray, "unit ..."], n_permutations: int = 1000,
+                     seed: int = BOOTSTRAP_SEED) -> np.ndarray:
+    """Two-sided sign-flip permutation p-value of "the mean over units (axis 0) is zero", per
+    cell of ``effects``: the share of sign vectors (each unit's effect kept or negated) whose
+    mean is at least as far from zero as the observed one. Under the null hypothesis each
+    unit's effect is symmetric about zero, so every sign vector is as likely as the observed.
+    Exact (all ``2^m`` sign vectors) for ``m <= 12`` units, otherwise ``n_permutations`` draws
+    seeded by ``seed``, counted with the observed one (``(1 + hits) / (1 + draws)``, never 0).
+    Fewer than 2 units give NaN. A cell whose effects are all zero gets 1."""
+    values = np.asarray(effects, dtype=float)
+    n_units = len(values)
+    if n_units < 2:
+        return np.full(values.shape[1:], np.nan)[()]
+    flat = values.reshape(n_units, -1)
+    observed = np.abs(flat.mean(0))
+    if n_units <= EXACT_SIGN_FLIPS:
+        codes = np.arange(2 ** n_units)[:, None] >> np.arange(n_units)[None, :] & 1
+        signs = 1.0 - 2.0 * codes
+        hits = (np.abs(signs @ flat / n_units) >= observed - 1e-12 * (1 + observed)).sum(0)
+        pvalue = hits / len(signs)
+    else:
+        rng = np.random.default_rng([seed, n_units])
+        signs = rng.choice((-1.0, 1.0), size=(n_permutations, n_units))
+        hits = (np.abs(signs @ flat / n_units) >= observed - 1e-12 * (1 + observed)).sum(0)
+        pvalue = (1 + hits) / (1 + n_permutations)
+    return pvalue.reshape(values.shape[1:])[()]

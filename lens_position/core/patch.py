@@ -6,13 +6,17 @@ patch constructors and sweeps live in :mod:`lens_position.analyses.patching`.
 
 from __future__ import annotations
 
+import math
+import numbers
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
 from jaxtyping import Int
-from transformer_lens import HookedTransformer
+from lens_position.models.backends import ModelBackend
+from lens_position.models.backends.bridge import BridgeBackend
+from lens_position.models.backends.hooked import HookedBackend
 
 try:  # TransformerLens 3.9 moved get_act_name to utilities (utils still works, with a warning)
     from transformer_lens.utilities import get_act_name as _get_act_name
@@ -20,7 +24,7 @@ except ImportError:  # pragma: no cover - older 3.x
     from transformer_lens.utils import get_act_name as _get_act_name
 
 from lens_position.core.checks import check_layers, check_position
-from lens_position.ground.errors import BadInputError
+from lens_position.ground.errors import BadInputError, NonFiniteError
 
 _BLOCK_HOOK = re.compile(r"^blocks\.(\d+)\.")
 # Hooks whose activation is [batch, pos, ...] (position on axis 1, head on axis 2 if any).
@@ -37,8 +41,14 @@ def _check_position(position: int | None, n_pos: int) -> None:
         check_position(position, n_pos)
 
 
-def _check_layer(model: HookedTransformer, layer: int) -> None:
-    check_layers([layer], model.cfg.n_layers)
+def _backend(model: Any) -> ModelBackend:
+    from lens_position.models.spec import as_loaded
+
+    return model if isinstance(model, (HookedBackend, BridgeBackend)) else as_loaded(model).backend
+
+
+def _check_layer(model: Any, layer: int) -> None:
+    check_layers([layer], _backend(model).n_layers)
 
 
 def act_name(name: str | tuple) -> str:
@@ -70,14 +80,29 @@ def source_activation(source: Any, name: str) -> torch.Tensor:
     return source[name]
 
 
-def _n_heads_at(model: HookedTransformer, hook_name: str) -> int:
-    kv = re.search(r"attn\.hook_(k|v)$", hook_name)
-    if kv and model.cfg.n_key_value_heads and not model.cfg.ungroup_grouped_query_attention:
-        return model.cfg.n_key_value_heads
-    return model.cfg.n_heads
+def _n_heads_at(model: Any, hook_name: str) -> int:
+    """Heads on the head axis of ``hook_name``: the query heads, ``hook_k``/``hook_v`` included
+    (both backends carry one key/value entry per query head)."""
+    return _backend(model).n_heads
 
 
 # --------------------------------------------------------------------------- the value
+
+
+def _check_finite_value(value: Any, label: str) -> None:
+    """A patch value must be finite numbers: a NaN written into the residual stream spreads to
+    every later score of the prompt and gives all-NaN tables."""
+    if isinstance(value, bool) or not isinstance(value, (torch.Tensor, numbers.Real)):
+        raise BadInputError(f"patch {label}: value must be a tensor or a number, got {type(value).__name__}")
+    if isinstance(value, torch.Tensor):
+        if not (value.is_floating_point() or value.is_complex()) and value.dtype != torch.bool:
+            return  # integer values are finite by construction
+        finite = bool(torch.isfinite(value).all()) if value.numel() else True
+    else:
+        finite = math.isfinite(float(value))
+    if not finite:
+        raise NonFiniteError(f"patch {label}: the value holds NaN or infinite numbers; patch with finite "
+                             "values (a cached activation of a run that itself had non-finite weights?)")
 
 
 @dataclass(frozen=True, eq=False)
@@ -113,6 +138,7 @@ class Patch:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hook_name", act_name(self.hook_name))
+        _check_finite_value(self.value, self.label or self.hook_name)
         if self.rows is not None:
             object.__setattr__(self, "rows", torch.as_tensor(self.rows, dtype=torch.int64).reshape(-1).cpu())
 
@@ -172,7 +198,12 @@ class Patch:
                     f"{tuple(target.shape)} (batch first); give one value per prompt or one "
                     "for all"
                 ) from exc
-        activation[index] = value
+        try:
+            activation[index] = value
+        except RuntimeError as error:  # a finite number the activation's dtype cannot hold
+            raise NonFiniteError(f"patch {self.label or self.hook_name}: its value does not fit the activation's "
+                                 f"dtype {str(activation.dtype).removeprefix('torch.')} ({error}); patch with values "
+                                 "of the model's range") from error
         return activation
 
     def hook(self) -> tuple[str, Callable]:
@@ -209,9 +240,10 @@ class Patch:
         full = 4 if _HEAD_AXIS_HOOK.search(self.hook_name) else 3
         return full - (self.position is not None) - (self.head is not None)
 
-    def validate(self, model: HookedTransformer, n_pos: int) -> None:
-        """Raise BadInputError if this patch cannot apply to ``model`` on ``n_pos`` positions."""
-        if self.hook_name not in model.hook_dict:
+    def validate(self, model: Any, n_pos: int) -> None:
+        """Raise BadInputError if this patch cannot apply to ``model`` (a backend, a LoadedModel
+        or a bare model) on ``n_pos`` positions."""
+        if self.hook_name not in _backend(model).hook_dict:
             raise BadInputError(f"the model has no hook named {self.hook_name!r}")
         if not _POS_AXIS_HOOK.match(self.hook_name):
             raise BadInputError(
@@ -222,6 +254,13 @@ class Patch:
         if self.head is not None:
             if not _HEAD_AXIS_HOOK.search(self.hook_name):
                 raise BadInputError(f"{self.hook_name!r} has no head axis; drop head=")
+            backend = _backend(model)
+            if re.search(r"attn\.hook_(k|v)$", self.hook_name) and not backend.kv_hooks_per_query_head:
+                raise BadInputError(
+                    f"{self.hook_name} of this model carries one entry per key/value head (a TransformerBridge "
+                    "booted outside lens_position cannot be ungrouped); a patch of one query head's key or value "
+                    "needs one entry per query head: load the model with load_model(..., backend='bridge'), "
+                    "or patch without head=")
             n_heads = _n_heads_at(model, self.hook_name)
             if not 0 <= self.head < n_heads:
                 raise BadInputError(

@@ -9,7 +9,12 @@ Every result dataclass of lens_position (``Decomposition``, ``ProbeResult``, ``B
 
 The folder holds one Parquet file per table (dtypes kept), one safetensors file for the
 tensors, and ``result.json`` with the result's type, its other fields and its **provenance**
-(model, data, seed, options, package versions), plus when and with which versions it was saved.
+(model, data, seed, options, package versions), plus when and with which versions it was saved,
+and the **sha256 of every file it wrote** (``files``). ``load`` checks each file against its hash
+before reading it, so an edited table (a column scaled by hand, a re-encoded file) is refused
+instead of read; any file that cannot be read (truncated, empty, not JSON / Parquet /
+safetensors, not a lens_position result) raises :class:`~lens_position.ground.errors.CorruptFileError`
+naming the file.
 A folder is written next to its final place and renamed into it, so a reader never sees half a
 result; an existing folder is replaced only if it holds a saved result.
 """
@@ -18,8 +23,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import hashlib
 import importlib
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -29,12 +36,15 @@ import pandas as pd
 import torch
 from safetensors.torch import load_file, save_file
 
-from lens_position.ground.errors import BadInputError
+from lens_position.core import summaries
+from lens_position.core.columns import recommended_first
+from lens_position.core.summaries import Headline
+from lens_position.ground.errors import BadInputError, CorruptFileError
 from lens_position.ground.provenance import jsonable, package_versions
 
 MANIFEST = "result.json"
 TENSORS = "tensors.safetensors"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the manifest lists every file's sha256
 
 R = TypeVar("R", bound="SavedResult")
 
@@ -47,7 +57,42 @@ def _restore(annotation: str, value: Any) -> Any:
 
 
 class SavedResult:
-    """Mixin for result dataclasses: ``save(path)`` / ``load(path)`` (module docstring)."""
+    """Mixin for result dataclasses: ``save(path)`` / ``load(path)`` (module docstring), and what
+    a reader sees first: a short ``repr`` and ``_repr_html_`` (what was measured, on what, the
+    headline numbers with intervals, where the tables are), ``summary()`` and ``top_heads()``
+    (:mod:`lens_position.core.summaries`). Subclasses are ``@dataclass(repr=False)`` so the
+    short ``repr`` is theirs, and set ``WHAT``, ``HEADS`` and ``headline()``."""
+
+    WHAT = "a lens_position result"
+    HEADS: tuple[str, str] | None = None  # (per-head table, the column top_heads ranks by)
+    INTERVALS = "95% bootstrap over sequences"  # how the headline intervals were made
+
+    def __post_init__(self) -> None:
+        # every table shows what identifies a row and the recommended numbers first (core.columns)
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if isinstance(value, pd.DataFrame):
+                setattr(self, f.name, recommended_first(value))
+
+    def headline(self) -> list["Headline"]:
+        """The headline numbers, each with its interval (none for a result without them)."""
+        return []
+
+    def summary(self) -> pd.DataFrame:
+        """The headline numbers as a small tidy frame: ``quantity``, ``label``, ``value``,
+        ``lo``, ``hi`` (the interval; NaN without one), ``meaning``."""
+        return summaries.summary_frame(self)
+
+    def top_heads(self, n: int = 10, by: str | None = None) -> pd.DataFrame:
+        """The ``n`` heads with the largest ``by`` (default: ``HEADS[1]``; a ``*_change`` column
+        ranks by its absolute value), from the per-head table ``HEADS[0]``."""
+        return summaries.top_heads(self, n, by)
+
+    def __repr__(self) -> str:
+        return summaries.text(self)
+
+    def _repr_html_(self) -> str:
+        return summaries.html_text(self)
 
     def save(self, path: str | Path) -> Path:
         """Write this result to the folder ``path`` (created; a previous saved result there is
@@ -66,6 +111,7 @@ class SavedResult:
         }
         tensors: dict[str, torch.Tensor] = {}
         staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+        os.chmod(staging, 0o777 & ~current_umask())  # mkdtemp makes it 0700 whatever the umask
         try:
             for f in dataclasses.fields(self):
                 value = getattr(self, f.name)
@@ -79,6 +125,7 @@ class SavedResult:
                     manifest["fields"][f.name] = jsonable(value, strict=True)
             if tensors:
                 save_file(tensors, str(staging / TENSORS))
+            manifest["files"] = {entry.name: _file_sha256(entry) for entry in sorted(staging.iterdir())}
             (staging / MANIFEST).write_text(json.dumps(manifest, indent=1, allow_nan=True))
             if folder.exists():
                 shutil.rmtree(folder)
@@ -98,25 +145,108 @@ class SavedResult:
         return result
 
 
+def current_umask() -> int:
+    """The process's umask (read from ``/proc/self/status``, where setting it to read it back
+    would race with other threads; else by setting it and putting it back)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _read_manifest(folder: Path) -> dict[str, Any]:
+    manifest_path = folder / MANIFEST
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise CorruptFileError(f"{manifest_path} cannot be read as a saved result's manifest "
+                               f"({type(error).__name__}: {error}); save the result again") from error
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("type"), str):
+        raise CorruptFileError(f"{manifest_path} is not a lens_position result manifest (no 'type'); "
+                               "save the result again")
+    if manifest.get("format") != FORMAT_VERSION:
+        raise BadInputError(f"{folder} was saved in format {manifest.get('format')}; this version reads "
+                            f"{FORMAT_VERSION} (files with content hashes): save it again with this version")
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        raise CorruptFileError(f"{manifest_path} lists no file hashes; save the result again")
+    for key in ("frames", "tensors"):
+        if not isinstance(manifest.get(key), list):
+            raise CorruptFileError(f"{manifest_path} has no list {key!r}; save the result again")
+    if not isinstance(manifest.get("fields"), dict):
+        raise CorruptFileError(f"{manifest_path} has no 'fields'; save the result again")
+    return manifest
+
+
+def _verified(folder: Path, manifest: dict[str, Any], name: str) -> Path:
+    """``folder / name`` after checking it against the hash the manifest lists for it."""
+    path = folder / name
+    expected = manifest["files"].get(name)
+    if expected is None:
+        raise CorruptFileError(f"{path}: the manifest {folder / MANIFEST} lists no hash for it; save the result again")
+    try:
+        actual = _file_sha256(path)
+    except OSError as error:
+        raise CorruptFileError(f"{path} cannot be read ({type(error).__name__}: {error}); "
+                               "the saved result is incomplete: save it again") from error
+    if actual != expected:
+        raise CorruptFileError(f"{path} has changed since it was saved (sha256 {actual[:12]}, the manifest says "
+                               f"{expected[:12]}): an edited or damaged table is not read; save the result again")
+    return path
+
+
 def load_result(path: str | Path) -> SavedResult:
-    """Read any result saved by ``SavedResult.save``, as the object it was."""
+    """Read any result saved by ``SavedResult.save``, as the object it was, after checking every
+    file against the sha256 its manifest lists (module docstring)."""
     folder = Path(path)
     manifest_path = folder / MANIFEST
     if not manifest_path.is_file():
         raise BadInputError(f"{folder} holds no saved result (no {MANIFEST}); save one with result.save(path)")
-    manifest = json.loads(manifest_path.read_text())
-    if manifest.get("format") != FORMAT_VERSION:
-        raise BadInputError(f"{folder} was saved in format {manifest.get('format')}; this version reads {FORMAT_VERSION}")
+    manifest = _read_manifest(folder)
     module_name, _, class_name = manifest["type"].rpartition(".")
     if not module_name.startswith("lens_position."):
         raise BadInputError(f"{folder} holds a {manifest['type']}, not a lens_position result")
-    cls = getattr(importlib.import_module(module_name), class_name)
-    tensors = load_file(str(folder / TENSORS)) if manifest["tensors"] else {}
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as error:
+        raise CorruptFileError(f"{manifest_path} names the type {manifest['type']}, which this version of "
+                               "lens_position does not have") from error
+    if not (isinstance(cls, type) and issubclass(cls, SavedResult) and dataclasses.is_dataclass(cls)):
+        raise CorruptFileError(f"{manifest_path} names {manifest['type']}, which is not a saved result type")
+    values: dict[str, Any] = {}
+    current = manifest_path
+    try:
+        if manifest["tensors"]:
+            current = _verified(folder, manifest, TENSORS)
+            tensors = load_file(str(current))
+            values.update({name: tensors[name] for name in manifest["tensors"]})
+        for name in manifest["frames"]:
+            current = _verified(folder, manifest, f"{name}.parquet")
+            values[name] = pd.read_parquet(current)
+    except CorruptFileError:
+        raise
+    except Exception as error:  # pyarrow, safetensors and OS errors of a file that passed its hash
+        raise CorruptFileError(f"{current} cannot be read ({type(error).__name__}: {error}); "
+                               "save the result again") from error
     annotations = {f.name: str(f.type) for f in dataclasses.fields(cls)}
-    values: dict[str, Any] = {name: pd.read_parquet(folder / f"{name}.parquet") for name in manifest["frames"]}
-    values.update({name: tensors[name] for name in manifest["tensors"]})
     values.update({name: _restore(annotations.get(name, ""), v) for name, v in manifest["fields"].items()})
     missing = set(annotations) - set(values)
     if missing:
         raise BadInputError(f"{folder} lacks the fields {sorted(missing)} of {class_name}: saved by another version?")
+    unknown = set(values) - set(annotations)
+    if unknown:
+        raise CorruptFileError(f"{manifest_path} has fields {sorted(unknown)} that {class_name} does not have")
     return cls(**values)

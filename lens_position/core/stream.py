@@ -44,10 +44,10 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, runtime_che
 
 import torch
 from jaxtyping import Int
-from transformer_lens import HookedTransformer
+from lens_position.models.backends import ModelLike
 
 from lens_position.core.checks import check_count
-from lens_position.ground.errors import BadInputError
+from lens_position.ground.errors import BadInputError, NonFiniteError
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.ground.progress import progress as progress_bar
 
@@ -115,7 +115,7 @@ def stream_inputs(prompts: Any) -> torch.Tensor:
 
 
 def stream(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     prompts: Any,
     reducers: Sequence[Reducer],
     *,
@@ -131,7 +131,7 @@ def stream(
     reducer (module docstring). Returns ``reducers``.
 
     Args:
-        model: a ``LoadedModel`` or a bare ``HookedTransformer``.
+        model: a ``LoadedModel`` or a bare ``HookedTransformer`` / ``TransformerBridge``.
         prompts: a ``PromptSet`` or tokens ``Int[Tensor, "N T"]``; with ``start_at_layer``,
             the residual stream ``Float[Tensor, "N T d_model"]`` entering that block.
         reducers: the statistics to feed (:class:`Reducer`).
@@ -148,17 +148,17 @@ def stream(
             the pass either way).
         desc: label of the progress bar (when it is the outermost) and the log line.
     """
-    hooked = as_loaded(model).model
+    backend = as_loaded(model).backend
     inputs = stream_inputs(prompts)
     batch_size = check_count("batch_size", batch_size)
     names = [name for reducer in reducers for name in reducer.hook_names]
-    missing = sorted({n for n in names if n != LOGITS and n not in hooked.hook_dict})
+    missing = sorted({n for n in names if n != LOGITS and n not in backend.hook_dict})
     if missing:
         raise BadInputError(f"the model has no hooks named {missing}")
     n_prompts = inputs.shape[0]
     positions = inputs.shape[1] if inputs.ndim > 1 else 1
     for patch in patches:
-        patch.validate(hooked, positions)
+        patch.validate(backend, positions)
         patch.check_prompts(n_prompts)
     stop = needed_stop([n for n in names if n != LOGITS]) if stop_at_layer is None and LOGITS not in names \
         else stop_at_layer
@@ -177,6 +177,7 @@ def stream(
         return activation
 
     def read(activation: torch.Tensor, hook: Any) -> None:
+        check_finite_activation(hook.name, activation, current["rows"], backend.model, bool(patches))
         for reducer in readers[hook.name]:
             reducer.update(hook.name, activation.detach(), current["rows"])
 
@@ -195,26 +196,94 @@ def stream(
 
     if end_early:
         hooks += [(name, done) for name in watched]  # after the others at the same hook: they run first
-    device = hooked.cfg.device or next(hooked.parameters()).device
+    device = backend.device
     started = time.perf_counter()
     with progress_bar(desc, total=n_prompts, enabled=progress) as bar, torch.no_grad(), \
-            hooked.hooks(fwd_hooks=hooks):
+            backend.hooks(hooks):
         for first in range(0, n_prompts, batch_size):
             rows = torch.arange(first, min(first + batch_size, n_prompts))
             current["rows"] = rows
             pending.update(watched)
             batch = inputs[first:first + batch_size].to(device)
             try:
-                output = hooked(batch, stop_at_layer=stop, start_at_layer=start_at_layer,
-                                return_type="logits" if LOGITS in readers else None)
+                output = backend.forward(batch, stop_at_layer=stop, start_at_layer=start_at_layer,
+                                         return_type="logits" if LOGITS in readers else None)
             except _PassDone:
                 output = None
+            if readers.get(LOGITS):
+                check_finite_activation(LOGITS, output, rows, backend.model, bool(patches))
             for reducer in readers.get(LOGITS, ()):
                 reducer.update(LOGITS, output.detach(), rows)
             bar.update(len(rows))
     log.info("%s: %d prompts, %d reducer(s), %d patch(es), stop_at_layer=%s, %.1f s", desc, n_prompts,
              len(reducers), len(patches), stop, time.perf_counter() - started)
     return reducers
+
+
+PATTERN_ROW_TOLERANCE = 1e-2  # float16 rounding of a softmax stays far below; a zeroed NaN row is off by 1
+
+
+def _likely_cause(module: torch.nn.Module, hook_name: str, patched: bool) -> str:
+    causes = []
+    dtype = next(module.parameters()).dtype
+    if dtype in (torch.float16, torch.bfloat16):
+        causes.append(f"overflow of {str(dtype).removeprefix('torch.')} (run in float32)")
+    causes.append("non-finite weights (W_Q/W_K/W_V of that layer, or an embedding row of a token the prompt "
+                  "holds: check torch.isfinite(p).all() for model.parameters())")
+    if patched:
+        causes.append("a non-finite patch value")
+    return "; likely cause: " + ", or ".join(causes)
+
+
+def check_finite_activation(hook_name: str, activation: torch.Tensor, rows: Int[torch.Tensor, "batch"],
+                            module: torch.nn.Module, patched: bool = False) -> None:
+    """Raise :class:`NonFiniteError` if ``activation`` holds a value no finite model produces:
+    NaN or an infinity anywhere, except in attention scores (``hook_attn_scores``) where ``-inf``
+    is the mask; there NaN, ``+inf`` and a ``-inf`` on a query's own key (never masked) are
+    refused. One reduction per tensor; the search for where it happened runs only on failure.
+    The message names the hook (layer), head, prompt (its index in the streamed prompts) and
+    position, and the likely cause (``module``: the model, whose dtype the cause names)."""
+    if not activation.is_floating_point():
+        return
+    scores = hook_name.endswith("hook_attn_scores") and activation.ndim == 4
+    if scores:
+        top = activation.amax()  # NaN propagates through max
+        own = activation.diagonal(dim1=-2, dim2=-1)
+        ok = bool(torch.isfinite(top)) and bool(torch.isfinite(own.amin()))
+    else:
+        ok = bool(torch.isfinite(activation.sum() if activation.numel() else activation.new_zeros(())))
+        if not ok:  # a sum can overflow where every element is finite
+            ok = bool(torch.isfinite(activation).all())
+    pattern = hook_name.endswith("hook_pattern") and activation.ndim == 4
+    row_error = None
+    if ok and pattern:
+        # TransformerLens turns a NaN pattern into zeros: a row that does not sum to 1 is that
+        row_error = (activation.sum(-1, dtype=torch.float64) - 1).abs()
+        ok = bool(row_error.amax() <= PATTERN_ROW_TOLERANCE)
+    if ok:
+        return
+    if row_error is not None:
+        bad = (row_error > PATTERN_ROW_TOLERANCE)[..., None].expand_as(activation)
+    elif scores:
+        bad = torch.isnan(activation) | (activation == float("inf"))
+        diag = ~torch.isfinite(activation.diagonal(dim1=-2, dim2=-1))
+        bad |= torch.diag_embed(diag).to(bad.dtype) if diag.any() else torch.zeros_like(bad)
+    else:
+        bad = ~torch.isfinite(activation)
+    where = [int(i) for i in bad.nonzero()[0].tolist()]
+    place = [f"prompt {int(rows[where[0]])}"]
+    if scores or hook_name.endswith(("hook_pattern", "hook_q", "hook_k", "hook_v", "hook_z")):
+        head_axis = 1 if scores or hook_name.endswith("hook_pattern") else 2
+        if len(where) > head_axis:
+            place.insert(0, f"head {where[head_axis]}")
+    if len(where) > 1 and not (scores and len(where) < 3):
+        place.append(f"position {where[2] if scores or hook_name.endswith('hook_pattern') else where[1]}")
+    block = block_of(hook_name)
+    layer = f"layer {block}, " if block is not None and block >= 0 else ""
+    n_bad = int(bad.sum())
+    raise NonFiniteError(
+        f"non-finite values at {hook_name} ({layer}{', '.join(place)}; {n_bad} value(s) in this batch)"
+        + _likely_cause(module, hook_name, patched))
 
 
 class WholeActivations:

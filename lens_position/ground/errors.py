@@ -36,6 +36,12 @@ class BadInputError(LensPositionError, ValueError):
     """An argument or input that is invalid as given: a bad option, shape, range or file."""
 
 
+class NonFiniteError(BadInputError):
+    """A NaN or infinite value where the analysis needs finite numbers (an activation of the
+    forward pass, a statistic, a patch value, a load option); the message names where it
+    appeared (layer, head, prompt) and the likely cause."""
+
+
 class PaddedPromptsError(BadInputError):
     """A padded batch (``model.to_tokens(list_of_texts)``): the analyses have no attention mask
     and would read the pad tokens as text."""

@@ -78,13 +78,15 @@ def _as_dict(obj: Any) -> Any:
 
 
 def collect(
-    *, model: Any = None, data: Any = None, seed: int | None = None, **extra: Any
+    *, model: Any = None, data: Any = None, seed: int | None = None, tokens_sha256: str | None = None,
+    **extra: Any
 ) -> dict[str, Any]:
     """Build a provenance record.
 
     ``model`` is a ``ModelSpec`` (or ``LoadedModel``), ``data`` a ``PromptSpec`` (or
     ``PromptSet``); anything with ``to_dict()`` is stored as that dict. ``extra`` holds the
-    analysis options (query range, key set, bins, ...).
+    analysis options (query range, key set, bins, ...). ``tokens_sha256`` is the hash of the
+    token ids the analysis read (the prompt set's identity, whatever built it).
     """
     if model is not None and hasattr(model, "spec"):
         model = model.spec
@@ -94,6 +96,7 @@ def collect(
         "model": _as_dict(model),
         "data": _as_dict(data),
         "seed": seed,
+        "tokens_sha256": tokens_sha256,
         "options": {k: _as_dict(v) for k, v in extra.items()},
         "versions": package_versions(),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

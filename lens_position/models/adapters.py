@@ -11,7 +11,6 @@ from types import MethodType, ModuleType
 from typing import Any
 
 import torch
-from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from lens_position.ground.errors import UnsupportedArchitectureError
 from lens_position.models import gemma3, llama, mistral, qwen2
@@ -33,8 +32,10 @@ def adapter_for(hf_config: Any) -> ModuleType:
     if model_type not in ADAPTERS:
         raise UnsupportedArchitectureError(
             f"architecture {model_type!r} ({', '.join(getattr(hf_config, 'architectures', None) or [])}) "
-            f"is not supported; lens_position has adapters for model_type {sorted(ADAPTERS)} "
-            "(Llama/SmolLM2, Mistral, Qwen2, Gemma-3 text). Open an issue to add one")
+            f"is not supported by the hooked backend; lens_position has adapters for model_type {sorted(ADAPTERS)} "
+            "(Llama/SmolLM2, Mistral, Qwen2, Gemma-3 text). Routes that work: load_model(..., backend='bridge') "
+            "(TransformerBridge: Qwen3, SmolLM3, OLMo-2, Phi-3 and the other decoders it supports), or build "
+            "the model yourself as a HookedTransformer or TransformerBridge and pass it to the analyses")
     return ADAPTERS[model_type]
 
 
@@ -45,9 +46,11 @@ def hooked_config(hf_config: Any) -> dict[str, Any]:
 
 
 def build_hooked(cfg_kwargs: dict[str, Any], state_dict: dict[str, torch.Tensor],
-                 device: str = "cpu") -> HookedTransformer:
+                 device: str = "cpu") -> Any:
     """A HookedTransformer with ``state_dict`` loaded unprocessed (no LayerNorm folding, no
     centering), so every activation equals the HF model's."""
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
     cfg = HookedTransformerConfig(**{**cfg_kwargs, "device": device})
     model = HookedTransformer(cfg, move_to_device=False)
     # What load_and_process_state_dict does with every processing flag off, in one
@@ -79,7 +82,7 @@ _LINEAR_LAYOUTS = (
 )
 
 
-def lay_out_for_linear(model: HookedTransformer) -> None:
+def lay_out_for_linear(model: Any) -> None:
     """Store the weights TransformerLens copies into another layout on every forward pass (the gated
     MLP's three matrices, ``W_Q`` and ``W_O``) in that layout already, so each copy is a no-op view.
     The values, shapes and the matrices F.linear receives are the same (so is every activation, bit
@@ -99,7 +102,7 @@ def lay_out_for_linear(model: HookedTransformer) -> None:
                 param.data = param.data.permute(*permutation).contiguous().permute(*inverse)
 
 
-def rotate_without_copies(model: HookedTransformer) -> None:
+def rotate_without_copies(model: Any) -> None:
     """Give every rotary attention layer an ``apply_rotary`` (:func:`_apply_rotary`) that makes the
     same float32 operations as TransformerLens's, in the same order, without its extra copies: the
     same bits, in about half the time."""
@@ -136,6 +139,8 @@ def _apply_rotary(self: Any, x: torch.Tensor, past_kv_pos_offset: int = 0,
 
 def convert_state_dict(hf_model: Any, cfg_kwargs: dict[str, Any]) -> dict[str, torch.Tensor]:
     """HookedTransformer-format state dict (fp32, contiguous, detached) of an HF model."""
+    from transformer_lens import HookedTransformerConfig
+
     adapter = adapter_for(hf_model.config)
     cfg = HookedTransformerConfig(**cfg_kwargs)
     with torch.no_grad():

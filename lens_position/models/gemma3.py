@@ -15,7 +15,6 @@ import math
 from typing import Any
 
 import torch
-from transformer_lens.pretrained.weight_conversions import convert_gemma_weights
 
 from lens_position.ground.errors import UnsupportedArchitectureError
 from lens_position.models.rope import hf_rope_scaling_to_cfg, rope_theta
@@ -76,4 +75,6 @@ def hooked_config(hf_config: Any) -> dict[str, Any]:
 
 def convert_weights(hf_model: Any, cfg: Any) -> dict[str, torch.Tensor]:
     """HookedTransformer state dict from a ``Gemma3ForCausalLM``."""
+    from transformer_lens.pretrained.weight_conversions import convert_gemma_weights  # TransformerLens 3.x (hooked)
+
     return convert_gemma_weights(hf_model, cfg)

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformer_lens.pretrained.weight_conversions import convert_llama_weights
 
 from lens_position.ground.errors import UnsupportedArchitectureError
 from lens_position.models.rope import hf_rope_scaling_to_cfg, rope_theta
@@ -65,4 +64,6 @@ def hooked_config(hf_config: Any) -> dict[str, Any]:
 
 def convert_weights(hf_model: Any, cfg: Any) -> dict[str, torch.Tensor]:
     """HookedTransformer state dict from a ``LlamaForCausalLM``."""
+    from transformer_lens.pretrained.weight_conversions import convert_llama_weights  # TransformerLens 3.x (hooked)
+
     return convert_llama_weights(hf_model, cfg)

@@ -1,4 +1,9 @@
-"""``load_model``: any supported checkpoint into a HookedTransformer, offline and exact.
+"""``load_model``: any supported checkpoint behind the model seam, offline and exact.
+
+Two backends (:mod:`lens_position.models.backends`): ``hooked`` builds a TransformerLens 3.x
+``HookedTransformer`` through lens_position's adapters (the path described below); ``bridge``
+boots a ``TransformerBridge`` (TransformerLens 3.9 and 4.x) on the Hugging Face model read from the
+same sources. ``backend="auto"`` takes hooked where this TransformerLens has it, else the bridge.
 
 The path of a load, top to bottom:
 
@@ -20,15 +25,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformer_lens import HookedTransformer
 
 from lens_position.ground.errors import BadInputError, UnknownModelError
 from lens_position.models import sources
-from lens_position.models.adapters import FAMILY_OF_ARCHITECTURE, build_hooked, convert_state_dict, hooked_config
+from lens_position.models.adapters import ADAPTERS, FAMILY_OF_ARCHITECTURE, build_hooked, convert_state_dict, \
+    hooked_config
+from lens_position.models.backends import resolve_backend
 from lens_position.models.cache import CachedModel, cached_convert, file_identity, state_dict_sha256
 from lens_position.models.registry import REGISTRY, is_zoo_name, lookup, unknown_model_message
-from lens_position.models.rope import apply_position_options
-from lens_position.models.spec import LoadedModel, attach_tokenizer, remember, spec_from_config, tokenizer_prepends_bos
+from lens_position.models.rope import apply_position_options, check_position_options
+from lens_position.models.spec import LoadedModel, attach_tokenizer, remember, spec_from_config, \
+    spec_from_hf_config, tokenizer_prepends_bos
 from lens_position.models.tiny import tiny_hf_model
 
 log = logging.getLogger(__name__)
@@ -37,9 +44,11 @@ log = logging.getLogger(__name__)
 def load_model(
     name_or_path: str, *, ntk_alpha: float | None = None, ntk_by_parts: dict | bool | None = None,
     window: int | None = None, n_ctx: int | None = None, cache_dir: str | None = None,
-    offline: bool | None = None, device: str = "cpu",
+    offline: bool | None = None, device: str = "cpu", backend: str = "auto", dtype: str = "float32",
+    n_devices: int = 1,
 ) -> LoadedModel:
-    """Load a model into a ``HookedTransformer`` with its tokenizer and ``ModelSpec``.
+    """Load a model behind the seam (a ``HookedTransformer`` or a ``TransformerBridge``) with its
+    tokenizer and ``ModelSpec``.
 
     ``name_or_path``: a name from ``KNOWN_MODELS``, a ``.gguf`` file, a local Hugging Face
     checkpoint folder, or a hub id (``org/name``). Nothing is downloaded unless you pass
@@ -58,22 +67,44 @@ def load_model(
     The model computes in fp32, weights unfolded, and ``hook_k``/``hook_v`` carry one entry
     per query head (grouped-query KV heads are repeated), so a single head can be patched.
     A forward pass longer than ``n_ctx`` raises ContextLengthError.
+
+    ``backend``: ``"hooked"`` (HookedTransformer, TransformerLens 3.x: every adapter, GGUF, folders,
+    the zoo), ``"bridge"`` (TransformerBridge booted on the Hugging Face model, TransformerLens 3.9
+    and 4.x; also the decoder families the adapters do not convert, e.g. Qwen3, SmolLM3) or
+    ``"auto"`` (hooked where TransformerLens has it, else bridge); ``spec.extra["backend"]`` says
+    which ran. ``dtype`` (``float32``, ``bfloat16``, ``float16``) casts the weights after loading;
+    ``n_devices > 1`` splits the layers over that many GPUs (hooked backend).
     """
     started = time.perf_counter()
+    check_position_options(ntk_alpha=ntk_alpha, ntk_by_parts=ntk_by_parts, window=window, n_ctx=n_ctx)
+    chosen = resolve_backend(backend)
     if is_zoo_name(name_or_path):
-        return _load_zoo(str(name_or_path), ntk_alpha=ntk_alpha, ntk_by_parts=ntk_by_parts, window=window,
-                         n_ctx=n_ctx, device=device)
+        if chosen != "hooked":
+            raise BadInputError(f"{name_or_path}: zoo checkpoints are HookedTransformer weights; load them with "
+                                "backend='hooked' (TransformerLens 3.x)")
+        loaded = _load_zoo(str(name_or_path), ntk_alpha=ntk_alpha, ntk_by_parts=ntk_by_parts, window=window,
+                           n_ctx=n_ctx, device=device)
+        return _placed(loaded, device, dtype, n_devices)
     source, loader_kind, target, defaults = _resolve(name_or_path, offline)
     given = {"ntk_alpha": ntk_alpha, "ntk_by_parts": ntk_by_parts, "window": window, "n_ctx": n_ctx}
     if ntk_alpha is not None or ntk_by_parts is not None:  # the user's RoPE scaling replaces the entry's
         defaults = {k: v for k, v in defaults.items() if k not in ("ntk_alpha", "ntk_by_parts")}
     options = {**defaults, **{k: v for k, v in given.items() if v is not None}}
+    local = not source.startswith(("registry:", "hub:"))
+    name = Path(str(name_or_path)).name if local else str(name_or_path)
+    if chosen == "bridge":
+        from lens_position.models.bridged import load_bridged
+
+        loaded = load_bridged(name, source, loader_kind, target, options, device=device, dtype=dtype,
+                              started=started)
+        if n_devices > 1:
+            raise BadInputError("n_devices > 1 is supported on the hooked backend only; use backend='hooked' "
+                                "or one device")
+        return remember(loaded)
 
     base = _base_model(loader_kind, target, cache_dir)
     family = adapter_for_cfg(base.cfg)
     cfg, facts = apply_position_options(base.cfg, **options)
-    local = not source.startswith(("registry:", "hub:"))
-    name = Path(str(name_or_path)).name if local else str(name_or_path)
     cfg["model_name"] = name
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=DeprecationWarning, module="transformer_lens")
@@ -89,9 +120,20 @@ def load_model(
         weights_sha256=base.weights_sha256,
         extra={"hf_model_type": base.meta.get("model_type"), "file": base.meta.get("file"),
                "from_cache": base.from_cache, "ungrouped_kv_hooks": True, "d_vocab": cfg["d_vocab"],
-               "load_seconds": round(time.perf_counter() - started, 3)},
+               "backend": "hooked", "load_seconds": round(time.perf_counter() - started, 3)},
     )
-    return remember(LoadedModel(model=model, tokenizer=tokenizer, spec=spec))
+    return _placed(remember(LoadedModel(model=model, tokenizer=tokenizer, spec=spec)), device, dtype, n_devices)
+
+
+def _placed(loaded: LoadedModel, device: str, dtype: str, n_devices: int) -> LoadedModel:
+    """``loaded`` cast to ``dtype`` and split over ``n_devices`` GPUs where asked (float32 on one
+    device: as loaded)."""
+    if dtype == "float32" and n_devices == 1:
+        return loaded
+    from lens_position.models.placement import place
+
+    place(loaded.model, device=device, dtype=dtype, n_devices=n_devices)
+    return remember(loaded)
 
 
 def _load_zoo(name: str, device: str, **options: Any) -> LoadedModel:

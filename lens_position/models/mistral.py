@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformer_lens.pretrained.weight_conversions import convert_mistral_weights
 
 from lens_position.models.llama import llama_like_config
 from lens_position.models.rope import hf_rope_scaling_to_cfg
@@ -33,4 +32,6 @@ def hooked_config(hf_config: Any) -> dict[str, Any]:
 
 def convert_weights(hf_model: Any, cfg: Any) -> dict[str, torch.Tensor]:
     """HookedTransformer state dict from a ``MistralForCausalLM``."""
+    from transformer_lens.pretrained.weight_conversions import convert_mistral_weights  # TransformerLens 3.x (hooked)
+
     return convert_mistral_weights(hf_model, cfg)

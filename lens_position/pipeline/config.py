@@ -77,11 +77,12 @@ class Settings:
             raise BadInputError(f"{self.prompt_sets} prompt sets: the spread between prompt sets needs at least 2")
 
 
-# The full run is sized to fit 15 min warm on 2 cores with peak memory under 8 GB: measured by
-# benchmarks/reproduce.py on an idle 2-core machine, 298 s and 3.7 GB peak (the slowest steps:
-# Gemma-3's decomposition and probe at T = 640, about 50 s each). --quick is a smoke run on tiny models.
+# The full run is sized to fit 15 min warm on 2 cores with peak memory under 8 GB (the slowest
+# steps: Gemma-3's decomposition and probe at T = 640). --quick runs every step on every model at
+# small sizes, aiming at 3 min of 2 cores, with 50 bootstrap replicates instead of 200 (each
+# interval's refits cost in proportion; benchmarks/reproduce.py --quick, docs/performance.md).
 FULL = Settings(T=128, N=16, early_N=16, probe_positions=2048, sink_T=64)
-QUICK = Settings(T=40, N=4, early_N=4, probe_positions=160, query_range=(0, 16), sink_T=32)
+QUICK = Settings(T=40, N=4, early_N=4, probe_positions=160, query_range=(0, 16), sink_T=32, n_resamples=50)
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,8 @@ class Compute:
     weights' and activations' precision (``float32``, ``bfloat16``, ``float16``); the
     decomposition's statistics are accumulated in float64 whatever the dtype.
     ``n_devices``: GPUs a model is split over (TransformerLens pipeline of layers).
+    ``backend``: the model seam's backend (``auto``, ``hooked``, ``bridge``; see
+    ``lens_position.models.backends``).
     ``threads``: torch's CPU threads per model (None: torch's default in this process, the
     actor's CPUs under Ray). Results are bitwise identical for the same thread count; another
     count changes float rounding only (about 1e-13 on the tiny models), so it is not part of
@@ -127,8 +130,11 @@ class Compute:
     dtype: str = "float32"
     n_devices: int = 1
     threads: int | None = None
+    backend: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.backend not in ("auto", "hooked", "bridge"):
+            raise BadInputError(f"unknown backend {self.backend!r}; use auto, hooked or bridge")
         if self.device not in ("cpu", "cuda", "auto"):
             raise BadInputError(f"unknown device {self.device!r}; use cpu, cuda or auto")
         if self.dtype not in ("float32", "bfloat16", "float16"):
@@ -145,7 +151,13 @@ class Compute:
 
     def key_dict(self) -> dict[str, Any]:
         """What of the compute options a result depends on (its cache key)."""
-        return {"device": self.device, "dtype": self.dtype, "n_devices": self.n_devices}
+        key: dict[str, Any] = {"device": self.device, "dtype": self.dtype, "n_devices": self.n_devices}
+        from lens_position.models.backends import resolve_backend
+
+        backend = resolve_backend(self.backend)
+        if backend != "hooked":  # the reference backend keeps the keys results were cached under
+            key["backend"] = backend
+        return key
 
 
 @dataclass
@@ -184,6 +196,7 @@ class RunConfig:
     batch_size: int | None = None
     n_resamples: int | None = None  # bootstrap replicates (None: the mode's default; 0: no intervals)
     prompt_sets: int = 0  # K disjoint prompt sets for the opt-in step prompt_sets (0: off)
+    force: bool = False  # write into a non-empty folder that holds no run (its files are kept)
 
     def settings(self) -> Settings:
         base = QUICK if self.quick else FULL

@@ -51,7 +51,7 @@ def load_request(request: str, compute: Any = None) -> Any:
         return load_model(name, offline=True, **options)
     from lens_position.pipeline.devices import load_on
 
-    return load_on(lambda **kw: load_model(name, offline=True, **options, **kw), compute)
+    return load_on(lambda **kw: load_model(name, offline=True, backend=compute.backend, **options, **kw), compute)
 
 
 def check_models(requests: Sequence[str]) -> None:

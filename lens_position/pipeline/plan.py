@@ -9,35 +9,30 @@ the driver does this, so only the driver needs the cache.
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from lens_position.ground.errors import BadInputError
+from lens_position.models.corpus import Corpus, read_corpus
 from lens_position.pipeline import steps as steps_module
 from lens_position.pipeline.cache import step_key
 from lens_position.pipeline.config import Compute, DataOptions, RunConfig, Settings
 
 
 @dataclass(frozen=True)
-class Corpus:
-    """The natural text of a condition, read once by the driver: its contents and their hash
-    are what the cache key holds (not the path), and workers receive the text itself."""
-
-    text: str | None  # None: the default corpus (read where the step runs)
-    name: str | None
-    sha256: str
-
-
-@dataclass(frozen=True)
 class Condition:
-    """One data condition of a run and its corpus."""
+    """One data condition of a run and its corpus, read once by the driver: the corpus's
+    contents hash is what the cache key holds (not the path), and workers receive the corpus
+    itself. ``corpus`` None: the default corpus, which ships with Python and is read where the
+    step runs."""
 
     data: DataOptions
-    corpus: Corpus = field(repr=False)
+    corpus_sha256: str
+    corpus: Corpus | None = field(default=None, repr=False)
 
     def key_dict(self) -> dict[str, Any]:
-        return {**self.data.to_dict(), "corpus_sha256": self.corpus.sha256}
+        return {**self.data.to_dict(), "corpus_sha256": self.corpus_sha256}
 
 
 @dataclass(frozen=True)
@@ -103,16 +98,11 @@ class Plan:
         return cells
 
 
-def read_corpus(data: DataOptions) -> Corpus:
-    """Read a condition's corpus once (file, folder or hf: split) and hash its contents."""
-    from lens_position.core.data import DEFAULT_CORPUS, load_corpus
-
-    if data.corpus is None:
-        # The default corpus ships with Python: its contents are hashed, not read into the cell.
-        text, _ = load_corpus(None)
-        return Corpus(text=None, name=DEFAULT_CORPUS, sha256=hashlib.sha256(text.encode()).hexdigest())
-    text, name = load_corpus(data.corpus)
-    return Corpus(text=text, name=name, sha256=hashlib.sha256(text.encode()).hexdigest())
+def condition_of(data: DataOptions) -> Condition:
+    """A condition with its corpus read once (file, folder or hf: split) and hashed; the
+    default corpus ships with Python: its contents are hashed, not carried into the cells."""
+    corpus = read_corpus(data.corpus)
+    return Condition(data=data, corpus_sha256=corpus.sha256, corpus=None if data.corpus is None else corpus)
 
 
 def plan_run(config: RunConfig, *, check_model_names: bool = True) -> Plan:
@@ -136,11 +126,11 @@ def plan_run(config: RunConfig, *, check_model_names: bool = True) -> Plan:
     conditions = config.all_conditions()
     if len(set(conditions)) != len(conditions):
         raise BadInputError("a data condition is listed twice")
-    corpora: dict[str | None, Corpus] = {}
+    read: dict[str | None, Condition] = {}
     resolved = []
     for data in conditions:
-        if data.corpus not in corpora:
-            corpora[data.corpus] = read_corpus(data)
-        resolved.append(Condition(data=data, corpus=corpora[data.corpus]))
+        if data.corpus not in read:
+            read[data.corpus] = condition_of(data)
+        resolved.append(dataclasses.replace(read[data.corpus], data=data))
     return Plan(models=tuple(config.models), conditions=tuple(resolved), steps=steps, settings=settings,
                 compute=config.compute)

@@ -37,6 +37,44 @@ def import_ray() -> Any:
     return ray
 
 
+LOOPBACK = "127.0.0.1"
+CONNECT_TIMEOUT_S = 5.0
+RAY_CLIENT_PORT, RAY_GCS_PORT = 10001, 6379
+
+
+def check_ray_address(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """Refuse, within ``timeout_s``, a cluster address where nothing answers (``ray.init``
+    would retry for minutes, and retry at this node's own address): ``host:port``,
+    ``ray://host[:port]`` (a TCP connection must open), or ``auto`` (a cluster started on this
+    machine must be recorded in ``/tmp/ray/ray_current_cluster``)."""
+    import socket
+    from pathlib import Path
+
+    text = address.strip()
+    if text == "auto":
+        current = Path("/tmp/ray/ray_current_cluster")
+        if not current.is_file() or not current.read_text().strip():
+            raise BadInputError("--ray-address auto found no Ray cluster started on this machine (no "
+                                f"{current}); start one with `ray start --head`, pass its address, or drop "
+                                "--ray-address to run a local instance")
+        text = current.read_text().strip().splitlines()[0]
+    client = text.startswith("ray://")
+    hostport = text.removeprefix("ray://").rstrip("/")
+    host, _, port_text = hostport.rpartition(":") if ":" in hostport else (hostport, "", "")
+    host = host.strip("[]") or hostport
+    try:
+        port = int(port_text) if port_text else (RAY_CLIENT_PORT if client else RAY_GCS_PORT)
+    except ValueError:
+        raise BadInputError(f"--ray-address {address!r} is not host:port, ray://host:port or auto") from None
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            pass
+    except OSError as error:
+        raise BadInputError(f"no Ray cluster answers at {address!r} ({host}:{port}: {error.strerror or error}) "
+                            f"within {timeout_s:g} s; check the address and that the cluster is up "
+                            "(`ray status` on its head node), or drop --ray-address to run locally") from error
+
+
 def start_local_ray(*, num_cpus: int | None = None, object_store_memory: int | None = None) -> Any:
     """Start a Ray instance on this machine whose workers import the same ``lens_position`` as
     this process (its folder goes first on their ``PYTHONPATH``). Returns ``ray``."""
@@ -46,8 +84,9 @@ def start_local_ray(*, num_cpus: int | None = None, object_store_memory: int | N
     ray = import_ray()
     here = str(Path(__file__).resolve().parents[2])  # the folder holding the lens_position package
     path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
+    # a local instance serves this machine only: every Ray process binds the loopback address
     kwargs: dict[str, Any] = {"num_cpus": num_cpus, "include_dashboard": False, "logging_level": logging.WARNING,
-                              "runtime_env": {"env_vars": {"PYTHONPATH": path}}}
+                              "runtime_env": {"env_vars": {"PYTHONPATH": path}}, "_node_ip_address": LOOPBACK}
     if object_store_memory:
         kwargs["object_store_memory"] = object_store_memory
     ray.init(**kwargs)
@@ -101,6 +140,7 @@ class RayExecutor:
         if ray.is_initialized():
             return False
         if self.address:
+            check_ray_address(self.address)
             ray.init(address=self.address, include_dashboard=False, logging_level=logging.WARNING)
         else:
             start_local_ray(num_cpus=self.num_cpus, object_store_memory=self.object_store_memory)

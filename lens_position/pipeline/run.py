@@ -218,7 +218,7 @@ def run_provenance(config: RunConfig, plan: Plan, collected: Collected) -> dict[
         "steps_requested": list(plan.steps),
         "models": [collected.models[i] for i in sorted(collected.models)],
         "data": config.data.to_dict() if len(plan.conditions) == 1 else None,
-        "corpus_sha256": plan.conditions[0].corpus.sha256 if len(plan.conditions) == 1 else None,
+        "corpus_sha256": plan.conditions[0].corpus_sha256 if len(plan.conditions) == 1 else None,
         "settings": dataclasses.asdict(plan.settings),
         "compute": plan.compute.to_dict(),
         "quick": config.quick,
@@ -229,7 +229,7 @@ def run_provenance(config: RunConfig, plan: Plan, collected: Collected) -> dict[
         "steps": [r.to_dict() for r in records],
     }
     if len(plan.conditions) > 1:
-        prov["conditions"] = [{**c.data.to_dict(), "corpus_sha256": c.corpus.sha256} for c in plan.conditions]
+        prov["conditions"] = [{**c.data.to_dict(), "corpus_sha256": c.corpus_sha256} for c in plan.conditions]
     computed = [r.provenance.get("computed_cost", {}).get("wall_s") for r in records if r.step != "load"]
     prov["steps_reused"] = sum(r.cached for r in records)
     if computed and all(c is not None for c in computed):
@@ -290,7 +290,12 @@ def run(config: RunConfig, *, load: Callable[[str], Any] | None = None,
     """
     started = time.perf_counter()
     plan = plan_run(config, check_model_names=load is None)
-    folder = OutputFolder(config.out, known_output_names(), KNOWN_PATTERNS)
+    with OutputFolder(config.out, known_output_names(), KNOWN_PATTERNS, force=config.force) as folder:
+        return _run_into(folder, config, plan, started, load=load, steps=steps)
+
+
+def _run_into(folder: OutputFolder, config: RunConfig, plan: Plan, started: float, *,
+              load: Callable[[str], Any] | None, steps: Mapping[str, steps_module.Step] | None) -> RunResult:
     cache = StepCache(folder.out / "cache")
     collected = execute(plan, config, cache, load=load, steps=steps)
     if collected.failures:

@@ -60,7 +60,8 @@ class ModelWorker:
         if condition not in self._contexts:
             self._contexts[condition] = StepContext(
                 loaded=self.loaded, data=condition.data, progress=self.progress,
-                corpus_text=condition.corpus.text, corpus_name=condition.corpus.name)
+                corpus_text=condition.corpus.text if condition.corpus else None,
+                corpus_name=condition.corpus.name if condition.corpus else None)
         return self._contexts[condition]
 
     def expect(self, cells: Sequence[Cell]) -> None:

@@ -6,7 +6,7 @@ A reproduction produces a set of tidy tables, stacked over models, each with the
 decides nothing. The claims, their criteria, verdicts and the words that explain a
 disagreement come from :mod:`lens_position.analyses.claims`.
 
-- ``claims_html``: the claims table (verdicts with the intervals behind them) and, for
+- ``claims_html``: the claims table (verdict cells styled by :mod:`lens_position.report.markup`) (verdicts with the intervals behind them) and, for
   every claim that does not hold or is inconclusive, the explanation;
 - ``build_report`` / ``write_report``: one HTML file that opens with that table and then
   shows every figure from ``lens_position.report.plots`` with a caption saying what is measured;
@@ -36,9 +36,14 @@ import plotly.graph_objects as go
 import plotly.offline
 
 from lens_position.report import plots
+from lens_position.report.markup import verdict_class
 from lens_position.report.plots import ReportFigure
 from lens_position.analyses import tables as table_registry
+from lens_position.analyses import claims as claim_registry
 from lens_position.analyses.claims import FAILS, HOLDS, INCONCLUSIVE, PAPER, Criteria, claims_table
+from lens_position.analyses.sentences import UNTRAINED_NOTE, components_sentence, sinks_sentence
+from lens_position.core.intervals import Estimate
+from lens_position.core.summaries import fmt, is_untrained
 from lens_position.ground.errors import BadInputError, MissingPackageError
 
 # The tables a reproduction writes, with the experiment that produces each (the registry's).
@@ -95,12 +100,12 @@ def report_figures(results: Mapping[str, pd.DataFrame]) -> list[ReportFigure]:
         "intervals. The mask component is concentrated at early queries; claim C2 is decided over all "
         "queries, and this figure is shown beside it, never instead of it.",
         lambda f: plots.layer_components(f, components=_available(f, ("R_rf", "M_rf", "R", "M"), "_heldout")))
-    add("head_heatmaps", ("decompose_heads",), "Per-head T, R' and M' (held-out)",
+    add("head_heatmaps", ("decompose_heads",), "Per-head R', M' and total (held-out)",
         "Held-out total absolute signal T and the reference-free residual (R') and mask (M') components of "
         "every head, as fractions of Var(log A); hover a cell for its 95% bootstrap interval. A single "
         "head's held-out value is noisy: read the interval before the colour.",
         lambda f: plots.head_heatmaps(f, components=[c + "_heldout" for c in
-                                                     _available(f, ("T", "R_rf", "M_rf"), "_heldout")]))
+                                                     _available(f, ("total", "R_rf", "M_rf"), "_heldout")]))
     add("probe", ("probe_layers",), "Position probe on the residual stream",
         "Held-out R² of a ridge probe from resid_pre at each layer to log(position + 1); dotted: the "
         "same probe fitted to shuffled positions (the axis is clipped at -1 when a value falls below; hover "
@@ -190,6 +195,13 @@ td.yes { background: #e5f5e0; } td.no { background: #fde0dd; } td.maybe { backgr
 .plot { width: 100%; }
 details pre { background: #f7f7f7; padding: 1em; overflow-x: auto; font-size: 0.8em; }
 #js-errors { color: #b00; }
+#answers .answer { border-left: 4px solid #4a7bd0; padding: 0.1em 0.8em; margin: 0.6em 0; }
+#answers .answer h3 { margin: 0.2em 0; } #answers .answer p { margin: 0.25em 0; }
+.untrained { background: #fde0dd; border: 1px solid #d33; padding: 0.3em 0.6em; margin: 0.3em 0; font-weight: bold; }
+#claims td, #claims th { max-width: 22em; }
+#claims details summary { color: #555; cursor: pointer; font-size: 0.9em; }
+#claims details div { font-size: 0.9em; color: #333; }
+table.compact td, table.compact th { padding: 0.15em 0.5em; font-size: 0.85em; }
 """
 
 # Collects JavaScript errors, draws every figure from its JSON block, and records the outcome
@@ -199,6 +211,18 @@ _RENDER_JS = """
   var plots = document.querySelectorAll('div.plot');
   var pending = plots.length, drawn = 0;
   function finish() {
+    // what the first screen shows, and how tall the claim cells are (in lines), for the browser check
+    var answers = document.querySelectorAll('#answers .answer');
+    var seen = 0;
+    answers.forEach(function (a) { if (a.getBoundingClientRect().bottom <= window.innerHeight) seen += 1; });
+    document.body.setAttribute('data-answers', String(answers.length));
+    document.body.setAttribute('data-answers-on-first-screen', String(seen));
+    var most = 0;
+    document.querySelectorAll('#claims div.cell').forEach(function (c) {
+      var line = parseFloat(getComputedStyle(c).lineHeight) || 16;
+      most = Math.max(most, Math.round(c.getBoundingClientRect().height / line));
+    });
+    document.body.setAttribute('data-claim-cell-lines', String(most));
     document.body.setAttribute('data-figures-drawn', String(drawn));
     document.body.setAttribute('data-js-errors', String(window.__lensErrors.length));
     document.getElementById('js-errors').textContent = window.__lensErrors.join('\\n');
@@ -230,18 +254,34 @@ def _script_json(obj: Any) -> str:
     return json.dumps(obj, allow_nan=False).replace("</", "<\\/")
 
 
-_VERDICT_CLASS = {HOLDS: "yes", FAILS: "no", INCONCLUSIVE: "maybe"}
-
-
 def _verdict_cell(verdict: str) -> tuple[str, str]:
-    return _VERDICT_CLASS.get(verdict, "na"), verdict
+    return verdict_class(verdict), verdict
+
+
+def _estimate_text(row: pd.Series) -> str:
+    """The number a verdict rests on (its quantity is named in the cell's detail), to 3 significant
+    figures with its interval."""
+    value = row.get("value")
+    if value is None or pd.isna(value):
+        return ""
+    estimate = Estimate(float(value), float(row.get("value_lo", float("nan"))), float(row.get("value_hi", float("nan"))))
+    return fmt(estimate)
+
+
+def _cell(cls: str, lines: list[str], detail: str) -> str:
+    """A claims-table cell: at most two short lines and the detail folded away."""
+    folded = f"<details><summary>detail</summary><div>{html.escape(detail)}</div></details>" if detail else ""
+    return f'<td class="{cls}"><div class="cell">{"<br>".join(lines)}{folded}</div></td>'
 
 
 def claims_html(claims: pd.DataFrame) -> str:
-    """The claims table as HTML: one row per claim, one column per architecture (what we
-    measured, with intervals, and the verdict), the overall verdict; then, for every claim
-    that does not hold or is inconclusive, its explanation in words built from the numbers."""
+    """The claims table as HTML: one row per claim (its short title; the paper's statement and our
+    criterion folded away), one column per architecture (the verdict and the number it rests on,
+    to 3 significant figures with its interval; what was measured folded away), the overall
+    verdict; then, for every claim that does not hold or is inconclusive, its explanation in words
+    built from the numbers."""
     archs = [a for a in dict.fromkeys(claims["architecture"].tolist()) if a != "overall"]
+    titles = {c.key: c.title for c in claim_registry.CLAIMS}
     head = "".join(f"<th>{html.escape(a)}</th>" for a in archs)
     body = []
     for claim in dict.fromkeys(claims["claim"].tolist()):
@@ -249,20 +289,22 @@ def claims_html(claims: pd.DataFrame) -> str:
         cells = []
         for arch in archs:
             if arch not in part.index:
-                cells.append('<td class="na">not measured</td>')
+                cells.append(_cell("na", ["not measured"], ""))
                 continue
-            cls, word = _verdict_cell(part.loc[arch, "verdict"])
-            verdict = f"<br><b>{html.escape(word)}</b>" if cls != "na" else ""
-            cells.append(f'<td class="{cls}">{html.escape(str(part.loc[arch, "measured"]))}{verdict}</td>')
+            row = part.loc[arch]
+            cls, word = _verdict_cell(row["verdict"])
+            number = _estimate_text(row)
+            lines = [f"<b>{html.escape(word)}</b>"] + ([html.escape(number)] if number else [])
+            quantity = str(row.get("quantity") or "")
+            cells.append(_cell(cls, lines, f"{quantity}: {row['measured']}" if quantity else str(row["measured"])))
         cls, word = _verdict_cell(part.loc["overall", "verdict"])
-        overall = html.escape(str(part.loc["overall", "measured"]))
-        body.append(
-            f'<tr id="claim-{claim}"><th>{claim}</th><td>{html.escape(part["statement"].iloc[0])}</td>'
-            f'<td>{html.escape(part["criterion"].iloc[0])}</td>{"".join(cells)}'
-            f'<td class="{cls}"><b>{html.escape(word)}</b><br>{overall}</td></tr>'
-        )
-    table = (f'<table id="claims"><thead><tr><th>claim</th><th>paper\'s statement</th><th>our criterion</th>'
-             f'{head}<th>verdict</th></tr></thead><tbody>{"".join(body)}</tbody></table>')
+        what = (f"<b>{html.escape(claim)}</b> {html.escape(titles.get(claim, ''))}<details><summary>the paper, our "
+                f"criterion</summary><div>{html.escape(part['statement'].iloc[0])} Our criterion: "
+                f"{html.escape(part['criterion'].iloc[0])}.</div></details>")
+        body.append(f'<tr id="claim-{claim}"><td><div class="cell">{what}</div></td>{"".join(cells)}'
+                    f'{_cell(cls, [f"<b>{html.escape(word)}</b>"], str(part.loc["overall", "measured"]))}</tr>')
+    table = (f'<table id="claims"><thead><tr><th>claim</th>{head}<th>overall</th></tr></thead>'
+             f'<tbody>{"".join(body)}</tbody></table>')
     return table + _disagreements_html(claims)
 
 
@@ -279,6 +321,65 @@ def _disagreements_html(claims: pd.DataFrame) -> str:
         return ""
     return ('<h3 id="disagreements">Where our numbers differ from the paper, or do not yet decide</h3>'
             f'<ul class="why">{"".join(items)}</ul>')
+
+
+def _model_of(frame: pd.DataFrame | None, arch: str) -> str | None:
+    if frame is None or "model" not in frame.columns or "architecture" not in frame.columns:
+        return None
+    names = frame.loc[frame["architecture"] == arch, "model"]
+    return str(names.iloc[0]) if len(names) else None
+
+
+def _part(tables: Mapping[str, pd.DataFrame], name: str, arch: str) -> pd.DataFrame | None:
+    frame = tables.get(name)
+    if frame is None or not len(frame):
+        return None
+    if "architecture" in frame.columns:
+        frame = frame[frame["architecture"] == arch]
+    return frame.reset_index(drop=True) if len(frame) else None
+
+
+def answers_html(tables: Mapping[str, pd.DataFrame], provenance: Mapping[str, Any] | None = None) -> str:
+    """The answer first: per model, one sentence on where its attention's absolute position comes
+    from (the mask's share and the residual stream's, held out and reference-free, with intervals)
+    and one on its sink heads and who reads them, built from the tables
+    (:mod:`lens_position.analyses.sentences`); a banner over a random-weight model."""
+    layers_all = tables.get("decompose_layers")
+    if layers_all is None or not len(layers_all):
+        return ""
+    archs = list(dict.fromkeys(layers_all["architecture"])) if "architecture" in layers_all.columns else [None]
+    sources = {str(m.get("name")): str(m.get("source") or "") for m in (provenance or {}).get("models", [])}
+    blocks = []
+    for k, arch in enumerate(archs):
+        layers = (_part(tables, "decompose_layers", arch) if arch is not None else layers_all).sort_values("layer")
+        replicates = (_part(tables, "decompose_replicates", arch) if arch is not None
+                      else tables.get("decompose_replicates"))
+        model = _model_of(layers_all, arch) if arch is not None else None
+        sentences = [components_sentence(layers, arch, replicates, in_sample=False)]
+        sinks = _part(tables, "sink_heads", arch) if arch is not None else tables.get("sink_heads")
+        if sinks is not None:
+            reading = _part(tables, "sink_reading", arch) if arch is not None else tables.get("sink_reading")
+            sentences.append(sinks_sentence(sinks, reading, arch))
+        untrained = model is not None and is_untrained({"model": {"name": model, "source": sources.get(model, "")}})
+        banner = f'<p class="untrained">{html.escape(UNTRAINED_NOTE)}</p>' if untrained else ""
+        label = html.escape(str(arch or model or "the model")) + (f" <small>({html.escape(model)})</small>"
+                                                                   if model and model != arch else "")
+        blocks.append(f'<div class="answer" id="answer-{k}"><h3>{label}</h3>{banner}'
+                      + "".join(f"<p>{html.escape(t)}</p>" for t in sentences) + "</div>")
+    return ('<section id="answers"><h2>Where absolute position comes from, per model</h2>'
+            + "".join(blocks) + "</section>")
+
+
+def models_html(provenance: Mapping[str, Any] | None) -> str:
+    """The models of the run as a compact table (architecture, model, source)."""
+    models = (provenance or {}).get("models", [])
+    if not models:
+        return ""
+    rows = "".join(f"<tr><td>{html.escape(str(m.get('architecture', '')))}</td><td>{html.escape(str(m.get('name')))}"
+                   f"</td><td>{html.escape(str(m.get('source')))}</td></tr>" for m in models)
+    return (f'<details id="models"><summary>{len(models)} model{"s" if len(models) != 1 else ""}</summary>'
+            '<table class="compact"><thead><tr><th>architecture</th><th>model</th><th>source</th></tr></thead>'
+            f"<tbody>{rows}</tbody></table></details>")
 
 
 def _provenance_html(provenance: Mapping[str, Any] | None) -> str:
@@ -307,9 +408,6 @@ def _run_summary_html(provenance: Mapping[str, Any] | None) -> str:
     if not provenance:
         return ""
     parts = []
-    models = [m.get("architecture") or m.get("name") for m in provenance.get("models", [])]
-    if models:
-        parts.append("models: " + "; ".join(html.escape(str(m)) for m in models))
     data = provenance.get("data") or {}
     if data:
         parts.append(f"data: {html.escape(str(data.get('source')))} "
@@ -356,7 +454,7 @@ def prompt_sets_html(summary: pd.DataFrame | None) -> str:
                    "wider than the spread between sets (conservative)" if r["sd_ratio_hi"] < 1 else
                    "narrower than the spread between sets")
         rows.append(f"<tr><td>{html.escape(str(r.get('architecture', '')))}</td><td>{html.escape(r['claim'])}</td>"
-                    f"<td>{html.escape(r['quantity'])}</td><td>{int(r['n_sets'])}</td><td>{r['mean']:.4f}</td>"
+                    f"<td>{html.escape(r['quantity'])}</td><td>{int(r['n_sets'])}</td><td>{r['mean_over_sets']:.4f}</td>"
                     f"<td>{r['between_sd']:.4f}</td><td>{r['bootstrap_sd']:.4f}</td><td>{ratio}</td>"
                     f"<td>bootstrap interval {reading}</td><td>{html.escape(str(r['verdicts']))}</td></tr>")
     return ('<section id="prompt-sets"><h2>Across independent prompt sets</h2><p class="caption">The numbers claims '
@@ -387,9 +485,11 @@ def build_report(results: Mapping[str, pd.DataFrame], *, provenance: Mapping[str
         f"<script>{_ERROR_TRAP_JS}</script>"
         f"<script>{plotly.offline.get_plotlyjs()}</script></head><body>"
         f"<h1>{html.escape(title)}</h1>"
-        "<p>A reproduction of arXiv 2606.06160's claims C1–C5 with lens_position. Every number below is "
-        "measured by this run; the criterion that decides each verdict is stated next to it.</p>"
-        f"{_run_summary_html(provenance)}<h2>Claims</h2>{claims_html(claims)}"
+        f"{answers_html(main, provenance)}"
+        "<h2>Claims</h2><p>A reproduction of arXiv 2606.06160's claims C1–C5 with lens_position. Every number "
+        "below is measured by this run; open a cell for what was measured, a claim for the paper's statement and "
+        "the criterion that decides it.</p>"
+        f"{claims_html(claims)}{models_html(provenance)}{_run_summary_html(provenance)}"
         f"{prompt_sets_html(main.get('prompt_sets_summary'))}"
         f"{''.join(sections)}{_provenance_html(provenance)}"
         '<pre id="js-errors"></pre>'
@@ -423,6 +523,7 @@ class BrowserCheck:
     js_errors: list[str]
     screenshot: Path | None
     console: list[str] = field(default_factory=list)
+    page: dict[str, str] = field(default_factory=dict)  # <body>'s data-* attributes after rendering
 
     @property
     def ok(self) -> bool:
@@ -446,10 +547,24 @@ def find_chromium() -> str:
     )
 
 
+# The report is a local file with its scripts inlined: Chromium needs no network, and these flags
+# stop what it would send by itself (DNS prefetch, component and safe-browsing updates, metrics,
+# field trials, sync, WebRTC's STUN packets, pings): every proxied request goes to a closed port
+# on the loopback, and loopback itself bypasses nothing.
+NETWORK_OFF = ("--proxy-server=127.0.0.1:9", "--proxy-bypass-list=<-loopback>",
+               "--disable-background-networking", "--disable-component-update", "--disable-sync",
+               "--disable-domain-reliability", "--dns-prefetch-disable", "--no-pings", "--disable-breakpad",
+               "--disable-client-side-phishing-detection", "--disable-default-apps", "--disable-field-trial-config",
+               "--metrics-recording-only", "--no-default-browser-check", "--disable-features=OptimizationHints,"
+               "MediaRouter,DialMediaRouteProvider,AutofillServerCommunication,CertificateTransparencyComponentUpdater,"
+               "Translate,InterestFeedContentSuggestions,NetworkTimeServiceQuerying,WebRtcHideLocalIpsWithMdns",
+               "--force-webrtc-ip-handling-policy=disable_non_proxied_udp", "--host-resolver-rules=MAP * ~NOTFOUND, "
+               "EXCLUDE localhost, EXCLUDE 127.0.0.1")
+
+
 def _chromium_args(binary: str, profile: str) -> list[str]:
     return [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            "--disable-extensions", "--disable-dev-shm-usage", "--hide-scrollbars",
+            *NETWORK_OFF, "--disable-extensions", "--disable-dev-shm-usage", "--hide-scrollbars",
             f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0"]
 
 
@@ -511,4 +626,5 @@ def check_in_browser(report: str | Path, *, screenshot: str | Path | None = None
             js_errors.append(f"Chromium wrote no screenshot to {shot}")
             shot = None
     return BrowserCheck(figures_expected=len(keys), figures_drawn=len(keys) - len(undrawn), undrawn=undrawn,
-                        js_errors=js_errors, screenshot=shot, console=console)
+                        js_errors=js_errors, screenshot=shot, console=console,
+                        page={k: v for k, v in attrs.items() if k.startswith("data-")})

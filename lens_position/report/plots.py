@@ -14,6 +14,8 @@ figure shows exactly the numbers in the results tables.
 
 from __future__ import annotations
 
+import textwrap
+
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -32,7 +34,7 @@ _DASHES = ("solid", "dash", "dot", "dashdot", "longdash")
 PAPER_C4_FRACTION = PAPER.c4_fraction_removed
 
 COMPONENT_NAMES = {
-    "T": "total absolute signal T",
+    "total": "total absolute signal",
     "R": "residual component R (self-referenced)",
     "M": "mask component M (self-referenced)",
     "C": "interaction C (self-referenced)",
@@ -121,6 +123,14 @@ def _relative_depth(frame: pd.DataFrame) -> list:
     return _as_list(frame["relative_depth"] if "relative_depth" in frame.columns else frame["layer"])
 
 
+def _integer_ticks(ids: Sequence[int], most: int = 16) -> dict:
+    """Axis ticks on whole layers or heads (a heatmap's autoscaled ticks fall on -0.5, 0.5, ...):
+    every index, or every k-th when there are more than ``most``."""
+    ids = [int(i) for i in ids]
+    step = max(1, -(-len(ids) // most))
+    return dict(tickmode="array", tickvals=ids[::step], ticktext=[str(i) for i in ids[::step]])
+
+
 def _color(i: int) -> str:
     return _PALETTE[i % len(_PALETTE)]
 
@@ -139,12 +149,43 @@ def _drop_unnamed_group(fig: go.Figure) -> None:
             annotation.text = annotation.text[2:]
 
 
+DEFAULT_WIDTH = 700  # plotly's width when a figure sets none (what save_figure exports)
+GLYPH_WIDTH = 0.6  # average glyph width in em of plotly's default font, rounded up
+LINE_HEIGHT = 1.3  # line height in em
+
+
+def _fit_titles(fig: go.Figure, title: str) -> tuple[str, int]:
+    """Wrap the figure title and each panel title (a make_subplots annotation) at words so that
+    each fits its width at the figure's size; return the wrapped title and the top margin that
+    holds it above the tallest panel title, so no title overlaps another when exported at the
+    default size."""
+    width = fig.layout.width or DEFAULT_WIDTH
+    plot_width = width - 60 - 20
+    title_lines = textwrap.wrap(title, max(20, int((width - 0.05 * width - 10) // (17 * GLYPH_WIDTH)))) or [""]
+    titles = [a for a in fig.layout.annotations if a.showarrow is False and a.yanchor == "bottom"]
+    tallest = 0
+    for annotation in titles:
+        same_row = sorted(float(b.x) for b in titles if b.y == annotation.y)
+        gaps = [abs(x - float(annotation.x)) for x in same_row if x != float(annotation.x)]
+        room = min(min(gaps) if gaps else 1.0, 2 * min(float(annotation.x), 1 - float(annotation.x))) * plot_width - 8
+        size = (annotation.font.size if annotation.font and annotation.font.size else 12)
+        per_line = max(8, int(room // (size * GLYPH_WIDTH)))
+        lines = textwrap.wrap(str(annotation.text).replace("<br>", " "), per_line) or [""]
+        annotation.text = "<br>".join(lines)
+        if annotation.y == max(float(b.y) for b in titles):
+            tallest = max(tallest, int(len(lines) * size * LINE_HEIGHT) + 6)
+    top = 10 + int(len(title_lines) * 17 * LINE_HEIGHT) + tallest + 12
+    return "<br>".join(title_lines), max(top, 70)
+
+
 def _base_layout(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
     _drop_unnamed_group(fig)
+    title, top = _fit_titles(fig, title)
     fig.update_layout(
-        title=title, height=height, template="plotly_white",
+        title=dict(text=title, y=1.0, yref="container", yanchor="top", pad=dict(t=10)),
+        height=height + top - 70, template="plotly_white",
         legend=dict(orientation="h", yanchor="top", y=-0.18, xanchor="left", x=0),
-        margin=dict(l=60, r=20, t=70, b=80),
+        margin=dict(l=60, r=20, t=top, b=80),
     )
     return fig
 
@@ -187,11 +228,11 @@ def layer_components(layers: pd.DataFrame, *, by: str = "architecture",
 
 
 def head_heatmaps(heads: pd.DataFrame, *, by: str = "architecture",
-                  components: Sequence[str] = ("T_heldout", "R_rf_heldout", "M_rf_heldout")) -> go.Figure:
+                  components: Sequence[str] = ("R_rf_heldout", "M_rf_heldout", "total_heldout")) -> go.Figure:
     """Heatmaps of per-head components: one row per architecture, one column per component.
 
     ``heads`` is ``Decomposition.heads`` stacked over models (columns ``layer``, ``head`` and
-    the components, fractions of Var(log A)); by default the held-out T and the reference-free
+    the components, fractions of Var(log A)); by default the held-out total and the reference-free
     R' and M'. Colour = fraction, one shared scale from min(0, smallest) to the largest value
     shown; ``z[layer][head]``; hovering a cell shows its interval when the frame has
     ``*_lo``/``*_hi`` columns, and says when the estimate lies outside it.
@@ -228,8 +269,9 @@ def head_heatmaps(heads: pd.DataFrame, *, by: str = "architecture",
                 coloraxis="coloraxis", meta={"group": name, "quantity": col},
                 hovertemplate=f"{name}<br>layer %{{y}}, head %{{x}}<br>{col} = %{{z:.4f}}{hover_interval}<extra></extra>",
             ), row=gi + 1, col=ci + 1)
-            fig.update_xaxes(title_text="head", row=gi + 1, col=ci + 1)
-            fig.update_yaxes(title_text="layer" if ci == 0 else None, row=gi + 1, col=ci + 1)
+            fig.update_xaxes(title_text="head", row=gi + 1, col=ci + 1, **_integer_ticks(head_ids))
+            fig.update_yaxes(title_text="layer" if ci == 0 else None, row=gi + 1, col=ci + 1,
+                             **_integer_ticks(layer_ids))
     fig.update_layout(coloraxis=dict(colorscale="Viridis", cmin=zmin, cmax=zmax,
                                      colorbar=dict(title="fraction of<br>Var(log A)")))
     fig.update_annotations(font_size=11)
@@ -397,7 +439,7 @@ def sink_heads_map(sinks: pd.DataFrame, reading: pd.DataFrame | None = None, *,
 
     ``sinks`` is ``SinkHeads.frame`` (``layer``, ``head``, ``sink_score`` = mean attention on
     position 0, in [0, 1], ``is_sink``). ``reading`` is ``SinkReading.frame`` (``layer``,
-    ``head``, ``output_change``, ``rank``): its ``top_reading`` best-ranked heads are marked
+    ``head``, ``output_change``, ``reading_rank``): its ``top_reading`` best-ranked heads are marked
     with a red ring. Colour = sink score; a white dot marks a sink head (score > ε).
     """
     _require(sinks, ["layer", "head", "sink_score", "is_sink"], "sink_heads_map")
@@ -423,15 +465,16 @@ def sink_heads_map(sinks: pd.DataFrame, reading: pd.DataFrame | None = None, *,
             meta={"group": name, "quantity": "is_sink"},
         ), row=1, col=gi + 1)
         if name in reading_groups:
-            _require(reading, ["layer", "head", "rank"], "sink_heads_map")
-            top = reading_groups[name].sort_values("rank").head(top_reading)
+            _require(reading, ["layer", "head", "reading_rank"], "sink_heads_map")
+            top = reading_groups[name].sort_values("reading_rank").head(top_reading)
             fig.add_trace(go.Scatter(
                 x=_as_list(top["head"]), y=_as_list(top["layer"]), mode="markers",
                 marker=dict(symbol="circle-open", color="red", size=14, line=dict(width=2)),
                 name=f"top {top_reading} sink-reading heads", legendgroup="reading", showlegend=gi == 0,
                 meta={"group": name, "quantity": "sink_reading_top"},
             ), row=1, col=gi + 1)
-        fig.update_xaxes(title_text="head", row=1, col=gi + 1)
+        fig.update_xaxes(title_text="head", row=1, col=gi + 1, **_integer_ticks(head_ids))
+        fig.update_yaxes(row=1, col=gi + 1, **_integer_ticks(layer_ids))
     fig.update_yaxes(title_text="layer", row=1, col=1)
     title = "Sink heads (mean attention on position 0)" + (f", ε = {eps}" if eps is not None else "")
     fig.update_layout(coloraxis=dict(colorscale="Cividis", cmin=0.0, cmax=1.0,
@@ -573,6 +616,61 @@ def patching_sweep(sweep, *, token_labels: Sequence[str] | None = None,
     ))
     fig.update_xaxes(title_text="patched position", tickvals=positions, ticktext=ticktext, tickangle=-60)
     fig.update_yaxes(title_text="patched layer (resid_pre)", tickmode="array", tickvals=layer_ids, autorange="reversed")
+    return _base_layout(fig, title, height=max(320, 24 * len(layer_ids) + 200))
+
+
+def patching_sweep_intervals(sweep, *, head: int | None = None, token_labels: Sequence[str] | None = None,
+                             metric_name: str = "effect", title: str = "Activation patching sweep: effect per cell"
+                             ) -> go.Figure:
+    """Heatmap of a sweep's mean effect per cell (the patched run's metric minus the unpatched
+    target run's, averaged over target prompts), with a mark on every cell whose bootstrap
+    interval (``effect_lo``, ``effect_hi``) excludes zero.
+
+    ``sweep`` is a ``PatchSweep`` run with ``reduce="none"`` (or its ``frame``: columns ``layer``,
+    ``position``, ``effect``, ``effect_lo``, ``effect_hi``, and ``p_value`` shown on hover when
+    present). A per-head sweep (a ``head`` column) is drawn one ``head`` at a time. Layers keep
+    their real indices; diverging colours centred on 0.
+    """
+    frame = getattr(sweep, "frame", sweep)
+    _require(frame, ["layer", "position", "effect", "effect_lo", "effect_hi"], "patching_sweep_intervals")
+    if "head" in frame.columns:
+        if head is None:
+            raise BadInputError("this sweep has one cell per head: pass head= to draw one head")
+        frame = frame[frame["head"] == head]
+        if frame.empty:
+            raise BadInputError(f"the sweep has no cells for head {head}")
+    elif head is not None:
+        raise BadInputError("this sweep has no head axis; drop head=")
+    layer_ids = layer_rows(frame["layer"].tolist())
+    positions = sorted({int(p) for p in frame["position"].tolist()})
+    grid = frame.pivot_table(index="layer", columns="position", values="effect", aggfunc="first")
+    grid = grid.reindex(index=layer_ids, columns=positions)
+    if token_labels is not None:
+        labels = list(token_labels)
+        if max(positions, default=-1) >= len(labels):
+            raise BadInputError(f"token_labels has {len(labels)} entries but the sweep patches position "
+                                f"{max(positions)}: pass one label per position of the sequence")
+        ticktext = [f"{p} {labels[p]!s}" for p in positions]
+    else:
+        ticktext = [str(p) for p in positions]
+    fig = go.Figure(go.Heatmap(
+        z=[_as_list(row) for row in grid.to_numpy(dtype=float)], x=positions, y=layer_ids,
+        colorscale="RdBu", zmid=0.0, colorbar=dict(title=metric_name),
+        meta={"group": "sweep", "quantity": "effect"},
+        hovertemplate=f"layer %{{y}}, position %{{x}}<br>{metric_name} = %{{z:.4f}}<extra></extra>",
+    ))
+    excludes = frame[(frame["effect_lo"] > 0) | (frame["effect_hi"] < 0)]
+    hover = [f"[{lo:.4f}, {hi:.4f}]" + (f", p = {p:.3g}" if "p_value" in excludes.columns else "")
+             for lo, hi, p in zip(excludes["effect_lo"], excludes["effect_hi"],
+                                  excludes["p_value"] if "p_value" in excludes.columns else [0.0] * len(excludes))]
+    fig.add_trace(go.Scatter(
+        x=[int(p) for p in excludes["position"]], y=[int(l) for l in excludes["layer"]], mode="markers",
+        marker=dict(symbol="circle-open", size=9, color="black", line=dict(width=1.5)), text=hover,
+        name="interval excludes 0", meta={"group": "sweep", "quantity": "interval_excludes_zero"},
+        hovertemplate="layer %{y}, position %{x}<br>interval %{text}<extra></extra>",
+    ))
+    fig.update_xaxes(title_text="patched position", tickvals=positions, ticktext=ticktext, tickangle=-60)
+    fig.update_yaxes(title_text="patched layer", tickmode="array", tickvals=layer_ids, autorange="reversed")
     return _base_layout(fig, title, height=max(320, 24 * len(layer_ids) + 200))
 
 
@@ -738,3 +836,34 @@ def convergence_c4(convergence: pd.DataFrame, bos_layers: pd.DataFrame | None = 
     fig.update_xaxes(title_text="layer")
     fig.update_yaxes(title_text="cosine", row=1, col=1)
     return _base_layout(fig, "C4: position-0 convergence beside the fraction of R' removed", height=460)
+
+
+def zoo_r_by_layer(layers: pd.DataFrame) -> go.Figure:
+    """Per-layer held-out R' (``R_rf_heldout``, reference-free split) of each ``variant`` of a
+    zoo decomposition table: mean over seeds, with the seeds' min-max as error bars."""
+    figure = go.Figure()
+    for variant, frame in layers.groupby("variant", sort=False):
+        stats = frame.groupby("layer")["R_rf_heldout"].agg(["mean", "min", "max", "count"])
+        figure.add_trace(go.Scatter(
+            x=stats.index, y=stats["mean"], mode="lines+markers", name=f"{variant} (n={stats['count'].iloc[0]})",
+            error_y=dict(type="data", symmetric=False, array=stats["max"] - stats["mean"],
+                         arrayminus=stats["mean"] - stats["min"])))
+    figure.update_layout(title="Zoo: residual component R' (held-out, reference-free) by layer, mean over seeds "
+                         "(bars: min-max)", xaxis_title="layer", yaxis_title="R' (share of Var(log A))",
+                         template="plotly_white")
+    return figure
+
+
+def training_loss(curves: pd.DataFrame, unigram_bits_per_byte: float | None = None) -> go.Figure:
+    """Held-out loss (``held_out_bits``, bits per byte) against training ``tokens``, one line per
+    ``name`` (grouped by ``variant``), with the unigram baseline when given."""
+    figure = go.Figure()
+    for (name, variant), curve in curves.groupby(["name", "variant"], sort=False):
+        figure.add_trace(go.Scatter(x=curve["tokens"], y=curve["held_out_bits"], mode="lines",
+                                    name=name, legendgroup=variant))
+    if unigram_bits_per_byte is not None:
+        figure.add_hline(y=unigram_bits_per_byte, line_dash="dash",
+                         annotation_text=f"unigram {unigram_bits_per_byte:.2f} bits/byte")
+    figure.update_layout(title="Zoo training: held-out loss", xaxis_title="training tokens",
+                         yaxis_title="bits per byte (held out)", template="plotly_white")
+    return figure

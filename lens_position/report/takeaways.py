@@ -27,8 +27,11 @@ import numpy as np
 import pandas as pd
 
 from lens_position.analyses.claims import CLAIMS, HOLDS, NOT_MEASURED, PAPER, Criteria, Tables, evaluate
+from lens_position.analyses.sentences import (UNTRAINED_NOTE, bos_sentence, components_sentence,  # noqa: F401
+                                             sinks_sentence)  # the answer's sentences, shared with analyze()
 from lens_position.analyses.tables import result_sources
 from lens_position.core.intervals import Estimate
+
 
 HEADING = "### What the numbers show"
 
@@ -140,30 +143,6 @@ def verdicts(tables: Tables, keys: Sequence[str], criteria: Criteria = Criteria(
 # --------------------------------------------------------------------------- what the claims do not say
 
 
-def components_sentence(layers: pd.DataFrame, architecture: str | None = None) -> str:
-    """What the decomposition shows on average and per layer, from ``Decomposition.layers``."""
-    who = f"On {architecture}, averaged" if architecture else "Averaged"
-    mean = layers[["T", "R", "M", "C"]].astype(float).mean()
-    r, m = layers["R"].astype(float), layers["M"].astype(float)
-    share = r.sum() / (r + m).sum() if (r + m).sum() > 0 else math.nan
-    top = layers.loc[layers["T"].astype(float).idxmax()]
-    text = (f"{who} over layers and heads, absolute position is T = {mean['T']:.3f} of Var(log A) (in-sample): "
-            f"R = {mean['R']:.3f} from the scores, M = {mean['M']:.3f} from the causal normaliser, C = {mean['C']:.3f} "
-            f"their interaction. R exceeds M in {int((r > m).sum())} of {len(layers)} layers "
-            f"(R/(R+M) = {share:.2f}); the largest T, {float(top['T']):.3f}, is in layer {int(top['layer'])}.")
-    n = int(layers["n_sequences"].iloc[0]) if "n_sequences" in layers.columns else None
-    if n is not None and n < 2:
-        text += (f" Held-out values need at least two sequences (one half to fit, the other to evaluate); "
-                 f"this decomposition ran on N = {n}.")
-    elif "T_heldout" in layers.columns:
-        text += f" Held out (fitted on half the sequences, evaluated on the other): T = {layers['T_heldout'].astype(float).mean():.3f}"
-        if {"R_rf_heldout", "M_rf_heldout"} <= set(layers.columns):
-            text += (f"; in the reference-free split the claims use, R' = {layers['R_rf_heldout'].astype(float).mean():.3f} "
-                     f"and M' = {layers['M_rf_heldout'].astype(float).mean():.3f}")
-        text += "."
-    return text
-
-
 def bos_direction(overall: pd.DataFrame, architecture: str | None = None) -> str:
     """Which way BOS replacement moved the residual component, per replacement and on average,
     from ``BosReplacement.overall``, against the paper's fraction (``claims.PAPER``)."""
@@ -252,11 +231,10 @@ def untrained_note(untrained: bool) -> str:
     """For results of random-weight models (the notebooks' fast mode): what their verdicts mean."""
     if not untrained:
         return ""
-    return ("*These numbers come from a small model with random weights, built in code: they exercise the code, and "
-            "the verdicts below say nothing about the paper's claims, which are about trained models.*")
+    return f"*{UNTRAINED_NOTE}*"
 
 
-def ground_truth_sentences(frame: pd.DataFrame, components: Sequence[str] = ("T", "R", "M", "C")) -> list[str]:
+def ground_truth_sentences(frame: pd.DataFrame, components: Sequence[str] = ("total", "R", "M", "C")) -> list[str]:
     """One line per row of a table of toy cases (index: the case; columns: the components)."""
     return [f"- {case}: " + ", ".join(f"{c} = {float(row[c]):.3g}" for c in components if c in row.index)
             for case, row in frame.iterrows()]

@@ -4,17 +4,19 @@ on the position mechanism, when nothing else differs?
 Input: the tables of a reproduction run over zoo models (``decompose_layers``, and when
 present ``probe_layers``, ``sink_rate``, ``bos_overall``). Per model:
 
-- ``R``, ``M``, ``T``: held-out residual, mask and total shares of Var(log A), means over
+- ``R``, ``M``, ``total``: held-out residual, mask and total shares of Var(log A), means over
   layers, on the reference-free split the paper's claims are decided on (``R_rf_heldout``,
-  ``M_rf_heldout``, ``T_heldout`` of ``lens_position.analyses.decompose``; fractions in [0, 1]);
+  ``M_rf_heldout``, ``total_heldout`` of ``lens_position.analyses.decompose``; fractions in [0, 1]);
   ``R_self``, ``M_self``: the same on the self-referenced split, beside them;
 - ``R_slope``: least-squares slope of the per-layer ``R_rf_heldout`` against the layer index
-  (share per layer: "does R accumulate with depth");
+  (share per layer: "does R accumulate with depth"; the slope of
+  :func:`lens_position.analyses.claims.slope`);
 - ``probe_r2_last``: held-out R² of the position probe at the last layer's input;
 - ``sink_rate`` (natural text) and ``bos_removed`` (mean fraction of R removed by BOS
   replacement at early queries, over replacements), when those steps ran.
 
-Across seeds: mean, standard deviation and a 95 % Student-t interval. The C3 questions are
+Across seeds: mean, standard deviation and a 95 % Student-t interval
+(:func:`lens_position.core.intervals.t_interval`). The C3 questions are
 answered with **paired** per-seed differences: variants with the same seed start from the
 same initial weights (identical shapes draw identical values) and see the same batches, so
 ``ntk - ntk-control`` at seed ``k`` differs only by the NTK scaling. A verdict is
@@ -24,17 +26,23 @@ same initial weights (identical shapes draw identical values) and see the same b
 from __future__ import annotations
 
 import html
-import math
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
+from lens_position.analyses.claims import HOLDS, INCONCLUSIVE, NOT_MEASURED
+from lens_position.analyses.claims import slope as depth_slope
+from lens_position.core.intervals import t_interval, t_quantile  # noqa: F401  (t_quantile: part of this module's API)
 from lens_position.ground.errors import BadInputError
 from lens_position.models.zoo.recipe import VARIANTS
 from lens_position.models.zoo.store import parse_name
+from lens_position.report import plots
+from lens_position.report.markup import verdict_class
+from lens_position.report.plots import ReportFigure
 
-METRICS = ("R", "M", "T", "R_slope", "R_self", "M_self", "probe_r2_last", "sink_rate", "bos_removed")
+LOWER, HIGHER = "lower", "higher"  # the resolved answers: the interval of a - b lies below / above 0
+METRICS = ("R", "M", "total", "R_slope", "R_self", "M_self", "probe_r2_last", "sink_rate", "bos_removed")
 #: (question, variant a, variant b, metric): each answered by the paired difference a - b.
 QUESTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("Does NTK-aware scaling lower the residual share relative to its unscaled control?",
@@ -51,37 +59,16 @@ QUESTIONS: tuple[tuple[str, str, str, str], ...] = (
 )
 
 
-def t_quantile(p: float, df: int) -> float:
-    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (numerical: the CDF
-    integrated on a fine grid and inverted by interpolation; accurate to ~1e-4)."""
-    if df < 1:
-        return float("nan")
-    x = np.linspace(0.0, 200.0, 400_001)
-    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
-    density = np.exp(log_norm - (df + 1) / 2 * np.log1p(x * x / df))
-    cdf = 0.5 + np.concatenate([[0.0], np.cumsum((density[1:] + density[:-1]) / 2 * np.diff(x))])
-    return float(np.interp(p, cdf, x))
-
-
-def interval(values: Sequence[float]) -> tuple[float, float, float, float, int]:
-    """``(mean, sd, low, high, n)`` of a 95 % t-interval for the mean (NaN bounds for n < 2)."""
-    v = np.asarray([x for x in values if x is not None and np.isfinite(x)], dtype=float)
-    n = len(v)
-    if n == 0:
-        return float("nan"), float("nan"), float("nan"), float("nan"), 0
-    mean = float(v.mean())
-    if n < 2:
-        return mean, float("nan"), float("nan"), float("nan"), n
-    sd = float(v.std(ddof=1))
-    half = t_quantile(0.975, n - 1) * sd / math.sqrt(n)
-    return mean, sd, mean - half, mean + half, n
+# The t-interval over seeds is the one of lens_position.core.intervals; ``interval`` is its name here.
+interval = t_interval
 
 
 def _slope(layers: pd.Series, values: pd.Series) -> float:
+    """Least-squares slope of ``values`` against ``layers`` (the claims' slope; NaN below 2 layers)."""
     x = layers.to_numpy(dtype=float)
     if len(x) < 2:
         return float("nan")
-    return float(np.polyfit(x, values.to_numpy(dtype=float), 1)[0])
+    return float(depth_slope(x, values.to_numpy(dtype=float)))
 
 
 def is_zoo_request(model: str) -> bool:
@@ -95,8 +82,8 @@ def models_table(tables: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     if "decompose_layers" not in tables:
         raise BadInputError("the run has no decompose_layers table; run the decompose step on zoo models")
     layers = tables["decompose_layers"]
-    if "keys" in layers.columns:
-        layers = layers[layers["keys"] == "all"]
+    if "key_set" in layers.columns:
+        layers = layers[layers["key_set"] == "all"]
     zoo = layers[layers["model"].map(is_zoo_request)]
     if zoo.empty:
         raise BadInputError("the run has no zoo models; pass --models zoo (or zoo:<variant> names)")
@@ -106,7 +93,7 @@ def models_table(tables: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
         frame = frame.sort_values("layer")
         row: dict[str, Any] = {
             "model": model, "variant": variant, "seed": seed, "R": frame["R_rf_heldout"].mean(),
-            "M": frame["M_rf_heldout"].mean(), "T": frame["T_heldout"].mean(),
+            "M": frame["M_rf_heldout"].mean(), "total": frame["total_heldout"].mean(),
             "R_slope": _slope(frame["layer"], frame["R_rf_heldout"]),
             "R_first_layer": frame["R_rf_heldout"].iloc[0], "R_last_layer": frame["R_rf_heldout"].iloc[-1],
             "R_self": frame["R_heldout"].mean(), "M_self": frame["M_heldout"].mean(),
@@ -152,9 +139,9 @@ def answers(models: pd.DataFrame) -> pd.DataFrame:
         if n < 2 or not np.isfinite(low):
             verdict = "not resolved (fewer than 2 paired seeds)"
         elif high < 0:
-            verdict = "lower"
+            verdict = LOWER
         elif low > 0:
-            verdict = "higher"
+            verdict = HIGHER
         else:
             verdict = "not resolved (interval includes 0)"
         rows.append({"question": question, "a": a, "b": b, "metric": metric, "a_mean": left.mean(),
@@ -177,50 +164,29 @@ def answer_markdown(answer: pd.DataFrame) -> str:
 
 def depth_figure(tables: Mapping[str, pd.DataFrame]) -> Any:
     """Per-layer held-out R' (reference-free split) of each variant: mean over seeds, with the
-    seeds' min-max as error bars."""
-    import plotly.graph_objects as go
-
+    seeds' min-max as error bars (:func:`lens_position.report.plots.zoo_r_by_layer`)."""
     layers = tables["decompose_layers"]
-    if "keys" in layers.columns:
-        layers = layers[layers["keys"] == "all"]
+    if "key_set" in layers.columns:
+        layers = layers[layers["key_set"] == "all"]
     zoo = layers[layers["model"].map(is_zoo_request)].copy()
     zoo["variant"] = zoo["model"].map(lambda m: parse_name(m)[0])
-    figure = go.Figure()
-    for variant, frame in zoo.groupby("variant", sort=False):
-        stats = frame.groupby("layer")["R_rf_heldout"].agg(["mean", "min", "max", "count"])
-        figure.add_trace(go.Scatter(
-            x=stats.index, y=stats["mean"], mode="lines+markers", name=f"{variant} (n={stats['count'].iloc[0]})",
-            error_y=dict(type="data", symmetric=False, array=stats["max"] - stats["mean"],
-                         arrayminus=stats["mean"] - stats["min"])))
-    figure.update_layout(title="Zoo: residual component R' (held-out, reference-free) by layer, mean over seeds "
-                         "(bars: min-max)", xaxis_title="layer", yaxis_title="R' (share of Var(log A))", template="plotly_white")
-    return figure
+    return plots.zoo_r_by_layer(zoo)
 
 
 def loss_figure(checkpoints: Sequence[Any]) -> Any:
     """Held-out loss (bits per byte) against training tokens, one line per checkpoint, with
-    the unigram baseline."""
-    import plotly.graph_objects as go
-
-    figure = go.Figure()
-    unigram = None
-    for c in checkpoints:
-        curve = pd.DataFrame(c.meta["curve"])
-        figure.add_trace(go.Scatter(x=curve["tokens"], y=curve["held_out_bits"], mode="lines",
-                                    name=c.name, legendgroup=c.variant))
-        unigram = c.meta["unigram_bits_per_byte"]
-    if unigram is not None:
-        figure.add_hline(y=unigram, line_dash="dash", annotation_text=f"unigram {unigram:.2f} bits/byte")
-    figure.update_layout(title="Zoo training: held-out loss", xaxis_title="training tokens",
-                         yaxis_title="bits per byte (held out)", template="plotly_white")
-    return figure
+    the unigram baseline (:func:`lens_position.report.plots.training_loss`)."""
+    curves = pd.concat([pd.DataFrame(c.meta["curve"]).assign(name=c.name, variant=c.variant) for c in checkpoints],
+                       ignore_index=True) if checkpoints else pd.DataFrame(
+        columns=["tokens", "held_out_bits", "name", "variant"])
+    unigram = checkpoints[-1].meta["unigram_bits_per_byte"] if checkpoints else None
+    return plots.training_loss(curves, unigram)
 
 
 #: Files a run over zoo models writes beside report.html (which holds the zoo section);
 #: ``zoo.html`` is what earlier versions wrote instead of the section (known, so a rerun removes it).
 ZOO_OUTPUTS = ("zoo_models.csv", "zoo_variants.csv", "zoo_c3.csv", "zoo_claims.csv", "zoo.html")
 _CLAIM_KEYS = ("C1", "C2", "C3", "C4", "C5")
-_VERDICT_CLASS = {"holds": "yes", "does not hold": "no", "inconclusive at this N": "maybe"}
 
 
 def has_zoo_models(tables: Mapping[str, pd.DataFrame]) -> bool:
@@ -258,7 +224,7 @@ def claims_by_model(tables: Mapping[str, pd.DataFrame], claims: pd.DataFrame) ->
         row: dict[str, Any] = {"model": model, "variant": variant, "seed": seed}
         part = claims[claims["architecture"] == label].set_index("claim")
         for key in _CLAIM_KEYS:
-            row[key] = part.loc[key, "verdict"] if key in part.index else "not measured"
+            row[key] = part.loc[key, "verdict"] if key in part.index else NOT_MEASURED
             row[f"{key}_measured"] = part.loc[key, "measured"] if key in part.index else ""
         rows.append(row)
     order = {v: i for i, v in enumerate(VARIANTS)}
@@ -272,7 +238,8 @@ def _answers_html(answer: pd.DataFrame) -> str:
     present = answer["n_seeds"] > 0
     body = []
     for r in answer[present].itertuples():
-        cls = "yes" if r.verdict in ("lower", "higher") else "maybe"
+        # a resolved answer is styled as a claim that holds, an unresolved one as inconclusive
+        cls = verdict_class(HOLDS if r.verdict in (LOWER, HIGHER) else INCONCLUSIVE)
         interval_text = (f"{r.difference:+.4f} [{r.low:+.4f}, {r.high:+.4f}]" if np.isfinite(r.low)
                          else f"{r.difference:+.4f}")
         body.append(f"<tr><td>{html.escape(r.question)}</td><td>{html.escape(r.a)} − {html.escape(r.b)} "
@@ -292,12 +259,12 @@ def _claims_html(by_model: pd.DataFrame) -> str:
     head = "".join(f"<th>{k}</th>" for k in _CLAIM_KEYS)
     body = []
     for r in by_model.to_dict("records"):
-        cells = "".join(f'<td class="{_VERDICT_CLASS.get(r[k], "na")}" title="{html.escape(str(r[k + "_measured"]))}">'
+        cells = "".join(f'<td class="{verdict_class(r[k])}" title="{html.escape(str(r[k + "_measured"]))}">'
                         f"{html.escape(r[k])}</td>" for k in _CLAIM_KEYS)
         body.append(f"<tr><td>{html.escape(r['variant'])}</td><td>{r['seed']}</td>{cells}</tr>")
     counts = []
     for variant, frame in by_model.groupby("variant", sort=False):
-        cells = "".join(f"<td>{(frame[k] == 'holds').sum()} of {len(frame)}</td>" for k in _CLAIM_KEYS)
+        cells = "".join(f"<td>{(frame[k] == HOLDS).sum()} of {len(frame)}</td>" for k in _CLAIM_KEYS)
         counts.append(f"<tr><th>{html.escape(variant)}</th><td>all seeds: holds on</td>{cells}</tr>")
     return (f'<table id="zoo-claims"><thead><tr><th>variant</th><th>seed</th>{head}</tr></thead>'
             f'<tbody>{"".join(body)}{"".join(counts)}</tbody></table>')
@@ -350,7 +317,6 @@ def report_section(tables: Mapping[str, pd.DataFrame], claims: pd.DataFrame) -> 
     Before: the C3 questions answered by paired per-seed differences, C1-C5 per variant and
     seed, the per-variant means with their seed-to-seed spread, and what the models' sink
     measurements say. Figures: R by layer per variant (seeds' min-max) and the loss curves."""
-    from lens_position.report.plots import ReportFigure
     from lens_position.models.zoo.store import checkpoints
 
     models = models_table(tables)

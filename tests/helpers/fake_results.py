@@ -22,7 +22,7 @@ def _tag(frame: pd.DataFrame, arch: str, role: str, model: str) -> pd.DataFrame:
     return frame
 
 
-COMPONENTS = ["T", "R", "M", "C", "T_heldout", "R_heldout", "M_heldout", "C_heldout",
+COMPONENTS = ["total", "R", "M", "C", "total_heldout", "R_heldout", "M_heldout", "C_heldout",
               "R_rf", "M_rf", "C_rf", "R_rf_heldout", "M_rf_heldout", "C_rf_heldout"]
 N_SEQUENCES = 16
 N_REPLICATES = 100
@@ -53,8 +53,8 @@ def fake_results(n_layers: int = 4, n_heads: int = 3, failing: bool = False,
                 r = r_layer[layer] * (0.8 + 0.2 * head)
                 m = m_layer[layer]
                 c = 0.01
-                heads.append(dict(layer=layer, head=head, layer_type="global", window=None, T=r + m + c,
-                                  R=r, M=m, C=c, T_heldout=r + m + c - 0.01, R_heldout=r - 0.005,
+                heads.append(dict(layer=layer, head=head, layer_type="global", window=None, total=r + m + c,
+                                  R=r, M=m, C=c, total_heldout=r + m + c - 0.01, R_heldout=r - 0.005,
                                   M_heldout=m - 0.005, C_heldout=c, R_rf=r, M_rf=m, C_rf=c,
                                   R_rf_heldout=r - 0.004, M_rf_heldout=m - 0.004, C_rf_heldout=c - 0.002))
         heads = _with_intervals(pd.DataFrame(heads), COMPONENTS, noise)
@@ -113,7 +113,7 @@ def fake_results(n_layers: int = 4, n_heads: int = 3, failing: bool = False,
         reading = sinks[["layer", "head"]].copy()
         reading["output_change"] = np.linspace(1.0, 0.0, len(reading))
         reading["R_change"] = np.linspace(0.1, 0.0, len(reading))
-        reading["rank"] = np.arange(1, len(reading) + 1)
+        reading["reading_rank"] = np.arange(1, len(reading) + 1)
         tables.setdefault("sink_reading", []).append(_tag(reading, arch, role, model))
         ablation = pd.DataFrame([dict(ablation=kind, layer=layer, R_before=r_layer[layer],
                                       R_after=r_layer[layer] * 0.5, R_heldout_before=r_layer[layer] - 0.005,
@@ -125,6 +125,6 @@ def fake_results(n_layers: int = 4, n_heads: int = 3, failing: bool = False,
         tables.setdefault("sink_ablation", []).append(_tag(ablation, arch, role, model))
         rate = pd.DataFrame(dict(condition=["natural", "random", "repeated"], sink_rate=[0.6, 0.5, 0.2],
                                  sink_rate_lo=[0.55, 0.45, 0.15], sink_rate_hi=[0.65, 0.55, 0.25],
-                                 sink_rate_pooled=[0.65, 0.55, 0.3], eps=0.3, T=64, N=4))
+                                 sink_rate_pooled=[0.65, 0.55, 0.3], eps=0.3, seq_len=64, N=4))
         tables.setdefault("sink_rate", []).append(_tag(rate, arch, role, model))
     return {k: pd.concat(v, ignore_index=True) for k, v in tables.items()}

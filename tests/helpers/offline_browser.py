@@ -11,10 +11,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from lens_position.report.html import find_chromium
-
-NETWORK_OFF = ["--proxy-server=http://127.0.0.1:9", "--proxy-bypass-list=<-loopback>",
-               "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost"]
+from lens_position.report.html import NETWORK_OFF, find_chromium
 
 
 def dump_dom_offline(page: Path, *, budget_ms: int = 30000, timeout_s: float = 180.0) -> str:
@@ -22,7 +19,6 @@ def dump_dom_offline(page: Path, *, budget_ms: int = 30000, timeout_s: float = 1
     binary = find_chromium()
     with tempfile.TemporaryDirectory(prefix="lens-position-offline-") as profile:
         args = [binary, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
                 "--disable-extensions", "--disable-dev-shm-usage", f"--user-data-dir={profile}",
                 *NETWORK_OFF, f"--virtual-time-budget={budget_ms}", "--dump-dom", Path(page).resolve().as_uri()]
         proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)

@@ -127,7 +127,7 @@ def test_decompose_restricted_by_layers_queries_and_keys_writes_only_those(capsy
     heads = pd.read_parquet(summary["files"]["decompose_heads"])
     assert sorted(heads["layer"].unique().tolist()) == [0, 2]
     assert set(zip(heads["query_start"], heads["query_stop"])) == {(4, 20)}
-    assert set(heads["keys"]) == {"no-bos"}
+    assert set(heads["key_set"]) == {"no-bos"}
 
 
 def test_each_subcommand_writes_to_its_own_folder_by_default(monkeypatch, tmp_path):
@@ -174,3 +174,23 @@ def test_the_parser_and_help_do_not_import_transformer_lens():
     assert sorted(models.__all__) == sorted(models._EXPORTS)  # the static list names every lazy export
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         models.nope  # noqa: B018
+
+
+@pytest.mark.parametrize("command, printed", [
+    ("decompose", ["of it is the causal mask's (M' = ", "the residual stream's (R' = "]),
+    ("sinks", ["attention sink", "sink readers"]),
+])
+def test_each_subcommand_prints_its_own_headline_numbers(capsys, tmp_path, command, printed):
+    import pandas as pd
+
+    out = tmp_path / command
+    status, stdout, err = _run_main(capsys, [command, "tiny-llama", "--quick", "--no-progress", "--T", "24", "--N", "4",
+                                             "--batch-size", "2", "--out", str(out)])
+    assert status == 0, err
+    flat = " ".join(stdout.split())  # the sentences are wrapped at 110 columns
+    for text in printed:
+        assert text in flat, stdout
+    assert "not measured" not in stdout and "random weights" in flat
+    if command == "decompose":  # the printed R' is the table's, to 3 significant figures
+        layers = pd.read_parquet(out / "decompose_layers.parquet")
+        assert f"R' = {layers['R_rf_heldout'].mean():.3g}" in flat

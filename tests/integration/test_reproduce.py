@@ -88,7 +88,7 @@ def test_claims_table_is_computed_from_the_written_tables(quick_run):
     layers = pd.read_parquet(quick_run / "decompose_layers.parquet")
     c1 = claims[(claims["claim"] == "C1") & (claims["architecture"] != "overall")]
     for row in c1.itertuples():
-        assert row.value == pytest.approx(layers[layers["architecture"] == row.architecture]["T_heldout"].mean())
+        assert row.value == pytest.approx(layers[layers["architecture"] == row.architecture]["total_heldout"].mean())
     # The report opens with the same table.
     html = (quick_run / "report.html").read_text()
     assert html.index('id="claims"') < html.index('class="figure"')
@@ -186,7 +186,7 @@ def test_every_figure_in_the_report_holds_the_tables_numbers(quick_run):
             sink = part[part["is_sink"]]
             assert sorted(zip(trace["y"], trace["x"])) == sorted(zip(sink["layer"], sink["head"]))
         else:
-            top = reading[reading["architecture"] == arch].sort_values("rank").head(len(trace["x"]))
+            top = reading[reading["architecture"] == arch].sort_values("reading_rank").head(len(trace["x"]))
             assert list(zip(trace["y"], trace["x"])) == list(zip(top["layer"], top["head"]))
 
     rates = tables["sink_rate"]
@@ -389,7 +389,7 @@ def test_prompt_sets_are_opt_in_and_reported_beside_the_claims(tmp_path):
     assert list(summary.columns) == ["architecture", "role", "model", *SUMMARY_COLUMNS, "interval_method",
                                      "outside_interval"]
     assert set(summary["interval_method"]) == {"percentile"}
-    assert summary["quantity"].tolist() == ["T_heldout", "R_rf_heldout", "M_rf_heldout"]
+    assert summary["quantity"].tolist() == ["total_heldout", "R_rf_heldout", "M_rf_heldout"]
     assert (summary["n_sets"] == 3).all() and (summary["bootstrap_sd"] > 0).all()
     report = (out / "report.html").read_text()
     assert 'id="prompt-sets"' in report and "Across independent prompt sets" in report

@@ -115,7 +115,7 @@ def sink_sweep(points: Sequence[str] | None = None, *, root: Path | None = None,
     import pandas as pd
 
     from lens_position.analyses.zoo.training import default_work_dir
-    from lens_position.models.zoo.corpus import load_corpus, unigram_bits_per_byte
+    from lens_position.models.zoo.corpus import training_split, unigram_bits_per_byte
     from lens_position.analyses.zoo.measure import measure_sinks
     from lens_position.models.zoo.store import SHIPPED, checkpoints, model_name, save_checkpoint
     from lens_position.models.zoo.train import train
@@ -131,7 +131,7 @@ def sink_sweep(points: Sequence[str] | None = None, *, root: Path | None = None,
         checkpoint = found.get(model_name(recipe.variant, recipe.seed))
         if checkpoint is None or checkpoint.meta["recipe_sha256"] != recipe.sha256():
             if corpus is None:
-                corpus = load_corpus()
+                corpus = training_split()
                 unigram = unigram_bits_per_byte(corpus)
             result = train(recipe, work_dir=default_work_dir(), device=device, progress=progress, corpus=corpus,
                            on_eval=partial(sinks_along_training, recipe=recipe))
@@ -155,9 +155,9 @@ def sink_sweep(points: Sequence[str] | None = None, *, root: Path | None = None,
 
 def train_text_bytes(fraction: float) -> int:
     """Bytes of distinct text a recipe with this ``train_fraction`` trains on (this Python's corpus)."""
-    from lens_position.models.zoo.corpus import load_corpus, train_subset
+    from lens_position.models.zoo.corpus import training_split, train_subset
 
-    return len(train_subset(load_corpus().train, fraction))
+    return len(train_subset(training_split().train, fraction))
 
 
 def sinks_along_training(model: "HookedTransformer", *, recipe: Recipe) -> dict[str, float]:
@@ -180,10 +180,10 @@ def sink_trajectory(point: str, *, root: Path | None = None, seed: int = 0) -> "
     still training (or was interrupted), from its resume file. Empty when the point has not
     been trained with sink measurements (points trained before they were added)."""
     import pandas as pd
-    import torch
 
     from lens_position.analyses.zoo.training import default_work_dir
     from lens_position.models.zoo.store import checkpoints, model_name
+    from lens_position.models.zoo.train import read_resume
 
     recipe = point_recipe(point, seed)
     root = root or default_sweep_dir()
@@ -195,7 +195,7 @@ def sink_trajectory(point: str, *, root: Path | None = None, seed: int = 0) -> "
     else:
         resume = default_work_dir() / f"{recipe.variant}-seed{recipe.seed}.resume.pt"
         if resume.is_file():
-            state = torch.load(resume, map_location="cpu", weights_only=False)
+            state = read_resume(resume)
             if state["recipe_sha256"] == recipe.sha256():
                 curve = state["curve"]
     rows = [{"point": point, "seed": seed, "step": c["step"], "tokens": c["tokens"],

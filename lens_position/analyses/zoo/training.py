@@ -8,7 +8,7 @@ from typing import Sequence
 
 import pandas as pd
 
-from lens_position.models.zoo.corpus import load_corpus, unigram_bits_per_byte
+from lens_position.models.zoo.corpus import training_split, unigram_bits_per_byte
 from lens_position.models.zoo.recipe import recipe_for
 from lens_position.models.zoo.store import SHIPPED, Checkpoint, checkpoints, save_checkpoint
 from lens_position.models.zoo.train import train
@@ -33,7 +33,7 @@ def train_variants(variants: Sequence[str], seeds: Sequence[int], *, root: Path 
     the same recipe hash is kept (``skip_existing``)."""
     from lens_position.analyses.zoo.measure import measure_sinks
 
-    corpus = load_corpus()
+    corpus = training_split()
     unigram = unigram_bits_per_byte(corpus)
     existing = {c.name: c for c in checkpoints(root)}
     done = []

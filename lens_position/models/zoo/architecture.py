@@ -15,11 +15,15 @@ mechanism of the recipe:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
 import warnings
 from typing import Any
 
 import torch
-from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from lens_position.models.tiny import VOCAB_SIZE
 from lens_position.models.zoo.recipe import Recipe
@@ -32,6 +36,8 @@ def hooked_config(recipe: Recipe, rotary_base: float | None = None) -> HookedTra
     """The ``HookedTransformerConfig`` of ``recipe`` (``rotary_base`` overrides the final base)."""
     rope = recipe.position == "rope"
     local = "local" in recipe.attn_types
+    from transformer_lens import HookedTransformerConfig  # TransformerLens 3.x (hooked backend)
+
     return HookedTransformerConfig(
         n_layers=recipe.n_layers, d_model=recipe.d_model, n_heads=recipe.n_heads, d_head=recipe.d_head,
         d_mlp=recipe.d_mlp, d_vocab=VOCAB_SIZE, n_ctx=recipe.context, act_fn="silu", gated_mlp=True,
@@ -52,6 +58,8 @@ def build_model(recipe: Recipe, *, rotary_base: float | None = None, device: str
     """A fresh model for ``recipe``: every matrix ~ N(0, init_std²), output projections
     scaled by ``1/sqrt(2 n_layers)`` (GPT-2), norms 1, biases 0, drawn from ``recipe.seed``
     without touching the global RNG. NoPE's ``W_pos`` is zero and frozen."""
+    from transformer_lens import HookedTransformer  # TransformerLens 3.x (hooked backend)
+
     with warnings.catch_warnings():  # TransformerLens 3.9 deprecates HookedTransformer in favour of 4.x
         warnings.filterwarnings("ignore", message=".*HookedTransformer is deprecated.*")
         model = HookedTransformer(hooked_config(recipe, rotary_base), move_to_device=False)

@@ -1,9 +1,10 @@
 """The zoo's training text: the prose that ships inside every CPython, byte-level.
 
-**What.** Every docstring (module, class, function; at least 40 characters) and every block
-of consecutive ``#`` comment lines (at least 60 characters) in the ``.py`` files of the
-running interpreter's standard library (``site-packages`` excluded), files in sorted
-order. About 4 MB of English technical prose, present on every machine with no download.
+**What.** The ``"stdlib"`` corpus of the one corpus reader
+(:func:`lens_position.models.corpus.read_corpus`): every docstring (module, class, function;
+at least 40 characters) and every block of consecutive ``#`` comment lines (at least 60
+characters) in the ``.py`` files of the running interpreter's standard library
+(``site-packages`` excluded), files in sorted order. About 4 MB of English technical prose, present on every machine with no download.
 CPython's pydoc topics (``pydoc_data.topics``, the analyses' default text) are **not** in
 it, so the reproduction reads the zoo on text it never trained on.
 
@@ -22,35 +23,27 @@ corpus whose hash is not the one it names (the shipped checkpoints stay loadable
 
 from __future__ import annotations
 
-import ast
 import hashlib
-import io
 import math
-import os
 import platform
-import sysconfig
-import tokenize
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
 import torch
 from jaxtyping import Int, UInt8
 
 from lens_position.ground.errors import BadInputError
+from lens_position.models.corpus import SEPARATOR, STDLIB_CORPUS, read_corpus
 from lens_position.models.tiny import BOS_ID, N_SPECIAL
 
-MIN_DOCSTRING_CHARS = 40
-MIN_COMMENT_CHARS = 60
 HELD_OUT_BELOW = 13  # sha256 first byte < 13: ~5 % of documents held out
-SEPARATOR = "\n\n"
 
 
 @dataclass(frozen=True)
-class Corpus:
+class TrainingSplit:
     """The zoo's text as byte streams. ``train`` and ``held_out``: ``UInt8[Tensor, "n"]``
     (raw UTF-8 bytes; add ``N_SPECIAL`` for token ids). ``sha256``: hash of the whole text
-    (train and held-out documents joined in source order)."""
+    (train and held-out documents joined in source order: the corpus's ``Corpus.sha256``)."""
 
     train: UInt8[torch.Tensor, "n_train"]
     held_out: UInt8[torch.Tensor, "n_held_out"]
@@ -65,92 +58,26 @@ class Corpus:
                 f"{len(self.held_out) / 1e6:.2f} MB held out, sha256 {self.sha256[:12]}")
 
 
-def _stdlib() -> Path:
-    return Path(sysconfig.get_paths()["stdlib"])
-
-
-def _documents_of(source: bytes) -> list[str]:
-    """Docstrings (ast) and comment blocks (tokenize) of one source file, in file order
-    (docstrings first). A file that does not parse contributes what could be read."""
-    documents: list[str] = []
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        tree = None
-    if tree is not None:
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                doc = ast.get_docstring(node, clean=True)
-                if doc and len(doc) >= MIN_DOCSTRING_CHARS:
-                    documents.append(doc)
-    comments: list[str] = []
-    block: list[str] = []
-    last_line = -2
-    try:
-        for token in tokenize.tokenize(io.BytesIO(source).readline):
-            if token.type != tokenize.COMMENT:
-                continue
-            text = token.string.lstrip("#").strip()
-            if token.start[0] != last_line + 1 and block:
-                comments.append(" ".join(block))
-                block = []
-            block.append(text)
-            last_line = token.start[0]
-    except (tokenize.TokenError, SyntaxError, UnicodeDecodeError):
-        pass
-    if block:
-        comments.append(" ".join(block))
-    return documents + [c for c in comments if len(c) >= MIN_COMMENT_CHARS]
-
-
-def stdlib_documents(root: Path | None = None) -> list[str]:
-    """Every document of the standard library at ``root`` (default: this interpreter's)."""
-    root = root or _stdlib()
-    documents: list[str] = []
-    for path in sorted(root.rglob("*.py")):
-        relative = path.relative_to(root).as_posix()
-        if relative.startswith("site-packages/") or "/site-packages/" in relative:
-            continue
-        documents.extend(_documents_of(path.read_bytes()))
-    return documents
-
-
 def is_held_out(document: str) -> bool:
     """Whether a document belongs to the held-out split (by its own hash)."""
     return hashlib.sha256(document.encode()).digest()[0] < HELD_OUT_BELOW
 
 
-def _cache_path() -> Path:
-    root = Path(os.environ.get("LENS_POSITION_CACHE", Path.home() / ".cache" / "lens_position"))
-    tag = hashlib.sha256(str(_stdlib().resolve()).encode()).hexdigest()[:10]
-    return root / "zoo" / f"stdlib-corpus-{platform.python_version()}-{tag}.txt"
-
-
 @lru_cache(maxsize=1)
-def load_corpus() -> Corpus:
-    """The zoo corpus of this interpreter (built in ~10 s once, then read from
-    ``$LENS_POSITION_CACHE/zoo/``; the cached text is checked against a rebuild's hash only
-    by its name, so delete the file to force a rebuild)."""
-    cache = _cache_path()
-    if cache.is_file():
-        documents = cache.read_text(encoding="utf-8").split("\x00")
-    else:
-        documents = stdlib_documents()
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        partial = cache.with_suffix(f".{os.getpid()}.partial")
-        partial.write_text("\x00".join(documents), encoding="utf-8")
-        partial.replace(cache)
-    return corpus_of(documents)
+def training_split() -> TrainingSplit:
+    """The zoo's training text of this interpreter: the ``"stdlib"`` corpus of
+    :func:`lens_position.models.corpus.read_corpus`, split and as bytes."""
+    return corpus_of(list(read_corpus(STDLIB_CORPUS).documents))
 
 
-def corpus_of(documents: list[str]) -> Corpus:
-    """A ``Corpus`` of any list of documents, split and hashed as the zoo corpus is (tests
+def corpus_of(documents: list[str]) -> TrainingSplit:
+    """A ``TrainingSplit`` of any list of documents, split and hashed as the zoo corpus is (tests
     use it to train minute-sized models on a small text)."""
     text = SEPARATOR.join(documents)
     held = [is_held_out(d) for d in documents]
     train = SEPARATOR.join(d for d, h in zip(documents, held) if not h)
     held_out = SEPARATOR.join(d for d, h in zip(documents, held) if h)
-    return Corpus(
+    return TrainingSplit(
         train=torch.frombuffer(bytearray(train.encode()), dtype=torch.uint8),
         held_out=torch.frombuffer(bytearray(held_out.encode()), dtype=torch.uint8),
         sha256=hashlib.sha256(text.encode()).hexdigest(), n_documents=len(documents),
@@ -203,7 +130,7 @@ def evaluation_batch(stream: UInt8[torch.Tensor, "n"], *, n: int, context: int,
     return tokens
 
 
-def unigram_bits_per_byte(corpus: Corpus) -> float:
+def unigram_bits_per_byte(corpus: TrainingSplit) -> float:
     """Cross-entropy (bits per byte) of the held-out bytes under the train split's byte
     frequencies (add-one smoothed): the loss of a model that ignores context."""
     counts = torch.bincount(corpus.train.to(torch.int64), minlength=256).to(torch.float64) + 1

@@ -13,6 +13,11 @@ Names: ``zoo:<variant>`` is seed 0, ``zoo:<variant>:seed<k>`` seed ``k``; ``zoo`
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
 import hashlib
 import json
 import os
@@ -22,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from safetensors.torch import load_file, save_file
-from transformer_lens import HookedTransformer
 
 from lens_position.ground.errors import BadInputError, CorruptFileError, UnknownModelError
 from lens_position.models.spec import LoadedModel, attach_tokenizer, spec_from_config, tokenizer_prepends_bos

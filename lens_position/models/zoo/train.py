@@ -18,6 +18,11 @@ predicts the next byte; a BOS is never a target).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
 import json
 import math
 import os
@@ -29,12 +34,11 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 from jaxtyping import Int
-from transformer_lens import HookedTransformer
 
-from lens_position.ground.errors import BadInputError
+from lens_position.ground.errors import BadInputError, CorruptFileError
 from lens_position.ground.progress import progress as progress_bar
 from lens_position.models.zoo.architecture import build_model, load_parameters, parameters_of
-from lens_position.models.zoo.corpus import Corpus, evaluation_batch, load_corpus, sample_batch, train_subset
+from lens_position.models.zoo.corpus import TrainingSplit, evaluation_batch, sample_batch, train_subset, training_split
 from lens_position.models.zoo.recipe import Recipe
 
 LN2 = math.log(2.0)
@@ -75,7 +79,7 @@ def next_byte_loss(model: HookedTransformer, tokens: Int[torch.Tensor, "batch po
 
 
 @torch.no_grad()
-def held_out_bits(model: HookedTransformer, recipe: Recipe, corpus: Corpus, device: str) -> float:
+def held_out_bits(model: HookedTransformer, recipe: Recipe, corpus: TrainingSplit, device: str) -> float:
     """Held-out loss (bits per byte) on ``n_eval_sequences`` evenly spaced windows of the
     held-out split at the full context."""
     tokens = evaluation_batch(corpus.held_out, n=recipe.n_eval_sequences, context=recipe.context,
@@ -112,8 +116,24 @@ def _save_partial(path: Path, model: HookedTransformer, optimizer: torch.optim.A
     partial.replace(path)
 
 
+def read_resume(path: Path, device: str = "cpu") -> dict[str, Any]:
+    """A resume file written by training, read with ``weights_only=True`` (tensors, numbers,
+    strings and containers only: a planted pickle cannot run code). CorruptFileError naming the
+    file if it cannot be read or lacks the fields a resume needs."""
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+    except Exception as error:  # pickle, zip and unpickler-refusal errors all mean: not ours
+        raise CorruptFileError(f"{path} is not a readable resume file ({type(error).__name__}: {error}); "
+                               "delete it to train from the start") from error
+    needed = {"recipe_sha256", "step", "parameters", "optimizer", "curve", "seconds"}
+    if not isinstance(state, dict) or not needed <= set(state):
+        raise CorruptFileError(f"{path} is not a resume file of zoo training (missing "
+                               f"{sorted(needed - set(state) if isinstance(state, dict) else needed)}); delete it")
+    return state
+
+
 def train(recipe: Recipe, *, work_dir: Path, device: str | None = None, progress: bool = True,
-          corpus: Corpus | None = None, stop_after: int | None = None, threads: int = 1,
+          corpus: TrainingSplit | None = None, stop_after: int | None = None, threads: int = 1,
           on_eval: Callable[[HookedTransformer], dict[str, Any]] | None = None) -> TrainResult:
     """Train ``recipe`` (resuming from ``work_dir/<variant>-seed<k>.resume.pt`` when it holds
     a checkpoint of the same recipe) and return the final parameters and measurements.
@@ -138,15 +158,15 @@ def train(recipe: Recipe, *, work_dir: Path, device: str | None = None, progress
 
 
 def _train(recipe: Recipe, *, work_dir: Path, device: str | None, progress: bool,
-           corpus: Corpus | None, stop_after: int | None,
+           corpus: TrainingSplit | None, stop_after: int | None,
            on_eval: Callable[[HookedTransformer], dict[str, Any]] | None) -> TrainResult:
-    corpus = corpus or load_corpus()
+    corpus = corpus or training_split()
     if corpus.sha256 != recipe.corpus_sha256:
         raise BadInputError(
             f"this Python's standard-library corpus has sha256 {corpus.sha256[:12]}, the recipe was "
             f"written for {recipe.corpus_sha256[:12]} (CPython 3.11.7); training here would not "
             "reproduce the recipe. Use that Python version, or make a recipe with "
-            "dataclasses.replace(recipe, corpus_sha256=load_corpus().sha256)")
+            "dataclasses.replace(recipe, corpus_sha256=training_split().sha256)")
     train_text = train_subset(corpus.train, recipe.train_fraction)
     device = device or default_device()
     if device.startswith("cuda"):
@@ -160,7 +180,7 @@ def _train(recipe: Recipe, *, work_dir: Path, device: str | None, progress: bool
     model = build_model(recipe, rotary_base=base, device=device)
     optimizer = _optimizer(model, recipe)
     if resume_path.is_file():
-        state = torch.load(resume_path, map_location=device, weights_only=False)
+        state = read_resume(resume_path, device)
         if state["recipe_sha256"] == recipe.sha256():
             start, curve, seconds_before = state["step"], state["curve"], state["seconds"]
             base = recipe.phase(start)[2]

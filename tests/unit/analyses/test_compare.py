@@ -4,6 +4,7 @@ in one place, and is 1 when an intervention removes all of R, 0 when it changes 
 import pytest
 import torch
 
+from lens_position.core.columns import display_order
 from lens_position.analyses.compare import compare, decompose_conditions
 from lens_position.analyses.decompose import decompose
 from lens_position.ground.errors import BadInputError
@@ -75,10 +76,10 @@ def test_changes_of_R_have_paired_intervals_per_head_per_layer_and_overall():
                                                        "token 0": [Patch("hook_embed", own.mean(0), position=0)]},
                                       batch_size=2)
     comparison = compare(base, conditions)
-    assert list(comparison.heads.columns) == [
+    assert list(comparison.heads.columns) == display_order([
         "condition", "layer", "head", "layer_type", "R_base", "R_condition", "R_change", "R_heldout_base",
         "R_heldout_condition", "R_heldout_change", "R_change_lo", "R_change_hi", "R_heldout_change_lo",
-        "R_heldout_change_hi"]
+        "R_heldout_change_hi"])
     assert CHANGE_INTERVALS <= set(comparison.layers.columns) and CHANGE_INTERVALS <= set(comparison.overall.columns)
     assert {"R_change", "R_heldout_change", "R_rf_change"} <= set(comparison.overall.columns)
     heads = comparison.heads[comparison.heads.condition == "self"]

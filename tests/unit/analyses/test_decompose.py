@@ -58,7 +58,7 @@ def test_offset_only_scores_have_zero_residual_component():
         z = z_of_query[design.query.numpy()]
         expected_m = absolute_variance(design, z) / np.var(t - z)
         assert heads.M[head] == pytest.approx(expected_m, rel=1e-9, abs=1e-12)
-        assert heads["T"][head] == pytest.approx(expected_m, rel=1e-9, abs=1e-12)
+        assert heads["total"][head] == pytest.approx(expected_m, rel=1e-9, abs=1e-12)
 
 
 def test_uniform_attention_is_all_mask():
@@ -67,7 +67,7 @@ def test_uniform_attention_is_all_mask():
     heads = decompose(loaded, tokens, progress=False).heads
     assert (heads.R.abs() < 1e-12).all() and (heads.C.abs() < 1e-12).all()
     assert (heads.M > 0.01).all()
-    np.testing.assert_allclose(heads.M, heads["T"], rtol=1e-12)
+    np.testing.assert_allclose(heads.M, heads["total"], rtol=1e-12)
     # log A[i, j] = -log(i + 1): the pattern itself
     _, cache = loaded.model.run_with_cache(tokens, names_filter="blocks.0.attn.hook_pattern")
     pattern = cache["blocks.0.attn.hook_pattern"][0, 0]
@@ -81,7 +81,7 @@ def test_sliding_window_offset_only_has_no_mask_component_once_the_window_is_ful
     full_window = (window - 1, LENGTH)
     local = decompose(offset_only_model(window=window), tokens, query_range=full_window, progress=False).heads
     assert (local.layer_type == "local").all() and (local.window == window).all()
-    assert (local.M.abs() < 1e-12).all() and (local.R.abs() < 1e-12).all() and (local["T"].abs() < 1e-12).all()
+    assert (local.M.abs() < 1e-12).all() and (local.R.abs() < 1e-12).all() and (local["total"].abs() < 1e-12).all()
     # the same queries under a causal mask do carry a mask component
     causal = decompose(offset_only_model(), tokens, query_range=full_window, progress=False).heads
     assert (causal.M > 1e-3).all()
@@ -123,22 +123,22 @@ def test_streamed_statistics_equal_the_dense_reference(options):
     streamed = decompose(loaded, tokens, batch_size=3, progress=False, **options).heads
     dense = decompose_dense(loaded, tokens, **options).heads
     assert list(streamed.layer_type) == list(dense.layer_type) == ["local"] * 4 + ["global"] * 4
-    numeric = ["T", "R", "M", "C", "T_heldout", "R_heldout", "M_heldout", "C_heldout",
+    numeric = ["total", "R", "M", "C", "total_heldout", "R_heldout", "M_heldout", "C_heldout",
                "var_logA", "var_abs_t", "var_abs_z", "cov_abs_tz", "n_pairs"]
     np.testing.assert_allclose(streamed[numeric].to_numpy(float), dense[numeric].to_numpy(float), rtol=0, atol=1e-6)
-    np.testing.assert_allclose(streamed["T"], streamed.R + streamed.M + streamed.C, atol=1e-12)
-    assert (streamed["T"].between(0, 1)).all()
+    np.testing.assert_allclose(streamed["total"], streamed.R + streamed.M + streamed.C, atol=1e-12)
+    assert (streamed["total"].between(0, 1)).all()
 
 
 def test_heldout_total_is_what_one_half_explains_of_the_other():
-    """T_heldout (streamed, from statistics) equals Cov(abs_A, log A_B)/V_B averaged both ways,
+    """total_heldout (streamed, from statistics) equals Cov(abs_A, log A_B)/V_B averaged both ways,
     computed explicitly by the dense reference; it is below the in-sample T on noise."""
     loaded = random_model(n_layers=1, attn_types=None, window=None)
     tokens = torch.randint(0, 50, (10, 32), generator=torch.Generator().manual_seed(2))
     streamed = decompose(loaded, tokens, batch_size=4, progress=False).heads
     dense = decompose_dense(loaded, tokens).heads
-    np.testing.assert_allclose(streamed.T_heldout, dense.T_heldout, atol=1e-9)
-    assert (streamed.T_heldout < streamed["T"]).all()
+    np.testing.assert_allclose(streamed.total_heldout, dense.total_heldout, atol=1e-9)
+    assert (streamed.total_heldout < streamed["total"]).all()
 
 
 def test_result_is_independent_of_batch_size():
@@ -146,7 +146,7 @@ def test_result_is_independent_of_batch_size():
     tokens = torch.randint(0, 50, (6, 24), generator=torch.Generator().manual_seed(3))
     a = decompose(loaded, tokens, batch_size=1, progress=False).heads
     b = decompose(loaded, tokens, batch_size=6, progress=False).heads
-    np.testing.assert_allclose(a[["T", "R", "M", "C", "T_heldout"]], b[["T", "R", "M", "C", "T_heldout"]], atol=1e-12)
+    np.testing.assert_allclose(a[["total", "R", "M", "C", "total_heldout"]], b[["total", "R", "M", "C", "total_heldout"]], atol=1e-12)
 
 
 def test_layers_frame_and_provenance():
@@ -166,7 +166,7 @@ def test_layers_frame_and_provenance():
 
 def test_one_sequence_has_no_heldout_values():
     heads = decompose(random_model(), torch.randint(0, 50, (1, 16)), progress=False).heads
-    assert heads.T_heldout.isna().all() and heads["T"].notna().all()
+    assert heads.total_heldout.isna().all() and heads["total"].notna().all()
 
 
 def test_identity_log_a_equals_t_minus_z_on_a_random_model():
@@ -202,7 +202,7 @@ def test_registry_gemma3_layout_streamed_equals_dense(tiny_gemma3):
     dense = decompose_dense(tiny_gemma3, prompts, layers=[3, 4, 5])
     assert list(streamed.layers.layer_type) == ["local", "local", "global"]
     assert list(streamed.heads.window.dropna().unique()) == [16]
-    numeric = ["T", "R", "M", "C", "T_heldout", "R_heldout", "M_heldout", "C_heldout"]
+    numeric = ["total", "R", "M", "C", "total_heldout", "R_heldout", "M_heldout", "C_heldout"]
     np.testing.assert_allclose(streamed.heads[numeric], dense.heads[numeric], atol=1e-6)
     assert streamed.provenance["data"]["source"] == "natural"
     assert streamed.provenance["seed"] == 1

@@ -30,5 +30,5 @@ def test_identity_and_sliding_windows_on_gemma3(gemma3):
     result = decompose(gemma3, prompts, layers=layers, progress=False)
     assert list(result.layers.layer_type) == ["local", "global"]
     assert set(result.heads.window.dropna()) == {512}
-    np.testing.assert_allclose(result.heads["T"], result.heads.R + result.heads.M + result.heads.C, atol=1e-9)
-    assert result.heads["T"].between(0, 1).all()
+    np.testing.assert_allclose(result.heads["total"], result.heads.R + result.heads.M + result.heads.C, atol=1e-9)
+    assert result.heads["total"].between(0, 1).all()

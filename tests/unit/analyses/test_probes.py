@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
+from lens_position.core.columns import display_order
 from lens_position.ground.errors import BadInputError
 from lens_position.analyses.probes import position_probe
 from lens_position.models.toy import random_model
@@ -196,9 +197,9 @@ def test_probe_of_a_written_position_has_a_tight_interval_near_one_and_provenanc
     intervals = result.provenance["options"]["intervals"]
     assert intervals["level"] == 0.95 and intervals["n_resamples"] == 200
     assert "sequence" in intervals["method"] and intervals["units"] == 4 == intervals["training_units"]
-    assert list(result.layers.columns) == ["layer", "r2_heldout", "r2_train", "r2_shuffled", "ridge", "n_train",
-                                           "n_test", "r2_heldout_lo", "r2_heldout_hi", "r2_shuffled_lo",
-                                           "r2_shuffled_hi"]
+    assert list(result.layers.columns) == display_order([
+        "layer", "r2_heldout", "r2_train", "r2_shuffled", "ridge", "n_train", "n_test", "r2_heldout_lo",
+        "r2_heldout_hi", "r2_shuffled_lo", "r2_shuffled_hi"])
 
 
 def test_probe_without_intervals_keeps_no_rows_and_reports_nan():

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from lens_position.core.columns import display_order
 from lens_position.analyses.claims import claims_table
 from lens_position.analyses.decompose import decompose
 from lens_position.core.intervals import Bootstrap
@@ -40,11 +41,12 @@ def test_between_set_spread_agrees_with_the_bootstrap_on_synthetic_scores():
                                 bootstrap=Bootstrap(n_resamples=200), batch_size=16, progress=False)
                       for k in range(20)]
     result = between_sets(decompositions, name="synthetic")
-    assert list(result.sets.columns) == SET_COLUMNS and list(result.summary.columns) == SUMMARY_COLUMNS
-    summary = result.summary.set_index("quantity")
+    assert list(result.sets.columns) == display_order(SET_COLUMNS)
+    assert list(result.spread.columns) == display_order(SUMMARY_COLUMNS)
+    summary = result.spread.set_index("quantity")
     print(summary[["between_sd", "bootstrap_sd", "sd_ratio", "sd_ratio_lo", "sd_ratio_hi"]].to_string())
-    assert list(summary.index) == ["T_heldout", "R_rf_heldout", "M_rf_heldout"]
-    for quantity in ("T_heldout", "R_rf_heldout", "M_rf_heldout"):
+    assert list(summary.index) == ["total_heldout", "R_rf_heldout", "M_rf_heldout"]
+    for quantity in ("total_heldout", "R_rf_heldout", "M_rf_heldout"):
         row = summary.loc[quantity]
         assert row.between_sd > 0 and row.n_sets == 20
         assert row.sd_ratio_lo <= 1.0 <= row.sd_ratio_hi, (quantity, row.sd_ratio)
@@ -54,7 +56,7 @@ def test_between_set_spread_agrees_with_the_bootstrap_on_synthetic_scores():
     table = claims_table({"decompose_layers": first.layers.assign(**tag),
                           "decompose_replicates": first.replicates.assign(**tag)})
     c1 = table[(table.claim == "C1") & (table.architecture == "synthetic")].iloc[0]
-    set1 = result.sets[(result.sets["set"] == 1) & (result.sets["quantity"] == "T_heldout")].iloc[0]
+    set1 = result.sets[(result.sets["set"] == 1) & (result.sets["quantity"] == "total_heldout")].iloc[0]
     assert (set1.value, set1.lo, set1.hi, set1.verdict) == (pytest.approx(c1.value), pytest.approx(c1.value_lo),
                                                             pytest.approx(c1.value_hi), c1.verdict)
     assert result.provenance["intervals"]["n_resamples"] == 200 and len(result.provenance["sets"]) == 20
@@ -75,7 +77,7 @@ def test_a_bootstrap_too_narrow_for_the_spread_between_sets_is_flagged():
         decompositions.append(decompose(model, toy_tokens(16, LENGTH, bos=False),
                                         fwd_hooks=[("blocks.0.attn.hook_attn_scores", hook)],
                                         bootstrap=Bootstrap(n_resamples=100), batch_size=16, progress=False))
-    summary = between_sets(decompositions).summary.set_index("quantity")
+    summary = between_sets(decompositions).spread.set_index("quantity")
     assert summary.loc["R_rf_heldout", "sd_ratio_lo"] > 1.0
     assert np.isfinite(summary["sd_ratio"]).all()
 
@@ -99,7 +101,7 @@ def test_two_prompt_sets_give_a_finite_ratio_interval():
                                 fwd_hooks=[synthetic_scores(k)],
                                 bootstrap=Bootstrap(n_resamples=50), batch_size=8, progress=False)
                       for k in range(2)]
-    summary = between_sets(decompositions).summary
+    summary = between_sets(decompositions).spread
     assert (summary["n_sets"] == 2).all()
     assert np.isfinite(summary[["sd_ratio_lo", "sd_ratio_hi"]].to_numpy()).all()
     assert (summary["sd_ratio_lo"] <= summary["sd_ratio"]).all()

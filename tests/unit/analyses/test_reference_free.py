@@ -31,7 +31,7 @@ def test_offset_only_scores_have_zero_reference_free_residual_component():
     heads = decompose(offset_only_model(n_heads=2), toy_tokens(4, LENGTH, bos=False), progress=False).heads
     assert (heads.R_rf.abs() < 1e-10).all() and (heads.R_rf_heldout.abs() < 1e-10).all()
     assert (heads.C_rf.abs() < 1e-10).all()
-    np.testing.assert_allclose(heads.M_rf, heads["T"], rtol=1e-9)
+    np.testing.assert_allclose(heads.M_rf, heads["total"], rtol=1e-9)
     assert (heads.M_rf > 0.01).all()
 
 
@@ -42,10 +42,10 @@ def test_a_key_term_in_a_full_sliding_window_has_no_mask_component():
     a = torch.randn(LENGTH, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     heads = decompose(offset_only_model(window=window), toy_tokens(4, LENGTH, bos=False),
                       query_range=(window - 1, LENGTH), fwd_hooks=[add_key_term(a)], progress=False).heads
-    assert (heads["T"] > 0.05).all()
+    assert (heads["total"] > 0.05).all()
     assert (heads.M_rf.abs() < 1e-10).all() and (heads.M_rf_heldout.abs() < 1e-10).all()
-    np.testing.assert_allclose(heads.R_rf, heads["T"], rtol=1e-9)
-    assert (heads.M > 0.05).all() and (heads.R > heads["T"]).all()  # what the self-referenced split says
+    np.testing.assert_allclose(heads.R_rf, heads["total"], rtol=1e-9)
+    assert (heads.M > 0.05).all() and (heads.R > heads["total"]).all()  # what the self-referenced split says
 
 
 def test_a_linear_key_term_is_exactly_relative():
@@ -54,14 +54,14 @@ def test_a_linear_key_term_is_exactly_relative():
     heads = decompose(offset_only_model(), toy_tokens(4, LENGTH, bos=False), fwd_hooks=[add_key_term(a)],
                       progress=False).heads
     assert (heads.R_rf.abs() < 1e-10).all() and (heads.R_rf_heldout.abs() < 1e-10).all()
-    np.testing.assert_allclose(heads.M_rf, heads["T"], rtol=1e-9)
-    assert (heads["T"] > 1e-4).all()
+    np.testing.assert_allclose(heads.M_rf, heads["total"], rtol=1e-9)
+    assert (heads["total"] > 1e-4).all()
 
 
 def test_uniform_scores_are_all_mask():
     heads = decompose(offset_only_model(uniform=True), toy_tokens(3, LENGTH, bos=False), progress=False).heads
     assert (heads.R_rf.abs() < 1e-12).all() and (heads.C_rf.abs() < 1e-12).all()
-    np.testing.assert_allclose(heads.M_rf, heads["T"], rtol=1e-12)
+    np.testing.assert_allclose(heads.M_rf, heads["total"], rtol=1e-12)
 
 
 def test_key0_bonus_gives_reference_free_residual_that_vanishes_without_it():
@@ -75,8 +75,8 @@ def test_key0_bonus_gives_reference_free_residual_that_vanishes_without_it():
 def test_both_splits_add_up_to_the_same_total():
     heads = decompose(random_model(), torch.randint(0, 50, (6, 32), generator=torch.Generator().manual_seed(0)),
                       progress=False).heads
-    np.testing.assert_allclose(heads.R_rf + heads.M_rf + heads.C_rf, heads["T"], atol=1e-12)
-    np.testing.assert_allclose(heads.R_rf_heldout + heads.M_rf_heldout + heads.C_rf_heldout, heads.T_heldout,
+    np.testing.assert_allclose(heads.R_rf + heads.M_rf + heads.C_rf, heads["total"], atol=1e-12)
+    np.testing.assert_allclose(heads.R_rf_heldout + heads.M_rf_heldout + heads.C_rf_heldout, heads.total_heldout,
                                atol=1e-12)
 
 

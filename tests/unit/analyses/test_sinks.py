@@ -21,6 +21,7 @@ import math
 import pytest
 import torch
 
+from lens_position.core.columns import display_order
 from lens_position.analyses import sinks
 from lens_position.analyses.decompose import decompose
 from lens_position.ground.errors import BadInputError
@@ -62,7 +63,7 @@ def test_uniform_heads_have_sink_score_equal_to_the_mean_of_one_over_i_plus_one(
 def test_designed_sink_reading_head_is_found_and_ranked_first(model, tokens):
     result = sinks.sink_reading_heads(model, tokens, query_range=(0, 32), n_ablate=1)
     first = result.frame.iloc[0]
-    assert (first["layer"], first["head"], first["rank"]) == (1, 0, 1)
+    assert (first["layer"], first["head"], first["reading_rank"]) == (1, 0, 1)
     # with BOS gone from its key and value, the head attends uniformly and outputs nothing
     assert first["R_base"] > 0.05
     assert first["R_patched"] == pytest.approx(0.0, abs=1e-10)
@@ -71,9 +72,9 @@ def test_designed_sink_reading_head_is_found_and_ranked_first(model, tokens):
     others = result.frame.iloc[1:]
     assert others["R_change"].abs().max() < 1e-10
     assert others["output_change"].abs().max() < 1e-10
-    assert list(result.frame.columns) == ["layer", "head", "layer_type", "output_change", "R_base", "R_patched",
-                                          "R_change", "R_heldout_change", "R_change_lo", "R_change_hi",
-                                          "R_heldout_change_lo", "R_heldout_change_hi", "rank"]
+    assert list(result.frame.columns) == display_order([
+        "layer", "head", "layer_type", "output_change", "R_base", "R_patched", "R_change", "R_heldout_change",
+        "R_change_lo", "R_change_hi", "R_heldout_change_lo", "R_heldout_change_hi", "reading_rank"])
     # paired intervals over sequences: the reader's change excludes 0, the others' is 0 in every replicate.
     # Every sequence loses the same R here, so the (bias-corrected) interval is the estimate to round-off.
     assert first["R_change_hi"] < 0
@@ -102,11 +103,11 @@ def test_ablating_the_sink_reading_head_removes_the_residual_component_it_carrie
     layers = result.ablation.set_index(["ablation", "layer"])
     assert layers.loc[("zero", 2), "R_after"] < layers.loc[("zero", 2), "R_before"]
     assert layers.loc[("zero", 2), "R_change_hi"] < 0 <= layers.loc[("zero", 0), "R_change_hi"]
-    assert list(result.ablation.columns) == ["ablation", "layer", "R_before", "R_after", "R_heldout_before",
-                                             "R_heldout_after", "R_change", "R_change_lo", "R_change_hi",
-                                             "R_heldout_change", "R_heldout_change_lo", "R_heldout_change_hi"]
-    assert list(result.ablation_heads.columns) == ["layer", "head", "ablation", "ablated", "R_before", "R_after",
-                                                   "R_change", "R_change_lo", "R_change_hi"]
+    assert list(result.ablation.columns) == display_order([
+        "ablation", "layer", "R_before", "R_after", "R_heldout_before", "R_heldout_after", "R_change", "R_change_lo",
+        "R_change_hi", "R_heldout_change", "R_heldout_change_lo", "R_heldout_change_hi"])
+    assert list(result.ablation_heads.columns) == display_order(["layer", "head", "ablation", "ablated", "R_before",
+                                                                 "R_after", "R_change", "R_change_lo", "R_change_hi"])
 
 
 def test_own_position0_patches_keep_every_block_on_the_base_residual_stream(model, tokens):

@@ -45,7 +45,7 @@ def test_frame_lists_only_downstream_heads_with_provenance(result):
     assert len(frame) == 2 * (3 + 2 + 1)
     assert list(frame.columns[:3]) == ["patch_layer", "layer", "head"]
     assert {"pattern_change", "R_change"} <= set(frame.columns)
-    assert list(result.summary["patch_layer"]) == [0, 1, 2]
+    assert list(result.by_patch_layer["patch_layer"]) == [0, 1, 2]
     assert result.provenance["options"]["counterfactual"] == "no-bos"
 
 

@@ -67,7 +67,7 @@ def test_nominal_95_percent_intervals_cover_the_truth_in_about_95_percent_of_rep
     truth = decompose(model, toy_tokens(2000, LENGTH, bos=False), fwd_hooks=[synthetic_scores(10_000)],
                       bootstrap=NO_INTERVALS, batch_size=500, progress=False).heads.iloc[0]
     assert truth["R_rf_heldout"] > 0.01  # there is an absolute signal to cover
-    heldout, in_sample = ("R_rf_heldout", "M_rf_heldout", "T_heldout"), ("T", "R_rf", "M_rf", "R", "M", "C")
+    heldout, in_sample = ("R_rf_heldout", "M_rf_heldout", "total_heldout"), ("total", "R_rf", "M_rf", "R", "M", "C")
     covered = dict.fromkeys(heldout + in_sample, 0)
     percentile_covered = dict.fromkeys(in_sample, 0)
     repetitions = 150
@@ -127,14 +127,14 @@ def test_tables_say_which_interval_method_made_each_interval_and_where_an_estima
 
     from lens_position.core.intervals import annotate_intervals
 
-    frame = pd.DataFrame({"T": [0.30, 0.10], "T_lo": [0.20, 0.12], "T_hi": [0.28, 0.20],
-                          "T_heldout": [0.2, 0.1], "T_heldout_lo": [0.1, 0.05], "T_heldout_hi": [0.3, 0.09]})
+    frame = pd.DataFrame({"total": [0.30, 0.10], "total_lo": [0.20, 0.12], "total_hi": [0.28, 0.20],
+                          "total_heldout": [0.2, 0.1], "total_heldout_lo": [0.1, 0.05], "total_heldout_hi": [0.3, 0.09]})
     annotated = annotate_intervals(frame)
-    assert annotated["interval_method"].tolist() == ["bias-corrected percentile: T; percentile: the others"] * 2
-    assert annotated["outside_interval"].tolist() == ["T", "T, T_heldout"]
+    assert annotated["interval_method"].tolist() == ["bias-corrected percentile: total; percentile: the others"] * 2
+    assert annotated["outside_interval"].tolist() == ["total", "total, total_heldout"]
     assert annotated.drop(columns=["interval_method", "outside_interval"]).equals(frame)
-    no_intervals = frame.assign(T_lo=float("nan"), T_hi=float("nan"), T_heldout_lo=float("nan"),
-                                T_heldout_hi=float("nan"))
+    no_intervals = frame.assign(total_lo=float("nan"), total_hi=float("nan"), total_heldout_lo=float("nan"),
+                                total_heldout_hi=float("nan"))
     assert annotate_intervals(no_intervals).columns.tolist() == no_intervals.columns.tolist()
 
 

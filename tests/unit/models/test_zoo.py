@@ -225,10 +225,10 @@ def test_shipped_checkpoint_matches_its_recipe_hash_and_loads_offline(checkpoint
     assert meta["held_out_bits_per_byte"] < meta["unigram_bits_per_byte"]
     assert "sink_rate" in meta["sinks"]
     # the loaded model computes what training measured: same held-out loss
-    from lens_position.models.zoo.corpus import evaluation_batch, load_corpus
+    from lens_position.models.zoo.corpus import evaluation_batch, training_split
     from lens_position.models.zoo.train import LN2, next_byte_loss
 
-    corpus = load_corpus()
+    corpus = training_split()
     tokens = evaluation_batch(corpus.held_out, n=recipe.n_eval_sequences, context=recipe.context, bos=recipe.bos)
     with torch.no_grad():
         bits = float(next_byte_loss(loaded.model, tokens)) / LN2
@@ -263,9 +263,9 @@ def test_position_options_are_refused_on_zoo_models():
 def _layers(variant: str, seed: int, per_layer: list[float]) -> pd.DataFrame:
     """``per_layer`` is R' (the reference-free split the claims use); the self-referenced R is a
     constant, so an answer read off the wrong split resolves nothing."""
-    return pd.DataFrame({"model": model_name(variant, seed), "layer": range(len(per_layer)), "keys": "all",
+    return pd.DataFrame({"model": model_name(variant, seed), "layer": range(len(per_layer)), "key_set": "all",
                          "R_rf_heldout": per_layer, "M_rf_heldout": 0.1, "R_heldout": 0.3, "M_heldout": 0.2,
-                         "T_heldout": 0.2})
+                         "total_heldout": 0.2})
 
 
 def test_c3_answers_come_from_paired_seed_differences():

@@ -150,7 +150,7 @@ def test_a_sweep_on_ray_writes_one_table_per_step_with_a_column_per_factor(tmp_p
         assert cells == {(m, b, s) for m in MODELS for b, s in conditions}, name
     # a factor changes what is measured: the seed picks other text windows
     layers = pd.read_parquet(out / "decompose_layers.parquet")
-    by_seed = [part["T_heldout"].to_numpy() for _, part in
+    by_seed = [part["total_heldout"].to_numpy() for _, part in
                layers[(layers["model"] == "tiny-llama") & (layers["bos"] == "force")].groupby("seed")]
     assert not (by_seed[0] == by_seed[1]).all()
     claims = pd.read_csv(out / "claims.csv")

@@ -95,7 +95,7 @@ FIGURES = {
                          {"R_heldout", "M_heldout", "R_rf_heldout", "M_rf_heldout"}),
     "layer_components_heldout": (lambda t: plots.layer_components(t["decompose_layers"], heldout=True),
                                  {"R_heldout", "M_heldout", "R_rf_heldout", "M_rf_heldout"}),
-    "head_heatmaps": (lambda t: plots.head_heatmaps(t["decompose_heads"]), {"T_heldout", "R_rf_heldout", "M_rf_heldout"}),
+    "head_heatmaps": (lambda t: plots.head_heatmaps(t["decompose_heads"]), {"total_heldout", "R_rf_heldout", "M_rf_heldout"}),
     "probe_r2": (lambda t: plots.probe_r2(t["probe_layers"]), {"r2_heldout", "r2_shuffled"}),
     "bos_fraction_removed": (lambda t: plots.bos_fraction_removed(t["bos_layers"], t["bos_overall"]),
                              {"fraction_removed_rf (overall)", "fraction_removed_rf (token)",

@@ -55,7 +55,7 @@ def test_head_heatmaps_hold_every_head_value_heldout_by_default(tables):
     frame = tables["decompose_heads"]
     fig = plots.head_heatmaps(frame)
     assert len(fig.data) == 3 * frame["architecture"].nunique()
-    for quantity in ("T_heldout", "R_rf_heldout", "M_rf_heldout"):
+    for quantity in ("total_heldout", "R_rf_heldout", "M_rf_heldout"):
         for arch, trace in _traces(fig, quantity).items():
             part = frame[frame["architecture"] == arch]
             for row in part.itertuples():
@@ -156,7 +156,7 @@ def test_sink_map_marks_sink_heads_and_top_sink_reading_heads(tables):
         part = sinks[(sinks["architecture"] == arch) & sinks["is_sink"]]
         assert sorted(zip(trace["y"], trace["x"])) == sorted(zip(part["layer"], part["head"]))
     for arch, trace in _traces(fig, "sink_reading_top").items():
-        top = reading[reading["architecture"] == arch].sort_values("rank").head(3)
+        top = reading[reading["architecture"] == arch].sort_values("reading_rank").head(3)
         assert list(zip(trace["y"], trace["x"])) == list(zip(top["layer"], top["head"]))
 
 

@@ -81,19 +81,47 @@ def test_bos_direction_without_intervals_uses_the_point_values():
 
 
 def _layers(T, R, M, C):
-    return pd.DataFrame({"layer": range(len(T)), "T": T, "R": R, "M": M, "C": C})
+    return pd.DataFrame({"layer": range(len(T)), "total": T, "R": R, "M": M, "C": C})
 
 
-def test_components_sentence_reports_the_table():
+def test_components_sentence_reports_the_in_sample_table_when_there_is_no_held_out_split():
     text = takeaways.components_sentence(_layers([0.3, 0.5, 0.1], [0.2, 0.1, 0.05], [0.1, 0.3, 0.04],
                                                  [0.0, 0.1, 0.01]), "model A")
-    assert text.startswith("On model A")
-    assert "T = 0.300" in text and "R = 0.117" in text and "M = 0.147" in text and "C = 0.037" in text
+    assert text.startswith("On model A") and "no held-out, reference-free columns" in text
+    assert "total = 0.300" in text and "R = 0.117" in text and "M = 0.147" in text and "C = 0.037" in text
     assert "R exceeds M in 2 of 3 layers" in text
-    assert "the largest T, 0.500, is in layer 1" in text
+    assert "the largest total, 0.500, is in layer 1" in text
     other = takeaways.components_sentence(_layers([0.3, 0.5, 0.9], [0.0, 0.0, 0.0], [0.3, 0.5, 0.9],
                                                   [0.0, 0.0, 0.0]))
-    assert "R exceeds M in 0 of 3 layers" in other and "is in layer 2" in other and "R/(R+M) = 0.00" in other
+    assert "R exceeds M in 0 of 3 layers" in other and "is in layer 2" in other
+
+
+def _recommended(r_rf, m_rf, noise=0.0):
+    layers = _layers([0.3] * len(r_rf), [0.1] * len(r_rf), [0.2] * len(r_rf), [0.0] * len(r_rf)).assign(
+        R_rf_heldout=r_rf, M_rf_heldout=m_rf, total_heldout=[a + b for a, b in zip(r_rf, m_rf)], n_sequences=8)
+    rng = np.random.default_rng(0)
+    replicates = pd.concat([layers[["layer", "R_rf_heldout", "M_rf_heldout", "total_heldout"]].assign(
+        replicate=b, R_rf_heldout=layers["R_rf_heldout"] + noise * rng.standard_normal(len(layers)))
+        for b in range(200)], ignore_index=True)
+    replicates["total_heldout"] = replicates["R_rf_heldout"] + replicates["M_rf_heldout"]
+    return layers, replicates
+
+
+def test_components_sentence_leads_with_the_mask_and_residual_shares_of_the_held_out_total():
+    layers, replicates = _recommended([0.1, 0.3], [0.3, 0.3], noise=0.01)
+    text = takeaways.components_sentence(layers, "model A", replicates)
+    # closed form: R' = 0.2, M' = 0.3, total = 0.5 on average: 40% residual, 60% mask
+    assert text.startswith("On model A, absolute position accounts for 0.5 [")
+    assert "60% [" in text.split("the causal mask's")[0] and "M' = 0.3" in text
+    assert "40% [" in text.split("the residual stream's")[0].split("and")[-1] and "R' = 0.2 [" in text
+    assert "R' exceeds M' in 0 of 2 layers" in text
+    assert text.index("R' =") < text.index("In-sample, self-referenced")
+
+
+def test_components_sentence_splits_nothing_when_the_total_is_not_distinguishable_from_zero():
+    layers, replicates = _recommended([0.0, 0.0], [0.0, 0.0], noise=0.01)
+    text = takeaways.components_sentence(layers, None, replicates)
+    assert "not distinguishable from zero" in text and "of it is the causal mask's" not in text
 
 
 def test_probe_sentences_say_which_way_r2_moves_with_depth():
@@ -143,7 +171,7 @@ def test_result_tables_from_result_objects_feed_the_claims(tiny_llama):
         assert (frame["architecture"] == "tiny A").all() and (frame["role"] == loaded.spec.role).all()
     claims = claims_table(tables)
     c1 = claims.query("claim == 'C1' and architecture == 'tiny A'").iloc[0]
-    assert c1["value"] == pytest.approx(result.layers["T_heldout"].mean())
+    assert c1["value"] == pytest.approx(result.layers["total_heldout"].mean())
     assert c1["verdict"] in (HOLDS, FAILS, INCONCLUSIVE)
     text = takeaways.claims_markdown(tables, ["C1", "C4"])
     assert f"- tiny A: **{c1['verdict']}**" in text
@@ -160,7 +188,7 @@ def test_a_single_sequence_is_said_to_decide_nothing():
     tables = fake_results()
     one = {name: (frame.assign(n_sequences=1) if "n_sequences" in frame.columns else frame)
            for name, frame in tables.items() if name.startswith("decompose_layers")}
-    one["decompose_layers"] = one["decompose_layers"].assign(T_heldout=np.nan, R_rf_heldout=np.nan,
+    one["decompose_layers"] = one["decompose_layers"].assign(total_heldout=np.nan, R_rf_heldout=np.nan,
                                                              M_rf_heldout=np.nan)
     text = takeaways.claims_markdown(one, ["C1"])
     assert "With N = 1 sequence there is neither a held-out half nor a bootstrap interval" in text

@@ -1,0 +1,139 @@
+"""The model seam: what the analyses, patching, the stream loop and the pipeline ask of a model.
+
+Two backends sit behind it: ``hooked`` (TransformerLens 3.x ``HookedTransformer``: the adapters,
+GGUF, local folders, the zoo; the reference path) and ``bridge`` (``TransformerBridge``, the only
+model class of TransformerLens 4.x, in compatibility mode for the 3.x hook names). Both give the
+same hook names with the same shapes and meanings:
+
+- ``hook_embed``; ``blocks.l.hook_resid_pre`` / ``hook_resid_mid`` / ``hook_resid_post``;
+- ``blocks.l.attn.hook_q`` / ``hook_k`` / ``hook_v`` (before RoPE) and ``hook_rot_q`` /
+  ``hook_rot_k`` (after), ``[batch, pos, head, d_head]`` with **one key/value entry per query
+  head** (a grouped-query model's K/V are repeated, the same numbers);
+- ``blocks.l.attn.hook_attn_scores``: scores after RoPE and scaling, *before* the softmax, with
+  the causal or window mask applied (``[batch, head, query, key]``);
+- ``blocks.l.attn.hook_pattern`` (after the softmax) and ``blocks.l.attn.hook_z`` (per-head
+  outputs before the output projection).
+
+Nothing in lens_position outside ``lens_position.models`` imports a TransformerLens model class:
+it holds a :class:`~lens_position.models.spec.LoadedModel` and talks to ``loaded.backend``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, ContextManager, Literal, Mapping, Protocol, Sequence, Union, runtime_checkable
+
+import torch
+
+BackendName = Literal["hooked", "bridge"]
+BACKENDS: tuple[str, ...] = ("auto", "hooked", "bridge")
+
+# What a public entry point accepts as a model: a ``LoadedModel``, or a bare HookedTransformer /
+# TransformerBridge (wrapped once, at the door, by ``lens_position.models.spec.as_loaded``). Spelled
+# Any: the LoadedModel lives in ``spec``, which imports this module.
+ModelLike = Any
+
+FwdHook = tuple[Union[str, Callable[[str], bool]], Callable]
+
+
+@runtime_checkable
+class ModelBackend(Protocol):
+    """One model behind the seam (see the module docstring for the hook points).
+
+    ``kind``: ``"hooked"`` or ``"bridge"``; ``model``: the TransformerLens module itself (kept
+    for users who reach for it; lens_position never does outside this package).
+    """
+
+    kind: str
+    model: torch.nn.Module
+    kv_hooks_per_query_head: bool
+
+    @property
+    def hook_dict(self) -> Mapping[str, Any]: ...
+
+    @property
+    def n_layers(self) -> int: ...
+
+    @property
+    def n_heads(self) -> int: ...
+
+    @property
+    def d_model(self) -> int: ...
+
+    @property
+    def d_vocab(self) -> int: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def W_E(self) -> torch.Tensor: ...
+
+    def hooks(self, fwd_hooks: Sequence[FwdHook]) -> ContextManager: ...
+
+    def forward(self, inputs: torch.Tensor, *, stop_at_layer: int | None = None,
+                start_at_layer: int | None = None, return_type: str | None = "logits") -> torch.Tensor | None: ...
+
+    def run_with_cache(self, tokens: torch.Tensor, names: Sequence[str], *,
+                       stop_at_layer: int | None = None) -> dict[str, torch.Tensor]: ...
+
+
+def hooked_available() -> bool:
+    """Whether the installed TransformerLens still has ``HookedTransformer`` (the 3.x line)."""
+    return hooked_class() is not None
+
+
+def hooked_class() -> type | None:
+    """``HookedTransformer`` where TransformerLens has it (3.x), else None (4.x removed it)."""
+    try:
+        import transformer_lens
+        return getattr(transformer_lens, "HookedTransformer")
+    except (ImportError, AttributeError):
+        return None
+
+
+def bridge_class() -> type | None:
+    """``TransformerBridge`` where TransformerLens has it (3.9 and 4.x), else None."""
+    try:
+        from transformer_lens.model_bridge import TransformerBridge
+    except ImportError:
+        return None
+    return TransformerBridge
+
+
+def resolve_backend(backend: str) -> BackendName:
+    """``"hooked"`` or ``"bridge"`` for a requested backend: ``auto`` takes hooked where this
+    TransformerLens has it, else the bridge. BadInputError for another name or a backend this
+    TransformerLens lacks."""
+    from lens_position.ground.errors import BadInputError
+
+    if backend not in BACKENDS:
+        raise BadInputError(f"unknown backend {backend!r}; use {', '.join(BACKENDS)}")
+    if backend == "auto":
+        return "hooked" if hooked_available() else "bridge"
+    if backend == "hooked" and not hooked_available():
+        raise BadInputError("backend='hooked' needs HookedTransformer, which TransformerLens 4.0 removed; use "
+                            "backend='bridge' (or 'auto'), or install transformer_lens 3.x for the hooked backend")
+    if backend == "bridge" and bridge_class() is None:
+        raise BadInputError("backend='bridge' needs TransformerBridge (TransformerLens 3.9 or 4.x); use "
+                            "backend='hooked' or upgrade transformer_lens")
+    return backend  # type: ignore[return-value]
+
+
+def backend_for(model: Any) -> ModelBackend:
+    """The backend of a TransformerLens model: a HookedTransformer (or subclass) or a
+    TransformerBridge. TypeError for anything else."""
+    hooked = hooked_class()
+    if hooked is not None and isinstance(model, hooked):
+        from lens_position.models.backends.hooked import HookedBackend
+        return HookedBackend(model)
+    bridge = bridge_class()
+    if bridge is not None and isinstance(model, bridge):
+        from lens_position.models.backends.bridge import BridgeBackend
+        return BridgeBackend(model)
+    raise TypeError(f"expected a LoadedModel, a HookedTransformer or a TransformerBridge, got {type(model).__name__}")
+
+
+def is_model(model: Any) -> bool:
+    """Whether ``model`` is a TransformerLens model a backend wraps."""
+    hooked, bridge = hooked_class(), bridge_class()
+    return (hooked is not None and isinstance(model, hooked)) or (bridge is not None and isinstance(model, bridge))

@@ -1,0 +1,330 @@
+"""The ``bridge`` backend: a TransformerLens ``TransformerBridge`` (3.9 and the 4.x line) booted
+from a Hugging Face model lens_position loaded itself, in compatibility mode (the 3.x hook
+names), behind the seam.
+
+What the bridge does differently from ``HookedTransformer``, and what this module sets so the
+numbers are the same:
+
+- **Grouped-query K/V.** ``hook_k``/``hook_v`` of the bridge hold one entry per key/value head,
+  and TransformerLens 4.0 removed ``ungroup_grouped_query_attention``. :func:`ungroup_kv`
+  repeats the K/V projection rows of the HF model once per query head before booting (the
+  same keys and values, so the same forward pass): a patch of one query head's key then
+  reaches that head only, as on the hooked backend.
+- **Scores before the softmax.** lens_position reads ``hook_attn_scores`` as the scores before
+  the softmax; an attention bridge that fires it on the post-softmax weights would give a silent
+  wrong answer. :func:`check_scores_hook` runs the booted model once and refuses it unless
+  ``softmax(hook_attn_scores) == hook_pattern`` in every layer.
+- **The mask.** Masked scores are ``-inf`` in compatibility mode but ``finfo.min`` otherwise;
+  the analyses take key sets from the model's spec (causal or window), never from the values.
+- **BOS and padding.** The bridge would swap in a re-loaded "with BOS" tokenizer; the tokenizer
+  is set back to ours, its padding side to the right, and the default BOS policy to the
+  tokenizer's own (``ModelSpec.tokenizer_prepends_bos``).
+- **start_at_layer.** 3.9's bridge refuses it; :class:`BridgeBackend` then runs the blocks before
+  the start on placeholder tokens and puts the given residual in at the start block; on either
+  release every hook before the start block is kept silent (4.x runs those blocks too, on the
+  residual as input embeddings, and discards them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import re
+import warnings
+from typing import Any, Callable, ContextManager, Iterator, Mapping, Sequence
+
+import torch
+
+from lens_position.ground.errors import UnsupportedArchitectureError
+
+log = logging.getLogger(__name__)
+
+_BLOCK = re.compile(r"^blocks\.(\d+)\.")
+_SCORE_CHECK_TOKENS = 6
+_SCORE_CHECK_TOL = 1e-4
+
+
+def _block_of(name: str) -> int:
+    match = _BLOCK.match(name)
+    return int(match.group(1)) if match else -1
+
+
+def ungroup_kv(hf_model: torch.nn.Module) -> int:
+    """Repeat each key/value head's projection rows (and biases) once per query head of its group,
+    in place, so every attention layer is multi-head with the same keys and values as before
+    (``repeat_kv``'s order: query head ``h`` reads key/value head ``h // group``). Returns the
+    number of key/value heads the model had (its own; the spec records it)."""
+    config = getattr(hf_model, "config", None)
+    n_heads = int(getattr(config, "num_attention_heads"))
+    n_kv = int(getattr(config, "num_key_value_heads", None) or n_heads)
+    if n_kv == n_heads:
+        return n_kv
+    group = n_heads // n_kv
+    with torch.no_grad():
+        for module in hf_model.modules():
+            if not (hasattr(module, "k_proj") and hasattr(module, "v_proj")):
+                continue
+            for name in ("k_proj", "v_proj"):
+                linear = getattr(module, name)
+                d_head = linear.out_features // n_kv
+                weight = linear.weight.data.view(n_kv, d_head, -1).repeat_interleave(group, dim=0)
+                linear.weight = torch.nn.Parameter(weight.reshape(n_heads * d_head, -1).contiguous(),
+                                                   requires_grad=False)
+                if linear.bias is not None:
+                    bias = linear.bias.data.view(n_kv, d_head).repeat_interleave(group, dim=0)
+                    linear.bias = torch.nn.Parameter(bias.reshape(-1).contiguous(), requires_grad=False)
+                linear.out_features = n_heads * d_head
+            if hasattr(module, "num_key_value_groups"):
+                module.num_key_value_groups = 1
+    config.num_key_value_heads = n_heads
+    for sub in (getattr(config, "text_config", None),):
+        if sub is not None and hasattr(sub, "num_key_value_heads"):
+            sub.num_key_value_heads = n_heads
+    return n_kv
+
+
+def boot_bridge(hf_model: torch.nn.Module, tokenizer: Any, *, name: str, device: str = "cpu",
+                dtype: torch.dtype = torch.float32, prepends_bos: bool = False) -> Any:
+    """A ``TransformerBridge`` over ``hf_model`` (K/V ungrouped, compatibility mode without weight
+    processing, so activations equal the HF model's), with ``tokenizer`` as its own. The HF model
+    is modified in place (:func:`ungroup_kv`): pass one you own."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    if not getattr(hf_model.config, "architectures", None):  # a config built in code names none
+        hf_model.config.architectures = [type(hf_model).__name__]
+    n_kv = ungroup_kv(hf_model)
+    hf_model.to(dtype=dtype)
+    hf_model.eval()
+    # The bridge normalises the tokenizer it is given (and may re-load a "with BOS" copy from the
+    # hub): it gets a copy marked as already adding BOS, and ours is put back afterwards.
+    booted_tokenizer = None
+    if tokenizer is not None:
+        booted_tokenizer = copy.deepcopy(tokenizer)
+        booted_tokenizer.init_kwargs["name_or_path"] = getattr(tokenizer, "name_or_path", None) or name
+        booted_tokenizer.init_kwargs["add_bos_token"] = True
+    with warnings.catch_warnings(), _quiet_transformer_lens():
+        warnings.simplefilter("ignore")
+        try:
+            bridge = TransformerBridge.boot_transformers(name, hf_model=hf_model, tokenizer=booted_tokenizer,
+                                                         device=device, dtype=dtype)
+        except (ValueError, NotImplementedError, KeyError) as exc:
+            architectures = ", ".join(getattr(hf_model.config, "architectures", None) or []) or \
+                type(hf_model).__name__
+            raise UnsupportedArchitectureError(
+                f"TransformerBridge does not support {architectures} (model_type "
+                f"{getattr(hf_model.config, 'model_type', None)!r}: {str(exc).split('. ')[0][:160]}). Routes that "
+                "work: the hooked "
+                "backend (backend='hooked', TransformerLens 3.x) for model_type llama, mistral, qwen2, gemma3; "
+                "or build the model yourself as a HookedTransformer or TransformerBridge and pass it to the "
+                "analyses directly") from exc
+        bridge.enable_compatibility_mode(no_processing=True)
+    if tokenizer is not None:
+        if tokenizer.padding_side is None:
+            tokenizer.padding_side = "right"
+        bridge._tokenizer = tokenizer  # the setter would re-configure it (and re-derive d_vocab)
+    bridge.cfg.default_prepend_bos = prepends_bos
+    bridge.cfg.tokenizer_prepends_bos = prepends_bos
+    bridge.__dict__["_lens_position_n_kv"] = n_kv
+    check_scores_hook(bridge)
+    return bridge
+
+
+def prepare_bare_bridge(bridge: Any) -> int:
+    """Check a user's own TransformerBridge fits the seam: it must be in compatibility mode (the 3.x
+    hook names; BadInputError otherwise) and fire its scores hook before the softmax
+    (:func:`check_scores_hook`). Its K/V cannot be ungrouped once booted (the bridge has sized its
+    attention by then): ``hook_k``/``hook_v`` then keep one entry per key/value head, and a patch of a
+    single head there is refused (:attr:`BridgeBackend.kv_hooks_per_query_head`). Returns the model's
+    own number of key/value heads."""
+    from lens_position.ground.errors import BadInputError
+
+    if not getattr(bridge, "compatibility_mode", False) or "blocks.0.attn.hook_attn_scores" not in bridge.hook_dict:
+        raise BadInputError("this TransformerBridge is not in compatibility mode (the 3.x hook names and "
+                            "numerics lens_position reads); call bridge.enable_compatibility_mode(no_processing=True) "
+                            "first, or load the model with lens_position.load_model(..., backend='bridge')")
+    original = bridge.original_model
+    check_scores_hook(bridge)
+    known = bridge.__dict__.get("_lens_position_n_kv")
+    if known is not None:  # booted by boot_bridge: K/V ungrouped before booting
+        return int(known)
+    return int(getattr(original.config, "num_key_value_heads", None) or original.config.num_attention_heads)
+
+
+@contextlib.contextmanager
+def _quiet_transformer_lens() -> Iterator[None]:
+    logger = logging.getLogger()
+    level = logger.level
+    logger.setLevel(max(level, logging.ERROR))
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def check_scores_hook(bridge: Any) -> None:
+    """Refuse (UnsupportedArchitectureError) a bridge whose ``hook_attn_scores`` does not carry the
+    scores before the softmax in every layer: run ``_SCORE_CHECK_TOKENS`` tokens once and require
+    ``softmax(scores) == pattern`` (an attention bridge that fires the hook on the weights after the
+    softmax fails it: the softmax of probabilities is not those probabilities)."""
+    n_layers = int(bridge.cfg.n_layers)
+    names = [f"blocks.{layer}.attn.hook_{kind}" for layer in range(n_layers) for kind in ("attn_scores", "pattern")]
+    missing = [name for name in names if name not in bridge.hook_dict]
+    if missing:
+        raise UnsupportedArchitectureError(
+            f"this model's attention bridge has no {missing[0]} (and {len(missing) - 1} more): lens_position "
+            "needs the scores before the softmax and the pattern; use backend='hooked' "
+            "(TransformerLens 3.x) for this architecture")
+    tokens = torch.arange(_SCORE_CHECK_TOKENS, device=_device(bridge)).unsqueeze(0) % max(2, int(bridge.cfg.d_vocab))
+    backend = BridgeBackend(bridge)
+    cache = backend.run_with_cache(tokens, names)
+    for layer in range(n_layers):
+        prefix = f"blocks.{layer}.attn.hook_"
+        if any(prefix + kind not in cache for kind in ("attn_scores", "pattern")):
+            raise UnsupportedArchitectureError(
+                f"layer {layer}: the attention bridge did not fire hook_attn_scores / hook_pattern; use "
+                "backend='hooked' for this architecture")
+        if not scores_before_softmax(cache[prefix + "attn_scores"], cache[prefix + "pattern"]):
+            raise UnsupportedArchitectureError(
+                f"layer {layer}: this model's attention bridge fires hook_attn_scores after the softmax "
+                "(softmax(scores) is not the pattern), so the scores lens_position would read are not the "
+                "scores: refused rather than a wrong decomposition. Use backend='hooked' (TransformerLens "
+                "3.x) for this architecture")
+
+
+def scores_before_softmax(scores: torch.Tensor, pattern: torch.Tensor) -> bool:
+    """Whether ``scores`` are the scores the softmax turned into ``pattern`` (``softmax(scores) ==
+    pattern`` within float32 round-off, masked cells at ``-inf`` or ``finfo.min`` included), rather
+    than the weights after it: weights ``w`` give ``softmax(w) != w`` unless a row is uniform."""
+    expected = torch.softmax(scores.to(torch.float64), dim=-1)
+    return bool(torch.allclose(expected, pattern.to(torch.float64), atol=_SCORE_CHECK_TOL, rtol=0))
+
+
+def _device(bridge: Any) -> torch.device:
+    device = getattr(bridge.cfg, "device", None)
+    return torch.device(device) if device else next(bridge.parameters()).device
+
+
+class _NamedHook:
+    """A bridge hook point seen under the name a caller registered it by."""
+
+    __slots__ = ("_point", "name")
+
+    def __init__(self, point: Any, name: str) -> None:
+        self._point = point
+        self.name = name
+
+    def __getattr__(self, attribute: str) -> Any:
+        return getattr(self._point, attribute)
+
+
+class BridgeBackend:
+    """The seam (:class:`~lens_position.models.backends.ModelBackend`) over a TransformerBridge in
+    compatibility mode."""
+
+    kind = "bridge"
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self._silent_below: int | None = None
+
+    @property
+    def hook_dict(self) -> Mapping[str, Any]:
+        return self.model.hook_dict
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.model.cfg.n_layers)
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.model.cfg.n_heads)
+
+    @property
+    def d_model(self) -> int:
+        return int(self.model.cfg.d_model)
+
+    @property
+    def d_vocab(self) -> int:
+        return int(self.model.cfg.d_vocab)
+
+    @property
+    def device(self) -> torch.device:
+        return _device(self.model)
+
+    @property
+    def W_E(self) -> torch.Tensor:
+        """The embedding rows as ``hook_embed`` carries them: the HF embedding times its scale where it
+        has one (Gemma's ``embed_scale`` = sqrt(d_model); the bridge's own ``W_E`` is unscaled)."""
+        embedding = self.model.original_model.get_input_embeddings()
+        scale = getattr(embedding, "embed_scale", None)
+        weight = embedding.weight
+        return weight if scale is None else weight * torch.as_tensor(scale).to(weight.dtype)
+
+    @property
+    def kv_hooks_per_query_head(self) -> bool:
+        """Whether ``hook_k``/``hook_v`` carry one entry per query head (a model booted by
+        :func:`boot_bridge`, or one without grouped-query attention)."""
+        config = self.model.original_model.config
+        n_kv = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+        return n_kv == int(config.num_attention_heads)
+
+    @property
+    def native_start_at_layer(self) -> bool:
+        """Whether this TransformerLens's bridge resumes from a residual itself (4.x; not 3.9)."""
+        return hasattr(self.model, "_setup_start_at_layer")
+
+    def _wrapped(self, name: Any, fn: Callable) -> Callable:
+        """``fn`` as the bridge should call it: under the name it was registered with (many 3.x names
+        are aliases of a bridge hook whose own name differs: ``blocks.0.hook_resid_pre`` is
+        ``blocks.0.hook_in``), and silent before an emulated ``start_at_layer``."""
+        def hook(activation: torch.Tensor, hook: Any) -> Any:
+            named = _NamedHook(hook, name) if isinstance(name, str) else hook
+            if self._silent_below is not None and _block_of(named.name) < self._silent_below:
+                return None
+            return fn(activation, hook=named)
+
+        return hook
+
+    def hooks(self, fwd_hooks: Sequence[Any]) -> ContextManager:
+        return self.model.hooks(fwd_hooks=[(name, self._wrapped(name, fn)) for name, fn in fwd_hooks])
+
+    def forward(self, inputs: torch.Tensor, *, stop_at_layer: int | None = None,
+                start_at_layer: int | None = None, return_type: str | None = "logits") -> torch.Tensor | None:
+        if start_at_layer is None or start_at_layer == 0 and not inputs.is_floating_point():
+            return self.model(inputs, stop_at_layer=stop_at_layer, return_type=return_type)
+        if not self.native_start_at_layer:
+            return self._emulated_start(inputs, start_at_layer, stop_at_layer, return_type)
+        # 4.x runs the blocks before the start too (on the residual as input embeddings, then discards
+        # them): their hooks must not report what they saw
+        self._silent_below = start_at_layer
+        try:
+            return self.model(inputs, stop_at_layer=stop_at_layer, start_at_layer=start_at_layer,
+                              return_type=return_type)
+        finally:
+            self._silent_below = None
+
+    def _emulated_start(self, residual: torch.Tensor, start: int, stop: int | None,
+                        return_type: str | None) -> torch.Tensor | None:
+        """Blocks before ``start`` run on placeholder tokens with every hook silent; the residual
+        replaces ``blocks.{start}.hook_resid_pre`` before any other hook there sees it."""
+        point = self.model.hook_dict[f"blocks.{start}.hook_resid_pre"]
+        handle = point.register_forward_hook(lambda _module, _args, _out: residual, prepend=True)
+        placeholder = torch.zeros(residual.shape[:2], dtype=torch.long, device=residual.device)
+        self._silent_below = start
+        try:
+            return self.model(placeholder, stop_at_layer=stop, return_type=return_type)
+        finally:
+            self._silent_below = None
+            handle.remove()
+
+    def run_with_cache(self, tokens: torch.Tensor, names: Sequence[str], *,
+                       stop_at_layer: int | None = None) -> dict[str, torch.Tensor]:
+        cache: dict[str, torch.Tensor] = {}
+
+        def keep(activation: torch.Tensor, hook: Any) -> None:
+            cache[hook.name] = activation.detach()
+
+        with torch.no_grad(), self.hooks([(name, keep) for name in dict.fromkeys(names)]):
+            self.forward(tokens, stop_at_layer=stop_at_layer, return_type=None)
+        return cache

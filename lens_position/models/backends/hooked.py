@@ -1,0 +1,67 @@
+"""The ``hooked`` backend: a TransformerLens 3.x ``HookedTransformer`` behind the seam (the
+reference path: every adapter, GGUF file, checkpoint folder and zoo model loads into it)."""
+
+from __future__ import annotations
+
+from typing import Any, ContextManager, Mapping, Sequence
+
+import torch
+
+
+class HookedBackend:
+    """The seam (:class:`~lens_position.models.backends.ModelBackend`) over a HookedTransformer.
+
+    Grouped-query models are switched to ungrouped key/value hooks (one ``hook_k``/``hook_v``
+    entry per query head, the same numbers) when wrapped."""
+
+    kind = "hooked"
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        if model.cfg.n_key_value_heads and not model.cfg.ungroup_grouped_query_attention:
+            model.set_ungroup_grouped_query_attention(True)
+
+    @property
+    def hook_dict(self) -> Mapping[str, Any]:
+        return self.model.hook_dict
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.model.cfg.n_layers)
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.model.cfg.n_heads)
+
+    @property
+    def d_model(self) -> int:
+        return int(self.model.cfg.d_model)
+
+    @property
+    def d_vocab(self) -> int:
+        return int(self.model.cfg.d_vocab)
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.model.cfg.device) if self.model.cfg.device else next(self.model.parameters()).device
+
+    kv_hooks_per_query_head = True  # ungrouped when wrapped
+
+    @property
+    def W_E(self) -> torch.Tensor:
+        return self.model.W_E
+
+    def hooks(self, fwd_hooks: Sequence[Any]) -> ContextManager:
+        return self.model.hooks(fwd_hooks=list(fwd_hooks))
+
+    def forward(self, inputs: torch.Tensor, *, stop_at_layer: int | None = None,
+                start_at_layer: int | None = None, return_type: str | None = "logits") -> torch.Tensor | None:
+        return self.model(inputs, stop_at_layer=stop_at_layer, start_at_layer=start_at_layer,
+                          return_type=return_type)
+
+    def run_with_cache(self, tokens: torch.Tensor, names: Sequence[str], *,
+                       stop_at_layer: int | None = None) -> dict[str, torch.Tensor]:
+        wanted = set(names)
+        _, cache = self.model.run_with_cache(tokens, names_filter=lambda name: name in wanted, return_type=None,
+                                         stop_at_layer=stop_at_layer)
+        return {name: cache[name] for name in names if name in cache.cache_dict}

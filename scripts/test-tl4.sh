@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The second environment's part of `make test`: in .venv-tl4 (TransformerLens 4.3, TransformerBridge
+# only) the tests marked tl4, then a quick reproduction on the default models. Fails when either
+# fails, and when no test is marked tl4 (pytest's exit 5): a run that tested nothing is no pass.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+py=.venv-tl4/bin/python
+version=$("$py" -c "import importlib.metadata as m; print(m.version('transformer_lens'))")
+case "$version" in
+  4.*) ;;
+  *) echo "test-tl4: .venv-tl4 has transformer_lens $version, not 4.x; rerun scripts/setup.sh --tl4" >&2; exit 1 ;;
+esac
+start=$(date +%s)
+rc=0
+"$py" -m pytest -m tl4 "$@" || rc=$?
+if [ "$rc" = 5 ]; then
+  echo "test-tl4: no test is marked tl4 (pytest collected none): nothing was tested on TransformerLens $version" >&2
+  exit 1
+fi
+[ "$rc" = 0 ] || exit "$rc"
+echo "test-tl4: tests marked tl4 passed on TransformerLens $version in $(( $(date +%s) - start )) s"
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+start=$(date +%s)
+# A cache of its own: weights converted under TransformerLens 3.9 in ~/.cache are not reused.
+LENS_POSITION_CACHE="$out/cache" .venv-tl4/bin/lens-position reproduce --quick --no-progress --out "$out/results"
+test -s "$out/results/claims.csv" || { echo "test-tl4: the quick reproduction wrote no claims.csv" >&2; exit 1; }
+echo "test-tl4: quick reproduction passed on TransformerLens $version in $(( $(date +%s) - start )) s"

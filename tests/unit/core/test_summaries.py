@@ -1,0 +1,128 @@
+"""What a researcher sees first: every result's short repr, HTML, summary() and top_heads(),
+checked on one result of every analysis (tests/helpers/all_results.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from all_results import all_results, results
+from lens_position.core.columns import RECOMMENDED
+from lens_position.ground.errors import BadInputError
+
+SCREEN_LINES, SCREEN_COLUMNS = 30, 120
+NAMES = list(results())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_result_prints_at_most_a_screen_naming_what_it_measured_and_its_tables(name):
+    result = results()[name]
+    text = repr(result)
+    lines = text.splitlines()
+    assert len(lines) <= SCREEN_LINES and max(map(len, lines)) <= SCREEN_COLUMNS, text
+    assert f"{name}:" in text and result.WHAT in text
+    for f in dataclasses.fields(result):
+        if isinstance(getattr(result, f.name), pd.DataFrame):
+            assert f".{f.name} (" in text
+    assert "random-weight model" in text or name == "Comparison"  # the tiny model is untrained
+    html = result._repr_html_()
+    assert html.startswith("<div") or html.startswith("<p>")
+    assert len(html) < 8000  # the 17,800-character dataclass repr is what this replaces
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_summary_is_a_small_tidy_frame_of_the_headline_numbers(name):
+    result = results()[name]
+    frame = result.summary()
+    assert list(frame.columns) == ["quantity", "label", "value", "lo", "hi", "meaning"]
+    assert len(frame) <= 12
+    with_interval = frame.dropna(subset=["lo", "hi"])
+    assert (with_interval["lo"] <= with_interval["hi"]).all()
+
+
+def test_the_decomposition_headline_is_the_layer_mean_of_the_recommended_split_with_its_replicate_interval():
+    result = results()["Decomposition"]
+    frame = result.summary().set_index("quantity")
+    assert list(frame.index) == ["R_rf_heldout", "M_rf_heldout", "total_heldout"]
+    for column in frame.index:
+        # independently: the mean over layers, and the percentiles of that mean over replicates
+        assert frame.loc[column, "value"] == pytest.approx(result.heads[column].mean(), rel=1e-12)
+        # held-out components get the percentile interval (lens_position.core.intervals)
+        means = result.replicates.groupby("replicate")[column].mean().to_numpy()
+        assert frame.loc[column, "lo"] == pytest.approx(np.quantile(means, 0.025), rel=1e-9)
+        assert frame.loc[column, "hi"] == pytest.approx(np.quantile(means, 0.975), rel=1e-9)
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if results()[n].HEADS is not None])
+def test_top_heads_are_the_largest_by_the_ranking_column(name):
+    result = results()[name]
+    table, by = result.HEADS
+    frame = getattr(result, table)
+    top = result.top_heads(3)
+    assert top.columns[list(top.columns).index(by)] == by and len(top) == min(3, len(frame))
+    key = frame[by].abs() if by.endswith("_change") else frame[by]
+    expected = np.sort(key.to_numpy(dtype=float))[::-1][:3]
+    got = top[by].abs() if by.endswith("_change") else top[by]
+    np.testing.assert_allclose(got.to_numpy(dtype=float), expected)
+
+
+def test_top_heads_by_another_column_and_refusals():
+    result = results()["Decomposition"]
+    top = result.top_heads(2, by="M_rf_heldout")
+    np.testing.assert_allclose(top["M_rf_heldout"], np.sort(result.heads["M_rf_heldout"])[::-1][:2])
+    with pytest.raises(BadInputError, match="not a numeric column"):
+        result.top_heads(2, by="layer_type")
+    with pytest.raises(BadInputError, match="no per-head table"):
+        results()["ProbeResult"].top_heads()
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.one_of(st.integers(max_value=0), st.floats(), st.text(max_size=3), st.booleans()))
+def test_top_heads_refuses_any_n_that_is_not_a_positive_integer(n):
+    with pytest.raises(BadInputError, match="positive integer"):
+        results()["Decomposition"].top_heads(n)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_table_starts_with_its_identity_and_recommended_columns(name):
+    result = results()[name]
+    for f in dataclasses.fields(result):
+        frame = getattr(result, f.name)
+        if not isinstance(frame, pd.DataFrame):
+            continue
+        columns = list(frame.columns)
+        recommended = [c for c in RECOMMENDED if c in columns]
+        if recommended:
+            others = [c for c in columns if c not in recommended and not c.endswith(("_lo", "_hi"))
+                      and c not in ("condition", "replacement", "ablation", "patch_layer", "set", "claim",
+                                    "quantity", "layer", "head", "position", "layer_type")]
+            assert columns.index(recommended[0]) < min((columns.index(c) for c in others), default=len(columns))
+
+
+def test_analysis_answers_with_the_recommended_numbers_and_saves_as_one_folder(tmp_path):
+    analysis = results()["Analysis"]
+    decomposition = results()["Decomposition"]
+    # the same prompts: the decomposition inside is the plain one, number for number
+    pd.testing.assert_frame_equal(analysis.decomposition.heads, decomposition.heads)
+    r = analysis.summary().set_index("quantity").loc["R_rf_heldout", "value"]
+    assert f"R' = {r:.3g}" in analysis.answer and "causal mask's" in analysis.answer
+    assert "attention sink" in analysis.answer and "Replacing the BOS embedding" in analysis.answer
+    assert analysis.answer.startswith("These numbers come from a small model with random weights")
+    again = type(analysis).load(analysis.save(tmp_path / "analysis"))
+    assert again.answer == analysis.answer
+    pd.testing.assert_frame_equal(again.bos_replacement.overall, analysis.bos_replacement.overall)
+
+
+def test_analysis_without_bos_says_that_bos_replacement_was_not_run():
+    from lens_position.analyses.analyze import analyze
+    from lens_position.core.data import build_prompts
+
+    model = all_results()["model"]
+    prompts = build_prompts(model, source="random", T=16, N=4, bos="none")
+    analysis = analyze(model, prompts, progress=False)
+    assert analysis.bos is None and analysis.bos_replacement is None
+    assert "BOS replacement was not run" in analysis.answer
