@@ -92,6 +92,7 @@ ANALYSIS_OPTIONS = {
     "sinks": {"query_range"},
     "fingerprint": set(),
     "probe": {"layers"},
+    "bands": set(),
 }
 
 
