@@ -97,6 +97,7 @@ def fraction_removed(base: float, condition: float) -> float:
 
 # paired quantities: name -> (column of the decompositions, "fraction" (1 - condition / base) or "change")
 PAIRED = {"fraction_removed": ("R", "fraction"), "fraction_removed_rf": ("R_rf", "fraction"),
+          "fraction_removed_rf_heldout": ("R_rf_heldout", "fraction"),
           "R_change": ("R", "change"), "R_heldout_change": ("R_heldout", "change"), "R_rf_change": ("R_rf", "change")}
 HEAD_CHANGES = ("R_change", "R_heldout_change")
 
@@ -115,6 +116,10 @@ def _summary(base: pd.DataFrame, condition: pd.DataFrame) -> dict[str, float]:
         "R_rf_base": float(base["R_rf"].mean()), "R_rf_condition": float(condition["R_rf"].mean()),
         "fraction_removed_rf": fraction_removed(float(base["R_rf"].mean()), float(condition["R_rf"].mean())),
         "R_rf_change": float(condition["R_rf"].mean()) - float(base["R_rf"].mean()),
+        "R_rf_heldout_base": float(base["R_rf_heldout"].mean()),
+        "R_rf_heldout_condition": float(condition["R_rf_heldout"].mean()),
+        "fraction_removed_rf_heldout": fraction_removed(float(base["R_rf_heldout"].mean()),
+                                                        float(condition["R_rf_heldout"].mean())),
     }
 
 
@@ -254,6 +259,9 @@ def compare(base: Decomposition, conditions: Mapping[str, Decomposition]) -> Com
                     "fraction_removed": "1 - R_condition / R_base, R = mean over heads of Var(abs t)/Var(log A)",
                     "fraction_removed_raw": "1 - sum_heads var_abs_t_condition / sum_heads var_abs_t_base",
                     "fraction_removed_rf": "1 - R_rf_condition / R_rf_base (reference-free split)",
+                    "fraction_removed_rf_heldout": "1 - R_rf_heldout_condition / R_rf_heldout_base (held-out "
+                                                   "reference-free split: no in-sample fit's upward bias, so it "
+                                                   "does not drift with N)",
                     "R_change": "R_condition - R_base (per head; per layer and overall: of the means over heads)",
                     "intervals": {"method": "paired bootstrap: base and condition resample the same sequences per "
                                             "replicate; each interval comes from the quantity computed replicate "

@@ -629,3 +629,188 @@ def sink_reading_heads(
                                   "ablated runs resample the same sequences per replicate",
                        "columns": ["R_change", "R_heldout_change"]},
             output_change="RMS ||z_patched - z_base|| / RMS ||z_base|| over prompts and queries"))
+
+
+# --------------------------------------------------------------------------- window-aware sinks
+
+
+def first_visible_keys(length: int, window: int | None, query_start: int = 0,
+                       query_stop: int | None = None) -> torch.Tensor:
+    """The first key each query ``query_start <= i < query_stop`` can see: 0 in a causal layer
+    (``window`` None) and while ``i < window``, else ``i - window + 1``. ``Int[Tensor, "query"]``."""
+    stop = length if query_stop is None else query_stop
+    queries = torch.arange(query_start, stop)
+    if window is None:
+        return torch.zeros_like(queries)
+    return (queries - window + 1).clamp(min=0)
+
+
+def uniform_window_score(length: int, window: int | None, query_range: tuple[int, int] | None = None) -> float:
+    """The window-aware score of a uniform head (its chance level): the mean over queries of
+    ``1 / |K(i)|``, with ``|K(i)| = min(i + 1, W)``. In a causal layer it is also Gu et al.'s."""
+    start, stop = check_query_range(query_range, length)
+    counts = torch.arange(start, stop, dtype=torch.float64) + 1
+    if window is not None:
+        counts = counts.clamp(max=window)
+    return float((1 / counts).mean())
+
+
+class WindowSinkReducer:
+    """Both sink metrics, per prompt, layer and head, as a reducer for
+    :func:`lens_position.core.stream.stream` (read at ``hook_pattern`` of every layer):
+
+    - ``gu``: Gu et al.'s score, the mean over queries of ``A[i, 0]`` (a query past a window
+      that cannot see position 0 contributes its 0);
+    - ``window_aware``: the mean over queries of ``A[i, f(i)] / sum_{j in K(i)} A[i, j]``, with
+      ``f(i)`` the first key the query can see (:func:`first_visible_keys`: position 0 where it is
+      visible, the window's first key ``i - W + 1`` otherwise) and ``K(i)`` its key set;
+    - ``visible``: the mean of ``A[i, 0]`` over the queries that see position 0, and ``past``:
+      the mean of ``A[i, i - W + 1]`` over the queries past the window (NaN where a layer has
+      no such query), so ``window_aware`` is their mix weighted by query counts.
+
+    All in [0, 1], float64. A pattern with mass outside ``K(i)`` means the model's mask is not
+    the one its spec declares: refused, since every number here would be misassigned."""
+
+    def __init__(self, model: LoadedModel | HookedTransformer, prompts: Any, *,
+                 query_range: tuple[int, int] | None = None) -> None:
+        loaded = as_loaded(model)
+        tokens = as_tokens(model, prompts)
+        self.length = tokens.shape[1]
+        self.start, self.stop = check_query_range(query_range, self.length)
+        n_layers, n_heads = loaded.model.cfg.n_layers, loaded.model.cfg.n_heads
+        self.windows = loaded.spec.layer_windows
+        self.hook_names = tuple(f"blocks.{layer}.attn.hook_pattern" for layer in range(n_layers))
+        self._layer_of = {name: layer for layer, name in enumerate(self.hook_names)}
+        self.scores = {name: torch.full((tokens.shape[0], n_layers, n_heads), float("nan"), dtype=torch.float64)
+                       for name in ("gu", "window_aware", "visible", "past")}
+        self.seen = torch.zeros(tokens.shape[0], dtype=torch.bool)
+
+    def update(self, hook_name: str, pattern: Float[torch.Tensor, "batch head query key"],
+               rows: torch.Tensor) -> None:
+        layer = self._layer_of[hook_name]
+        window = self.windows[layer]
+        a = pattern[:, :, self.start:self.stop].to(torch.float64).cpu()
+        first = first_visible_keys(self.length, window, self.start, self.stop)
+        queries = torch.arange(self.start, self.stop)
+        keys = torch.arange(self.length)
+        visible_keys = (keys[None, :] >= first[:, None]) & (keys[None, :] <= queries[:, None])
+        outside = float(a.masked_fill(visible_keys, 0.0).abs().amax()) if a.numel() else 0.0
+        if outside > 1e-6:
+            raise BadInputError(
+                f"layer {layer}: attention of up to {outside:.3g} falls outside the keys the spec's "
+                f"window ({window}) lets a query see; the model's mask is not the declared one, so the "
+                "window-aware sink metric cannot assign it")
+        on_first = a.gather(-1, first.view(1, 1, -1, 1).expand(a.shape[0], a.shape[1], -1, 1))[..., 0]
+        total = a.masked_fill(~visible_keys, 0.0).sum(-1)
+        sees_zero = first == 0
+        self.scores["gu"][rows, layer] = a[..., 0].mean(-1)
+        self.scores["window_aware"][rows, layer] = (on_first / total).mean(-1)
+        if bool(sees_zero.any()):
+            self.scores["visible"][rows, layer] = a[:, :, sees_zero, 0].mean(-1)
+        if bool((~sees_zero).any()):
+            self.scores["past"][rows, layer] = (on_first / total)[:, :, ~sees_zero].mean(-1)
+        self.seen[rows] = True
+
+    def result(self) -> dict[str, Float[torch.Tensor, "prompt layer head"]]:
+        """Per metric (``gu``, ``window_aware``, ``visible``, ``past``) the scores per prompt,
+        layer and head."""
+        if not bool(self.seen.any()):
+            raise BadInputError("no prompts were streamed through these window-aware sink scores")
+        return {name: scores[self.seen] for name, scores in self.scores.items()}
+
+
+@dataclass
+class WindowSinks(SavedResult):
+    """Result of :func:`window_sinks`.
+
+    ``heads``: one row per (layer, head) with ``layer_type`` (``"local"``/``"global"``),
+    ``window``, the two sink scores ``gu_score`` (Gu et al.: mean over prompts and queries of
+    ``A[i, 0]``) and ``window_score`` (mean of attention on the first visible key, normalised
+    over the visible keys), each with its interval over prompts (``*_lo``/``*_hi``), ``visible_score``
+    and ``past_score`` (:class:`WindowSinkReducer`), ``uniform_score`` (the window-aware score a
+    uniform head gets, :func:`uniform_window_score`: ``1/W`` past the window, so with a small
+    window a head can pass ``eps`` without sinking), ``is_sink_gu`` / ``is_sink_window``
+    (score > ``eps``) and ``eps``. All scores in [0, 1].
+
+    ``layer_types``: one row per (layer type, metric): ``n_layers``, ``n_heads``,
+    ``n_sink_heads`` (heads whose score averaged over prompts exceeds ``eps``), ``sink_rate``
+    (Gu et al.'s thresholding per prompt: the fraction of (prompt, layer, head) triples of
+    that type above ``eps``) and ``mean_score``, each with its interval over prompts. Metrics:
+    ``"gu"``, ``"window_aware"`` and ``"visible"`` (attention on position 0 over the queries
+    that can see it only: in a window layer, the part of both metrics that past-window queries
+    do not dilute)."""
+
+    heads: pd.DataFrame
+    layer_types: pd.DataFrame
+    eps: float
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+
+def window_sinks(
+    model: LoadedModel | HookedTransformer,
+    prompts: Any,
+    *,
+    eps: float = SINK_EPS,
+    query_range: tuple[int, int] | None = None,
+    scores: Mapping[str, torch.Tensor] | None = None,
+    batch_size: int = 8,
+    bootstrap: Bootstrap = Bootstrap(),
+    progress: bool = True,
+) -> WindowSinks:
+    """Sink heads under Gu et al.'s metric and under the window-aware one, per layer type.
+
+    In a sliding-window layer of ``W`` keys, a query ``i >= W`` cannot see position 0, so Gu
+    et al.'s score counts a 0 for it whatever the head does; a head that puts its attention
+    on the first key of every window is not seen. The window-aware score reads, per query,
+    the first key it can see (position 0 while visible), normalised over the keys it can
+    see; in a causal (global) layer the two scores are the same number. Prompts longer than
+    ``W`` are needed for the metrics to differ (Gemma-3: ``T > 512``).
+
+    ``scores``: :meth:`WindowSinkReducer.result` of these prompts when already streamed."""
+    loaded = as_loaded(model)
+    prompts = checked_prompts(loaded, prompts)
+    batch_size = check_count("batch_size", batch_size)
+    if scores is None:
+        reducer = WindowSinkReducer(loaded, prompts, query_range=query_range)
+        with progress_bar("window-aware sinks", enabled=progress):
+            stream(loaded, as_tokens(loaded, prompts), [reducer], batch_size=batch_size, progress=progress,
+                   desc="window-aware sinks")
+        scores = reducer.result()
+    gu, aware = scores["gu"], scores["window_aware"]
+    n_prompts, n_layers, n_heads = gu.shape
+    layer_types, windows = loaded.spec.layer_types, loaded.spec.layer_windows
+    heads = pd.DataFrame({
+        "layer": np.repeat(np.arange(n_layers), n_heads), "head": np.tile(np.arange(n_heads), n_layers),
+        "layer_type": [layer_types[l] for l in range(n_layers) for _ in range(n_heads)],
+        "window": pd.array([windows[l] for l in range(n_layers) for _ in range(n_heads)], dtype="Int64"),
+    })
+    for metric, values in (("gu", gu), ("window", aware)):
+        mean, lo, hi = bootstrap_mean(values.reshape(n_prompts, -1).numpy(), bootstrap)
+        heads[f"{metric}_score"], heads[f"{metric}_score_lo"], heads[f"{metric}_score_hi"] = mean, lo, hi
+    heads["visible_score"] = scores["visible"].mean(0).reshape(-1).numpy()
+    heads["past_score"] = scores["past"].mean(0).reshape(-1).numpy()
+    length = as_tokens(loaded, prompts).shape[1]
+    chance = [uniform_window_score(length, windows[l], query_range) for l in range(n_layers)]
+    heads["uniform_score"] = np.repeat(chance, n_heads)
+    heads["is_sink_gu"] = heads["gu_score"] > eps
+    heads["is_sink_window"] = heads["window_score"] > eps
+    heads["eps"] = eps
+    rows = []
+    for kind in dict.fromkeys(layer_types):
+        layers = [l for l in range(n_layers) if layer_types[l] == kind]
+        for metric, values in (("gu", gu), ("window_aware", aware), ("visible", scores["visible"])):
+            part = values[:, layers]
+            rate, rate_lo, rate_hi = bootstrap_mean((part > eps).to(torch.float64).mean((1, 2)).numpy(), bootstrap)
+            score, score_lo, score_hi = bootstrap_mean(part.mean((1, 2)).numpy(), bootstrap)
+            rows.append({"layer_type": kind, "metric": metric, "n_layers": len(layers),
+                         "n_heads": len(layers) * n_heads, "n_sink_heads": int((part.mean(0) > eps).sum()),
+                         "sink_rate": float(rate), "sink_rate_lo": float(rate_lo), "sink_rate_hi": float(rate_hi),
+                         "mean_score": float(score), "mean_score_lo": float(score_lo),
+                         "mean_score_hi": float(score_hi), "eps": eps})
+    return WindowSinks(heads=heads, layer_types=pd.DataFrame(rows), eps=eps, provenance=provenance.collect(
+        model=loaded.spec, data=_data_spec(prompts), seed=getattr(getattr(prompts, "spec", None), "seed", None),
+        eps=eps, query_range=query_range, bos_policy=_bos_policy(prompts), intervals=bootstrap.to_dict("prompt"),
+        gu_score="mean over prompts and queries of A[i, 0] (Gu et al. 2025)",
+        window_score="mean over prompts and queries of A[i, f(i)] / sum_{j in K(i)} A[i, j], f(i) = max(0, i - W + 1) "
+                     "in a window layer of W keys, 0 in a causal layer",
+        windows=[None if w is None else int(w) for w in windows]))

@@ -92,6 +92,7 @@ ANALYSIS_OPTIONS = {
     "sinks": {"query_range"},
     "fingerprint": set(),
     "probe": {"layers"},
+    "bands": set(),
 }
 
 
@@ -227,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
         "sinks": "sink heads, sink rate by data condition, sink-reading heads and their ablation",
         "fingerprint": "the position-0 fingerprint per layer, with and without BOS (C5)",
         "probe": "ridge probes from the residual stream to log(position + 1), per layer",
+        "bands": "the residual component split by RoPE frequency band (exact) and R' attributed by band",
     }
     for name, text in helps.items():
         sub = subs.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")

@@ -319,6 +319,50 @@ def _run_fingerprint(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
                       {**sizes, "corpus": ctx.data.corpus})
 
 
+def _window_sinks_sizes(s: Settings, spec: Any) -> dict[str, Any]:
+    # past the window the two metrics differ: the model's T (raised above a sliding window), early_N sequences
+    return {"T": model_T(s, spec), "N": s.early_N, "eps": s.eps, "batch_size": s.batch_size,
+            "n_resamples": s.n_resamples}
+
+
+def _run_window_sinks(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
+    from lens_position.analyses.sinks import window_sinks
+
+    prompts = ctx.prompts(sizes["T"], sizes["N"])
+    result = window_sinks(ctx.loaded, prompts, eps=sizes["eps"], batch_size=sizes["batch_size"],
+                          bootstrap=_bootstrap(sizes), progress=ctx.progress)
+    return StepOutput(step_frames("window_sinks", result),
+                      result.provenance, {"prompts": prompts.spec, **sizes})
+
+
+def _run_rotary_bands(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
+    from lens_position.analyses.rotary_bands import rotary_bands
+
+    prompts = ctx.prompts(sizes["T"], sizes["N"])
+    if ctx.spec.rope_kind == "none":  # NoPE, learned positions: no rotary frequencies to split by
+        empty = pd.DataFrame({"layer": pd.Series(dtype="int64")})
+        return StepOutput({"bands_heads": empty, "bands_layers": empty},
+                          {"skipped": f"{ctx.spec.name} has no rotary embedding"}, {"prompts": prompts.spec, **sizes})
+    result = rotary_bands(ctx.loaded, prompts, n_bands=sizes["n_bands"], batch_size=sizes["batch_size"],
+                          bootstrap=_bootstrap(sizes), progress=ctx.progress)
+    return StepOutput(step_frames("rotary_bands", result), result.provenance,
+                      {"prompts": prompts.spec, **sizes})
+
+
+def _run_convergence(ctx: StepContext, sizes: Mapping[str, Any]) -> StepOutput:
+    from lens_position.analyses.convergence import position0_convergence
+
+    prompts = ctx.prompts(sizes["T"], sizes["N"])  # the BOS step's prompts: the same token 0
+    if ctx.loaded.model.cfg.attn_only:  # no MLP to restore the state with
+        empty = pd.DataFrame({"layer": pd.Series(dtype="int64")})
+        return StepOutput({"convergence_layers": empty, "convergence_restoration": empty},
+                          {"skipped": f"{ctx.spec.name} has no MLPs"}, {"prompts": prompts.spec, **sizes})
+    result = position0_convergence(ctx.loaded, prompts, seed=ctx.data.seed, bootstrap=_bootstrap(sizes),
+                                   progress=ctx.progress)
+    return StepOutput(step_frames("convergence", result),
+                      result.provenance, {"prompts": prompts.spec, **sizes})
+
+
 _STEP_LIST = (
     Step("decompose", "decompose",
          lambda s, spec: {"T": model_T(s, spec), "N": s.N, "batch_size": s.batch_size, "n_resamples": s.n_resamples,
@@ -332,6 +376,7 @@ _STEP_LIST = (
     Step("bos", "bos", _early,
          _run_bos, needs_bos="BOS replacement",
          requests=lambda ctx, sizes: _early_requests(ctx, sizes, activations=False)),
+    Step("convergence", "bos", _early, _run_convergence),
     Step("sink_heads", "sinks",
          lambda s, spec: {"T": min(s.sink_T, model_T(s, spec)), "N": s.N, "eps": s.eps,
                           "batch_size": s.batch_size, "n_resamples": s.n_resamples}, _run_sink_heads,
@@ -343,6 +388,10 @@ _STEP_LIST = (
     Step("sink_reading", "sinks", _early, _run_sink_reading,
          needs_bos="finding sink-reading heads (position 0 with and without BOS)",
          requests=lambda ctx, sizes: _early_requests(ctx, sizes, activations=True)),
+    Step("window_sinks", "sinks", _window_sinks_sizes, _run_window_sinks),
+    Step("rotary_bands", "bands",
+         lambda s, spec: {"T": min(s.sink_T, model_T(s, spec)), "N": s.early_N, "n_bands": 4,
+                          "batch_size": s.batch_size, "n_resamples": s.n_resamples}, _run_rotary_bands),
     Step("fingerprint", "fingerprint",
          lambda s, spec: {"T": s.sink_T, "N": s.N}, _run_fingerprint, requests=_fingerprint_requests),
     Step("prompt_sets", "decompose",

@@ -52,6 +52,26 @@ TABLES: dict[str, str] = {name: table.meaning for name, table in table_registry.
 # --------------------------------------------------------------------------- figures
 
 
+def _convergence_sentences(results: Mapping[str, pd.DataFrame]) -> list[str]:
+    """Per architecture, whether the position-0 state's convergence accounts for C4
+    (:func:`lens_position.report.takeaways.convergence_sentence`)."""
+    from lens_position.report.takeaways import convergence_sentence
+
+    convergence = results.get("convergence_layers")
+    if convergence is None or len(convergence) == 0:
+        return []
+
+    def part(name: str, arch: str | None) -> pd.DataFrame | None:
+        frame = results.get(name)
+        if frame is None or arch is None or "architecture" not in frame.columns:
+            return frame
+        return frame[frame["architecture"] == arch]
+
+    archs = (list(dict.fromkeys(convergence["architecture"])) if "architecture" in convergence.columns else [None])
+    return [convergence_sentence(part("convergence_layers", arch), part("bos_layers", arch),
+                                 part("bos_overall", arch), arch) for arch in archs]
+
+
 def report_figures(results: Mapping[str, pd.DataFrame]) -> list[ReportFigure]:
     """The report's figures, in order, for the tables present in ``results``."""
     figs: list[ReportFigure] = []
@@ -104,6 +124,13 @@ def report_figures(results: Mapping[str, pd.DataFrame]) -> list[ReportFigure]:
         "estimate lies outside its interval). Dashed: the paper's "
         f"{PAPER.c4_fraction_removed:.0%}.",
         lambda f, o: plots.bos_fraction_removed(f, o))
+    add("convergence", ("convergence_layers", "bos_layers"), "C4: does the position-0 state forget its token?",
+        "Left: cosine of the residual state at position 0 after each block, with its embedding replaced (other "
+        "tokens, the mean embedding, random vectors of the same norm), to the unreplaced state; mean over "
+        "replacements with a 95% bootstrap interval over them; dotted: 1 − tolerance, above which a layer counts "
+        "as converged. Right: the fraction of R' that the same kind of replacement removes per layer (C4). "
+        + " ".join(_convergence_sentences(results)),
+        lambda c, b: plots.convergence_c4(c, b))
     add("fingerprint", ("fingerprint",), "C5: the position-0 fingerprint",
         "Spread of the residual stream at position 0 across inputs (left, log scale) and its norm "
         "(right), per layer, with the auto-prepended BOS at position 0 (solid) and with a varying "
@@ -123,6 +150,22 @@ def report_figures(results: Mapping[str, pd.DataFrame]) -> list[ReportFigure]:
         "natural text, random tokens and repeated tokens. Hollow diamonds: the pooled rate (scores averaged "
         "over prompts first, thresholded once), which is not the authors' metric.",
         lambda f: plots.sink_rate_bars(f))
+    add("window_sinks", ("window_sinks_heads",), "Sinks under a sliding window: both metrics",
+        "Per layer, the mean over its heads of Gu et al.'s sink score (attention on position 0 averaged over "
+        "all queries, solid), of the window-aware score (attention on the first key each query can see: "
+        "position 0 while visible, the window's first key past it; normalised over the visible keys; dashed) "
+        "and of attention on position 0 over the queries that can see it (dotted). Circles: local "
+        "(sliding-window) layers, diamonds: global ones, where the three coincide. In a local layer of W keys "
+        "measured at T > W, Gu et al.'s score counts a 0 for every query past the window.",
+        lambda f: plots.window_sink_layers(f))
+    add("rotary_bands", ("bands_layers",), "The residual component by RoPE frequency band",
+        "Left: each band's own term Var(abs t_b)/V of the exact split of the residual component R over RoPE "
+        "frequency bands (band 0 the fastest pairs; the cross-band terms, which complete the sum to R, are in "
+        "the bands_heads table with the split's error). Right: the attribution of the reference-free R' to "
+        "each band, R' minus R' of the scores with that band removed; these attributions do not add up to R' "
+        "(R' passes through the softmax normaliser) and their error is in the bands_heads table. Mean over "
+        "each layer's heads.",
+        lambda f: plots.rotary_band_layers(f))
     add("sink_ablation", ("sink_ablation",), "Ablating the sink-reading heads",
         "Held-out residual component R per layer before (solid) and after (dashed) zero- and mean-ablating "
         "the sink-reading heads. Error bars on the after values: the 95% paired bootstrap interval of the "

@@ -325,12 +325,14 @@ def bos_fraction_removed(layers: pd.DataFrame, overall: pd.DataFrame | None = No
     stacked over models. ``fraction_removed`` = 1 − R_replaced / R_base (unitless; 1 = all
     of R gone, negative = R grew). Left panel: overall, grouped by replacement; the others:
     per layer, one panel per replacement. The dashed line marks the paper's 40%. ``column``:
-    the fraction drawn (default ``fraction_removed_rf``, the reference-free R' that claim C4
-    is decided on, when the frame has it; else ``fraction_removed``); error bars: its
+    the fraction drawn (default ``fraction_removed_rf_heldout``, the held-out reference-free R'
+    that claim C4 is decided on, when the frame has it; else ``fraction_removed_rf``, else
+    ``fraction_removed``); error bars: its
     ``_lo``/``_hi`` interval (bias-corrected, :mod:`lens_position.core.intervals`; a hatched bar or
     an open marker: the estimate lies outside it; hovering gives the interval and its method).
     """
-    column = column or ("fraction_removed_rf" if "fraction_removed_rf" in layers.columns else "fraction_removed")
+    column = column or ([c for c in ("fraction_removed_rf_heldout", "fraction_removed_rf") if c in layers.columns]
+                        or ["fraction_removed"])[0]
     _require(layers, ["replacement", "layer", column], "bos_fraction_removed")
     replacements = list(dict.fromkeys(layers["replacement"].tolist()))
     n_panels = len(replacements) + (overall is not None)
@@ -725,6 +727,115 @@ class ReportFigure:
     title: str
     caption: str
     figure: go.Figure
+
+
+def window_sink_layers(heads: pd.DataFrame, *, by: str = "architecture") -> go.Figure:
+    """Sink scores per layer under Gu et al.'s metric and the window-aware one.
+
+    ``heads`` is ``WindowSinks.heads`` stacked over models (``layer``, ``layer_type``,
+    ``gu_score``, ``window_score``, ``visible_score``; each a mean attention in [0, 1]). Per layer,
+    the mean over its heads: Gu et al.'s score (solid), the window-aware score (dashed; attention on
+    the first key a query can see) and, dotted, attention on position 0 over the queries that
+    see it. Markers: circles for local (sliding-window) layers, diamonds for global ones; in a
+    global layer the three are the same number.
+    """
+    _require(heads, ["layer", "layer_type", "gu_score", "window_score", "visible_score"], "window_sink_layers")
+    fig = go.Figure()
+    metrics = (("gu_score", "Gu et al. (position 0)", "solid"), ("window_score", "window-aware (first visible key)",
+                                                                "dash"),
+               ("visible_score", "position 0, queries that see it", "dot"))
+    for gi, (name, group) in enumerate(_groups(heads, by)):
+        per_layer = group.groupby(["layer", "layer_type"], sort=True)[[m for m, _, _ in metrics]].mean().reset_index()
+        symbols = ["circle" if kind == "local" else "diamond" for kind in per_layer["layer_type"]]
+        for column, label, dash in metrics:
+            fig.add_trace(go.Scatter(
+                x=_as_list(per_layer["layer"]), y=_as_list(per_layer[column]), mode="lines+markers",
+                name=f"{name}: {label}", line=dict(color=_color(gi), dash=dash),
+                marker=dict(symbol=symbols, size=8), meta={"group": name, "quantity": column},
+                text=_as_list(per_layer["layer_type"]),
+                hovertemplate=f"{name}: {label}<br>layer %{{x}} (%{{text}}): %{{y:.4f}}<extra></extra>",
+            ))
+    fig.update_xaxes(title_text="layer (circle: local, diamond: global)")
+    fig.update_yaxes(title_text="mean attention over the layer's heads", range=[0, 1])
+    return _base_layout(fig, "Sink scores per layer: Gu et al.'s and window-aware")
+
+
+def rotary_band_layers(layers: pd.DataFrame, *, by: str = "architecture") -> go.Figure:
+    """Where the residual component sits in RoPE frequency, per layer.
+
+    ``layers`` is ``RotaryBands.layers`` stacked over models (``layer``, ``band``,
+    ``band_index``, ``R_band``: Var(abs t_b)/V, the band's own term of the exact split of R;
+    ``R_rf_attribution``: R' minus R' with the band's scores removed; both fractions of Var(log
+    A), mean over the layer's heads). Left: ``R_band``; right: the attribution of R'. One colour per
+    band (band 0 the fastest), one dash per architecture.
+    """
+    _require(layers, ["layer", "band", "band_index", "R_band", "R_rf_attribution"], "rotary_band_layers")
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["R by band (exact split, own terms)",
+                                                        "R' attribution by band (removal)"])
+    bands = layers.sort_values("band_index")["band"].drop_duplicates().tolist()
+    for gi, (name, group) in enumerate(_groups(layers, by)):
+        for bi, band in enumerate(bands):
+            part = group[group["band"] == band].sort_values("layer")
+            if part.empty:
+                continue
+            for col, column in ((1, "R_band"), (2, "R_rf_attribution")):
+                fig.add_trace(go.Scatter(
+                    x=_as_list(part["layer"]), y=_as_list(part[column]), mode="lines+markers",
+                    name=f"{name}: {band}", legendgroup=f"{name}: {band}", showlegend=col == 1,
+                    line=dict(color=_color(bi), dash=_DASHES[gi % len(_DASHES)]), marker=dict(size=5),
+                    meta={"group": name, "quantity": f"{column} ({band})"},
+                ), row=1, col=col)
+    fig.update_xaxes(title_text="layer")
+    fig.update_yaxes(title_text="fraction of Var(log A)", row=1, col=1)
+    return _base_layout(fig, "Residual component by RoPE frequency band", height=460)
+
+
+def convergence_c4(convergence: pd.DataFrame, bos_layers: pd.DataFrame | None = None, *,
+                   by: str = "architecture") -> go.Figure:
+    """The position-0 state's convergence per layer beside the fraction of R' that BOS replacement
+    removes there (C4).
+
+    ``convergence`` is ``Position0Convergence.layers`` stacked over models (``layer``, ``cosine``
+    with ``cosine_lo``/``_hi``: cosine of the replaced position-0 state to the unreplaced one,
+    mean over replacements; ``tolerance``). Left: that cosine with its interval; dotted: ``1 -
+    tolerance``, above which a layer counts as converged. Right (with ``bos_layers``,
+    ``BosReplacement.frame``): the fraction of R' removed per layer, mean over replacements (the
+    held-out fraction when the frame has it, as C4 is decided).
+    """
+    _require(convergence, ["layer", "cosine", "tolerance"], "convergence_c4")
+    panels = ["cosine of the replaced position-0 state to the unreplaced one"]
+    column = None
+    if bos_layers is not None and len(bos_layers):
+        column = ([c for c in ("fraction_removed_rf_heldout", "fraction_removed_rf") if c in bos_layers.columns]
+                  or ["fraction_removed"])[0]
+        _require(bos_layers, ["replacement", "layer", column], "convergence_c4")
+        panels.append("fraction of R' removed per layer (mean over replacements)")
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=panels)
+    for gi, (name, group) in enumerate(_groups(convergence, by)):
+        part = group.sort_values("layer")
+        fig.add_trace(go.Scatter(
+            x=_as_list(part["layer"]), y=_as_list(part["cosine"]), mode="lines+markers", name=f"{name}: cosine",
+            legendgroup=name, line=dict(color=_color(gi)), error_y=_error_bars(part, "cosine"),
+            meta={"group": name, "quantity": "cosine"},
+        ), row=1, col=1)
+        tolerance = float(part["tolerance"].iloc[0])
+        fig.add_trace(go.Scatter(
+            x=_as_list(part["layer"]), y=[1 - tolerance] * len(part), mode="lines", name=f"{name}: 1 − tolerance",
+            legendgroup=name, showlegend=False, line=dict(color=_color(gi), dash="dot", width=1),
+            meta={"group": name, "quantity": "converged_threshold"},
+        ), row=1, col=1)
+    if column is not None:
+        for gi, (name, group) in enumerate(_groups(bos_layers, by)):
+            per_layer = group.groupby("layer", sort=True)[column].mean().reset_index()
+            fig.add_trace(go.Scatter(
+                x=_as_list(per_layer["layer"]), y=_as_list(per_layer[column]), mode="lines+markers",
+                name=f"{name}: fraction removed", legendgroup=name, line=dict(color=_color(gi), dash="dash"),
+                meta={"group": name, "quantity": column},
+            ), row=1, col=2)
+        fig.update_yaxes(title_text="fraction removed", row=1, col=2)
+    fig.update_xaxes(title_text="layer")
+    fig.update_yaxes(title_text="cosine", row=1, col=1)
+    return _base_layout(fig, "C4: position-0 convergence beside the fraction of R' removed", height=460)
 
 
 def zoo_r_by_layer(layers: pd.DataFrame) -> go.Figure:

@@ -146,8 +146,9 @@ def verdicts(tables: Tables, keys: Sequence[str], criteria: Criteria = Criteria(
 def bos_direction(overall: pd.DataFrame, architecture: str | None = None) -> str:
     """Which way BOS replacement moved the residual component, per replacement and on average,
     from ``BosReplacement.overall``, against the paper's fraction (``claims.PAPER``)."""
-    column = "fraction_removed_rf" if "fraction_removed_rf" in overall.columns else "fraction_removed"
-    label = "R'" if column.endswith("_rf") else "R"
+    column = ([c for c in ("fraction_removed_rf_heldout", "fraction_removed_rf") if c in overall.columns]
+              or ["fraction_removed"])[0]
+    label = {"fraction_removed_rf_heldout": "R' (held-out)", "fraction_removed_rf": "R'"}.get(column, "R")
     where = f" on {architecture}" if architecture else ""
     parts, signs = [], []
     for _, row in overall.iterrows():
@@ -237,3 +238,117 @@ def ground_truth_sentences(frame: pd.DataFrame, components: Sequence[str] = ("to
     """One line per row of a table of toy cases (index: the case; columns: the components)."""
     return [f"- {case}: " + ", ".join(f"{c} = {float(row[c]):.3g}" for c in components if c in row.index)
             for case, row in frame.iterrows()]
+
+
+def convergence_sentence(convergence: pd.DataFrame, bos_layers: pd.DataFrame | None = None,
+                         bos_overall: pd.DataFrame | None = None, architecture: str | None = None) -> str:
+    """Whether the position-0 state's convergence accounts for the C4 result, from the numbers:
+    ``Position0Convergence.layers`` (``converged``, ``cosine``, ``tolerance``) and, when given,
+    ``BosReplacement.frame`` / ``.overall`` (the fraction of R' removed, held-out when present).
+
+    "Accounts" needs both halves: the replaced state has re-formed over most of the depth (at least
+    half of the layers converged) *and* BOS replacement removes little (|mean fraction| < 10%, or
+    every replacement's interval holding 0)."""
+    layers = convergence.sort_values("layer")
+    where = f"On {architecture}, t" if architecture else "T"
+    converged = layers["converged"].astype(bool).to_numpy()
+    n_layers, n_converged = len(layers), int(converged.sum())
+    tolerance = float(layers["tolerance"].iloc[0])
+    runs = _runs_of(layers["layer"].astype(int).tolist(), converged.tolist())
+    state = (f"{where}he replaced position-0 state is within cosine {1 - tolerance:.2f} of the unreplaced one at "
+             f"{n_converged} of {n_layers} layers (layers {runs})" if n_converged else
+             f"{where}he replaced position-0 state is not within cosine {1 - tolerance:.2f} of the unreplaced one at "
+             f"any layer (mean cosine {layers['cosine'].astype(float).mean():.2f})")
+    if bos_layers is None or len(bos_layers) == 0:
+        return state + "; BOS replacement was not measured, so whether this accounts for C4 is not said."
+    column = ([c for c in ("fraction_removed_rf_heldout", "fraction_removed_rf") if c in bos_layers.columns]
+              or ["fraction_removed"])[0]
+    label = {"fraction_removed_rf_heldout": "held-out R'", "fraction_removed_rf": "R'"}.get(column, "R")
+    per_layer = bos_layers.groupby("layer")[column].mean()
+    in_converged = per_layer.reindex(layers.loc[converged, "layer"]).dropna()
+    in_other = per_layer.reindex(layers.loc[~converged, "layer"]).dropna()
+    if bos_overall is not None and column in bos_overall.columns and len(bos_overall):
+        overall = float(bos_overall[column].astype(float).mean())
+        holds_zero = all(float(r.get(f"{column}_lo", math.nan)) <= 0 <= float(r.get(f"{column}_hi", math.nan))
+                         for _, r in bos_overall.iterrows())
+    else:
+        overall, holds_zero = float(per_layer.mean()), False
+    little = abs(overall) < 0.1 or holds_zero
+    if len(in_converged):
+        split = f"per layer it removes {in_converged.mean():+.0%} on average where the state has converged"
+        if len(in_other):
+            split += f" and {in_other.mean():+.0%} where it has not"
+    else:
+        split = f"per layer {in_other.mean():+.0%} on average, at layers none of which has converged"
+    reformed = n_converged >= n_layers / 2
+    numbers = f"; BOS replacement removes {overall:+.0%} of {label} (mean over replacements; {split})"
+    if reformed and little:
+        verdict = (": convergence accounts for the C4 result. Whatever vector sits at position 0, the state that "
+                   "later heads read there re-forms, so there is little for the replacement to remove.")
+    elif reformed:
+        verdict = (": convergence does not account for the C4 result. The state re-forms, yet the replacement "
+                   "removes residual component, so part of R' is read before the state has converged or does not "
+                   "go through the position-0 state.")
+    elif not little:
+        verdict = (": the state does not re-form and the replacement removes residual component, as a residual "
+                   "component read from a position-0 state that depends on its token would make it; convergence "
+                   "is absent here and does not explain the C4 result.")
+    else:
+        verdict = (": the state does not re-form, yet the replacement removes little: R' here does not depend on the "
+                   "position-0 state, and convergence does not account for the C4 result.")
+    return state + numbers + verdict
+
+
+def _runs_of(layers: Sequence[int], flags: Sequence[bool]) -> str:
+    """The flagged layers as ranges: ``"2-8, 11-27"``."""
+    runs: list[list[int]] = []
+    for layer, flag in zip(layers, flags):
+        if flag and runs and runs[-1][1] == layer - 1:
+            runs[-1][1] = layer
+        elif flag:
+            runs.append([layer, layer])
+    return ", ".join(f"{a}" if a == b else f"{a}–{b}" for a, b in runs)
+
+
+def window_sinks_sentence(layer_types: pd.DataFrame, architecture: str | None = None) -> str:
+    """How the sink heads of each layer type count under Gu et al.'s metric, the window-aware one
+    and attention on position 0 while visible (``WindowSinks.layer_types``), and what that says."""
+    where = f" on {architecture}" if architecture else ""
+    frame = layer_types.set_index(["layer_type", "metric"])
+    parts = []
+    for kind in dict.fromkeys(layer_types["layer_type"]):
+        counts = {metric: int(frame.loc[(kind, metric), "n_sink_heads"]) for metric in ("gu", "window_aware", "visible")
+                  if (kind, metric) in frame.index}
+        n_heads = int(frame.loc[(kind, "gu"), "n_heads"])
+        parts.append(f"{kind} layers: {counts.get('gu', 0)} of {n_heads} heads under Gu et al.'s metric, "
+                     f"{counts.get('window_aware', 0)} window-aware, {counts.get('visible', 0)} on position 0 "
+                     "while it is visible")
+    text = f"Sink heads (score above ε){where}: " + "; ".join(parts) + "."
+    if "local" in set(layer_types["layer_type"]):
+        local = {m: frame.loc[("local", m)] for m in ("gu", "window_aware", "visible") if ("local", m) in frame.index}
+        gain = local["window_aware"]["mean_score"] - local["gu"]["mean_score"]
+        if int(local["window_aware"]["n_sink_heads"]) > int(local["gu"]["n_sink_heads"]):
+            text += (" The window-aware metric finds local sink heads Gu et al.'s misses: heads that attend to "
+                     "the first key of each window once position 0 has left it.")
+        else:
+            text += (f" The window-aware score adds {gain:.1e} to the local layers' mean score: their heads do not "
+                     "move their sink to the window's first key once position 0 has left the window.")
+        if int(local["visible"]["n_sink_heads"]) > int(local["gu"]["n_sink_heads"]):
+            text += (" Counting only the queries that can see position 0 finds more: Gu et al.'s score of a local "
+                     "head is diluted by the queries past the window, whatever the head does.")
+    return text
+
+
+def rotary_bands_sentence(heads: pd.DataFrame, layers: pd.DataFrame, architecture: str | None = None) -> str:
+    """Which RoPE band carries the residual component (``RotaryBands.heads`` and ``.layers``), how
+    exact the split is and how far the R' attribution is from adding up."""
+    where = f" on {architecture}" if architecture else ""
+    own = layers.groupby(["band_index", "band"])["R_band"].mean().reset_index().sort_values("band_index")
+    top = own.loc[own["R_band"].idxmax()]
+    shares = ", ".join(f"{row.band} {row.R_band:.3f}" for row in own.itertuples())
+    return (f"The residual component{where} (mean R {heads['R'].mean():.3f}) splits by RoPE band as {shares}, "
+            f"with cross-band terms {heads['R_cross'].mean():+.3f}: it rides mostly on {top['band']} "
+            f"({'the slowest' if int(top['band_index']) == int(own['band_index'].max()) else 'not the slowest'} "
+            f"band). The split is exact to {heads['R_split_error'].abs().max():.1e}. The attribution of R' by "
+            f"removing a band adds up to R' only within {heads['R_rf_attribution_error'].abs().mean():.3f} "
+            f"(mean |error| per head, against a mean R' of {heads['R_rf'].mean():.3f}).")

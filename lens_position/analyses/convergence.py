@@ -1,0 +1,249 @@
+"""Position-0 convergence: does the state at position 0 forget the token that made it?
+
+Position 0 attends only to itself, so its residual state at every layer is a function of the
+vector at position 0 alone (C5). Replace that vector (another token's embedding, the mean
+embedding, a random vector of the same norm: :func:`lens_position.analyses.patching.replacement_embedding`)
+and follow the state layer by layer against the unreplaced run:
+
+- ``cosine[l]``: cosine of ``resid_post[l][0]`` (after block ``l``) replaced vs unreplaced;
+- ``rel_norm[l]``: ``||replaced|| / ||unreplaced||``; ``distance[l]``: ``||replaced - unreplaced||
+  / ||unreplaced||``;
+- **converged** layers: those whose cosine interval lies at or above ``1 - tolerance``.
+
+A state that re-converges whatever its token (a circuit that recognises position 0 through the
+causal mask would make one) leaves nothing for BOS replacement to remove from what later heads
+read there (C4). Which components restore it: at each layer ``l``, the attention output and the
+MLP output at position 0 are, one at a time, patched from the unreplaced run into the replaced
+one, and the share of the gap ``||replaced - unreplaced||`` they close is measured right after
+the block (``closed_here``) and at the last layer (``closed_final``); ``closed_in_run`` is how
+much of the gap each sub-block closes in the replaced run itself, without any patch
+(``1 - d after / d before`` with ``d`` the gap over the unreplaced state's norm at that point, since
+a sub-block may grow the state's norm by orders of magnitude; negative: it widens the gap).
+
+Because position 0 sees only itself, the measurement runs on one-token sequences (each distinct
+token 0 of the prompts), exactly what position 0 of any longer prompt computes. Intervals are
+percentile bootstrap intervals over the units (distinct token 0 x replacement instance): with BOS
+at position 0 of every prompt the prompts are one unit, and the spread is over replacements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from transformer_lens import HookedTransformer
+
+from lens_position.analyses.patching import as_tokens, default_replacement_token, replacement_embedding
+from lens_position.core.checks import check_count, check_seed
+from lens_position.core.inputs import checked_prompts
+from lens_position.core.intervals import Bootstrap, bootstrap_mean
+from lens_position.core.results import SavedResult
+from lens_position.ground import provenance
+from lens_position.ground.errors import BadInputError
+from lens_position.models.spec import LoadedModel, as_loaded
+
+REPLACEMENTS = ("token", "mean", "random")
+DEFAULT_TOLERANCE = 0.02  # converged: cosine to the unreplaced state at least 0.98
+COMPONENTS = ("attn", "mlp")
+_NO_GAP = 1e-9  # a gap below this fraction of the unreplaced state's norm is no gap: nothing to close
+
+
+@dataclass
+class Position0Convergence(SavedResult):
+    """Result of :func:`position0_convergence`.
+
+    ``layers``: one row per layer ``l`` (the state after block ``l``): ``cosine``, ``rel_norm``,
+    ``distance`` (module docstring; dimensionless), each the mean over units with its interval
+    (``*_lo``/``*_hi``), ``converged`` (``cosine_lo >= 1 - tolerance``) and ``tolerance``.
+    ``per_replacement``: the same per (replacement instance, token 0, layer), no intervals.
+    ``restoration``: one row per (layer, component ``"attn"``/``"mlp"``): ``closed_here``,
+    ``closed_final`` and ``closed_in_run`` (fractions of the gap, 1 = closed, negative = widened),
+    means over the units that had a gap to close, with intervals (NaN where none had: a state
+    already converged leaves nothing for a patch to restore).
+    ``first_converged_layer``: the first layer from which every later layer is converged (None:
+    the state has not converged by the last layer)."""
+
+    layers: pd.DataFrame
+    per_replacement: pd.DataFrame
+    restoration: pd.DataFrame
+    tolerance: float
+    first_converged_layer: int | None
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+
+def _instances(loaded: LoadedModel, tokens: torch.Tensor, replacements: Sequence[str], n_tokens: int,
+               n_random: int, seed: int) -> list[tuple[str, torch.Tensor]]:
+    """Every replacement instance as (label, ``[units, d_model]`` vector per token-0 row)."""
+    out = []
+    drawn: list[int] = []
+    for replacement in replacements:
+        if replacement == "token":
+            for k in range(n_tokens):
+                token = default_replacement_token(loaded, tokens, position=0, seed=seed + k)
+                if token in drawn:  # a seed that draws a token already used adds no new instance
+                    continue
+                drawn.append(token)
+                out.append((f"token:{token}", replacement_embedding(loaded, tokens, "token", token=token)))
+        elif replacement == "mean":
+            out.append(("mean", replacement_embedding(loaded, tokens, "mean")))
+        else:
+            for k in range(n_random):
+                out.append((f"random:{seed + k}", replacement_embedding(loaded, tokens, "random", seed=seed + k)))
+    return out
+
+
+def _run(hooked: HookedTransformer, tokens: Int[torch.Tensor, "unit one"],
+         embedding: Float[torch.Tensor, "unit d_model"] | None,
+         patch: tuple[str, Float[torch.Tensor, "unit d_model"]] | None = None) -> dict[str, torch.Tensor]:
+    """One forward pass on one-token sequences, with the embedding at position 0 replaced
+    (None: not) and optionally one activation patched; every block's residual states at
+    position 0 (``resid_pre``, ``resid_mid``, ``resid_post``, float64, ``[layer, unit, d_model]``)
+    and the attention and MLP outputs."""
+    names = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out", "hook_mlp_out")
+    kept: dict[str, list[torch.Tensor]] = {name: [] for name in names}
+    hooks = []
+    if embedding is not None:
+        def replace(activation: torch.Tensor, hook: Any) -> torch.Tensor:
+            activation[:, 0] = embedding.to(activation.dtype)
+            return activation
+        hooks.append(("hook_embed", replace))
+    if patch is not None:
+        patch_name, patch_value = patch
+
+        def set_value(activation: torch.Tensor, hook: Any) -> torch.Tensor:
+            activation[:, 0] = patch_value.to(activation.dtype)
+            return activation
+        hooks.append((patch_name, set_value))
+    for name in names:
+        def keep(activation: torch.Tensor, hook: Any, name: str = name) -> None:
+            kept[name].append(activation[:, 0].detach().to(torch.float64).cpu())
+        hooks.append((lambda hook_name, name=name: hook_name.startswith("blocks.") and hook_name.endswith(name), keep))
+    with torch.no_grad():
+        hooked.run_with_hooks(tokens, fwd_hooks=hooks, return_type=None)
+    return {name.removeprefix("hook_"): torch.stack(values) for name, values in kept.items()}
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return (a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1)).clamp_min(1e-300)
+
+
+def position0_convergence(
+    model: LoadedModel | HookedTransformer,
+    prompts: Any,
+    *,
+    replacements: Sequence[str] = REPLACEMENTS,
+    n_tokens: int = 3,
+    n_random: int = 2,
+    tolerance: float = DEFAULT_TOLERANCE,
+    seed: int = 0,
+    bootstrap: Bootstrap = Bootstrap(),
+    progress: bool = True,
+) -> Position0Convergence:
+    """How far the position-0 state stays from the unreplaced one after its embedding is
+    replaced, per layer, the layers where it has converged, and which attention / MLP outputs
+    restore it (module docstring).
+
+    Args:
+        prompts: the unreplaced runs (a PromptSet or tokens); only their token 0 matters.
+        replacements: ``"token"`` (``n_tokens`` tokens drawn with seeds ``seed, seed+1, ...``),
+            ``"mean"`` (the mean embedding) and ``"random"`` (``n_random`` directions of the
+            replaced embedding's norm).
+        tolerance: a layer has converged when the interval of its mean cosine to the unreplaced
+            state lies at or above ``1 - tolerance`` (default 0.02).
+    """
+    loaded = as_loaded(model)
+    prompts = checked_prompts(loaded, prompts)
+    unknown = [r for r in replacements if r not in REPLACEMENTS]
+    if unknown or not replacements:
+        raise BadInputError(f"unknown or no replacements {list(replacements)}; choose from {list(REPLACEMENTS)}")
+    n_tokens, n_random = check_count("n_tokens", n_tokens), check_count("n_random", n_random)
+    seed = check_seed(seed)
+    if not 0 < tolerance < 1:
+        raise BadInputError(f"tolerance must lie in (0, 1) (a cosine gap), got {tolerance}")
+    hooked = loaded.model
+    if hooked.cfg.attn_only:
+        raise BadInputError("this model has no MLPs (attn_only): the restoration by component needs both sub-blocks; "
+                            "use a model with MLPs")
+    tokens0 = torch.unique(as_tokens(loaded, prompts)[:, :1].cpu(), dim=0).to(hooked.cfg.device)
+    instances = _instances(loaded, tokens0, replacements, n_tokens, n_random, seed)
+    n0, n_inst = len(tokens0), len(instances)
+    # one unit per (instance, token 0): the whole batch at once
+    unit_tokens = tokens0.repeat(n_inst, 1)
+    unit_embedding = torch.cat([vector for _, vector in instances])
+    base = _run(hooked, tokens0, None)
+    base_units = {name: value.repeat(1, n_inst, 1) for name, value in base.items()}
+    replaced = _run(hooked, unit_tokens, unit_embedding)
+    n_layers = hooked.cfg.n_layers
+    final = n_layers - 1
+    post_b, post_r = base_units["resid_post"], replaced["resid_post"]
+    cosine = _cosine(post_r, post_b)  # [layer, unit]
+    rel_norm = post_r.norm(dim=-1) / post_b.norm(dim=-1)
+    gap = (post_r - post_b).norm(dim=-1)
+    distance = gap / post_b.norm(dim=-1)
+    labels = [label for label, _ in instances for _ in range(n0)]
+    token0 = tokens0[:, 0].cpu().tolist() * n_inst
+    per_replacement = pd.DataFrame({
+        "replacement": np.tile(labels, n_layers), "token0": np.tile(token0, n_layers),
+        "layer": np.repeat(np.arange(n_layers), n0 * n_inst),
+        "cosine": cosine.reshape(-1).numpy(), "rel_norm": rel_norm.reshape(-1).numpy(),
+        "distance": distance.reshape(-1).numpy(),
+    })
+    layers = pd.DataFrame({"layer": np.arange(n_layers), "layer_type": list(loaded.spec.layer_types)})
+    for name, values in (("cosine", cosine), ("rel_norm", rel_norm), ("distance", distance)):
+        mean, lo, hi = bootstrap_mean(values.T.numpy(), bootstrap)
+        layers[name], layers[f"{name}_lo"], layers[f"{name}_hi"] = mean, lo, hi
+    decided = layers["cosine_lo"].where(layers["cosine_lo"].notna(), layers["cosine"])
+    layers["converged"] = decided >= 1 - tolerance
+    layers["tolerance"] = tolerance
+    converged = layers["converged"].to_numpy()
+    first = next((l for l in range(n_layers) if converged[l:].all()), None)
+
+    scale = post_b.norm(dim=-1)  # [layer, unit]
+
+    def closed(after: torch.Tensor, before: torch.Tensor, layer: int | None) -> torch.Tensor:
+        """1 - after / before; NaN where there was no gap to close (below round-off of the state's norm;
+        ``layer`` None: the gaps are already relative to it)."""
+        nothing = before <= _NO_GAP * (scale[layer] if layer is not None else 1.0)
+        return torch.where(nothing, torch.full_like(before, float("nan")), 1 - after / before.clamp_min(1e-300))
+
+    # in the run itself the state's norm changes from one sub-block to the next (massive activations grow by
+    # orders of magnitude in one MLP): the gap there is taken relative to the unreplaced state's norm
+    relative = {name: (replaced[name] - base_units[name]).norm(dim=-1) / base_units[name].norm(dim=-1)
+                for name in ("resid_pre", "resid_mid", "resid_post")}
+    rows = []
+    for layer in range(n_layers):
+        for component in COMPONENTS:
+            hook_name = f"blocks.{layer}.hook_{component}_out"
+            patched = _run(hooked, unit_tokens, unit_embedding,
+                           (hook_name, base_units[f"{component}_out"][layer]))
+            gap_here = (patched["resid_post"][layer] - post_b[layer]).norm(dim=-1)
+            gap_final = (patched["resid_post"][final] - post_b[final]).norm(dim=-1)
+            in_run = (closed(relative["resid_mid"][layer], relative["resid_pre"][layer], None) if component == "attn"
+                      else closed(relative["resid_post"][layer], relative["resid_mid"][layer], None))
+            row: dict[str, Any] = {"layer": layer, "component": component}
+            for name, values in (("closed_here", closed(gap_here, gap[layer], layer)),
+                                 ("closed_final", closed(gap_final, gap[final], final)), ("closed_in_run", in_run)):
+                values = values[torch.isfinite(values)]  # units with a gap to close
+                if len(values) == 0:
+                    row[name] = row[f"{name}_lo"] = row[f"{name}_hi"] = float("nan")
+                    continue
+                mean, lo, hi = bootstrap_mean(values.numpy(), bootstrap)
+                row[name], row[f"{name}_lo"], row[f"{name}_hi"] = float(mean), float(lo), float(hi)
+            rows.append(row)
+    spec = getattr(prompts, "spec", None)
+    return Position0Convergence(
+        layers=layers, per_replacement=per_replacement, restoration=pd.DataFrame(rows), tolerance=tolerance,
+        first_converged_layer=first,
+        provenance=provenance.collect(
+            model=loaded.spec, data=spec, seed=seed, replacements=[label for label, _ in instances],
+            token0=tokens0[:, 0].cpu().tolist(), tolerance=tolerance, intervals=bootstrap.to_dict("replacement"),
+            state="resid_post[l][:, 0] (after block l), one-token sequences: position 0 sees only itself",
+            converged="cosine_lo >= 1 - tolerance",
+            closed_here="1 - gap after block l with attn_out / mlp_out of block l at position 0 from the unreplaced "
+                        "run / gap without the patch",
+            closed_final="the same gap at the last layer",
+            closed_in_run="1 - gap after the sub-block / gap before it, replaced run, no patch"))

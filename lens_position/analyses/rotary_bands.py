@@ -1,0 +1,379 @@
+"""Absolute position by RoPE frequency band: which rotary frequencies carry the residual component.
+
+After RoPE, a head's score is a sum over its dimensions, ``s[i, j] = sum_d q_rot[i, d] k_rot[j, d]
+/ scale``, and the rotated dimensions come in pairs that turn at one frequency each. Group the
+pairs into ``n_bands`` contiguous bands of frequency (band 0 the fastest; the dimensions RoPE
+leaves unrotated, if any, are one more band, ``"unrotated"``): ``s = sum_b s_b`` exactly, and so
+``t = sum_b t_b`` with ``t_b[i, j] = s_b[i, j] - s_b[i, i]``.
+
+- **Exact split of R.** The decomposition's absolute part is a least-squares fit, linear in its
+  target (:mod:`lens_position.analyses.decompose`), so ``abs(t) = sum_b abs(t_b)`` and
+  ``R = Var(abs t) / V = sum_b R_b + sum_{b < c} C_bc`` with ``R_b = Var(abs t_b) / V`` and the
+  cross-band terms ``C_bc = 2 Cov(abs t_b, abs t_c) / V`` (``V = Var(log A)``). Nothing is
+  approximated: the bands plus the cross terms equal ``R`` to float round-off, and every result
+  says how far they are from it (``R_split_error``).
+- **Attribution of R'.** The reference-free residual component passes through the
+  normaliser, so it does not split over bands. Its attribution to band ``b`` is the change when
+  the band's scores are removed: ``R'(s) - R'(s - s_b)``, each ``R'`` from the decomposition's own
+  fit. These attributions need not add up to ``R'``; ``R_rf_attribution_error`` = their sum minus
+  ``R'`` is measured on every head and reported beside them.
+
+The statistics are the decomposition's (:class:`~lens_position.analyses.decompose.HeadStatistics`,
+reduced by the same code, fitted by the same ``_Fitter``): each band's ``t_b`` and each
+band-removed score tensor is reduced as one more "head" of the layer, so a band costs no extra
+forward pass, and the bootstrap resamples the same groups of sequences as the decomposition.
+
+Frequencies are read off the model's own rotary tables (``rotary_sin``/``rotary_cos`` at
+position 1), so NTK-aware and NTK-by-parts scaling, and Gemma-3's local base, are what the model
+uses, not what a config says.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from transformer_lens import HookedTransformer
+
+from lens_position.analyses.decompose import (DecompositionReducer, HeadStatistics, PositionBins, _components,
+                                              _Fitter, _reduce, _Workspace)
+from lens_position.core.checks import check_count
+from lens_position.core.inputs import checked_prompts
+from lens_position.core.intervals import Bootstrap, bootstrap_interval, interval_method, small_sample_widening
+from lens_position.core.results import SavedResult
+from lens_position.core.stream import stream
+from lens_position.ground import provenance
+from lens_position.ground.errors import BadInputError, UnsupportedArchitectureError
+from lens_position.models.spec import LoadedModel, as_loaded
+
+DEFAULT_BANDS = 4
+UNROTATED = "unrotated"
+
+
+@dataclass(frozen=True)
+class Band:
+    """One band of a layer's head dimensions: ``dims`` (indices into ``d_head``), the frequency
+    index range of its pairs ``[first_pair, stop_pair)`` (None for the unrotated band) and its
+    angular frequencies in radians per position (``inv_freq_min``, ``inv_freq_max``)."""
+
+    name: str
+    dims: tuple[int, ...]
+    first_pair: int | None
+    stop_pair: int | None
+    inv_freq_min: float
+    inv_freq_max: float
+
+    @property
+    def wavelength_min(self) -> float:
+        """Shortest period of the band's pairs, in positions (``2 pi / inv_freq_max``)."""
+        return 2 * math.pi / self.inv_freq_max if self.inv_freq_max > 0 else math.inf
+
+    @property
+    def wavelength_max(self) -> float:
+        """Longest period of the band's pairs, in positions."""
+        return 2 * math.pi / self.inv_freq_min if self.inv_freq_min > 0 else math.inf
+
+
+def rotary_frequencies(model: LoadedModel | HookedTransformer, layer: int) -> Float[torch.Tensor, "pair"]:
+    """The angular frequency of every rotated pair of ``layer`` (radians per position, pair
+    ``k`` = dimensions ``k`` and ``k + rotary_dim/2``, or ``2k, 2k+1`` with adjacent pairs), read
+    from the layer's rotary tables: the angle a vector turns through from position 0 to 1."""
+    hooked = as_loaded(model).model
+    attn = hooked.blocks[layer].attn
+    if hooked.cfg.positional_embedding_type != "rotary" or not hasattr(attn, "rotary_sin"):
+        raise UnsupportedArchitectureError(
+            f"layer {layer} has no rotary embedding (positional_embedding_type="
+            f"{hooked.cfg.positional_embedding_type!r}): there are no frequency bands to split")
+    sin, cos = attn.rotary_sin[1].to(torch.float64), attn.rotary_cos[1].to(torch.float64)
+    angles = torch.atan2(sin, cos)
+    half = hooked.cfg.rotary_dim // 2
+    return angles[0::2] if hooked.cfg.rotary_adjacent_pairs else angles[:half]
+
+
+def frequency_bands(model: LoadedModel | HookedTransformer, layer: int, n_bands: int = DEFAULT_BANDS
+                    ) -> list[Band]:
+    """The layer's dimensions grouped into ``n_bands`` bands of contiguous frequency index
+    (pairs split as evenly as they go, fastest first), plus the unrotated band when
+    ``rotary_dim < d_head``."""
+    hooked = as_loaded(model).model
+    cfg = hooked.cfg
+    n_bands = check_count("n_bands", n_bands)
+    frequencies = rotary_frequencies(model, layer)
+    n_pairs = len(frequencies)
+    if n_bands > n_pairs:
+        raise BadInputError(f"n_bands={n_bands} but layer {layer} has only {n_pairs} rotated pairs; "
+                            f"choose n_bands <= {n_pairs}")
+    edges = np.linspace(0, n_pairs, n_bands + 1).round().astype(int)
+    half = cfg.rotary_dim // 2
+    bands = []
+    for b in range(n_bands):
+        pairs = range(int(edges[b]), int(edges[b + 1]))
+        dims = [d for k in pairs for d in ((2 * k, 2 * k + 1) if cfg.rotary_adjacent_pairs else (k, k + half))]
+        freq = frequencies[list(pairs)]
+        bands.append(Band(f"band {b}", tuple(sorted(dims)), int(edges[b]), int(edges[b + 1]),
+                          float(freq.min()), float(freq.max())))
+    if cfg.rotary_dim < cfg.d_head:
+        bands.append(Band(UNROTATED, tuple(range(cfg.rotary_dim, cfg.d_head)), None, None, 0.0, 0.0))
+    return bands
+
+
+def band_scores(rot_q: Float[torch.Tensor, "batch query head d_head"],
+                rot_k: Float[torch.Tensor, "batch key kv_head d_head"],
+                bands: Sequence[Band], scale: float) -> Float[torch.Tensor, "band batch head query key"]:
+    """Each band's share of the pre-softmax scores, ``s_b = q_rot[..., dims] . k_rot[..., dims] /
+    scale`` (float64, unmasked); grouped key heads are repeated as TransformerLens repeats them."""
+    n_heads, n_kv = rot_q.shape[2], rot_k.shape[2]
+    if n_kv != n_heads:
+        rot_k = torch.repeat_interleave(rot_k, n_heads // n_kv, dim=2)
+    q, k = rot_q.to(torch.float64), rot_k.to(torch.float64)
+    return torch.stack([torch.einsum("bqhd,bkhd->bhqk", q[..., list(band.dims)], k[..., list(band.dims)]) / scale
+                        for band in bands])
+
+
+class BandReducer:
+    """The statistics of :func:`rotary_bands` as a reducer for :func:`lens_position.core.stream.stream`:
+    per analysed layer it reads ``hook_rot_q``, ``hook_rot_k`` and ``hook_attn_scores``, feeds the
+    real scores to a :class:`~lens_position.analyses.decompose.DecompositionReducer`, and reduces,
+    with the same code and groups, every band's scores (for the exact split of ``R``) and the
+    scores with each band removed (for the attribution of ``R'``). It also keeps the largest
+    ``|sum_b s_b - s|`` seen per layer (the split's check against the model's own scores)."""
+
+    def __init__(self, model: LoadedModel | HookedTransformer, prompts: Any, *,
+                 layers: Sequence[int] | None = None, query_range: tuple[int, int] | None = None,
+                 n_bands: int = DEFAULT_BANDS, bins: PositionBins = PositionBins(),
+                 bootstrap: Bootstrap = Bootstrap()) -> None:
+        self.loaded = as_loaded(model)
+        cfg = self.loaded.model.cfg
+        if getattr(cfg, "attn_scores_soft_cap", -1.0) and getattr(cfg, "attn_scores_soft_cap", -1.0) > 0:
+            raise UnsupportedArchitectureError(
+                "this model soft-caps its attention scores (attn_scores_soft_cap > 0): the scores are then not "
+                "a sum over frequency bands, so the split is not exact")
+        self.full = DecompositionReducer(self.loaded, prompts, layers=layers, query_range=query_range,
+                                         keys="all", bins=bins, bootstrap=bootstrap)
+        self.layers = self.full.layers
+        self.bands = {layer: frequency_bands(self.loaded, layer, n_bands) for layer in self.layers}
+        n_heads = cfg.n_heads
+        n_queries = self.full.query_stop - self.full.query_start
+        self.band_stats, self.removed_stats = {}, {}
+        for layer in self.layers:
+            design = self.full.designs[self.full.windows[layer]]
+            width = len(self.bands[layer]) * n_heads
+            self.band_stats[layer] = HeadStatistics.zeros(width, design.n_features, n_queries, self.full.n_groups)
+            self.removed_stats[layer] = HeadStatistics.zeros(width, design.n_features, n_queries, self.full.n_groups)
+        self.score_error = {layer: 0.0 for layer in self.layers}
+        self.hook_names = tuple(f"blocks.{layer}.attn.{name}" for layer in self.layers
+                                for name in ("hook_rot_q", "hook_rot_k", "hook_attn_scores"))
+        self._pending: dict[str, torch.Tensor] = {}
+        self._workspace = _Workspace()
+
+    def update(self, hook_name: str, activation: torch.Tensor, rows: Int[torch.Tensor, "batch"]) -> None:
+        _, layer_text, _, kind = hook_name.split(".")
+        if kind != "hook_attn_scores":
+            self._pending[kind] = activation
+            return
+        layer = int(layer_text)
+        scores = activation
+        self.full.update(hook_name, scores, rows)
+        bands = self.bands[layer]
+        parts = band_scores(self._pending.pop("hook_rot_q"), self._pending.pop("hook_rot_k"), bands,
+                            float(self.loaded.model.blocks[layer].attn.attn_scale))
+        visible = torch.isfinite(scores)
+        total = parts.sum(0)
+        error = float((total - scores.to(torch.float64)).abs().masked_fill(~visible, 0.0).amax())
+        self.score_error[layer] = max(self.score_error[layer], error)
+        masked = parts.masked_fill(~visible, -math.inf)
+        removed = (scores.to(torch.float64) - parts).masked_fill(~visible, -math.inf)
+        design = self.full.designs[self.full.windows[layer]]
+        groups = rows % self.full.n_groups
+
+        def side_by_side(x: torch.Tensor) -> torch.Tensor:  # [band, batch, head, q, k] -> [batch, band*head, q, k]
+            return x.permute(1, 0, 2, 3, 4).reshape(x.shape[1], -1, *x.shape[3:])
+
+        _reduce(side_by_side(masked), design, groups, self.band_stats[layer], self._workspace)
+        _reduce(side_by_side(removed), design, groups, self.removed_stats[layer], self._workspace)
+
+
+@dataclass
+class RotaryBands(SavedResult):
+    """Result of :func:`rotary_bands`.
+
+    ``bands``: one row per (layer, head, band): ``band`` (``"band 0"`` = fastest, ...,
+    ``"unrotated"``), ``first_pair``/``stop_pair``, ``inv_freq_min``/``inv_freq_max``
+    (radians per position), ``wavelength_min``/``wavelength_max`` (positions), ``R_band`` =
+    Var(abs t_b)/V (the band's own term of the exact split of ``R``, a fraction of Var(log A)),
+    ``R_rf_without_band`` (``R'`` of the scores with the band removed) and ``R_rf_attribution``
+    = ``R' - R_rf_without_band`` (and ``*_heldout`` of both), each with its bootstrap interval
+    over sequences (``*_lo``/``*_hi``).
+
+    ``cross``: one row per (layer, head, band_a, band_b), ``band_a`` before ``band_b``:
+    ``C_band`` = 2 Cov(abs t_a, abs t_b)/V, with its interval.
+
+    ``heads``: one row per (layer, head): ``R`` and ``R_rf`` (and held-out) of the unmodified
+    scores, ``R_bands`` (sum of ``R_band``), ``R_cross`` (sum of ``C_band``), ``R_split_error`` =
+    ``R_bands + R_cross - R`` (float round-off: the split is exact), ``R_rf_attribution_sum`` and
+    ``R_rf_attribution_error`` = that sum minus ``R_rf`` (the attribution's stated error; the same
+    for the held-out values), and ``score_error``: the layer's largest ``|sum_b s_b - s|``
+    against the model's ``hook_attn_scores`` (score units).
+
+    ``layers``: one row per (layer, band): the mean over heads of ``R_band`` and
+    ``R_rf_attribution`` (and held-out), with the band's frequencies."""
+
+    bands: pd.DataFrame
+    cross: pd.DataFrame
+    heads: pd.DataFrame
+    layers: pd.DataFrame
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+
+def _band_covariances(fit: _Fitter, stats: HeadStatistics, full: HeadStatistics, n_bands: int,
+                      weights: Float[torch.Tensor, "replicate group"]) -> Float[torch.Tensor, "replicate head band band"]:
+    """``Cov(abs t_a, abs t_b) / V`` for every pair of bands and every weighting of the groups, from
+    the absolute parts' coordinates (``_Fitter``: every covariance over the analysed pairs is a dot
+    product of coordinates minus the product of means)."""
+    n = weights @ full.n_sequences
+    scale = torch.where(n > 0, 1.0 / n, torch.nan)[:, None, None]
+    n_groups, width = stats.xty_t.shape[:2]
+    coords = torch.einsum("gwf,kf->gwk", stats.xty_t, fit.coords)  # [group, band*head, k]
+    means = stats.xty_t @ fit.mean  # [group, band*head]
+    c = torch.einsum("rg,gwk->rwk", weights, coords) * scale  # mean per sequence
+    m = (weights @ means)[..., None] * scale  # [R, band*head, 1]
+    n_heads = width // n_bands
+    c = c.reshape(len(weights), n_bands, n_heads, -1)
+    m = m.reshape(len(weights), n_bands, n_heads)
+    n_pairs = fit.design.n_pairs
+    cov = torch.einsum("rahk,rbhk->rhab", c, c) / n_pairs - torch.einsum("rah,rbh->rhab", m, m)
+    sum_y = (weights @ full.sum_y) * scale[..., 0] / n_pairs
+    sum_y2 = (weights @ full.sum_y2) * scale[..., 0] / n_pairs
+    var_log_a = sum_y2 - sum_y * sum_y  # [R, head]
+    return cov / var_log_a[..., None, None]
+
+
+def rotary_bands(
+    model: LoadedModel | HookedTransformer,
+    prompts: Any,
+    *,
+    layers: Sequence[int] | None = None,
+    query_range: tuple[int, int] | None = None,
+    n_bands: int = DEFAULT_BANDS,
+    batch_size: int = 8,
+    bins: PositionBins = PositionBins(),
+    bootstrap: Bootstrap = Bootstrap(),
+    progress: bool = True,
+) -> RotaryBands:
+    """Split every head's residual component ``R`` exactly over RoPE frequency bands (plus the
+    cross-band terms), and attribute its reference-free ``R'`` to bands by removing each band's
+    scores, with the attribution's error against ``R'`` (module docstring).
+
+    ``layers``, ``query_range``, ``bins``, ``bootstrap`` and ``batch_size`` are those of
+    :func:`lens_position.analyses.decompose.decompose` (keys: all of ``K(i)``); ``n_bands`` is the
+    number of frequency bands the rotated pairs are grouped into (contiguous frequency index,
+    fastest first; at most the number of pairs).
+    """
+    loaded = as_loaded(model)
+    prompts = checked_prompts(loaded, prompts, min_length=2)
+    batch_size = check_count("batch_size", batch_size)
+    reducer = BandReducer(loaded, prompts, layers=layers, query_range=query_range, n_bands=n_bands, bins=bins,
+                          bootstrap=bootstrap)
+    stream(loaded, prompts, [reducer], batch_size=batch_size, progress=progress, desc="rotary bands")
+    full = reducer.full
+    base = full.result(batch_size=batch_size)
+    weights = full.resample_weights()
+    n_heads = loaded.model.cfg.n_heads
+    stats0 = full.stats[full.layers[0]]
+    per_half = min(int(((stats0.n_sequences > 0) & (stats0.halves == h)).sum()) for h in (0, 1))
+    level = bootstrap.level
+    base_heads = base.heads.set_index(["layer", "head"])
+    band_rows, cross_rows, head_rows = [], [], []
+
+    def interval(name: str, estimate: np.ndarray, replicates: torch.Tensor | None) -> tuple[np.ndarray, np.ndarray]:
+        if replicates is None:
+            return np.full(estimate.shape, np.nan), np.full(estimate.shape, np.nan)
+        widened = small_sample_widening(torch.as_tensor(estimate), replicates, per_half).numpy()
+        return bootstrap_interval(estimate, widened, level, interval_method(name))
+
+    for layer in full.layers:
+        bands = reducer.bands[layer]
+        n_b = len(bands)
+        fit = _Fitter(full.designs[full.windows[layer]])
+        stats, full_stats = reducer.band_stats[layer].to("cpu"), full.stats[layer].to("cpu")
+        ones = torch.ones(1, full_stats.n_groups, dtype=torch.float64)
+        cov = _band_covariances(fit, stats, full_stats, n_b, ones)[0].numpy()  # [head, band, band]
+        cov_reps = _band_covariances(fit, stats, full_stats, n_b, weights) if weights is not None else None
+        removed = _components(fit, reducer.removed_stats[layer].to("cpu"))
+        removed_reps = _components(fit, reducer.removed_stats[layer].to("cpu"), weights) if weights is not None else None
+        # the base decomposition's replicates per head, refitted the same way for paired attributions
+        base_stats = full_stats
+        base_now = _components(fit, base_stats)
+        base_reps = _components(fit, base_stats, weights) if weights is not None else None
+        for h in range(n_heads):
+            r_total = float(base_heads.loc[(layer, h), "R"])
+            r_rf = float(base_heads.loc[(layer, h), "R_rf"])
+            r_rf_ho = float(base_heads.loc[(layer, h), "R_rf_heldout"])
+            own = np.array([cov[h, b, b] for b in range(n_b)])
+            own_lo, own_hi = interval("R", own, None if cov_reps is None else
+                                      torch.stack([cov_reps[:, h, b, b] for b in range(n_b)], dim=1))
+            attribution, attribution_ho = {}, {}
+            for b, band in enumerate(bands):
+                col = b * n_heads + h
+                without = float(removed["R_rf"][0, col])
+                without_ho = float(removed["R_rf_heldout"][0, col])
+                attribution[b], attribution_ho[b] = r_rf - without, r_rf_ho - without_ho
+                row = {"layer": layer, "head": h, "layer_type": loaded.spec.layer_types[layer], "band": band.name,
+                       "band_index": b, "first_pair": band.first_pair, "stop_pair": band.stop_pair,
+                       "inv_freq_min": band.inv_freq_min, "inv_freq_max": band.inv_freq_max,
+                       "wavelength_min": band.wavelength_min, "wavelength_max": band.wavelength_max,
+                       "R_band": own[b], "R_band_lo": own_lo[b], "R_band_hi": own_hi[b],
+                       "R_rf_without_band": without, "R_rf_without_band_heldout": without_ho,
+                       "R_rf_attribution": attribution[b], "R_rf_attribution_heldout": attribution_ho[b]}
+                for name, key in (("R_rf_attribution", "R_rf"), ("R_rf_attribution_heldout", "R_rf_heldout")):
+                    if removed_reps is None:
+                        row[f"{name}_lo"] = row[f"{name}_hi"] = np.nan
+                        continue
+                    reps = (base_reps[key][:, h] - removed_reps[key][:, col])[:, None]
+                    estimate = np.array([float(base_now[key][0, h]) - float(removed[key][0, col])])
+                    lo, hi = interval(name, estimate, reps)
+                    row[f"{name}_lo"], row[f"{name}_hi"] = float(lo[0]), float(hi[0])
+                band_rows.append(row)
+            cross_total = 0.0
+            for a in range(n_b):
+                for b in range(a + 1, n_b):
+                    value = 2 * cov[h, a, b]
+                    cross_total += value
+                    reps = None if cov_reps is None else 2 * cov_reps[:, h, a, b][:, None]
+                    lo, hi = interval("R", np.array([value]), reps)
+                    cross_rows.append({"layer": layer, "head": h, "band_a": bands[a].name, "band_b": bands[b].name,
+                                       "C_band": value, "C_band_lo": float(lo[0]), "C_band_hi": float(hi[0])})
+            attribution_sum = sum(attribution.values())
+            attribution_sum_ho = sum(attribution_ho.values())
+            head_rows.append({
+                "layer": layer, "head": h, "layer_type": loaded.spec.layer_types[layer], "n_bands": n_b,
+                "R": r_total, "R_rf": r_rf, "R_rf_heldout": r_rf_ho,
+                "R_bands": float(own.sum()), "R_cross": cross_total,
+                "R_split_error": float(own.sum()) + cross_total - r_total,
+                "R_rf_attribution_sum": attribution_sum, "R_rf_attribution_error": attribution_sum - r_rf,
+                "R_rf_attribution_sum_heldout": attribution_sum_ho,
+                "R_rf_attribution_error_heldout": attribution_sum_ho - r_rf_ho,
+                "score_error": reducer.score_error[layer],
+            })
+    band_frame = pd.DataFrame(band_rows)
+    summary = (band_frame.groupby(["layer", "layer_type", "band_index", "band"], sort=True)
+               [["R_band", "R_rf_attribution", "R_rf_attribution_heldout", "inv_freq_min", "inv_freq_max",
+                 "wavelength_min", "wavelength_max"]].mean().reset_index())
+    return RotaryBands(
+        bands=band_frame, cross=pd.DataFrame(cross_rows, columns=["layer", "head", "band_a", "band_b", "C_band",
+                                                                  "C_band_lo", "C_band_hi"]),
+        heads=pd.DataFrame(head_rows), layers=summary,
+        provenance=provenance.collect(
+            model=loaded.spec, data=getattr(prompts, "spec", None), seed=getattr(getattr(prompts, "spec", None), "seed", None),
+            layers=list(full.layers), query_range=[full.query_start, full.query_stop], n_bands=n_bands,
+            bins=bins.to_dict(), intervals=bootstrap.to_dict("sequence"),
+            bands={str(layer): [{"name": b.name, "dims": list(b.dims), "inv_freq": [b.inv_freq_min, b.inv_freq_max]}
+                                for b in reducer.bands[layer]] for layer in full.layers},
+            R_split="R = sum_b Var(abs t_b)/V + sum_{a<b} 2 Cov(abs t_a, abs t_b)/V (exact: abs is linear)",
+            R_rf_attribution="R'(s) - R'(s - s_b); R_rf_attribution_error = sum_b attribution - R'",
+            frequencies="read from each layer's rotary_sin/rotary_cos at position 1"))
