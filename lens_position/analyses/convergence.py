@@ -35,7 +35,6 @@ import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
-from transformer_lens import HookedTransformer
 
 from lens_position.analyses.patching import as_tokens, default_replacement_token, replacement_embedding
 from lens_position.core.checks import check_count, check_seed
@@ -44,6 +43,7 @@ from lens_position.core.intervals import Bootstrap, bootstrap_mean
 from lens_position.core.results import SavedResult
 from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError
+from lens_position.models.backends import ModelLike
 from lens_position.models.spec import LoadedModel, as_loaded
 
 REPLACEMENTS = ("token", "mean", "random")
@@ -96,7 +96,7 @@ def _instances(loaded: LoadedModel, tokens: torch.Tensor, replacements: Sequence
     return out
 
 
-def _run(hooked: HookedTransformer, tokens: Int[torch.Tensor, "unit one"],
+def _run(hooked: Any, tokens: Int[torch.Tensor, "unit one"],
          embedding: Float[torch.Tensor, "unit d_model"] | None,
          patch: tuple[str, Float[torch.Tensor, "unit d_model"]] | None = None) -> dict[str, torch.Tensor]:
     """One forward pass on one-token sequences, with the embedding at position 0 replaced
@@ -132,7 +132,7 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def position0_convergence(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     prompts: Any,
     *,
     replacements: Sequence[str] = REPLACEMENTS,

@@ -38,7 +38,6 @@ import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
-from transformer_lens import HookedTransformer
 
 from lens_position.analyses.decompose import (DecompositionReducer, HeadStatistics, PositionBins, _components,
                                               _Fitter, _reduce, _Workspace)
@@ -49,7 +48,8 @@ from lens_position.core.results import SavedResult
 from lens_position.core.stream import stream
 from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError, UnsupportedArchitectureError
-from lens_position.models.spec import LoadedModel, as_loaded
+from lens_position.models.backends import ModelLike
+from lens_position.models.spec import as_loaded
 
 DEFAULT_BANDS = 4
 UNROTATED = "unrotated"
@@ -79,7 +79,7 @@ class Band:
         return 2 * math.pi / self.inv_freq_min if self.inv_freq_min > 0 else math.inf
 
 
-def rotary_frequencies(model: LoadedModel | HookedTransformer, layer: int) -> Float[torch.Tensor, "pair"]:
+def rotary_frequencies(model: ModelLike, layer: int) -> Float[torch.Tensor, "pair"]:
     """The angular frequency of every rotated pair of ``layer`` (radians per position, pair
     ``k`` = dimensions ``k`` and ``k + rotary_dim/2``, or ``2k, 2k+1`` with adjacent pairs), read
     from the layer's rotary tables: the angle a vector turns through from position 0 to 1."""
@@ -95,7 +95,7 @@ def rotary_frequencies(model: LoadedModel | HookedTransformer, layer: int) -> Fl
     return angles[0::2] if hooked.cfg.rotary_adjacent_pairs else angles[:half]
 
 
-def frequency_bands(model: LoadedModel | HookedTransformer, layer: int, n_bands: int = DEFAULT_BANDS
+def frequency_bands(model: ModelLike, layer: int, n_bands: int = DEFAULT_BANDS
                     ) -> list[Band]:
     """The layer's dimensions grouped into ``n_bands`` bands of contiguous frequency index
     (pairs split as evenly as they go, fastest first), plus the unrotated band when
@@ -143,7 +143,7 @@ class BandReducer:
     scores with each band removed (for the attribution of ``R'``). It also keeps the largest
     ``|sum_b s_b - s|`` seen per layer (the split's check against the model's own scores)."""
 
-    def __init__(self, model: LoadedModel | HookedTransformer, prompts: Any, *,
+    def __init__(self, model: ModelLike, prompts: Any, *,
                  layers: Sequence[int] | None = None, query_range: tuple[int, int] | None = None,
                  n_bands: int = DEFAULT_BANDS, bins: PositionBins = PositionBins(),
                  bootstrap: Bootstrap = Bootstrap()) -> None:
@@ -254,7 +254,7 @@ def _band_covariances(fit: _Fitter, stats: HeadStatistics, full: HeadStatistics,
 
 
 def rotary_bands(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     prompts: Any,
     *,
     layers: Sequence[int] | None = None,

@@ -48,7 +48,7 @@ from lens_position.ground.errors import BadInputError
 from lens_position.analyses.fingerprint import counterfactual_token0, position0_activations
 from lens_position.core.inputs import Prompts, checked_prompts
 from lens_position.core.intervals import Bootstrap, Estimate, bootstrap_mean
-from lens_position.models.spec import LoadedModel, as_loaded
+from lens_position.models.spec import as_loaded
 from lens_position.analyses.patching import Patch, as_tokens, cache_activations, head_ablation
 from lens_position.ground.progress import progress as progress_bar
 from lens_position.core.summaries import Headline, headlines_from_rows, row_estimate
@@ -671,7 +671,7 @@ class WindowSinkReducer:
     All in [0, 1], float64. A pattern with mass outside ``K(i)`` means the model's mask is not
     the one its spec declares: refused, since every number here would be misassigned."""
 
-    def __init__(self, model: LoadedModel | HookedTransformer, prompts: Any, *,
+    def __init__(self, model: ModelLike, prompts: Any, *,
                  query_range: tuple[int, int] | None = None) -> None:
         loaded = as_loaded(model)
         tokens = as_tokens(model, prompts)
@@ -747,7 +747,7 @@ class WindowSinks(SavedResult):
 
 
 def window_sinks(
-    model: LoadedModel | HookedTransformer,
+    model: ModelLike,
     prompts: Any,
     *,
     eps: float = SINK_EPS,
