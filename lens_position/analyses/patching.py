@@ -60,6 +60,7 @@ from lens_position.core.intervals import Bootstrap, bootstrap_mean, sign_flip_pv
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.ground.progress import progress as progress_bar
 from lens_position.core.intervals import Estimate
+from lens_position.core.columns import recommended_first
 from lens_position.core.summaries import Headline
 from lens_position.core.results import SavedResult
 from lens_position.core.stream import LOGITS, WholeActivations, stream
@@ -842,6 +843,7 @@ def activation_sweep(
         frame["effect"] = sweep.effect().mean(-1).reshape(-1).double().cpu().numpy()
         frame["effect_lo"], frame["effect_hi"] = effect_lo.reshape(-1).numpy(), effect_hi.reshape(-1).numpy()
         frame["p_value"] = sweep.permutation_pvalue(seed=bootstrap.seed).reshape(-1).numpy()
+    sweep.frame = recommended_first(frame)  # the columns computed from the sweep itself, added after it was built
     n_layers = hooked.cfg.n_layers
     sweep.provenance = provenance.collect(
         model=model if isinstance(model, LoadedModel) else None,

@@ -43,19 +43,21 @@ def components_sentence(layers: pd.DataFrame, architecture: str | None = None,
     their shares of the held-out total, then (``in_sample``) the in-sample, self-referenced split."""
     who = f"On {architecture}" if architecture else "Here"
     n = int(layers["n_sequences"].iloc[0]) if "n_sequences" in layers.columns else None
-    mean = layers[["total", "R", "M", "C"]].astype(float).mean()
-    r, m = layers["R"].astype(float), layers["M"].astype(float)
-    top = layers.loc[layers["total"].astype(float).idxmax()]
-    in_sample_text = (f"In-sample, self-referenced: total = {mean['total']:.3f}, R = {mean['R']:.3f}, "
-                 f"M = {mean['M']:.3f}, C = {mean['C']:.3f}; R exceeds M in {int((r > m).sum())} of {len(layers)} "
-                 f"layers; the largest total, {float(top['total']):.3f}, is in layer {int(top['layer'])}.")
+    in_sample_text = ""
+    if {"total", "R", "M", "C", "layer"} <= set(layers.columns):  # a table of held-out columns only has none
+        mean = layers[["total", "R", "M", "C"]].astype(float).mean()
+        r, m = layers["R"].astype(float), layers["M"].astype(float)
+        top = layers.loc[layers["total"].astype(float).idxmax()]
+        in_sample_text = (f"In-sample, self-referenced: total = {mean['total']:.3f}, R = {mean['R']:.3f}, "
+                     f"M = {mean['M']:.3f}, C = {mean['C']:.3f}; R exceeds M in {int((r > m).sum())} of {len(layers)} "
+                     f"layers; the largest total, {float(top['total']):.3f}, is in layer {int(top['layer'])}.")
     recommended = {"R_rf_heldout", "M_rf_heldout", "total_heldout"}
     if n is not None and n < 2 or not recommended <= set(layers.columns) \
             or layers["total_heldout"].isna().all():
         reason = (f"held-out values need at least two sequences (one half to fit, the other to evaluate); "
                   f"this decomposition ran on N = {n}" if n is not None and n < 2 else
                   "this table has no held-out, reference-free columns")
-        return f"{who}, {reason}. {in_sample_text}"
+        return f"{who}, {reason}. {in_sample_text}".rstrip()
     total = layer_mean(layers, replicates, "total_heldout")
     residual = layer_mean(layers, replicates, "R_rf_heldout")
     mask = layer_mean(layers, replicates, "M_rf_heldout")
@@ -71,7 +73,7 @@ def components_sentence(layers: pd.DataFrame, architecture: str | None = None,
         text = (head + f": {fmt(m_share, percent=True)} of it is the causal mask's (M' = {fmt(mask)}) and "
                 f"{fmt(r_share, percent=True)} the residual stream's (R' = {fmt(residual)}), on the reference-free "
                 f"split the claims use; R' exceeds M' in {int((rr > mm).sum())} of {len(layers)} layers.")
-    return f"{text} {in_sample_text}" if in_sample else text
+    return f"{text} {in_sample_text}".rstrip() if in_sample else text
 
 
 def sinks_sentence(sinks: pd.DataFrame, reading: pd.DataFrame | None = None, architecture: str | None = None,

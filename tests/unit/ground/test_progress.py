@@ -71,9 +71,9 @@ CALLS = {
                             "trajectory patching", 5 * N),
     "run_patches": (lambda m, p: patching.run_patches(m, p, [[], []], lambda logits: logits[:, -1, 0]),
                     "patching", 2 * N),
-    # 3 layers x 2 positions
-    "resid_pre_sweep": (lambda m, p: patching.resid_pre_sweep(m, p, p.flip(0), lambda logits: logits[:, -1, 0],
-                                                             positions=[1, 2]), "resid_pre sweep", 6 * N),
+    # 3 layers x 2 positions, and the unpatched target run (the sweep's baseline)
+    "resid_pre_sweep": (lambda m, p: patching.resid_pre_sweep(m, p, p.flip(0), lambda logits: logits[:, -1, 0].mean(),
+                                                             positions=[1, 2]), "resid_pre sweep", 7 * N),
 }
 
 
@@ -152,11 +152,14 @@ def test_long_work_writes_plain_periodic_lines(capsys, monkeypatch):
 def test_reproduce_in_a_log_writes_one_labelled_line_per_model_and_step(capsys, tmp_path):
     """A reproduction with its output piped to a file: no redraws or cursor movement, one line
     per (model, step) with its place in the run, and the passes of each step counted in it."""
+    from lens_position.pipeline.steps import commands
+
     status = main(["reproduce", "--quick", "--models", "tiny-llama", "--out", str(tmp_path / "out"),
                    "--no-browser-check"])
     assert status == 0
     lines = _lines(capsys.readouterr().err)
-    steps = ["decompose", "probe", "bos", "sink_heads", "sink_rate", "sink_reading", "fingerprint"]
+    steps = list(commands()["reproduce"])
+    assert steps[:3] == ["decompose", "probe", "bos"] and "fingerprint" in steps
     for k, step in enumerate(steps, start=1):
         label = f"[{k}/{len(steps)}] tiny-llama / {step}: "
         assert sum(line.startswith(label) for line in lines) == 1, (label, lines)

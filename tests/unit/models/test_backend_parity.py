@@ -24,7 +24,7 @@ from lens_position.models.tiny import TINY_CONFIGS
 ROOT = Path(__file__).resolve().parents[3]
 TINY = sorted(TINY_CONFIGS)
 T = 40  # beyond tiny-mistral's window (32) and tiny-gemma3's (16): the windows bite
-DECOMPOSITION = re.compile(r"^(T|R|M|C|R_rf|M_rf|C_rf)(_heldout)?(_lo|_hi)?$")
+DECOMPOSITION = re.compile(r"^(total|R|M|C|R_rf|M_rf|C_rf)(_heldout)?(_lo|_hi)?$")
 
 
 def _max_difference(a: pd.DataFrame, b: pd.DataFrame, columns: list[str]) -> float:
@@ -68,7 +68,7 @@ def test_the_decomposition_agrees_column_by_column(both):
     a, b = (decompose(both[k]["loaded"], both[k]["prompts"], progress=False) for k in ("hooked", "bridge"))
     for frame in ("heads", "layers"):
         columns = [c for c in getattr(a, frame).columns if DECOMPOSITION.match(c)]
-        assert {"T", "R_rf", "R_heldout", "M_rf_heldout_lo"} <= set(columns)
+        assert {"total", "R_rf", "R_heldout", "M_rf_heldout_lo"} <= set(columns)
         assert _max_difference(getattr(a, frame), getattr(b, frame), columns) < \
             TOLERANCES["decomposition columns (T, R, M, C, both splits, held-out, intervals)"]
 

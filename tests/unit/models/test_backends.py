@@ -132,7 +132,7 @@ def test_load_decompose_sinks_and_bos_replacement_run_on_the_bridge(bridged):
     prompts = build_prompts(loaded, N=4, T=24, source="natural", seed=0)
     result = decompose(loaded, prompts)
     total = result.heads["R"] + result.heads["M"] + result.heads["C"]
-    assert torch.allclose(torch.tensor(total.to_numpy()), torch.tensor(result.heads["T"].to_numpy()), atol=1e-9)
+    assert torch.allclose(torch.tensor(total.to_numpy()), torch.tensor(result.heads["total"].to_numpy()), atol=1e-9)
     sinks = sink_heads(loaded, prompts)
     assert sinks.scores.shape == (loaded.spec.n_layers, loaded.spec.n_heads)
     assert bool(((sinks.scores >= 0) & (sinks.scores <= 1)).all())
@@ -160,7 +160,7 @@ def test_masked_scores_are_read_from_the_mask_whatever_value_marks_them(bridged)
     finfo = DecompositionReducer(loaded, prompts, bootstrap=NO_INTERVALS)
     stream(loaded, prompts, [finfo], fwd_hooks=[(name, as_finfo_min) for name in names], progress=False)
     a, b = plain.result().heads, finfo.result().heads
-    for column in ("T", "R", "M", "C", "R_rf", "M_rf", "T_heldout"):
+    for column in ("total", "R", "M", "C", "R_rf", "M_rf", "total_heldout"):
         assert (a[column] - b[column]).abs().max() < 1e-9, column
 
 
@@ -304,7 +304,7 @@ def test_a_qwen3_checkpoint_loads_through_the_bridge_and_decomposes(tmp_path):
     loaded = load_model(str(folder), backend="bridge")
     assert loaded.spec.n_kv_heads == 2 and loaded.spec.rope_kind == "standard"
     result = decompose(loaded, build_prompts(loaded, N=4, T=20, source="random"))
-    assert len(result.layers) == 2 and bool((result.heads["T"] > 0).all())
+    assert len(result.layers) == 2 and bool((result.heads["total"] > 0).all())
     if hooked_available():
         with pytest.raises(UnsupportedArchitectureError, match="backend='bridge'"):
             load_model(str(folder), backend="hooked")
