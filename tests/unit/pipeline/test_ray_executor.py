@@ -113,7 +113,10 @@ def test_a_failing_cell_is_reported_with_its_cell_the_rest_finish_and_a_rerun_re
     [(cell, error)] = failed.value.failures
     assert (cell.model, cell.step) == ("tiny-gemma3", "probe") and isinstance(error, ValueError)
     assert "probe on tiny-gemma3" in str(failed.value)
-    assert not (out / "provenance.json").exists()  # nothing written for a run with a hole in it
+    # nothing written for a run with a hole in it: the folder is only claimed, its manifest incomplete
+    manifest = json.loads((out / "provenance.json").read_text())
+    assert manifest["complete"] is False and manifest["files"] == []
+    assert sorted(p.name for p in out.iterdir()) == ["cache", "provenance.json"]
     rerun = run(_config(out, "ray"))
     computed = [(r.model, r.step) for r in rerun.steps if r.step != "load" and not r.cached]
     assert computed == [("tiny-gemma3", "probe")]  # every other cell came back from the cache
