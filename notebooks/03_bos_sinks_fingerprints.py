@@ -105,7 +105,7 @@ plots.sink_rate_bars(rates.frame.assign(architecture=label))
 
 # %%
 reading = sink_reading_heads(loaded, prompts, counterfactual="no-bos", query_range=EARLY)
-reading.frame.sort_values("rank").head(8)
+reading.frame.sort_values("reading_rank").head(8)
 
 # %%
 plots.sink_heads_map(sinks.frame.assign(architecture=label), reading.frame.assign(architecture=label),

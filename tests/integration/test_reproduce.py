@@ -133,7 +133,8 @@ def test_every_figure_in_the_report_holds_the_tables_numbers(quick_run):
     tables = load_tables(quick_run)
     specs = report_figure_specs((quick_run / "report.html").read_text())
     assert set(specs) == {"layer_components", "layer_components_early", "head_heatmaps", "probe", "bos",
-                          "fingerprint", "sinks", "sink_rate", "sink_ablation"}
+                          "fingerprint", "sinks", "sink_rate", "sink_ablation", "convergence", "window_sinks",
+                          "rotary_bands"}
     n = len(ARCHITECTURES)
 
     layers = tables["decompose_layers"]
@@ -207,7 +208,7 @@ def test_every_figure_in_the_report_holds_the_tables_numbers(quick_run):
 def test_report_was_drawn_by_chromium_without_errors(quick_run):
     check = _provenance(quick_run)["browser_check"]
     assert check["js_errors"] == [] and check["undrawn"] == []
-    assert check["figures_drawn"] == check["figures_expected"] == 9
+    assert check["figures_drawn"] == check["figures_expected"] == 12
     assert Path(check["screenshot"]) == (quick_run / "report.png").resolve()
 
 
@@ -249,7 +250,7 @@ def test_an_interrupted_run_resumes_from_its_finished_steps(tmp_path, monkeypatc
     assert main(argv) == 0
     assert calls == ["sink_reading"]  # the two finished steps came from the cache
     cached = {s["step"]: s["cached"] for s in _provenance(out)["steps"] if s["step"] != "load"}
-    assert cached == {"sink_heads": True, "sink_rate": True, "sink_reading": False}
+    assert cached == {"sink_heads": True, "sink_rate": True, "sink_reading": False, "window_sinks": False}
 
     calls.clear()
     assert main(argv + ["--seed", "1"]) == 0  # another configuration: computed afresh
@@ -377,17 +378,19 @@ def test_a_resumed_run_still_reports_what_each_step_cost(quick_run):
 def test_prompt_sets_are_opt_in_and_reported_beside_the_claims(tmp_path):
     from lens_position.pipeline.steps import commands
     from lens_position.analyses.prompt_sets import SET_COLUMNS, SUMMARY_COLUMNS
+    from lens_position.core.columns import display_order
 
     assert "prompt_sets" not in commands()["reproduce"] and "prompt_sets" not in commands()["decompose"]
     out = tmp_path / "sets"
     assert main(["decompose", "tiny-llama", "--quick", "--format", "csv", "--prompt-sets", "3", "--out", str(out),
                  "--no-progress"]) == 0
     sets, summary = pd.read_csv(out / "prompt_sets.csv"), pd.read_csv(out / "prompt_sets_summary.csv")
-    assert list(sets.columns) == ["architecture", "role", "model", *SET_COLUMNS]
+    # the columns in the display order of every table (lens_position.core.columns.display_order)
+    assert list(sets.columns) == display_order(["architecture", "role", "model", *SET_COLUMNS])
     assert sorted(sets["set"].unique()) == [1, 2, 3]
     # a written table with intervals says how they were made (lens_position.core.intervals.annotate_intervals)
-    assert list(summary.columns) == ["architecture", "role", "model", *SUMMARY_COLUMNS, "interval_method",
-                                     "outside_interval"]
+    assert list(summary.columns) == display_order(["architecture", "role", "model", *SUMMARY_COLUMNS,
+                                                   "interval_method", "outside_interval"])
     assert set(summary["interval_method"]) == {"percentile"}
     assert summary["quantity"].tolist() == ["total_heldout", "R_rf_heldout", "M_rf_heldout"]
     assert (summary["n_sets"] == 3).all() and (summary["bootstrap_sd"] > 0).all()
