@@ -161,7 +161,8 @@ def test_every_figure_in_the_report_holds_the_tables_numbers(quick_run):
 
     reps = tables["bos_overall"]["replacement"].unique().tolist()
     assert _check_lines(specs["bos"]["data"], tables["bos_layers"],
-                        {f"fraction_removed_rf ({r})": ("fraction_removed_rf", ("replacement", r)) for r in reps}
+                        {f"fraction_removed_rf_heldout ({r})": ("fraction_removed_rf_heldout", ("replacement", r))
+                         for r in reps}
                         ) == len(reps) * n
     overall = tables["bos_overall"]
     bars = [t for t in specs["bos"]["data"] if t["type"] == "bar"]
@@ -169,7 +170,8 @@ def test_every_figure_in_the_report_holds_the_tables_numbers(quick_run):
     for trace in bars:
         part = overall[overall["architecture"] == trace["meta"]["group"]]
         assert trace["x"] == part["replacement"].tolist()
-        assert all(_close(a, b) for a, b in zip(trace["y"], part["fraction_removed_rf"]))
+        # the held-out reference-free fraction: what C4 is decided on
+        assert all(_close(a, b) for a, b in zip(trace["y"], part["fraction_removed_rf_heldout"]))
 
     conds = ("auto-bos", "varying-token0")
     assert _check_lines(specs["fingerprint"]["data"], tables["fingerprint"],
@@ -386,11 +388,11 @@ def test_prompt_sets_are_opt_in_and_reported_beside_the_claims(tmp_path):
                  "--no-progress"]) == 0
     sets, summary = pd.read_csv(out / "prompt_sets.csv"), pd.read_csv(out / "prompt_sets_summary.csv")
     # the columns in the display order of every table (lens_position.core.columns.display_order)
-    assert list(sets.columns) == display_order(["architecture", "role", "model", *SET_COLUMNS])
+    assert list(sets.columns) == ["architecture", "role", "model", *display_order(SET_COLUMNS)]
     assert sorted(sets["set"].unique()) == [1, 2, 3]
     # a written table with intervals says how they were made (lens_position.core.intervals.annotate_intervals)
-    assert list(summary.columns) == display_order(["architecture", "role", "model", *SUMMARY_COLUMNS,
-                                                   "interval_method", "outside_interval"])
+    assert list(summary.columns) == ["architecture", "role", "model", *display_order(SUMMARY_COLUMNS),
+                                     "interval_method", "outside_interval"]
     assert set(summary["interval_method"]) == {"percentile"}
     assert summary["quantity"].tolist() == ["total_heldout", "R_rf_heldout", "M_rf_heldout"]
     assert (summary["n_sets"] == 3).all() and (summary["bootstrap_sd"] > 0).all()
