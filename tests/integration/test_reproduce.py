@@ -401,5 +401,7 @@ def test_prompt_sets_are_opt_in_and_reported_beside_the_claims(tmp_path):
     prov = _provenance(out)
     step = next(s for s in prov["steps"] if s["step"] == "prompt_sets")
     assert step["provenance"]["intervals"]["n_resamples"] > 0
-    assert main(["probe", "tiny-llama", "--quick", "--prompt-sets", "3", "--out", str(tmp_path / "p"),
-                 "--no-progress"]) != 0
+    # a sub-command that measures neither C1 nor C2 has no --prompt-sets: a usage error
+    with pytest.raises(SystemExit) as refused:
+        main(["probe", "tiny-llama", "--quick", "--prompt-sets", "3", "--out", str(tmp_path / "p"), "--no-progress"])
+    assert refused.value.code == 2
