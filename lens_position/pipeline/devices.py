@@ -13,8 +13,8 @@ from typing import Any, Callable
 import torch
 
 from lens_position.ground.errors import BadInputError
+from lens_position.models.placement import DTYPES, place, torch_dtype  # noqa: F401 (written once, in the models layer)
 
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def resolve_device(device: str, *, cuda_available: bool | None = None, cuda_count: int | None = None,
@@ -34,30 +34,6 @@ def resolve_device(device: str, *, cuda_available: bool | None = None, cuda_coun
     elif device != "cpu":
         raise BadInputError(f"unknown device {device!r}; use cpu, cuda or auto")
     return device
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    """The torch dtype called ``name`` (BadInputError for another name)."""
-    try:
-        return DTYPES[name]
-    except KeyError:
-        raise BadInputError(f"unknown dtype {name!r}; use {', '.join(DTYPES)}") from None
-
-
-def place(model: Any, *, device: str, dtype: str, n_devices: int = 1) -> Any:
-    """Cast a HookedTransformer's weights to ``dtype`` and put it on ``device`` (split over
-    ``n_devices`` GPUs layer by layer when more than one). Returns the model."""
-    target = torch_dtype(dtype)
-    torch.nn.Module.to(model, target)  # HookedTransformer.to prints a line per call
-    model.cfg.dtype = target
-    if n_devices > 1:
-        model.cfg.n_devices = n_devices
-        model.cfg.device = device
-        model.move_model_modules_to_device()  # TransformerLens: blocks spread over cuda:0..n-1
-    else:
-        torch.nn.Module.to(model, device)
-        model.cfg.device = device
-    return model
 
 
 def load_on(load: Callable[..., Any], compute: Any) -> Any:
