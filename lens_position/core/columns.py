@@ -97,7 +97,12 @@ COLUMNS: dict[str, str] = {
     "var_abs_t_condition": "Var(abs(t)) in the compared condition, squared nats",
     "fraction_removed": "1 - R_replaced / R_base: share of the self-referenced R removed (negative: added)",
     "fraction_removed_raw": "1 - var_abs_t_replaced / var_abs_t_base: share of Var(abs(t)) removed, unnormalised",
-    "fraction_removed_rf": "1 - R'_replaced / R'_base: share of the reference-free R' removed (what C4 uses)",
+    "fraction_removed_rf": "1 - R'_replaced / R'_base: share of the reference-free R' removed, in-sample",
+    "fraction_removed_rf_heldout": "1 - R'_replaced / R'_base on held-out R': share of the reference-free R' "
+                                   "removed (what C4 is decided on: it does not drift with N)",
+    "R_rf_heldout_base": "held-out reference-free R' of the base run, fraction of Var(log A)",
+    "R_rf_heldout_condition": "held-out reference-free R' in the compared condition, fraction of Var(log A)",
+    "metric": "the patching metric (the user's function of the logits) with that cell patched, mean over prompts",
     # sinks
     "sink_score": "mean attention on position 0 over prompts and queries, in [0, 1]",
     "is_sink": "sink_score > eps: a sink head (Gu et al. 2024)",
