@@ -34,6 +34,7 @@ from typing import Any
 import pandas as pd
 import torch
 from jaxtyping import Float
+from lens_position.core.checks import check_query_range
 from lens_position.models.backends import ModelLike
 
 from lens_position.analyses.bos import BosReplacement, bos_replacement
@@ -134,13 +135,14 @@ def analyze(
     loaded = as_loaded(model)
     prompts = checked_prompts(loaded, prompts, min_length=2)
     length = prompts.tokens.shape[1]
+    early = check_query_range((0, early_queries), length, "early_queries")  # checked whether BOS replacement runs
     name = loaded.spec.name
     with progress_bar("analyze", enabled=progress):  # the three analyses count into one bar
         decomposition = decompose(loaded, prompts, batch_size=batch_size, bootstrap=bootstrap, progress=progress)
         sinks = sink_heads(loaded, prompts, eps=eps, batch_size=batch_size, bootstrap=bootstrap, progress=progress)
         bos = None
         if prompts.has_bos:
-            bos = bos_replacement(loaded, prompts, query_range=(0, min(early_queries, length)),
+            bos = bos_replacement(loaded, prompts, query_range=early,
                                   batch_size=batch_size, bootstrap=bootstrap, progress=progress)
     sentences = [components_sentence(decomposition.layers, name, decomposition.replicates, in_sample=False),
                  sinks_sentence(sinks.frame, None, name)]

@@ -206,6 +206,15 @@ def compare(base: Decomposition, conditions: Mapping[str, Decomposition]) -> Com
     Base and conditions must come from the same model (weights hash) and the same prompts
     (token hash), or the "paired" intervals would pair unrelated sequences:
     :func:`~lens_position.core.checks.check_same_origin` refuses them otherwise."""
+    if not isinstance(base, Decomposition):
+        raise BadInputError(f"the base must be a Decomposition (from decompose or Decomposition.load), got "
+                            f"{type(base).__name__}")
+    if not isinstance(conditions, Mapping):
+        raise BadInputError(f"conditions must be a mapping {{name: Decomposition}}, got {type(conditions).__name__}")
+    for name, result in conditions.items():
+        if not isinstance(result, Decomposition):
+            raise BadInputError(f"condition {name!r} must be a Decomposition (from decompose or "
+                                f"Decomposition.load), got {type(result).__name__}")
     for name, result in conditions.items():
         check_same_origin(base.provenance, result.provenance, f"condition {name!r}")
         for column in ("query_start", "query_stop", "key_set"):

@@ -73,7 +73,7 @@ from jaxtyping import Float
 from lens_position.models.backends import ModelLike
 
 from lens_position.ground import provenance
-from lens_position.core.checks import check_count, check_layers, check_query_range, check_seed
+from lens_position.core.checks import check_count, check_layers, check_positive, check_query_range, check_seed
 from lens_position.ground.errors import BadInputError
 from lens_position.core.inputs import Prompts, checked_prompts
 from lens_position.core.intervals import Bootstrap, percentile_interval, resample_counts, small_sample_widening
@@ -308,6 +308,8 @@ class ProbeReducer:
                                 "by cross-validation (ridge=None): pass more prompts or a fixed ridge")
         layers = check_layers(layers, hooked.cfg.n_layers)
         seed = check_seed(seed)
+        if ridge is not None:  # NaN or a negative penalty makes the normal equations singular
+            ridge = check_positive("ridge", ridge)
         start, stop = check_query_range((positions[0], length if positions[1] is None else positions[1]), length,
                                         "positions")
         if stop - start < 2:

@@ -44,7 +44,7 @@ from lens_position.core.checks import check_count, check_fraction, check_query_r
 from lens_position.analyses.compare import compare, decompose_conditions
 from lens_position.core.data import DEFAULT_BOS
 from lens_position.analyses.decompose import Decomposition, DecompositionReducer
-from lens_position.ground.errors import BadInputError
+from lens_position.ground.errors import BadInputError, NonFiniteError
 from lens_position.analyses.fingerprint import counterfactual_token0, position0_activations
 from lens_position.core.inputs import Prompts, checked_prompts
 from lens_position.core.intervals import Bootstrap, Estimate, bootstrap_mean
@@ -178,6 +178,33 @@ def prompt_sink_scores(
     return reducer.result()
 
 
+SCORE_ROUNDING = 1e-3  # a float16 pattern's rounding; a logit or a percentage is far outside
+
+
+def _checked_scores(scores: Any, loaded: Any, n_prompts: int) -> torch.Tensor:
+    """Sink scores handed in (``sink_heads(scores=...)``): a float tensor ``[layer, head]`` or
+    ``[prompt, layer, head]`` of this model's heads (and these prompts), every value a fraction of
+    attention in [0, 1]; BadInputError otherwise (a NaN would be a head that is no sink)."""
+    if not isinstance(scores, torch.Tensor) or not scores.is_floating_point():
+        raise BadInputError(f"scores must be a float tensor [layer, head] or [prompt, layer, head] (from "
+                            f"sink_scores or SinkScoreReducer.result), got {type(scores).__name__}")
+    shape = (loaded.model.cfg.n_layers, loaded.model.cfg.n_heads)
+    if tuple(scores.shape[-2:]) != shape or scores.dim() not in (2, 3) or (
+            scores.dim() == 3 and len(scores) != n_prompts):
+        raise BadInputError(f"scores has shape {tuple(scores.shape)}; this model and these prompts need {shape} or "
+                            f"{(n_prompts, *shape)}")
+    scores = scores.detach().cpu().to(torch.float64)
+    if not bool(torch.isfinite(scores).all()):
+        layer, head = (int(i) for i in (~torch.isfinite(scores)).nonzero()[0][-2:])
+        raise NonFiniteError(f"scores hold a non-finite value (layer {layer}, head {head}); measure them again "
+                             "with sink_scores on a model whose weights are finite")
+    if bool((scores < -SCORE_ROUNDING).any()) or bool((scores > 1 + SCORE_ROUNDING).any()):
+        raise BadInputError(f"scores must be fractions of attention in [0, 1], got values in "
+                            f"[{float(scores.min()):.3g}, {float(scores.max()):.3g}]: pass attention on position 0 "
+                            "(sink_scores), not logits or percentages")
+    return scores
+
+
 def sink_heads(
     model: ModelLike,
     prompts: Prompts,
@@ -199,6 +226,8 @@ def sink_heads(
     eps = check_fraction("eps", eps)
     loaded = as_loaded(model)
     prompts = checked_prompts(loaded, prompts)
+    if scores is not None:
+        scores = _checked_scores(scores, loaded, len(prompts.tokens))
     if scores is None:
         with progress_bar("sink heads", enabled=progress):
             scores = prompt_sink_scores(loaded, prompts, query_range=query_range, batch_size=batch_size)

@@ -80,7 +80,24 @@ def _query_range(text: str) -> tuple[int, int]:
 def _out_folder(text: str) -> Path:
     if not text.strip():
         raise argparse.ArgumentTypeError("the output folder is the empty path; name a folder (--out DIR)")
-    return Path(text)
+    return _path(text)
+
+
+def _path(text: str) -> Path:
+    """A path option: never the empty or blank path, which ``Path`` would turn into the current folder."""
+    from lens_position.ground.paths import checked_path
+
+    try:
+        return checked_path(text, "the path")
+    except BadInputError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _text_source(text: str) -> str:
+    """``--text``: a file, a folder or ``hf:...``, never the empty path (the current folder)."""
+    if not text.startswith("hf:"):
+        _path(text)
+    return text
 
 
 # The analysis options each sub-command uses (its --help shows only those); the others keep
@@ -120,7 +137,7 @@ def _add_common(sub: argparse.ArgumentParser, *, many_models: bool, out: Path,
     data = sub.add_argument_group("data")
     data.add_argument("--source", choices=("natural", "random", "repeated"), default="natural",
                       help="natural text, random tokens or a repeated token (default: %(default)s)")
-    data.add_argument("--text", dest="corpus", metavar="PATH", default=None,
+    data.add_argument("--text", dest="corpus", type=_text_source, metavar="PATH", default=None,
                       help="natural text: a text file, a folder of .txt/.md/.rst files or "
                            "hf:<dataset>:<split>[:<column>] from the local cache (default: CPython's pydoc topics)")
     data.add_argument("--bos", default="force", metavar="POLICY",
@@ -245,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "text, quick, T, N) on either executor; write one table per step table with a column per "
                     "factor (source, bos, seed), the claims per condition, a report per condition and the "
                     "sweep's report.html.")
-    sweep.add_argument("spec", type=Path, metavar="SPEC.toml", help="the sweep spec (TOML)")
+    sweep.add_argument("spec", type=_path, metavar="SPEC.toml", help="the sweep spec (TOML)")
     out = sweep.add_argument_group("run")
     out.add_argument("--out", type=_out_folder, default=Path("sweep"), metavar="DIR",
                      help="output folder (default: %(default)s); finished steps cached in DIR/cache are reused")

@@ -27,12 +27,14 @@ from typing import Any
 import torch
 
 from lens_position.ground.errors import BadInputError, UnknownModelError
+from lens_position.ground.paths import checked_path
 from lens_position.models import sources
 from lens_position.models.adapters import ADAPTERS, FAMILY_OF_ARCHITECTURE, build_hooked, convert_state_dict, \
     hooked_config
 from lens_position.models.backends import resolve_backend
 from lens_position.models.cache import CachedModel, cached_convert, file_identity, state_dict_sha256
 from lens_position.models.registry import REGISTRY, is_zoo_name, lookup, unknown_model_message
+from lens_position.models.placement import check_device
 from lens_position.models.rope import apply_position_options, check_position_options
 from lens_position.models.spec import LoadedModel, attach_tokenizer, remember, spec_from_config, \
     spec_from_hf_config, tokenizer_prepends_bos
@@ -76,6 +78,10 @@ def load_model(
     ``n_devices > 1`` splits the layers over that many GPUs (hooked backend).
     """
     started = time.perf_counter()
+    checked_path(name_or_path, "the model name or path")
+    if cache_dir is not None:
+        checked_path(cache_dir, "cache_dir")
+    check_device(device)
     check_position_options(ntk_alpha=ntk_alpha, ntk_by_parts=ntk_by_parts, window=window, n_ctx=n_ctx)
     chosen = resolve_backend(backend)
     if is_zoo_name(name_or_path):

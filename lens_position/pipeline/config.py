@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from lens_position.ground.errors import BadInputError
+from lens_position.ground.paths import checked_path
+from lens_position.core.checks import check_seed
 from lens_position.core.intervals import N_RESAMPLES
 from lens_position.models.registry import DEFAULT_MODELS
 
@@ -96,13 +98,15 @@ class DataOptions:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        check_seed(self.seed)  # a sweep's seeds = [-1] would otherwise fail inside numpy
         if self.source not in ("natural", "random", "repeated"):
             raise BadInputError(f"unknown data source {self.source!r}; use natural, random or repeated")
         if self.bos not in ("tokenizer", "force", "none") and not (
                 self.bos.startswith("token:") and len(self.bos) > len("token:")):
             raise BadInputError(f"unknown BOS policy {self.bos!r}; use tokenizer, force, none or "
                                 "token:<id or text>")
-        if self.corpus is not None and not self.corpus.startswith("hf:") and not Path(self.corpus).exists():
+        if self.corpus is not None and not (isinstance(self.corpus, str) and self.corpus.startswith("hf:")) \
+                and not checked_path(self.corpus, "the text source (--text)").exists():
             raise BadInputError(f"text source {self.corpus} does not exist; pass a text file, a folder "
                                 "or hf:<name>:<split>[:<column>]")
 
@@ -197,6 +201,17 @@ class RunConfig:
     n_resamples: int | None = None  # bootstrap replicates (None: the mode's default; 0: no intervals)
     prompt_sets: int = 0  # K disjoint prompt sets for the opt-in step prompt_sets (0: off)
     force: bool = False  # write into a non-empty folder that holds no run (its files are kept)
+
+    def __post_init__(self) -> None:
+        if self.executor not in ("serial", "ray"):
+            raise BadInputError(f"unknown executor {self.executor!r}; use serial or ray")
+        if self.ray_address is not None:
+            if not isinstance(self.ray_address, str) or not self.ray_address.strip():
+                raise BadInputError(f"--ray-address {self.ray_address!r} names no cluster; pass host:port, "
+                                    "ray://host:port or auto, or leave it out to start a local Ray instance")
+            if self.executor != "ray":  # else it would be ignored, and the run would not be where the user thinks
+                raise BadInputError(f"--ray-address {self.ray_address} joins a Ray cluster, which only the ray "
+                                    "executor uses; add --executor ray (executor='ray'), or drop --ray-address")
 
     def settings(self) -> Settings:
         base = QUICK if self.quick else FULL

@@ -45,6 +45,7 @@ from lens_position.analyses.sentences import UNTRAINED_NOTE, components_sentence
 from lens_position.core.intervals import Estimate
 from lens_position.core.summaries import fmt, is_untrained
 from lens_position.ground.errors import BadInputError, MissingPackageError
+from lens_position.ground.paths import checked_path
 
 # The tables a reproduction writes, with the experiment that produces each (the registry's).
 TABLES: dict[str, str] = {name: table.meaning for name, table in table_registry.TABLES.items()}
@@ -499,7 +500,7 @@ def build_report(results: Mapping[str, pd.DataFrame], *, provenance: Mapping[str
 
 def write_report(path: str | Path, results: Mapping[str, pd.DataFrame], **kwargs: Any) -> Path:
     """Write ``build_report(results, **kwargs)`` to ``path`` (UTF-8) and return the path."""
-    path = Path(path)
+    path = checked_path(path, "the report's file")
     path.write_text(build_report(results, **kwargs), encoding="utf-8")
     return path
 
@@ -579,12 +580,12 @@ def check_in_browser(report: str | Path, *, screenshot: str | Path | None = None
     from one launch; a Chromium that does one thing per launch is started again for the
     screenshot.
     """
-    report = Path(report).resolve()
+    report = checked_path(report, "the report to check").resolve()
     text = report.read_text(encoding="utf-8")
     keys = re.findall(r'<div class="plot" id="plot-([\w-]+)"', text)
     binary = find_chromium()
     url = report.as_uri()
-    shot = None if screenshot is None else Path(screenshot).resolve()
+    shot = None if screenshot is None else checked_path(screenshot, "the screenshot's file").resolve()
     shot_args: list[str] = []
     if shot is not None:
         if height is None:

@@ -27,6 +27,7 @@ from plotly.subplots import make_subplots
 
 from lens_position.analyses.claims import PAPER
 from lens_position.ground.errors import BadInputError
+from lens_position.ground.paths import checked_path
 from lens_position.core.intervals import interval_method, interval_note
 
 _PALETTE = qualitative.Plotly
@@ -687,9 +688,7 @@ def save_figure(fig: go.Figure, path, format: str | None = None, *, width: int |
     opens offline. ``width``/``height`` in pixels (default: the figure's own size), ``scale``
     multiplies the PNG resolution.
     """
-    from pathlib import Path
-
-    path = Path(path)
+    path = checked_path(path, "the figure's file")
     fmt = (format or path.suffix.lstrip(".")).lower()
     if fmt not in EXPORT_FORMATS:
         raise BadInputError(f"cannot save a figure as {fmt!r}: choose one of {list(EXPORT_FORMATS)} "

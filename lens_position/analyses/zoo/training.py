@@ -18,10 +18,9 @@ log = logging.getLogger(__name__)
 
 def default_work_dir() -> Path:
     """Where resume checkpoints go (``$LENS_POSITION_CACHE/zoo/work``)."""
-    import os
+    from lens_position.models.cache import default_cache_dir
 
-    root = Path(os.environ.get("LENS_POSITION_CACHE", Path.home() / ".cache" / "lens_position"))
-    return root / "zoo" / "work"
+    return default_cache_dir() / "zoo" / "work"
 
 
 def train_variants(variants: Sequence[str], seeds: Sequence[int], *, root: Path = SHIPPED,
