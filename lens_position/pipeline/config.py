@@ -6,6 +6,7 @@ Nothing here loads a model or reads data; ``plan`` turns a ``RunConfig`` into ce
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,9 @@ class DataOptions:
         return dataclasses.asdict(self)
 
 
+MAX_THREADS_PER_CORE = 4  # beyond this, --threads is a typo (100000 ends in "can't start new thread")
+
+
 @dataclass(frozen=True)
 class Compute:
     """Where and in what precision models are loaded and run.
@@ -147,6 +151,10 @@ class Compute:
             raise BadInputError(f"n_devices must be a positive whole number, got {self.n_devices!r}")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
             raise BadInputError(f"threads must be a positive whole number, got {self.threads!r}")
+        if self.threads is not None and self.threads > MAX_THREADS_PER_CORE * (os.cpu_count() or 1):
+            raise BadInputError(f"threads = {self.threads} on a machine with {os.cpu_count()} CPU cores: more torch "
+                                "threads than cores only slows a run down (and the system refuses to start that "
+                                f"many); use at most {os.cpu_count()}, or leave --threads out")
         if self.n_devices > 1 and self.device == "cpu":
             raise BadInputError(f"n_devices = {self.n_devices} splits a model over GPUs; use --device cuda")
 

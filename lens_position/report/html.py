@@ -24,7 +24,6 @@ from __future__ import annotations
 import html
 import json
 import re
-import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ import plotly.graph_objects as go
 import plotly.offline
 
 from lens_position.report import plots
+from lens_position.report.browser import NETWORK_OFF, find_chromium
 from lens_position.report.markup import verdict_class
 from lens_position.report.plots import ReportFigure
 from lens_position.analyses import tables as table_registry
@@ -536,35 +536,8 @@ class BrowserCheck:
                 "screenshot": str(self.screenshot) if self.screenshot else None}
 
 
-def find_chromium() -> str:
-    """Path of a Chromium/Chrome binary, or MissingPackageError saying how to install one."""
-    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
-        path = shutil.which(name)
-        if path:
-            return path
-    raise MissingPackageError(
-        "no Chromium found for the report's browser check: install it with "
-        "`apt-get install -y chromium` (scripts/setup.sh does this when run as root)"
-    )
-
-
-# The report is a local file with its scripts inlined: Chromium needs no network, and these flags
-# stop what it would send by itself (DNS prefetch, component and safe-browsing updates, metrics,
-# field trials, sync, WebRTC's STUN packets, pings): every proxied request goes to a closed port
-# on the loopback, and loopback itself bypasses nothing.
-NETWORK_OFF = ("--proxy-server=127.0.0.1:9", "--proxy-bypass-list=<-loopback>",
-               "--disable-background-networking", "--disable-component-update", "--disable-sync",
-               "--disable-domain-reliability", "--dns-prefetch-disable", "--no-pings", "--disable-breakpad",
-               "--disable-client-side-phishing-detection", "--disable-default-apps", "--disable-field-trial-config",
-               "--metrics-recording-only", "--no-default-browser-check", "--disable-features=OptimizationHints,"
-               "MediaRouter,DialMediaRouteProvider,AutofillServerCommunication,CertificateTransparencyComponentUpdater,"
-               "Translate,InterestFeedContentSuggestions,NetworkTimeServiceQuerying,WebRtcHideLocalIpsWithMdns",
-               "--force-webrtc-ip-handling-policy=disable_non_proxied_udp", "--host-resolver-rules=MAP * ~NOTFOUND, "
-               "EXCLUDE localhost, EXCLUDE 127.0.0.1")
-
-
 def _chromium_args(binary: str, profile: str) -> list[str]:
-    return [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    return [binary, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
             *NETWORK_OFF, "--disable-extensions", "--disable-dev-shm-usage", "--hide-scrollbars",
             f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0"]
 

@@ -706,7 +706,7 @@ def save_figure(fig: go.Figure, path, format: str | None = None, *, width: int |
                                   'pip install "lens_position[export]" (or pip install kaleido); '
                                   "save_figure(fig, path, 'html') needs nothing extra")
     try:
-        fig.write_image(path, format=fmt, width=width, height=height, scale=scale)
+        image = _render_static(fig, fmt, width=width, height=height, scale=scale)
     except Exception as error:  # kaleido's own errors: most often no browser to render with
         if "chrome" in str(error).lower() or "browser" in str(error).lower():
             from lens_position.ground.errors import MissingPackageError
@@ -714,7 +714,25 @@ def save_figure(fig: go.Figure, path, format: str | None = None, *, width: int |
             raise MissingPackageError(f"kaleido found no Chrome/Chromium to render the {fmt}: install one "
                                       "(apt-get install chromium) or set BROWSER_PATH") from error
         raise
+    path.write_bytes(image)
     return path
+
+
+def _render_static(fig: go.Figure, fmt: str, *, width: int | None, height: int | None, scale: float) -> bytes:
+    """``fig`` as PNG, PDF or SVG bytes, rendered by kaleido in a Chromium whose network is off
+    (:func:`lens_position.report.browser.kaleido_options`; ``fig.write_image`` would start one that
+    fetches MathJax from a CDN). Size: ``width`` × ``height`` pixels, else the figure's own, else
+    plotly's defaults (700 × 500)."""
+    import kaleido
+    from plotly.io import defaults
+
+    from lens_position.report.browser import kaleido_options
+
+    spec = fig.to_dict()
+    layout = spec.get("layout", {})
+    opts = {"format": fmt, "width": width or layout.get("width") or defaults.default_width,
+            "height": height or layout.get("height") or defaults.default_height, "scale": scale}
+    return kaleido.calc_fig_sync(spec, opts=opts, kopts=kaleido_options())
 
 
 @dataclass
