@@ -12,6 +12,7 @@ from lens_position.ground.paths import checked_path
 
 
 def positive_int(text: str) -> int:
+    """A size option (``--T``, ``--N``, ``--batch-size``, ``--threads``): a whole number >= 1."""
     try:
         value = int(text)
     except ValueError:
@@ -22,6 +23,7 @@ def positive_int(text: str) -> int:
 
 
 def seed_option(text: str) -> int:
+    """A seed option (``--seed``): a whole number in ``0 .. 2**63 - 1``."""
     try:
         return check_seed(int(text))
     except (ValueError, BadInputError) as error:

@@ -103,6 +103,13 @@ class SavedResult:
         folder = checked_path(path, "the folder to save the result in")
         if folder.exists() and not (folder / MANIFEST).is_file():
             raise BadInputError(f"{folder} exists and does not hold a saved result: choose an empty or new path")
+        try:
+            return self._save(folder)
+        except OSError as error:  # a read-only, full or foreign folder: the user's to fix, not a bug
+            raise BadInputError(f"cannot save the result in {folder}: {error.strerror or error}; choose a folder "
+                                "you can write to") from error
+
+    def _save(self, folder: Path) -> Path:
         folder.parent.mkdir(parents=True, exist_ok=True)
         manifest: dict[str, Any] = {
             "type": f"{type(self).__module__}.{type(self).__qualname__}", "format": FORMAT_VERSION,

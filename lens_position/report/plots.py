@@ -693,10 +693,14 @@ def save_figure(fig: go.Figure, path, format: str | None = None, *, width: int |
     if fmt not in EXPORT_FORMATS:
         raise BadInputError(f"cannot save a figure as {fmt!r}: choose one of {list(EXPORT_FORMATS)} "
                             "(as the format argument or the file's suffix)")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if fmt == "html":
-        fig.write_html(path, include_plotlyjs=True, full_html=True)
-        return path
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if fmt == "html":
+            fig.write_html(path, include_plotlyjs=True, full_html=True)
+            return path
+    except OSError as error:
+        raise BadInputError(f"cannot write the figure to {path}: {error.strerror or error}; choose a file you "
+                            "can write to") from error
     import importlib.util
 
     if importlib.util.find_spec("kaleido") is None:
@@ -714,7 +718,11 @@ def save_figure(fig: go.Figure, path, format: str | None = None, *, width: int |
             raise MissingPackageError(f"kaleido found no Chrome/Chromium to render the {fmt}: install one "
                                       "(apt-get install chromium) or set BROWSER_PATH") from error
         raise
-    path.write_bytes(image)
+    try:
+        path.write_bytes(image)
+    except OSError as error:
+        raise BadInputError(f"cannot write the figure to {path}: {error.strerror or error}; choose a file you "
+                            "can write to") from error
     return path
 
 
