@@ -33,6 +33,6 @@ def seed_option(text: str) -> int:
 def path_option(text: str) -> Path:
     """A path option: never the empty or blank path, which ``Path`` would turn into the current folder."""
     try:
-        return checked_path(text, "the path")
+        return checked_path(text, "the value")
     except BadInputError as error:
         raise argparse.ArgumentTypeError(str(error)) from None

@@ -283,3 +283,23 @@ def test_compare_across_two_models_saved_and_loaded_is_refused(model, tmp_path):
     with pytest.raises(BadInputError, match="different model weights"):
         compare(base, {"other": cond})
 
+
+
+@pytest.mark.fault(area="prompts", given="token ids as numpy uint64 / torch uint32 (values beyond int64 included)",
+                   happens="taken as int64 when they fit; an id beyond int64 is refused as outside the vocabulary "
+                           "(torch's NotImplementedError 'min_all not implemented for UInt64')")
+def test_wide_unsigned_token_ids_are_checked_like_any_other(model):
+    ids = tokens(4, 8)
+    expected = decompose(model, ids, bootstrap=NO_INTERVALS, progress=False).heads["R"].to_numpy()
+    got = decompose(model, ids.numpy().astype(np.uint64), bootstrap=NO_INTERVALS, progress=False).heads["R"]
+    np.testing.assert_array_equal(got.to_numpy(), expected)
+    with pytest.raises(BadInputError, match="vocabulary"):
+        decompose(model, np.full((2, 8), 2 ** 63 + 5, dtype=np.uint64), bootstrap=NO_INTERVALS, progress=False)
+
+
+@pytest.mark.fault(area="fingerprint", given="fingerprint(model, N=1)",
+                   happens="BadInputError: the spread across inputs needs N >= 2 (one input has no spread, so "
+                           "'identical across inputs' held by construction)")
+def test_a_fingerprint_of_one_input_is_refused():
+    with pytest.raises(BadInputError, match="at least 2 prompts"):
+        fingerprint(load_model("tiny-llama"), T=8, N=1, progress=False)
