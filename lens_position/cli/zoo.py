@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from lens_position.models.zoo.recipe import DEFAULT_SEEDS, VARIANTS
 from lens_position.analyses.zoo.sweep import SINK_SWEEP

@@ -44,7 +44,7 @@ from lens_position.analyses.claims import FAILS, HOLDS, INCONCLUSIVE, PAPER, Cri
 from lens_position.analyses.sentences import UNTRAINED_NOTE, components_sentence, sinks_sentence
 from lens_position.core.intervals import Estimate
 from lens_position.core.summaries import fmt, is_untrained
-from lens_position.ground.errors import BadInputError, MissingPackageError
+from lens_position.ground.errors import BadInputError
 from lens_position.ground.paths import checked_path
 
 # The tables a reproduction writes, with the experiment that produces each (the registry's).
