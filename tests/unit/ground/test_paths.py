@@ -25,6 +25,8 @@ from lens_position.pipeline.sweep import read_spec
 from lens_position.report.html import check_in_browser, write_report
 from lens_position.report.plots import save_figure
 
+pytestmark = pytest.mark.tl4  # nothing here loads a model: the doors refuse first, on either TransformerLens
+
 BLANK = st.text(alphabet=" \t\n\r\x0b\x0c", max_size=4)
 SETTINGS = settings(max_examples=15, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.function_scoped_fixture])
