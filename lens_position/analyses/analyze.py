@@ -46,6 +46,7 @@ from lens_position.core.intervals import Bootstrap
 from lens_position.core import summaries
 from lens_position.core.results import SavedResult
 from lens_position.core.summaries import Headline, is_untrained, row_estimate
+from lens_position.core.stream import BATCH_SIZE
 from lens_position.ground.progress import progress as progress_bar
 from lens_position.models.spec import as_loaded
 
@@ -122,7 +123,7 @@ def analyze(
     *,
     early_queries: int = PAPER.early_queries,
     eps: float = SINK_EPS,
-    batch_size: int = 8,
+    batch_size: int = BATCH_SIZE,
     bootstrap: Bootstrap = Bootstrap(),
     progress: bool = True,
 ) -> Analysis:

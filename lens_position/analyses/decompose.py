@@ -64,7 +64,7 @@ from lens_position.core.intervals import (BIAS_CORRECTED_QUANTITIES, MIN_INTERVA
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.core.summaries import Headline, layer_mean
 from lens_position.core.results import SavedResult
-from lens_position.core.stream import check_finite_activation, stream
+from lens_position.core.stream import BATCH_SIZE, check_finite_activation, stream
 
 if TYPE_CHECKING:
     from lens_position.analyses.patching import Patch
@@ -922,7 +922,7 @@ def decompose(
     keys: KeySet = "all",
     patches: Sequence[Patch] = (),
     fwd_hooks: Sequence[tuple[str | Callable, Callable]] = (),
-    batch_size: int = 8,
+    batch_size: int = BATCH_SIZE,
     bins: PositionBins = PositionBins(),
     bootstrap: Bootstrap = Bootstrap(),
     progress: bool = True,
