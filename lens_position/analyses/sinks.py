@@ -719,7 +719,7 @@ class WindowSinkReducer:
         return {name: scores[self.seen] for name, scores in self.scores.items()}
 
 
-@dataclass
+@dataclass(repr=False)
 class WindowSinks(SavedResult):
     """Result of :func:`window_sinks`.
 
