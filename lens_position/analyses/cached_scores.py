@@ -181,7 +181,10 @@ class CachedScores:
         cfg = self.loaded.model.cfg
         scores = torch.einsum("bqhd,bkhd->bhqk", q, k)
         if getattr(cfg, "use_attn_scale", True):
-            scores = scores / cfg.attn_scale
+            # a TransformerBridge's config leaves attn_scale unset (-1): the attention's own default then,
+            # sqrt(d_head); a model scaling otherwise is caught by the fresh run of two prompts
+            scale = float(getattr(cfg, "attn_scale", -1.0) or -1.0)
+            scores = scores / (scale if scale > 0 else q.shape[-1] ** 0.5)
         cap = getattr(cfg, "attn_scores_soft_cap", -1.0) or -1.0
         if cap > 0:
             scores = cap * torch.tanh(scores / cap)

@@ -15,6 +15,7 @@ from lens_position.ground.errors import BadInputError, NonFiniteError
 from lens_position.models import load_model
 
 BOOT = Bootstrap(n_resamples=20)
+pytestmark = pytest.mark.tl4  # a TransformerBridge's ActivationCache too
 
 
 @pytest.fixture(scope="module")
