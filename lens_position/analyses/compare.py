@@ -55,6 +55,7 @@ from lens_position.core.inputs import Prompts, checked_prompts
 from lens_position.ground.progress import progress as progress_bar
 from lens_position.core.summaries import Headline, headlines_from_rows
 from lens_position.core.results import SavedResult
+from lens_position.core.stream import BATCH_SIZE
 
 HEAD_KEYS = ["layer", "head"]
 
@@ -292,7 +293,7 @@ def decompose_conditions(
     *,
     layers: Mapping[str, Sequence[int]] | Sequence[int] | None = None,
     query_range: tuple[int, int] | None = None,
-    batch_size: int = 8,
+    batch_size: int = BATCH_SIZE,
     bootstrap: Bootstrap = Bootstrap(),
     progress: bool = True,
 ) -> dict[str, Decomposition]:

@@ -80,7 +80,7 @@ from lens_position.core.intervals import Bootstrap, percentile_interval, resampl
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.core.summaries import Headline, row_estimate
 from lens_position.core.results import SavedResult
-from lens_position.core.stream import stream
+from lens_position.core.stream import BATCH_SIZE, stream
 
 RIDGE_GRID = tuple(float(x) for x in 10.0 ** np.arange(-4, 3.01, 0.5))
 
@@ -479,7 +479,7 @@ def position_probe(
     ridge: float | None = None,
     seed: int = 0,
     positions: tuple[int, int | None] = (1, None),
-    batch_size: int = 8,
+    batch_size: int = BATCH_SIZE,
     bootstrap: Bootstrap = Bootstrap(),
     progress: bool = True,
 ) -> ProbeResult:

@@ -53,7 +53,7 @@ from lens_position.analyses.patching import Patch, as_tokens, cache_activations,
 from lens_position.ground.progress import progress as progress_bar
 from lens_position.core.summaries import Headline, headlines_from_rows, row_estimate
 from lens_position.core.results import SavedResult
-from lens_position.core.stream import WholeActivations, stream
+from lens_position.core.stream import BATCH_SIZE, WholeActivations, stream
 
 SINK_EPS = 0.3
 SINK_CONDITIONS = ("natural", "random", "repeated")
@@ -152,7 +152,7 @@ def sink_scores(
     prompts: Prompts,
     *,
     query_range: tuple[int, int] | None = None,
-    batch_size: int = 8,
+    batch_size: int = BATCH_SIZE,
     progress: bool = True,
 ) -> Float[torch.Tensor, "layer head"]:
     """Mean attention on position 0 per head over prompts and queries ``query_range``
@@ -166,7 +166,7 @@ def prompt_sink_scores(
     prompts: Prompts,
     *,
     query_range: tuple[int, int] | None = None,
-    batch_size: int = 8,
+    batch_size: int = BATCH_SIZE,
     progress: bool = True,
 ) -> Float[torch.Tensor, "prompt layer head"]:
     """Attention on position 0 averaged over queries ``query_range`` (default all), per
@@ -212,7 +212,7 @@ def sink_heads(
     eps: float = SINK_EPS,
     query_range: tuple[int, int] | None = None,
     scores: Float[torch.Tensor, "layer head"] | Float[torch.Tensor, "prompt layer head"] | None = None,
-    batch_size: int = 8,
+    batch_size: int = BATCH_SIZE,
     bootstrap: Bootstrap = Bootstrap(),
     progress: bool = True,
 ) -> SinkHeads:
@@ -327,7 +327,7 @@ def sink_rate(
     text: str | None = None,
     corpus: str | None = None,
     scores: Mapping[str, torch.Tensor] | None = None,
-    batch_size: int = 8,
+    batch_size: int = BATCH_SIZE,
     bootstrap: Bootstrap = Bootstrap(),
     progress: bool = True,
 ) -> SinkRate:
@@ -476,7 +476,7 @@ def sink_reading_base(
     prompts: Prompts,
     *,
     query_range: tuple[int, int] = (0, 32),
-    batch_size: int = 8,
+    batch_size: int = BATCH_SIZE,
     bootstrap: Bootstrap = Bootstrap(),
     progress: bool = True,
 ) -> tuple[Decomposition, dict[str, torch.Tensor]]:
@@ -515,7 +515,7 @@ def sink_reading_scores(
     base: Decomposition,
     base_activations: dict[str, torch.Tensor],
     query_range: tuple[int, int] = (0, 32),
-    batch_size: int = 8,
+    batch_size: int = BATCH_SIZE,
     bootstrap: Bootstrap = Bootstrap(),
     progress: bool = True,
 ) -> pd.DataFrame:
@@ -559,7 +559,7 @@ def head_ablation_effect(
     reference: Any,
     kinds: Sequence[str] = ("zero", "mean"),
     query_range: tuple[int, int] = (0, 32),
-    batch_size: int = 8,
+    batch_size: int = BATCH_SIZE,
     bootstrap: Bootstrap = Bootstrap(),
     progress: bool = True,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -597,7 +597,7 @@ def sink_reading_heads(
     ablate_heads: Sequence[tuple[int, int]] | None = None,
     patches: Sequence[Patch] | None = None,
     base: tuple[Decomposition, dict[str, torch.Tensor]] | None = None,
-    batch_size: int = 8,
+    batch_size: int = BATCH_SIZE,
     bootstrap: Bootstrap = Bootstrap(),
     progress: bool = True,
 ) -> SinkReading:
@@ -748,7 +748,7 @@ class WindowSinkReducer:
         return {name: scores[self.seen] for name, scores in self.scores.items()}
 
 
-@dataclass
+@dataclass(repr=False)
 class WindowSinks(SavedResult):
     """Result of :func:`window_sinks`.
 
@@ -782,7 +782,7 @@ def window_sinks(
     eps: float = SINK_EPS,
     query_range: tuple[int, int] | None = None,
     scores: Mapping[str, torch.Tensor] | None = None,
-    batch_size: int = 8,
+    batch_size: int = BATCH_SIZE,
     bootstrap: Bootstrap = Bootstrap(),
     progress: bool = True,
 ) -> WindowSinks:

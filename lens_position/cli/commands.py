@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Sequence
 
 from lens_position.cli.argtypes import path_option, positive_int, seed_option
+from lens_position.core.stream import BATCH_SIZE
 from lens_position.ground.errors import BadInputError, LensPositionError, is_input_error
 
 # Exit statuses: 1 = a problem with the input or environment, 2 = bad options (argparse's),
@@ -144,7 +145,7 @@ def _add_common(sub: argparse.ArgumentParser, *, many_models: bool, out: Path,
                                    "and report their spread beside the bootstrap's (opt-in: K more decomposition "
                                    "passes per model; default: off)")
     analysis.add_argument("--batch-size", dest="batch_size", type=positive_int, default=None, metavar="B",
-                          help="sequences per forward pass (default: 16); memory grows with it")
+                          help=f"sequences per forward pass (default: {BATCH_SIZE}, as in Python); memory grows with it")
     run = sub.add_argument_group("run")
     run.add_argument("--out", type=_out_folder, default=out, metavar="DIR",
                      help="output folder (default: %(default)s; each sub-command has its own, so none rewrites "

@@ -104,6 +104,11 @@ def needed_stop(hook_names: Sequence[str]) -> int | None:
     return max(blocks) + 1
 
 
+# Sequences per forward pass, the default of every analysis in Python and of the command line's
+# --batch-size. Per-batch costs of the analysis hooks dominate small batches: on SmolLM2 at
+# T = 32, batches of 16 took 2.6x less CPU time than batches of 4. Memory grows with it.
+BATCH_SIZE = 16
+
 def stream_inputs(prompts: Any) -> torch.Tensor:
     """The tensor ``stream`` batches: tokens ``[N, T]`` (a PromptSet's ``.tokens`` or a
     tensor), or residuals ``[N, T, d_model]`` when starting at a later block."""
@@ -121,7 +126,7 @@ def stream(
     *,
     patches: Sequence["Patch"] = (),
     fwd_hooks: Sequence[tuple[str | Callable, Callable]] = (),
-    batch_size: int = 8,
+    batch_size: int = BATCH_SIZE,
     stop_at_layer: int | None = None,
     start_at_layer: int | None = None,
     progress: bool = True,

@@ -15,6 +15,7 @@ from lens_position.ground.errors import BadInputError
 from lens_position.ground.paths import checked_path
 from lens_position.core.checks import check_seed
 from lens_position.core.intervals import N_RESAMPLES
+from lens_position.core.stream import BATCH_SIZE
 from lens_position.models.registry import DEFAULT_MODELS
 
 
@@ -50,9 +51,7 @@ class Settings:
     eps: float = 0.3
     sink_T: int = 64
     window_factor: float = 1.25
-    # Per-batch costs of the analysis hooks dominate small batches: on SmolLM2 at T = 32,
-    # batches of 16 took 2.6x less CPU time than batches of 4.
-    batch_size: int = 16
+    batch_size: int = BATCH_SIZE  # the Python analyses' default (core.stream)
     # Restrictions from the command line (--layers, --query-range, --keys): None / "all" analyse
     # the whole model. ``decompose_queries`` is the decomposition's query range (None: every query).
     layers: tuple[int, ...] | None = None
