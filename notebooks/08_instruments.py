@@ -101,16 +101,18 @@ pd.concat({name: c.restoration.query("layer < 4").pivot(index="layer", columns="
            for name, c in convergence.items()}).round(2)
 
 # %%
-def first_converged(result) -> str:
-    layer = result.first_converged_layer
-    return (f"converged from layer {layer} to the last" if layer is not None
-            else "not converged through to the last layer")
+def first_block_closing(result) -> str:
+    """Which sub-block of layer 0 closes more of the gap in the replaced run itself."""
+    first = result.restoration.query("layer == 0").set_index("component")["closed_in_run"]
+    if first.isna().all():
+        return "no gap is left to close at layer 0"
+    top = first.idxmax()
+    return f"at layer 0 the {top} output closes {first[top]:.0%} of the gap in the replaced run itself"
 
 
 conclusion(*[takeaways.convergence_sentence(c.layers, bos[name].frame, bos[name].overall, name)
              for name, c in convergence.items()],
-           "Where the state settles: " + "; ".join(f"{name} {first_converged(c)}"
-                                                   for name, c in convergence.items()) + ".")
+           " ".join(f"On {name}, {first_block_closing(c)}." for name, c in convergence.items()))
 
 # %% [markdown]
 # ## 2. Sinks under a sliding window
@@ -169,10 +171,11 @@ def slowest_share(result) -> float:
 mean_R = {variant: float(r.heads["R"].mean()) for variant, r in band_results.items()}
 base = mean_R["standard"]
 conclusion(*[takeaways.rotary_bands_sentence(r.heads, r.layers, variant) for variant, r in band_results.items()],
-           "Against the unscaled model, " + "; ".join(
-               f"{variant} has {'a lower' if R < base else 'a higher'} mean R ({R:.3f} against {base:.3f})"
+           "Against the unscaled model, the mean R changes by " + "; ".join(
+               f"{R / base - 1:+.1%} with {variant} ({R:.3f} against {base:.3f})"
                for variant, R in mean_R.items() if variant != "standard")
-           + "; the slowest band's share of the bands' own terms is "
+           + " (point values, in-sample: whether NTK scaling suppresses the residual component is decided "
+           "with intervals in notebook 04). The slowest band's share of the bands' own terms is "
            + ", ".join(f"{slowest_share(r):.0%} ({variant})" for variant, r in band_results.items()) + ".")
 
 # %% [markdown]
