@@ -317,11 +317,13 @@ def _config(args: argparse.Namespace, argv: Sequence[str]):
 
 def _headlines(tables) -> list[str]:
     """What the run measured, per model, in the sentences the report opens with: where absolute
-    position comes from (R', M'), the sink heads and their readers, BOS replacement, the probe."""
+    position comes from (R', M'), the sink heads and their readers, BOS replacement, the probe,
+    and the instruments' sentences (position-0 convergence, window-aware sinks, rotary bands)."""
     import textwrap
 
     from lens_position.analyses.sentences import UNTRAINED_NOTE, bos_sentence, components_sentence, sinks_sentence
     from lens_position.core.summaries import is_untrained
+    from lens_position.report import takeaways
 
     def part(name, arch):
         frame = tables.get(name)
@@ -358,6 +360,15 @@ def _headlines(tables) -> list[str]:
         if rate is not None:
             sentences.append(f"On {arch}, Gu et al.'s sink rate: " + ", ".join(
                 f"{r['condition']} {100 * float(r['sink_rate']):.3g}%" for _, r in rate.iterrows()) + ".")
+        convergence = part("convergence_layers", arch)
+        if convergence is not None:
+            sentences.append(takeaways.convergence_sentence(convergence, part("bos_layers", arch), bos, arch))
+        window_sinks = part("window_sinks_types", arch)
+        if window_sinks is not None:
+            sentences.append(takeaways.window_sinks_sentence(window_sinks, arch))
+        bands, band_layers = part("bands_heads", arch), part("bands_layers", arch)
+        if bands is not None and band_layers is not None:
+            sentences.append(takeaways.rotary_bands_sentence(bands, band_layers, arch))
         for sentence in sentences:
             lines += textwrap.wrap(sentence, 110, initial_indent="  ", subsequent_indent="    ")
     return lines
@@ -371,6 +382,9 @@ def _summary(result) -> str:
     sweep = "seed" in overall.columns
     if not sweep:  # a sweep's tables hold many conditions per model: its numbers are in the tables
         lines += _headlines(result.tables)
+    # a step that does not apply to a model (rotary bands on NoPE, convergence without MLPs) says so
+    lines += [f"  {record.step} skipped: {record.provenance['skipped']}" for record in result.steps
+              if isinstance(record.provenance, dict) and record.provenance.get("skipped")]
     overall = overall[overall["verdict"] != NOT_MEASURED]  # one experiment decides one or two claims
     if sweep:  # a sweep: one verdict per condition would be too long here
         lines.append(f"  {len(overall)} verdicts over {overall[['source', 'bos', 'seed']].drop_duplicates().shape[0]} "
