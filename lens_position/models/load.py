@@ -69,8 +69,9 @@ def load_model(
     A forward pass longer than ``n_ctx`` raises ContextLengthError.
 
     ``backend``: ``"hooked"`` (HookedTransformer, TransformerLens 3.x: every adapter, GGUF, folders,
-    the zoo), ``"bridge"`` (TransformerBridge booted on the Hugging Face model, TransformerLens 3.9
-    and 4.x; also the decoder families the adapters do not convert, e.g. Qwen3, SmolLM3) or
+    the whole zoo), ``"bridge"`` (TransformerBridge booted on the Hugging Face model, TransformerLens 3.9
+    and 4.x; also the decoder families the adapters do not convert, e.g. Qwen3, SmolLM3, and the zoo's
+    checkpoints but ``learned``, converted by :mod:`lens_position.models.zoo.hf`) or
     ``"auto"`` (hooked where TransformerLens has it, else bridge); ``spec.extra["backend"]`` says
     which ran. ``dtype`` (``float32``, ``bfloat16``, ``float16``) casts the weights after loading;
     ``n_devices > 1`` splits the layers over that many GPUs (hooked backend).
