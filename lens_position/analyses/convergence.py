@@ -96,7 +96,7 @@ def _instances(loaded: LoadedModel, tokens: torch.Tensor, replacements: Sequence
     return out
 
 
-def _run(hooked: Any, tokens: Int[torch.Tensor, "unit one"],
+def _run(backend: Any, tokens: Int[torch.Tensor, "unit one"],
          embedding: Float[torch.Tensor, "unit d_model"] | None,
          patch: tuple[str, Float[torch.Tensor, "unit d_model"]] | None = None) -> dict[str, torch.Tensor]:
     """One forward pass on one-token sequences, with the embedding at position 0 replaced
@@ -121,9 +121,9 @@ def _run(hooked: Any, tokens: Int[torch.Tensor, "unit one"],
     for name in names:
         def keep(activation: torch.Tensor, hook: Any, name: str = name) -> None:
             kept[name].append(activation[:, 0].detach().to(torch.float64).cpu())
-        hooks.append((lambda hook_name, name=name: hook_name.startswith("blocks.") and hook_name.endswith(name), keep))
-    with torch.no_grad():
-        hooked.run_with_hooks(tokens, fwd_hooks=hooks, return_type=None)
+        hooks.extend((f"blocks.{layer}.{name}", keep) for layer in range(backend.n_layers))
+    with torch.no_grad(), backend.hooks(hooks):
+        backend.forward(tokens, return_type=None)
     return {name.removeprefix("hook_"): torch.stack(values) for name, values in kept.items()}
 
 
@@ -164,20 +164,20 @@ def position0_convergence(
     seed = check_seed(seed)
     if not 0 < tolerance < 1:
         raise BadInputError(f"tolerance must lie in (0, 1) (a cosine gap), got {tolerance}")
-    hooked = loaded.model
-    if hooked.cfg.attn_only:
+    backend = loaded.backend
+    if "blocks.0.hook_mlp_out" not in backend.hook_dict:
         raise BadInputError("this model has no MLPs (attn_only): the restoration by component needs both sub-blocks; "
                             "use a model with MLPs")
-    tokens0 = torch.unique(as_tokens(loaded, prompts)[:, :1].cpu(), dim=0).to(hooked.cfg.device)
+    tokens0 = torch.unique(as_tokens(loaded, prompts)[:, :1].cpu(), dim=0).to(backend.device)
     instances = _instances(loaded, tokens0, replacements, n_tokens, n_random, seed)
     n0, n_inst = len(tokens0), len(instances)
     # one unit per (instance, token 0): the whole batch at once
     unit_tokens = tokens0.repeat(n_inst, 1)
     unit_embedding = torch.cat([vector for _, vector in instances])
-    base = _run(hooked, tokens0, None)
+    base = _run(backend, tokens0, None)
     base_units = {name: value.repeat(1, n_inst, 1) for name, value in base.items()}
-    replaced = _run(hooked, unit_tokens, unit_embedding)
-    n_layers = hooked.cfg.n_layers
+    replaced = _run(backend, unit_tokens, unit_embedding)
+    n_layers = backend.n_layers
     final = n_layers - 1
     post_b, post_r = base_units["resid_post"], replaced["resid_post"]
     cosine = _cosine(post_r, post_b)  # [layer, unit]
@@ -218,7 +218,7 @@ def position0_convergence(
     for layer in range(n_layers):
         for component in COMPONENTS:
             hook_name = f"blocks.{layer}.hook_{component}_out"
-            patched = _run(hooked, unit_tokens, unit_embedding,
+            patched = _run(backend, unit_tokens, unit_embedding,
                            (hook_name, base_units[f"{component}_out"][layer]))
             gap_here = (patched["resid_post"][layer] - post_b[layer]).norm(dim=-1)
             gap_final = (patched["resid_post"][final] - post_b[final]).norm(dim=-1)
