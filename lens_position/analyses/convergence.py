@@ -39,8 +39,9 @@ from jaxtyping import Float, Int
 from lens_position.analyses.patching import as_tokens, default_replacement_token, replacement_embedding
 from lens_position.core.checks import check_count, check_seed
 from lens_position.core.inputs import checked_prompts
-from lens_position.core.intervals import Bootstrap, bootstrap_mean
+from lens_position.core.intervals import Bootstrap, Estimate, bootstrap_mean
 from lens_position.core.results import SavedResult
+from lens_position.core.summaries import Headline, row_estimate
 from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError
 from lens_position.models.backends import ModelLike
@@ -52,7 +53,7 @@ COMPONENTS = ("attn", "mlp")
 _NO_GAP = 1e-9  # a gap below this fraction of the unreplaced state's norm is no gap: nothing to close
 
 
-@dataclass
+@dataclass(repr=False)
 class Position0Convergence(SavedResult):
     """Result of :func:`position0_convergence`.
 
@@ -73,6 +74,26 @@ class Position0Convergence(SavedResult):
     tolerance: float
     first_converged_layer: int | None
     provenance: dict[str, Any] = field(default_factory=dict)
+
+    WHAT = "position-0 convergence: the state after a replaced embedding against the unreplaced one"
+    INTERVALS = "95% bootstrap over replacements"
+
+    def headline(self) -> list[Headline]:
+        """The first converged layer, the cosine at the first and last layers, and the component that
+        closes most of the gap at the last layer."""
+        first = self.first_converged_layer
+        out = [Headline("converged", f"first converged layer (cosine_lo >= {1 - self.tolerance:g})",
+                        Estimate(float("nan") if first is None else float(first)),
+                        "not converged by the last layer" if first is None else "every later layer converged too")]
+        for label, row in (("first", self.layers.iloc[0]), ("last", self.layers.iloc[-1])):
+            out.append(Headline("cosine", f"cosine to the unreplaced state, {label} layer (L{int(row['layer'])})",
+                                row_estimate(row, "cosine"), "mean over replacements, in [-1, 1]"))
+        closing = self.restoration.dropna(subset=["closed_final"])
+        if len(closing):
+            top = closing.loc[closing["closed_final"].astype(float).idxmax()]
+            out.append(Headline("closed_final", f"gap closed at the last layer by {top['component']} of L{int(top['layer'])}",
+                                row_estimate(top, "closed_final"), "fraction of the gap, 1 = closed"))
+        return out
 
 
 def _instances(loaded: LoadedModel, tokens: torch.Tensor, replacements: Sequence[str], n_tokens: int,

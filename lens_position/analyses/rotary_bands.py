@@ -43,8 +43,9 @@ from lens_position.analyses.decompose import (DecompositionReducer, HeadStatisti
                                               _Fitter, _reduce, _Workspace, visible_keys)
 from lens_position.core.checks import check_count
 from lens_position.core.inputs import checked_prompts
-from lens_position.core.intervals import Bootstrap, bootstrap_interval, interval_method, small_sample_widening
+from lens_position.core.intervals import Bootstrap, Estimate, bootstrap_interval, interval_method, small_sample_widening
 from lens_position.core.results import SavedResult
+from lens_position.core.summaries import Headline
 from lens_position.core.stream import stream
 from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError, UnsupportedArchitectureError
@@ -208,7 +209,7 @@ class BandReducer:
         _reduce(side_by_side(removed), design, groups, self.removed_stats[layer], self._workspace)
 
 
-@dataclass
+@dataclass(repr=False)
 class RotaryBands(SavedResult):
     """Result of :func:`rotary_bands`.
 
@@ -238,6 +239,25 @@ class RotaryBands(SavedResult):
     heads: pd.DataFrame
     layers: pd.DataFrame
     provenance: dict[str, Any] = field(default_factory=dict)
+
+    WHAT = "R split by RoPE frequency band (exact) and R' attributed to bands"
+    HEADS = ("heads", "R")
+
+    def headline(self) -> list[Headline]:
+        """Per band, its share of ``R`` and its attribution of ``R'`` (means over heads and layers),
+        then the split's and the attribution's largest errors."""
+        out = []
+        for (index, name), rows in self.bands.groupby(["band_index", "band"], sort=True):
+            out.append(Headline("R_band", f"{name}: R_band", Estimate(float(rows["R_band"].mean())),
+                                "mean over heads, a fraction of Var(log A)"))
+            out.append(Headline("R_rf_attribution_heldout", f"{name}: R' attribution (held-out)",
+                                Estimate(float(rows["R_rf_attribution_heldout"].mean())), "mean over heads"))
+        out.append(Headline("R_split_error", "largest |R_bands + R_cross - R|",
+                            Estimate(float(self.heads["R_split_error"].abs().max())), "round-off: the split is exact"))
+        out.append(Headline("R_rf_attribution_error", "largest |attribution sum - R'|",
+                            Estimate(float(self.heads["R_rf_attribution_error"].abs().max())),
+                            "the attribution's error, stated"))
+        return out
 
 
 def _band_covariances(fit: _Fitter, stats: HeadStatistics, full: HeadStatistics, n_bands: int,
