@@ -774,6 +774,24 @@ class WindowSinks(SavedResult):
     eps: float
     provenance: dict[str, Any] = field(default_factory=dict)
 
+    WHAT = "sink heads under Gu et al.'s metric and the window-aware one, per layer type"
+    INTERVALS = "95% bootstrap over prompts"
+    HEADS = ("heads", "window_score")
+
+    def headline(self) -> list[Headline]:
+        """Per layer type, the sink heads under each metric and the largest window-aware score."""
+        out = []
+        for kind in sorted(set(self.heads["layer_type"])):
+            rows = self.heads[self.heads["layer_type"] == kind]
+            for metric, label in (("is_sink_gu", "Gu et al."), ("is_sink_window", "window-aware")):
+                out.append(Headline(metric, f"{kind} layers: sink heads, {label}", Estimate(float(rows[metric].sum())),
+                                    f"of {len(rows)} heads (score > {self.eps:g})"))
+            top = rows.loc[rows["window_score"].astype(float).idxmax()]
+            out.append(Headline("window_score", f"{kind} layers: largest window-aware score "
+                                f"(L{int(top['layer'])}.H{int(top['head'])})", row_estimate(top, "window_score"),
+                                "attention on the first visible key, in [0, 1]"))
+        return out
+
 
 def window_sinks(
     model: ModelLike,

@@ -61,6 +61,27 @@ def test_every_result_prints_at_most_a_screen_naming_what_it_measured_and_its_ta
     assert len(html) < 8000  # the 17,800-character dataclass repr is what this replaces
 
 
+def test_every_result_class_of_the_analyses_is_among_those_checked():
+    import importlib
+    import pkgutil
+
+    import lens_position.analyses as analyses
+    from lens_position.core.results import SavedResult
+
+    for info in pkgutil.walk_packages(analyses.__path__, "lens_position.analyses."):
+        importlib.import_module(info.name)
+
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    mine = {cls.__name__ for cls in subclasses(SavedResult) if cls.__module__.startswith("lens_position.analyses")}
+    assert mine <= set(NAMES), sorted(mine - set(NAMES))
+    for name in mine:  # each keeps the short repr: a dataclass(repr=True) would print every table
+        assert type(results()[name]).__repr__ is SavedResult.__repr__ or name == "Analysis", name
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_summary_is_a_small_tidy_frame_of_the_headline_numbers(name):
     result = results()[name]
