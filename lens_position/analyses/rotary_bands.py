@@ -46,7 +46,7 @@ from lens_position.core.inputs import checked_prompts
 from lens_position.core.intervals import Bootstrap, Estimate, bootstrap_interval, interval_method, small_sample_widening
 from lens_position.core.results import SavedResult
 from lens_position.core.summaries import Headline
-from lens_position.core.stream import stream
+from lens_position.core.stream import BATCH_SIZE, stream
 from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError, UnsupportedArchitectureError
 from lens_position.models.backends import ModelLike
@@ -290,7 +290,7 @@ def rotary_bands(
     layers: Sequence[int] | None = None,
     query_range: tuple[int, int] | None = None,
     n_bands: int = DEFAULT_BANDS,
-    batch_size: int = 8,
+    batch_size: int = BATCH_SIZE,
     bins: PositionBins = PositionBins(),
     bootstrap: Bootstrap = Bootstrap(),
     progress: bool = True,

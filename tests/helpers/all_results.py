@@ -13,14 +13,12 @@ def all_results() -> dict:
     from lens_position.analyses.analyze import analyze
     from lens_position.analyses.bos import bos_replacement
     from lens_position.analyses.compare import compare
-    from lens_position.analyses.convergence import position0_convergence
     from lens_position.analyses.decompose import decompose
     from lens_position.analyses.fingerprint import fingerprint
     from lens_position.analyses.patching import resid_pre_sweep
     from lens_position.analyses.probes import position_probe
     from lens_position.analyses.prompt_sets import across_prompt_sets
-    from lens_position.analyses.rotary_bands import rotary_bands
-    from lens_position.analyses.sinks import sink_heads, sink_rate, sink_reading_heads, window_sinks
+    from lens_position.analyses.sinks import sink_heads, sink_rate, sink_reading_heads
     from lens_position.analyses.trajectory import trajectory_patching
     from lens_position.core.data import build_prompts
     from lens_position.models import load_model
@@ -44,9 +42,6 @@ def all_results() -> dict:
         "Comparison": compare(base, {"itself": base}),
         "PromptSetSpread": across_prompt_sets(model, 2, T=16, N=4, source="random", progress=False),
         "Analysis": analyze(model, prompts, progress=False),
-        "Position0Convergence": position0_convergence(model, prompts, n_tokens=2, n_random=1, progress=False),
-        "RotaryBands": rotary_bands(model, prompts, n_bands=2, progress=False),
-        "WindowSinks": window_sinks(model, prompts, progress=False),
     }
 
 

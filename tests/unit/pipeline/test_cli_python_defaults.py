@@ -101,11 +101,7 @@ def _rows() -> list[Any]:
     for dest, (_, pairs) in COUNTERPARTS.items():
         for function, parameter in pairs:
             name = getattr(function, "__name__", "?")
-            marks = ()
-            if function is rotary_bands and parameter == "batch_size":
-                marks = pytest.mark.xfail(strict=True, reason="rotary_bands still defaults to 8 sequences per pass "
-                                                               "instead of core.stream.BATCH_SIZE")
-            rows.append(pytest.param(dest, function, parameter, id=f"--{dest}={name}.{parameter}", marks=marks))
+            rows.append(pytest.param(dest, function, parameter, id=f"--{dest}={name}.{parameter}"))
     return rows
 
 
