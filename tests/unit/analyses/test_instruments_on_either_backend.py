@@ -3,8 +3,8 @@ TransformerLens 4.x, where only the bridge exists, as well as on 3.9).
 
 Each bridge result is checked against an independent reference: the closed-form RoPE
 frequencies of the model's config, the split's own identity (bands plus cross terms equal ``R``),
-the Hugging Face model's own forward pass. On 3.9 the two backends are also compared with each
-other, within the parity tolerances of tests/helpers/parity.py.
+the Hugging Face model's own forward pass. The two backends are compared with each other in
+test_instruments_backend_parity.py (TransformerLens 3.x, where both exist).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from lens_position.core.data import build_prompts
 from lens_position.core.intervals import Bootstrap
 from lens_position.ground.errors import UnsupportedArchitectureError
 from lens_position.models import load_model
-from lens_position.models.backends import hooked_available
 from lens_position.models.tiny import byte_tokenizer
 
 pytestmark = pytest.mark.tl4
@@ -99,22 +98,3 @@ def test_bridge_convergence_cosines_are_the_hf_models_own_hidden_states(bridged)
                 a, b = replaced[layer + 1][:, 0].double(), base[layer + 1][:, 0].double()
                 cosine = float(torch.nn.functional.cosine_similarity(a, b, dim=-1).mean())
                 assert rows["cosine"].iloc[layer] == pytest.approx(cosine, abs=1e-5), (label, layer)
-
-
-@pytest.mark.skipif(not hooked_available(), reason="the hooked backend is TransformerLens 3.x; this compares the two")
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gemma3"])
-def test_both_backends_give_the_same_bands_and_convergence(name):
-    results = {}
-    for backend in ("hooked", "bridge"):
-        model = load_model(name, backend=backend)
-        prompts = build_prompts(model, T=20, N=4)
-        results[backend] = (rotary_bands(model, prompts, n_bands=2, bootstrap=FEW, progress=False),
-                            position0_convergence(model, prompts, n_tokens=2, n_random=1, bootstrap=FEW,
-                                                  progress=False))
-    (bands_h, conv_h), (bands_b, conv_b) = results["hooked"], results["bridge"]
-    for table in ("heads", "bands", "cross"):
-        a, b = getattr(bands_h, table).select_dtypes("number"), getattr(bands_b, table).select_dtypes("number")
-        assert np.allclose(a.to_numpy(), b.to_numpy(), atol=2e-6, equal_nan=True), table
-    for table in ("layers", "per_replacement", "restoration"):
-        a, b = getattr(conv_h, table).select_dtypes("number"), getattr(conv_b, table).select_dtypes("number")
-        assert np.allclose(a.to_numpy(), b.to_numpy(), atol=2e-6, equal_nan=True), table
