@@ -295,7 +295,7 @@ def _config(args: argparse.Namespace, argv: Sequence[str]):
     if args.command == "reproduce":
         from lens_position.pipeline.models import expand_zoo
 
-        models = expand_zoo([m.strip() for m in args.models.split(",") if m.strip()])
+        models = expand_zoo([m.strip() for m in args.models.split(",") if m.strip()], backend=args.backend)
     else:
         models = (args.model,)
     steps = commands()[args.command]

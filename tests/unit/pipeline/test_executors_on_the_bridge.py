@@ -73,3 +73,17 @@ def test_a_sweep_on_the_bridge_writes_a_table_per_step_with_its_factors(tmp_path
                  "--no-progress"]) == 0
     frame = pd.read_parquet(out / "decompose_layers.parquet")
     assert set(frame["bos"]) == {"force", "tokenizer"} and np.isfinite(frame["R_rf_heldout"]).all()
+
+
+def test_the_zoo_on_the_bridge_leaves_out_what_it_cannot_run_and_says_so(caplog):
+    from lens_position.models.zoo.store import checkpoints
+    from lens_position.pipeline.models import expand_zoo
+
+    every = [c.name for c in checkpoints()]
+    learned = [c.name for c in checkpoints() if c.recipe.position == "learned"]
+    assert learned and len(learned) < len(every)
+    with caplog.at_level("WARNING"):
+        kept = expand_zoo(["smollm2-135m", "zoo"], backend="bridge")
+    assert kept == ("smollm2-135m", *[name for name in every if name not in learned])
+    assert all(name in caplog.text for name in learned) and "backend='hooked'" in caplog.text
+    assert expand_zoo(["zoo:learned"], backend="bridge") == ("zoo:learned",)  # asked for by name: refused on load
