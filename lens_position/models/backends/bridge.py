@@ -98,7 +98,12 @@ def ungroup_kv(hf_model: torch.nn.Module) -> int:
                 continue
             norm = getattr(module, "k_norm", None)
             weight = getattr(norm, "weight", None)
-            if weight is not None and weight.numel() == n_kv * d_head:  # one norm over all key heads
+            # one norm over all key heads (OLMo-2), not one per head (Qwen3, Gemma-3): told apart by the
+            # query norm, whose size is then every query head's (a single key head leaves the key norm's
+            # size ambiguous)
+            query_weight = getattr(getattr(module, "q_norm", None), "weight", None)
+            whole = query_weight is not None and query_weight.numel() == n_heads * d_head != d_head
+            if whole and weight is not None and weight.numel() == n_kv * d_head:
                 norm.weight = torch.nn.Parameter(
                     weight.data.view(n_kv, d_head).repeat_interleave(group, dim=0).reshape(-1).contiguous(),
                     requires_grad=False)
