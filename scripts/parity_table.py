@@ -10,6 +10,7 @@ when a tiny model's recorded numbers differ by a factor of ten or more from what
 
     python scripts/parity_table.py                  # the four tiny models (about a minute each)
     python scripts/parity_table.py --real           # also SmolLM2-135M and Gemma-3-270M at T = 600
+    python scripts/parity_table.py --only smollm2-135m gemma3-270m --forward-only
     python scripts/parity_table.py --check          # fail if the block's tolerances are stale
     python scripts/parity_table.py --tolerances-only  # rewrite the tolerances, keep the measured numbers
 """
@@ -83,7 +84,8 @@ def render(recorded: dict[str, dict], versions: str) -> str:
         lines.append(f"| {quantity} | {format_value(tolerance)} |" + "".join(f" {cell} |" for cell in cells))
     head = ("Largest absolute difference between the backends, measured by "
             "`measure_parity` (tests/helpers/parity.py) and written here by `scripts/parity_table.py` "
-            f"({versions}, CPU, float32; natural-text prompts, seed 0, 200 bootstrap replicates).")
+            f"({versions}, CPU, float32; natural-text prompts, seed 0, 200 bootstrap replicates). "
+            "–: not in the recorded run (`--forward-only` measures a real model's forward pass only).")
     return "\n".join([head, "", *lines])
 
 
@@ -101,6 +103,8 @@ def within_a_factor_of_ten(recorded: float, measured: float, floor: float = 1e-9
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--real", action="store_true", help="also measure SmolLM2-135M and Gemma-3-270M (minutes)")
+    parser.add_argument("--forward-only", action="store_true",
+                        help="for the real models, measure the forward pass only (logits, scores, patterns, masks)")
     parser.add_argument("--only", nargs="*", help="measure only these models (others keep their recorded columns)")
     parser.add_argument("--check", action="store_true", help="fail if the block's tolerances are not the tests'")
     parser.add_argument("--tolerances-only", action="store_true",
@@ -121,20 +125,27 @@ def main() -> int:
         plan.update(REAL_MODELS)
     if args.only and not args.tolerances_only:
         plan = {name: {**TINY_SETTINGS, **REAL_MODELS.get(name, {})} for name in args.only}
-    measured = {}
     for name, settings in plan.items():
-        parity = measure_parity(name, **settings)
+        forward_only = args.forward_only and name in REAL_MODELS
+        parity = measure_parity(name, **settings, analyses=not forward_only)
         print(f"{name}: {parity.seconds:.0f} s, over tolerance: {parity.over_tolerance() or 'none'}", file=sys.stderr)
-        measured[name] = {"T": parity.T, "N": parity.N, "date": datetime.date.today().isoformat(),
-                          "values": parity.differences}
+        _write({name: {"T": parity.T, "N": parity.N, "date": datetime.date.today().isoformat(),
+                       "values": parity.differences}})
+    if not plan:
+        _write({})
+    return 0
+
+
+def _write(measured: dict[str, dict]) -> None:
+    """Put ``measured`` into the page's block, keeping every other recorded column (the page is read
+    again: a measurement takes minutes)."""
     order = [*TINY_MODELS, *REAL_MODELS]
-    page = PAGE.read_text(encoding="utf-8")  # as it is now: the measurement can take minutes
+    page = PAGE.read_text(encoding="utf-8")
     recorded = {**parse_block(page)[1], **measured}
     recorded = {name: recorded[name] for name in sorted(recorded, key=lambda n: order.index(n) if n in order else 99)}
     before, rest = page.split(START, 1)
     _, after = rest.split(END, 1)
     PAGE.write_text(f"{before}{START}\n{render(recorded, versions())}\n{END}{after}", encoding="utf-8")
-    return 0
 
 
 if __name__ == "__main__":

@@ -127,15 +127,20 @@ def _sweep_metric(logits: Float[torch.Tensor, "batch pos d_vocab"]) -> torch.Ten
     return logits[:, -1].log_softmax(-1).max(-1).values.mean()
 
 
+FORWARD = ("logits", "attention scores (visible keys)", "attention pattern", "masked cells that differ (count)")
+
+
 def measure_parity(name: str, *, T: int = 40, N: int = 4, seed: int = 0, n_resamples: int = 200,
-                   sweep_layers: list[int] | None = None, batch_size: int = 4) -> Parity:
+                   sweep_layers: list[int] | None = None, batch_size: int = 4, analyses: bool = True) -> Parity:
     """Load ``name`` on both backends, run the same prompts (``N`` natural-text sequences of ``T``
     tokens) through every analysis the parity table lists, and return the largest absolute
     difference per quantity (:data:`TOLERANCES`) and both backends' claim verdicts.
 
     ``n_resamples`` bootstrap replicates (the same seeded draws on both backends) give the
     intervals; ``sweep_layers`` limits the resid_pre patching sweep (all layers by default) to
-    keep a real model's sweep short."""
+    keep a real model's sweep short. ``analyses=False`` measures the forward pass only (the
+    quantities in :data:`FORWARD`; no verdicts): a real model's analyses at T > 512 take a
+    CPU much longer than its forward pass."""
     from lens_position.analyses.bos import bos_replacement
     from lens_position.analyses.claims import ROLE_NAMES, claims_table
     from lens_position.analyses.decompose import decompose
@@ -156,6 +161,9 @@ def measure_parity(name: str, *, T: int = 40, N: int = 4, seed: int = 0, n_resam
     prompts = {b: build_prompts(models[b], N=N, T=T, source="natural", seed=seed) for b in BACKENDS}
     assert torch.equal(prompts["hooked"].tokens, prompts["bridge"].tokens), "the backends tokenised differently"
     differences = _forward_differences(models, prompts["hooked"].tokens)
+    if not analyses:
+        return Parity(model=name, T=T, N=N, differences=differences, verdicts={b: {} for b in BACKENDS},
+                      spec_mismatches=mismatches, seconds=time.perf_counter() - started)
 
     results: dict[str, dict[str, Any]] = {b: {} for b in BACKENDS}
     for b in BACKENDS:
