@@ -43,6 +43,16 @@ TOLERANCES: dict[str, float] = {
 """Largest absolute difference allowed between the backends, per quantity (units: those of the
 quantity; logits in nats, scores in score units, patterns and fractions in [0, 1])."""
 
+REAL_TOLERANCES: dict[str, float] = {
+    "logits": 2e-3,
+    "attention scores (visible keys)": 4e-3,
+    "attention pattern": 3e-4,
+    "masked cells that differ (count)": 0.0,
+}
+"""The forward quantities' tolerances on the real models at T = 600 (SmolLM2-135M, Gemma-3-270M):
+30 and 18 blocks of activations of O(10-100) carry more float32 round-off than the tiny models'
+3-6 blocks; about ten times the largest difference measured there (the docs table)."""
+
 SPEC_FIELDS = ("n_layers", "n_heads", "n_kv_heads", "d_model", "d_head", "rope_kind", "rotary_base",
                "rotary_base_local", "window", "layer_types", "tokenizer_prepends_bos", "bos_token_id")
 DECOMPOSITION = re.compile(r"^(total|R|M|C|R_rf|M_rf|C_rf)(_heldout)?(_lo|_hi)?$")
@@ -69,9 +79,9 @@ class Parity:
     seconds: float
     date: str = field(default_factory=lambda: datetime.date.today().isoformat())
 
-    def over_tolerance(self) -> dict[str, tuple[float, float]]:
+    def over_tolerance(self, tolerances: dict[str, float] = TOLERANCES) -> dict[str, tuple[float, float]]:
         """The quantities whose difference exceeds its tolerance: ``{quantity: (measured, tolerance)}``."""
-        return {q: (d, TOLERANCES[q]) for q, d in self.differences.items() if not d <= TOLERANCES[q]}
+        return {q: (d, tolerances[q]) for q, d in self.differences.items() if not d <= tolerances[q]}
 
 
 def _max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
