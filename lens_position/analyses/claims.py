@@ -57,7 +57,10 @@ class PaperNumbers:
 
 PAPER = PaperNumbers()
 ROLE_NAMES = {"standard": "standard RoPE", "ntk": "NTK-scaled RoPE", "sliding": "sliding window",
-              "no-rope": "no RoPE"}
+              "interpolated": "position-interpolated RoPE", "no-rope": "no RoPE"}
+# Roles outside C3's comparison of RoPE variants, and why
+OUTSIDE_C3 = {"no-rope": "this model has no RoPE: NoPE or learned absolute positions",
+              "interpolated": "this model's RoPE is linearly position-interpolated, neither standard nor NTK-scaled"}
 # The split the claims are decided on (module docstring): column suffix of its components.
 CLAIM_SPLIT = "_rf"
 
@@ -426,10 +429,10 @@ def _evaluate_c3(results: Tables, criteria: Criteria) -> list[Evaluation]:
             rows.append(_not_measured("C3", arch))
             continue
         measured = f"R'/(R'+M') = {b.share.format()}, depth slope of R' (per unit of relative depth) = {b.slope.format('+.3f')}"
-        if role == "no-rope":
+        if role in OUTSIDE_C3:
             rows.append(Evaluation("C3", arch, NOT_MEASURED, "R'/(R'+M')", b.share,
-                                   measured + "; not part of C3, which compares RoPE variants (this model has no "
-                                   "RoPE: NoPE or learned absolute positions)", b.n))
+                                   measured + f"; not part of C3, which compares standard, NTK-scaled and "
+                                   f"sliding-window RoPE ({OUTSIDE_C3[role]})", b.n))
             continue
         if missing:
             rows.append(Evaluation("C3", arch, NOT_MEASURED, "R'/(R'+M')", b.share,

@@ -69,7 +69,8 @@ COLUMNS: dict[str, str] = {
     "replicate": "bootstrap replicate index",
     "condition": "the input condition or compared run the row belongs to",
     "architecture": "the model's label in a reproduction",
-    "role": 'the model\'s architecture role: "standard", "ntk", "sliding"',
+    "role": 'the model\'s architecture role (ModelSpec.role): "standard", "ntk", "sliding"; "interpolated" '
+            '(linear RoPE position interpolation) and "no-rope" are outside C3\'s comparison',
     "model": "the model's registry name or source",
     # decomposition
     **_components(),

@@ -34,15 +34,24 @@ def apply_hf_position_options(hf_model: Any, *, ntk_alpha: float | None = None,
     if ntk_alpha is not None and wants_parts:
         raise BadInputError("choose one of ntk_alpha and ntk_by_parts, not both")
     trained_context = int(config.max_position_embeddings)
+    params = getattr(config, "rope_parameters", None)
+    scaled = sorted({entry.get("rope_type", "default") for entry in _rope_entries(params)} - {"default"})
+    if scaled and (ntk_alpha is not None or wants_parts):
+        raise BadInputError(f"this model's RoPE is already scaled (rope_type {', '.join(scaled)}); NTK options "
+                            "would stack a second scaling on it: load it without ntk_alpha / ntk_by_parts")
+    if "dynamic" in scaled and n_ctx is not None and int(n_ctx) > trained_context:
+        raise BadInputError(
+            f"n_ctx={n_ctx} beyond the trained context ({trained_context}) of a dynamic-NTK model: its rotary "
+            "frequencies would then depend on the longest sequence run so far (and Hugging Face measures that "
+            "length against max_position_embeddings, which n_ctx replaces), so lens_position analyses it "
+            f"within its trained context only (T <= {trained_context}, where it is plain RoPE)")
     if n_ctx is not None:
         if int(n_ctx) < 1:
             raise BadInputError(f"n_ctx must be a positive number of positions, got {n_ctx}")
         config.max_position_embeddings = int(n_ctx)
-    params = getattr(config, "rope_parameters", None)
     if (ntk_alpha is not None or wants_parts) and not params:
         raise BadInputError("NTK options need a RoPE model; this one has no rope_parameters")
-    per_type = isinstance(params, dict) and any(isinstance(v, dict) for v in params.values())
-    entries = [v for v in params.values() if isinstance(v, dict)] if per_type else [params] if params else []
+    entries = _rope_entries(params)
     d_head = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
     rotary_dim = int(d_head * float(getattr(config, "partial_rotary_factor", 1.0) or 1.0))
     if ntk_alpha is not None:
@@ -70,6 +79,15 @@ def apply_hf_position_options(hf_model: Any, *, ntk_alpha: float | None = None,
     if ntk_alpha is not None or wants_parts:
         _rebuild_rotary(hf_model)
     return facts
+
+
+def _rope_entries(params: Any) -> list[dict[str, Any]]:
+    """The RoPE parameter dicts of a config's ``rope_parameters``: one, or one per layer type."""
+    if not isinstance(params, dict) or not params:
+        return []
+    if any(isinstance(v, dict) for v in params.values()):
+        return [v for v in params.values() if isinstance(v, dict)]
+    return [params]
 
 
 def _rebuild_rotary(hf_model: Any) -> None:

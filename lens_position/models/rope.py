@@ -75,9 +75,10 @@ def hf_rope_scaling_to_cfg(hf_config: Any, layer_type: str | None = None) -> dic
             "NTK_original_ctx_len": int(params["original_max_position_embeddings"]),
         }
     raise UnsupportedArchitectureError(
-        f"rope_type {rope_type!r} is not supported (supported: 'default', 'llama3'). Load the "
-        "checkpoint with its rope scaling removed and re-apply it with load_model(..., "
-        "ntk_alpha=...) or ntk_by_parts={...}, or open an issue.")
+        f"rope_type {rope_type!r} is not supported by the hooked backend (supported: 'default', 'llama3'). "
+        "Routes that work: load_model(..., backend='bridge') (TransformerBridge runs the Hugging Face model's "
+        "own rotary embedding: linear, yarn and dynamic scaling), or load the checkpoint with its rope scaling "
+        "removed and re-apply NTK scaling with load_model(..., ntk_alpha=...) or ntk_by_parts={...}.")
 
 
 def ntk_aware_base(base: float, alpha: float, rotary_dim: int) -> float:

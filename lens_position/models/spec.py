@@ -14,9 +14,12 @@ import torch
 from lens_position.ground.errors import BadInputError, ContextLengthError
 from lens_position.models.backends import ModelBackend, ModelLike, backend_for, bridge_class, hooked_class
 
-RopeKind = Literal["standard", "ntk-aware", "ntk-by-parts", "none"]
+RopeKind = Literal["standard", "ntk-aware", "ntk-by-parts", "linear", "yarn", "dynamic-ntk", "none"]
 Family = Literal["llama", "mistral", "qwen2", "gemma3", "custom"]
-Role = Literal["standard", "ntk", "sliding", "no-rope"]
+Role = Literal["standard", "ntk", "sliding", "interpolated", "no-rope"]
+# Hugging Face ``rope_type`` -> our RopeKind; any other type (longrope, ...) is refused at load
+HF_ROPE_KINDS: dict[str, RopeKind] = {"default": "standard", "llama3": "ntk-by-parts", "linear": "linear",
+                                      "yarn": "yarn", "dynamic": "dynamic-ntk"}
 
 
 @dataclass(frozen=True)
@@ -84,12 +87,17 @@ class ModelSpec:
     @property
     def role(self) -> Role:
         """The architecture role in a reproduction: ``"sliding"`` if any layer is local, else
-        ``"ntk"`` if its RoPE is NTK-scaled (aware or by-parts), ``"no-rope"`` without RoPE (NoPE,
-        learned absolute positions: no part of C3's comparison), else ``"standard"``."""
+        ``"ntk"`` if its RoPE is NTK-scaled (aware, by-parts, or YaRN: NTK-by-parts frequencies with
+        an attention temperature), ``"interpolated"`` for linear position interpolation and
+        ``"no-rope"`` without RoPE (NoPE, learned absolute positions; neither is part of C3's
+        comparison), else ``"standard"``. Dynamic NTK is ``"standard"``: it rescales only beyond
+        the trained context, and lens_position analyses such a model within it (plain RoPE there)."""
         if self.has_sliding_window:
             return "sliding"
-        if self.rope_kind in ("ntk-aware", "ntk-by-parts"):
+        if self.rope_kind in ("ntk-aware", "ntk-by-parts", "yarn"):
             return "ntk"
+        if self.rope_kind == "linear":
+            return "interpolated"
         if self.rope_kind == "none":  # NoPE or learned absolute positions: not a RoPE model
             return "no-rope"
         return "standard"
@@ -161,8 +169,9 @@ def spec_from_hf_config(hf_config: Any, *, name: str = "custom", family: Family 
                         source: str = "custom", **overrides: Any) -> ModelSpec:
     """The ModelSpec of a Hugging Face decoder config (the bridge backend's facts): layer types
     from ``layer_types`` (``sliding_attention`` is local), the window from ``sliding_window``,
-    RoPE from ``rope_parameters`` (``rope_type`` default: standard; llama3: NTK-by-parts), per-layer
-    NoPE (SmolLM3's ``no_rope_layers``) in ``extra``; then ``overrides``."""
+    RoPE from ``rope_parameters`` (``rope_type``: :data:`HF_ROPE_KINDS`; the parameters of a linear,
+    YaRN or dynamic scaling in ``extra["rope_scaling"]``), per-layer NoPE (SmolLM3's
+    ``no_rope_layers``) in ``extra``; then ``overrides``."""
     config = getattr(hf_config, "text_config", None) or hf_config
     n_heads = int(config.num_attention_heads)
     d_model = int(config.hidden_size)
@@ -183,11 +192,13 @@ def spec_from_hf_config(hf_config: Any, *, name: str = "custom", family: Family 
         global_params, local_params = params if isinstance(params, dict) else {}, None
     theta = global_params.get("rope_theta", getattr(config, "rope_theta", None))
     rope_type = global_params.get("rope_type", "default")
-    rope_kind: RopeKind = {"default": "standard", "llama3": "ntk-by-parts"}.get(rope_type, "standard")
-    if rope_type not in ("default", "llama3"):
+    if rope_type not in HF_ROPE_KINDS:
         raise BadInputError(f"RoPE scaling of type {rope_type!r} is not described by lens_position's spec yet "
-                            "(default and llama3 are); load a checkpoint without it")
+                            f"({', '.join(HF_ROPE_KINDS)} are); load a checkpoint without it")
+    rope_kind = HF_ROPE_KINDS[rope_type]
     extra: dict[str, Any] = {"d_vocab": int(config.vocab_size), "hf_model_type": getattr(config, "model_type", None)}
+    if rope_kind in ("linear", "yarn", "dynamic-ntk"):
+        extra["rope_scaling"] = {k: v for k, v in global_params.items() if k != "rope_theta"}
     no_rope = getattr(config, "no_rope_layers", None)
     if no_rope is not None:
         extra["rope_layers"] = [bool(flag) for flag in no_rope]  # SmolLM3: 1 = RoPE, 0 = NoPE

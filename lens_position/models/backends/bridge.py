@@ -52,33 +52,77 @@ def _block_of(name: str) -> int:
     return int(match.group(1)) if match else -1
 
 
+def _repeat_rows(linear: torch.nn.Linear, blocks: list[tuple[int, int, int]]) -> None:
+    """Rebuild ``linear`` with its output rows cut, in order, into ``blocks`` of ``(n_heads, d_head,
+    times)``: each block's heads repeated ``times`` times (1: the block kept as is)."""
+    pieces_w, pieces_b, start = [], [], 0
+    for n, d_head, times in blocks:
+        rows = slice(start, start + n * d_head)
+        weight = linear.weight.data[rows].view(n, d_head, -1).repeat_interleave(times, dim=0)
+        pieces_w.append(weight.reshape(n * times * d_head, -1))
+        if linear.bias is not None:
+            pieces_b.append(linear.bias.data[rows].view(n, d_head).repeat_interleave(times, dim=0).reshape(-1))
+        start += n * d_head
+    assert start == linear.out_features, (start, linear.out_features)
+    linear.weight = torch.nn.Parameter(torch.cat(pieces_w).contiguous(), requires_grad=False)
+    if linear.bias is not None:
+        linear.bias = torch.nn.Parameter(torch.cat(pieces_b).contiguous(), requires_grad=False)
+    linear.out_features = linear.weight.shape[0]
+
+
 def ungroup_kv(hf_model: torch.nn.Module) -> int:
     """Repeat each key/value head's projection rows (and biases) once per query head of its group,
     in place, so every attention layer is multi-head with the same keys and values as before
-    (``repeat_kv``'s order: query head ``h`` reads key/value head ``h // group``). Returns the
-    number of key/value heads the model had (its own; the spec records it)."""
+    (``repeat_kv``'s order: query head ``h`` reads key/value head ``h // group``). Covers separate
+    ``k_proj``/``v_proj``, a fused ``qkv_proj`` (Phi-3: rows query, key, value) and a key norm over
+    all key heads at once (OLMo-2's ``k_norm``: its weight is repeated too; the root mean square of
+    a vector whose heads are all repeated equally is unchanged). Returns the number of key/value
+    heads the model had (its own; the spec records it). Raises UnsupportedArchitectureError when
+    the model is grouped but has no attention layout this function knows, rather than leave the
+    bridge's hooks half-ungrouped."""
     config = getattr(hf_model, "config", None)
     n_heads = int(getattr(config, "num_attention_heads"))
     n_kv = int(getattr(config, "num_key_value_heads", None) or n_heads)
     if n_kv == n_heads:
         return n_kv
     group = n_heads // n_kv
+    changed = 0
     with torch.no_grad():
         for module in hf_model.modules():
-            if not (hasattr(module, "k_proj") and hasattr(module, "v_proj")):
+            if hasattr(module, "k_proj") and hasattr(module, "v_proj"):
+                d_head = module.k_proj.out_features // n_kv
+                for name in ("k_proj", "v_proj"):
+                    _repeat_rows(getattr(module, name), [(n_kv, getattr(module, name).out_features // n_kv, group)])
+            elif hasattr(module, "qkv_proj") and hasattr(module, "head_dim"):
+                d_head = int(module.head_dim)
+                _repeat_rows(module.qkv_proj, [(n_heads, d_head, 1), (n_kv, d_head, group), (n_kv, d_head, group)])
+            else:
                 continue
-            for name in ("k_proj", "v_proj"):
-                linear = getattr(module, name)
-                d_head = linear.out_features // n_kv
-                weight = linear.weight.data.view(n_kv, d_head, -1).repeat_interleave(group, dim=0)
-                linear.weight = torch.nn.Parameter(weight.reshape(n_heads * d_head, -1).contiguous(),
-                                                   requires_grad=False)
-                if linear.bias is not None:
-                    bias = linear.bias.data.view(n_kv, d_head).repeat_interleave(group, dim=0)
-                    linear.bias = torch.nn.Parameter(bias.reshape(-1).contiguous(), requires_grad=False)
-                linear.out_features = n_heads * d_head
+            norm = getattr(module, "k_norm", None)
+            weight = getattr(norm, "weight", None)
+            # one norm over all key heads (OLMo-2), not one per head (Qwen3, Gemma-3): told apart by the
+            # query norm, whose size is then every query head's (a single key head leaves the key norm's
+            # size ambiguous)
+            query_weight = getattr(getattr(module, "q_norm", None), "weight", None)
+            whole = query_weight is not None and query_weight.numel() == n_heads * d_head != d_head
+            if whole and weight is not None and weight.numel() == n_kv * d_head:
+                norm.weight = torch.nn.Parameter(
+                    weight.data.view(n_kv, d_head).repeat_interleave(group, dim=0).reshape(-1).contiguous(),
+                    requires_grad=False)
+                if hasattr(norm, "normalized_shape"):
+                    norm.normalized_shape = (n_heads * d_head,)
             if hasattr(module, "num_key_value_groups"):
                 module.num_key_value_groups = 1
+            if hasattr(module, "num_key_value_heads"):
+                module.num_key_value_heads = n_heads
+            changed += 1
+    if not changed:
+        raise UnsupportedArchitectureError(
+            f"{type(hf_model).__name__} has grouped-query attention ({n_heads} query heads over {n_kv} key/value "
+            "heads) in a layout lens_position cannot ungroup (no k_proj/v_proj or qkv_proj): its K/V hooks would "
+            "not carry one entry per query head. Routes that work: the hooked backend (backend='hooked', "
+            "TransformerLens 3.x) for model_type llama, mistral, qwen2, gemma3; or boot the TransformerBridge "
+            "yourself and pass it to the analyses (single-head K/V patches are then refused)")
     config.num_key_value_heads = n_heads
     for sub in (getattr(config, "text_config", None),):
         if sub is not None and hasattr(sub, "num_key_value_heads"):

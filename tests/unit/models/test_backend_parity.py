@@ -1,104 +1,92 @@
-"""Parity of the two backends: the same prompts through ``hooked`` and ``bridge`` on the tiny
-models give the same numbers within the float32 tolerances of tests/helpers/parity.py (3.x
-only: it needs HookedTransformer, so it is not marked tl4)."""
+"""Parity of the two backends: the same prompts through ``hooked`` and ``bridge`` give the same
+numbers within the float32 tolerances of tests/helpers/parity.py, and the same claim verdicts
+(3.x only: it needs HookedTransformer, so it is not marked tl4). The measurement is
+:func:`parity.measure_parity`, the one scripts/parity_table.py writes into the docs; the docs
+table is checked against it here."""
 
 from __future__ import annotations
 
-import re
+import importlib.util
+import sys
 from pathlib import Path
 
-import pandas as pd
 import pytest
-import torch
-from parity import TOLERANCES
+from parity import FORWARD, REAL_TOLERANCES, TOLERANCES, Parity, measure_parity
 
-from lens_position.analyses.bos import bos_replacement
-from lens_position.analyses.decompose import decompose
-from lens_position.analyses.patching import resid_pre_sweep
-from lens_position.analyses.sinks import sink_heads
-from lens_position.core.data import build_prompts
-from lens_position.core.intervals import Bootstrap
-from lens_position.models import load_model
 from lens_position.models.tiny import TINY_CONFIGS
 
 ROOT = Path(__file__).resolve().parents[3]
+PAGE = ROOT / "docs" / "howto" / "which-transformerlens.md"
+
+
+def _table_script():
+    spec = importlib.util.spec_from_file_location("parity_table", ROOT / "scripts" / "parity_table.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("parity_table", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+TABLE = _table_script()
 TINY = sorted(TINY_CONFIGS)
-T = 40  # beyond tiny-mistral's window (32) and tiny-gemma3's (16): the windows bite
-DECOMPOSITION = re.compile(r"^(total|R|M|C|R_rf|M_rf|C_rf)(_heldout)?(_lo|_hi)?$")
-
-
-def _max_difference(a: pd.DataFrame, b: pd.DataFrame, columns: list[str]) -> float:
-    assert len(a) == len(b) and columns
-    return float((a[columns].reset_index(drop=True) - b[columns].reset_index(drop=True)).abs().max().max())
+assert set(TINY) == set(TABLE.TINY_MODELS), "the docs table and the tests measure the same tiny models"
 
 
 @pytest.fixture(scope="module", params=TINY)
-def both(request) -> dict[str, dict]:
-    out = {}
-    for backend in ("hooked", "bridge"):
-        loaded = load_model(request.param, backend=backend)
-        assert loaded.spec.extra["backend"] == backend
-        prompts = build_prompts(loaded, N=4, T=T, source="natural", seed=0)
-        names = [f"blocks.{layer}.attn.hook_{kind}" for layer in range(loaded.spec.n_layers)
-                 for kind in ("attn_scores", "pattern")]
-        out[backend] = dict(loaded=loaded, prompts=prompts, cache=loaded.backend.run_with_cache(prompts.tokens, names),
-                            logits=loaded.backend.forward(prompts.tokens))
-    assert torch.equal(out["hooked"]["prompts"].tokens, out["bridge"]["prompts"].tokens)
-    return out
+def parity(request) -> Parity:
+    return measure_parity(request.param, **TABLE.TINY_SETTINGS)
 
 
-def test_the_specs_agree(both):
-    a, b = both["hooked"]["loaded"].spec, both["bridge"]["loaded"].spec
-    for field in ("n_layers", "n_heads", "n_kv_heads", "d_model", "d_head", "rope_kind", "rotary_base",
-                  "rotary_base_local", "window", "layer_types", "tokenizer_prepends_bos", "bos_token_id"):
-        assert getattr(a, field) == getattr(b, field), field
+def test_the_specs_agree(parity):
+    assert parity.spec_mismatches == []
 
 
-def test_logits_scores_and_patterns_agree(both):
-    assert (both["hooked"]["logits"] - both["bridge"]["logits"]).abs().max() < TOLERANCES["logits"]
-    for name, hooked in both["hooked"]["cache"].items():
-        bridged = both["bridge"]["cache"][name]
-        visible = torch.isfinite(hooked)
-        assert torch.equal(visible, torch.isfinite(bridged)), name  # the same masks
-        key = "attention pattern" if name.endswith("pattern") else "attention scores (visible keys)"
-        assert (hooked[visible] - bridged[visible]).abs().max() < TOLERANCES[key], name
+def test_every_quantity_agrees_within_its_tolerance(parity):
+    """Logits, visible scores and patterns (the same masks), every decomposition column, sink
+    scores and rates, BOS replacement, a resid_pre patching sweep."""
+    assert set(parity.differences) == set(TOLERANCES)
+    assert parity.over_tolerance() == {}, parity.over_tolerance()
 
 
-def test_the_decomposition_agrees_column_by_column(both):
-    a, b = (decompose(both[k]["loaded"], both[k]["prompts"], progress=False) for k in ("hooked", "bridge"))
-    for frame in ("heads", "layers"):
-        columns = [c for c in getattr(a, frame).columns if DECOMPOSITION.match(c)]
-        assert {"total", "R_rf", "R_heldout", "M_rf_heldout_lo"} <= set(columns)
-        assert _max_difference(getattr(a, frame), getattr(b, frame), columns) < \
-            TOLERANCES["decomposition columns (T, R, M, C, both splits, held-out, intervals)"]
+def test_the_claim_verdicts_are_identical(parity):
+    assert len(parity.verdicts["hooked"]) == 2 * 5  # C1-C5, for the model and overall
+    assert parity.verdicts["hooked"] == parity.verdicts["bridge"]
 
 
-def test_sink_scores_and_bos_replacement_agree(both):
-    a, b = (sink_heads(both[k]["loaded"], both[k]["prompts"], progress=False) for k in ("hooked", "bridge"))
-    assert (a.scores - b.scores).abs().max() < TOLERANCES["sink scores"]
-    no_intervals = Bootstrap(n_resamples=0)
-    a, b = (bos_replacement(both[k]["loaded"], both[k]["prompts"], bootstrap=no_intervals, progress=False)
-            for k in ("hooked", "bridge"))
-    for frame in ("frame", "overall"):
-        assert list(getattr(a, frame)["replacement"]) == list(getattr(b, frame)["replacement"])
-        assert _max_difference(getattr(a, frame), getattr(b, frame), ["fraction_removed", "R_base", "R_replaced"]) < \
-            TOLERANCES["BOS replacement (fraction removed, per layer and overall)"]
+def test_the_docs_table_states_the_tolerances_the_tests_use():
+    tolerances, real, _ = TABLE.parse_block(PAGE.read_text(encoding="utf-8"))
+    assert tolerances == TOLERANCES and real == REAL_TOLERANCES
 
 
-def test_a_patching_sweep_agrees(both):
-    def metric(logits):
-        return logits[:, -1].log_softmax(-1).max(-1).values.mean()
+def test_the_docs_table_records_what_the_measurement_gives_now(parity):
+    """The recorded differences of this tiny model are within a factor of ten of the ones measured
+    now, at the same T and N: the table cannot drift from the code."""
+    _, _, recorded = TABLE.parse_block(PAGE.read_text(encoding="utf-8"))
+    assert parity.model in recorded, f"the docs table has no column for {parity.model}"
+    row = recorded[parity.model]
+    assert (row["T"], row["N"]) == (parity.T, parity.N)
+    assert set(row["values"]) == set(TOLERANCES)
+    off = {q: (row["values"][q], measured) for q, measured in parity.differences.items()
+           if not TABLE.within_a_factor_of_ten(row["values"][q], measured)}
+    assert off == {}, f"recorded vs measured now: {off}; rerun python scripts/parity_table.py"
 
-    sweeps = []
-    for k in ("hooked", "bridge"):
-        prompts = both[k]["prompts"].tokens
-        sweeps.append(resid_pre_sweep(both[k]["loaded"], prompts[:2], prompts[2:], metric, positions=[0, 1, 5],
-                                      progress=False))
-    assert sweeps[0].values.shape == sweeps[1].values.shape
-    assert (sweeps[0].values - sweeps[1].values).abs().max() < TOLERANCES["resid_pre patching sweep (metric)"]
+
+def test_the_order_of_magnitude_check_tells_a_drift():
+    assert TABLE.within_a_factor_of_ten(3e-6, 9e-6) and TABLE.within_a_factor_of_ten(0.0, 1e-12)
+    assert not TABLE.within_a_factor_of_ten(1e-7, 2e-6) and not TABLE.within_a_factor_of_ten(0.0, 1.0)
 
 
-def test_the_docs_state_the_tolerances_the_tests_use():
-    page = (ROOT / "docs" / "howto" / "which-transformerlens.md").read_text(encoding="utf-8")
-    rows = dict(re.findall(r"^\| (.+?) \| ([0-9.e-]+) \|", page, flags=re.MULTILINE))
-    assert {name: float(value) for name, value in rows.items() if name in TOLERANCES} == TOLERANCES
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(TABLE.REAL_MODELS))
+def test_the_backends_agree_on_a_real_model_beyond_its_window(name):
+    """SmolLM2-135M and Gemma-3-270M at T = 600 (beyond Gemma-3's window of 512): the same specs,
+    logits, visible scores, patterns and masks within the real-model tolerances, and the docs
+    record this model's forward pass at the same T and N within a factor of ten."""
+    parity = measure_parity(name, **TABLE.REAL_MODELS[name], analyses=False)
+    assert parity.spec_mismatches == []
+    assert set(parity.differences) == set(FORWARD) == set(REAL_TOLERANCES)
+    assert parity.over_tolerance(REAL_TOLERANCES) == {}, parity.over_tolerance(REAL_TOLERANCES)
+    _, _, recorded = TABLE.parse_block(PAGE.read_text(encoding="utf-8"))
+    row = recorded[name]
+    assert (row["T"], row["N"]) == (parity.T, parity.N)
+    assert all(TABLE.within_a_factor_of_ten(row["values"][q], d) for q, d in parity.differences.items())

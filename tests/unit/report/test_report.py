@@ -224,23 +224,25 @@ def test_a_single_sequence_is_not_explained_as_intervals_switched_off():
     assert "switched off" not in explanation
 
 
-def test_a_model_without_rope_is_outside_C3_and_leaves_the_comparison_alone():
-    """NoPE / learned absolute positions (role 'no-rope') are not a standard-RoPE model: C3
-    says so for them, and the verdicts of the RoPE models do not change."""
+@pytest.mark.parametrize("role, label", [("no-rope", "no RoPE: nope"),
+                                         ("interpolated", "position-interpolated RoPE: pi")])
+def test_a_model_without_rope_is_outside_C3_and_leaves_the_comparison_alone(role, label):
+    """NoPE / learned absolute positions (role 'no-rope') and linear position interpolation
+    (role 'interpolated') are neither standard nor NTK-scaled RoPE: C3 says so for them, and the
+    verdicts of the other models do not change."""
     tables = fake_results()
     extra = {}
     for name, frame in tables.items():
         if "role" in frame.columns:
-            other = frame[frame["role"] == "standard"].assign(role="no-rope", architecture="no RoPE: nope",
-                                                             model="nope")
+            other = frame[frame["role"] == "standard"].assign(role=role, architecture=label, model="other")
             extra[name] = pd.concat([frame, other], ignore_index=True)
         else:
             extra[name] = frame
     before, after = claims_table(tables), claims_table(extra)
-    row = _rows(after, "C3").set_index("architecture").loc["no RoPE: nope"]
+    row = _rows(after, "C3").set_index("architecture").loc[label]
     assert row["verdict"] == NOT_MEASURED and "not part of C3" in row["measured"]
     c3_before = _rows(before, "C3").set_index("architecture")["verdict"]
-    c3_after = _rows(after, "C3").set_index("architecture")["verdict"].drop("no RoPE: nope")
+    c3_after = _rows(after, "C3").set_index("architecture")["verdict"].drop(label)
     assert c3_after.to_dict() == c3_before.to_dict()
 
 
