@@ -34,6 +34,10 @@ so. Equality with TransformerLens is then checked on those ``K`` cells only.
     python benchmarks/patching.py                      # SmolLM2, T = 64 and 128
     python benchmarks/patching.py --model tiny-llama --T 24
     python benchmarks/patching.py --tl-sample 32 --repeats 1   # TransformerLens extrapolated
+
+``--layers`` sweeps only the given layers (every position): a partial sweep, every path, token
+count and floor of those layers alone, printed as such. ``--skip-no-reuse`` leaves the path
+without prefix reuse untimed (its token-layers are still counted, by the planner).
 """
 
 from __future__ import annotations
@@ -98,11 +102,11 @@ def sample_cells(n_layers: int, n_pos: int, k: int) -> list[tuple[int, int]]:
     return sorted({(spaced(n_layers, i), spaced(n_pos, i * g % k)) for i in range(k)})
 
 
-def _no_reuse_token_layers(n_layers: int, n_pos: int, n_rows: int, batch_size: int) -> int:
+def _no_reuse_token_layers(layers: list[int], n_layers: int, n_pos: int, n_rows: int, batch_size: int) -> int:
     """Token-layers the sweep computes with ``reuse_prefix=False``, counted by the planner without
     running it: every condition from position 0, block ``l`` (block -1, the tokens, for ``l = 0``),
     and the unpatched run read off the target run."""
-    starts = [(layer if layer > 0 else -1, 0) for layer in range(n_layers) for _ in range(n_pos)] + [(-1, n_pos)]
+    starts = [(layer if layer > 0 else -1, 0) for layer in layers for _ in range(n_pos)] + [(-1, n_pos)]
     return token_layers(plan_passes(starts, n_rows, n_pos, batch_size), n_rows, n_pos, n_layers)
 
 
@@ -118,6 +122,11 @@ def measure(loaded, name: str, T: int, args) -> dict:
         log_probs = logits[:, -2].log_softmax(-1)
         return log_probs.gather(-1, answer[: len(log_probs), None].to(log_probs.device)).mean()
 
+    n_layers = model.cfg.n_layers
+    layers = list(range(n_layers)) if args.layers is None else sorted(set(args.layers))
+    if not all(0 <= layer < n_layers for layer in layers):
+        raise SystemExit(f"--layers must be in 0..{n_layers - 1}, got {args.layers}")
+    cells = len(layers) * T
     load_before = os.getloadavg()[0]
     per_token_layer = _bare_forward_seconds_per_token_layer(model, target, args.batch_size, args.repeats)
 
@@ -125,45 +134,44 @@ def measure(loaded, name: str, T: int, args) -> dict:
         best, sweep = float("inf"), None
         for _ in range(args.repeats):
             started = time.perf_counter()
-            sweep = resid_pre_sweep(loaded, prompts, source, metric, batch_size=args.batch_size,
+            sweep = resid_pre_sweep(loaded, prompts, source, metric, layers=layers, batch_size=args.batch_size,
                                     reuse_prefix=reuse, progress=False)
             best = min(best, time.perf_counter() - started)
         return sweep, best
 
     reused, reused_s = ours(True)
     full, full_s = ours(False) if not args.skip_no_reuse else (None, None)
-    n_layers, cells = model.cfg.n_layers, model.cfg.n_layers * T
     started = time.perf_counter()
     with torch.no_grad():
         _, source_cache = model.run_with_cache(source, names_filter=lambda n: n.endswith("hook_resid_pre"))
         cache_s = time.perf_counter() - started
         if args.tl_sample:
-            sampled = sample_cells(n_layers, T, args.tl_sample)
+            sampled = [(layers[i], pos) for i, pos in sample_cells(len(layers), T, args.tl_sample)]
             index_df = pd.DataFrame(sampled, columns=["layer", "pos"])
             started = time.perf_counter()
             theirs_sampled = generic_activation_patch(model, target, source_cache, metric, layer_pos_patch_setter,
                                                       "resid_pre", index_df=index_df)
             per_cell_s = (time.perf_counter() - started) / len(sampled)
             theirs_s = cache_s + per_cell_s * cells
-            rows, cols = zip(*sampled)
+            rows, cols = zip(*((layers.index(layer), pos) for layer, pos in sampled))
             ours_on = (lambda v: v.cpu()[list(rows), list(cols)])
             theirs_cmp = theirs_sampled.cpu()
         else:
             sampled, per_cell_s = None, None
-            theirs = get_act_patch_resid_pre(model, target, source_cache, metric)
+            theirs = get_act_patch_resid_pre(model, target, source_cache, metric)[layers]
             theirs_s = time.perf_counter() - started
             ours_on = (lambda v: v.cpu())
             theirs_cmp = theirs.cpu()
     load_after = os.getloadavg()[0]
 
-    floor = min_token_layers(range(n_layers), range(T), args.N, T, n_layers)
+    floor = min_token_layers(layers, range(T), args.N, T, n_layers)
     counts = {"transformer_lens": cells * args.N * T * n_layers,
               "no_prefix_reuse": (full.provenance["options"]["token_layers"] if full is not None
-                                  else _no_reuse_token_layers(n_layers, T, args.N, args.batch_size)),
+                                  else _no_reuse_token_layers(layers, n_layers, T, args.N, args.batch_size)),
               "lens_position": reused.provenance["options"]["token_layers"], "floor": floor}
     floor_s = floor * per_token_layer
     return {
-        "model": name, "T": T, "N": args.N, "layers": n_layers, "cells": cells,
+        "model": name, "T": T, "N": args.N, "layers": n_layers, "swept_layers": layers, "cells": cells,
         "max_abs_diff": float((ours_on(reused.values) - theirs_cmp).abs().max()),
         "max_abs_diff_no_reuse": (float((ours_on(full.values) - theirs_cmp).abs().max()) if full is not None
                                   else None),
@@ -188,6 +196,8 @@ def main() -> None:
     parser.add_argument("--tl-sample", type=int, default=0, metavar="K",
                         help="time TransformerLens on K cells spread over layers and positions and extrapolate "
                              "(default 0: the whole sweep)")
+    parser.add_argument("--layers", type=int, nargs="+", default=None,
+                        help="sweep these layers only (all positions); every path, count and floor is of them")
     parser.add_argument("--skip-no-reuse", action="store_true",
                         help="do not time the path without prefix reuse (its token-layers are still counted)")
     parser.add_argument("--json", default=None, help="also write the numbers to this file")
@@ -214,7 +224,10 @@ def main() -> None:
         ok = max(r["max_abs_diff"], r["max_abs_diff_no_reuse"] or 0.0) <= TOLERANCE
         no_reuse = "not run" if r["max_abs_diff_no_reuse"] is None else f"{r['max_abs_diff_no_reuse']:.2e}"
         failed |= not ok
-        print(f"\nT = {T}: {r['layers']} layers x {T} positions = {r['cells']} cells; load average "
+        swept = (f"{r['layers']} layers" if len(r["swept_layers"]) == r["layers"] else
+                 f"{len(r['swept_layers'])} of {r['layers']} layers ({', '.join(map(str, r['swept_layers']))}; "
+                 "a partial sweep)")
+        print(f"\nT = {T}: {swept} x {T} positions = {r['cells']} cells; load average "
               f"{r['load_average_1min'][0]:.1f} before, {r['load_average_1min'][1]:.1f} after")
         on = (f"on the {len(r['transformer_lens_sampled_cells'])} sampled cells" if r["transformer_lens_sampled_cells"]
               else "on every cell")
