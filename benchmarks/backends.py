@@ -8,7 +8,7 @@ For each model and each backend this TransformerLens has (``hooked``: HookedTran
 TransformerLens 3.x; ``bridge``: TransformerBridge, 3.9 and 4.x; under TransformerLens 4.x only the
 bridge), a fresh subprocess, one after the other, measures:
 
-- ``load``: wall seconds of ``load_model(name, backend=...)``, the first call in the process
+- ``load``: wall and CPU seconds of ``load_model(name, backend=...)``, the first call in the process
   (TransformerLens and transformers already imported) and a second call in the same process. The
   hooked backend reads converted weights from the weight cache (``$LENS_POSITION_CACHE``); the
   bridge reads the GGUF file and dequantises it on every load, and does not use that cache.
@@ -79,12 +79,12 @@ def worker(model_name: str, backend: str, N: int, T: int, batch_size: int, repea
     from lens_position.core.data import build_prompts
     from lens_position.models import load_model
 
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     loaded = load_model(model_name, backend=backend)
-    load_s = time.perf_counter() - started
-    started = time.perf_counter()
+    load_s, load_cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
+    started, cpu_started = time.perf_counter(), time.process_time()
     loaded = load_model(model_name, backend=backend)
-    load_again_s = time.perf_counter() - started
+    load_again_s, load_again_cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
     if loaded.backend.kind != backend:
         raise SystemExit(f"asked for backend {backend!r}, load_model gave {loaded.backend.kind!r}")
 
@@ -115,7 +115,8 @@ def worker(model_name: str, backend: str, N: int, T: int, batch_size: int, repea
     if profile:
         profile_text = _profile(decomposition)
     Path(out).write_text(json.dumps({
-        "model": model_name, "backend": backend, "load_s": load_s, "load_again_s": load_again_s,
+        "model": model_name, "backend": backend, "load_s": load_s, "load_cpu_s": load_cpu_s, "load_again_s": load_again_s,
+        "load_again_cpu_s": load_again_cpu_s,
         "bare_s": bare_s, "bare_cpu_s": bare_cpu, "decompose_s": dec_s, "decompose_cpu_s": dec_cpu,
         "tokens_sha256": hashlib.sha256(tokens.numpy().tobytes()).hexdigest()[:16],
         "tokens_shape": list(tokens.shape), "n_layers": n_layers, "threads": torch.get_num_threads(),
@@ -211,7 +212,8 @@ def main() -> None:
         for backend, r in measured.items():
             r["decompose_over_bare"] = r["decompose_s"] / r["bare_s"]
             r["decompose_over_bare_cpu"] = r["decompose_cpu_s"] / r["bare_cpu_s"]
-            print(f"  {backend:6s} load {r['load_s']:6.2f} s (again in the same process {r['load_again_s']:.2f} s); "
+            print(f"  {backend:6s} load {r['load_s']:6.2f} s wall / {r['load_cpu_s']:.2f} s CPU (again in the same process "
+                  f"{r['load_again_s']:.2f} s / {r['load_again_cpu_s']:.2f} s CPU); "
                   f"bare forward {r['bare_s']:.3f} s wall / {r['bare_cpu_s']:.3f} s CPU; decomposition "
                   f"{r['decompose_s']:.3f} s / {r['decompose_cpu_s']:.3f} s CPU")
         for backend, r in measured.items():
@@ -223,10 +225,11 @@ def main() -> None:
             row.update(bridge_over_hooked_bare=b["bare_s"] / h["bare_s"],
                        bridge_over_hooked_decompose=b["decompose_s"] / h["decompose_s"],
                        bridge_over_hooked_decompose_cpu=b["decompose_cpu_s"] / h["decompose_cpu_s"],
-                       bridge_over_hooked_load=b["load_s"] / h["load_s"])
+                       bridge_over_hooked_load=b["load_s"] / h["load_s"],
+                       bridge_over_hooked_load_cpu=b["load_cpu_s"] / h["load_cpu_s"])
             print(f"  ratio bridge / hooked: bare forward {row['bridge_over_hooked_bare']:.2f}x, decomposition "
                   f"{row['bridge_over_hooked_decompose']:.2f}x wall ({row['bridge_over_hooked_decompose_cpu']:.2f}x "
-                  f"CPU), load {row['bridge_over_hooked_load']:.2f}x")
+                  f"CPU), load {row['bridge_over_hooked_load']:.2f}x wall ({row['bridge_over_hooked_load_cpu']:.2f}x CPU)")
         over = row.get("bridge_over_hooked_decompose_cpu", 0.0) > EXPLAIN_BRIDGE_OVER
         if args.profile or over:
             why = f"above {EXPLAIN_BRIDGE_OVER:g}x" if over else "--profile"
