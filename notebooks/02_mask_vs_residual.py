@@ -21,7 +21,12 @@
 #   `0..i`, so it depends on `i` even when every score depends only on the offset;
 # * the **residual component** `R`: absolute position carried by the residual stream into the
 #   scores themselves;
-# * their **interaction** `C`, with `T = R + M + C` the total.
+# * their **interaction** `C`, with `total = R + M + C`.
+#
+# That split references each query's scores to its own diagonal, `t = s - s[i, i]`. The claims are
+# decided on a split that needs no reference (the mask-only counterfactual): `R'` and `M'`,
+# held out (fitted on one half of the sequences, evaluated on the other), with bootstrap
+# intervals: columns `R_rf_heldout`, `M_rf_heldout`, `total_heldout`, each with `_lo`/`_hi`.
 #
 # We first run the decomposition on hand-set toy models whose answer is known by construction
 # (`lens_position.models.toy`), then on SmolLM2-135M (a tiny random model when `FAST`).
@@ -90,7 +95,7 @@ offset_only = decompose(toy, tokens, progress=False)
 offset_only.heads[COLUMNS]
 
 # %% [markdown]
-# `R` is zero to float precision (the toy computes in float64) and all of `T` is `M`. The
+# `R` is zero to float precision (the toy computes in float64) and the whole `total` is `M`. The
 # held-out values (coefficients fitted on half the sequences, evaluated on the other half) agree.
 
 # %%
@@ -132,7 +137,9 @@ assert ground_truths.loc["key-0 bonus b=2", "R"] > 0.01 and ground_truths.loc["k
 #
 # Now the same measurement on a trained model. First a sanity check of the exact identity
 # `log A = t - z` against the model's own `hook_pattern` (errors at float32 round-off), then
-# the decomposition of every head.
+# the decomposition of every head. Each table starts with the numbers the claims are decided on,
+# the held-out reference-free `R'` and `M'` with their 95% intervals; the in-sample
+# self-referenced `R`, `M`, `C` (which add up to `total` exactly) follow.
 
 # %%
 loaded = load_model(MODEL)
@@ -143,14 +150,22 @@ identity.drop(columns="layer").max().rename("largest error over all layers")
 
 # %%
 real = decompose(loaded, prompts, progress=False)
-real.layers[["layer", "total", "R", "M", "C", "total_heldout", "R_heldout", "M_heldout"]]
+real.layers[["layer", "R_rf_heldout", "R_rf_heldout_lo", "R_rf_heldout_hi", "M_rf_heldout", "M_rf_heldout_lo",
+             "M_rf_heldout_hi", "total_heldout", "total", "R", "M", "C"]]
 
 # %%
 assert np.allclose(real.heads["total"], real.heads["R"] + real.heads["M"] + real.heads["C"], atol=1e-6)
-R, M = real.layers["R"], real.layers["M"]
-print(f"R > M in {int((R > M).sum())} of {len(R)} layers; over all heads, R/(R+M) = {R.sum() / (R + M).sum():.2f}")
-print(f"layer with the largest M: {int(real.layers.loc[M.idxmax(), 'layer'])} (M = {M.max():.3f})")
-plots.layer_components(real.layers.assign(architecture=loaded.spec.name), components=("total", "R", "M"))
+layers = real.layers
+above = int((layers["R_rf_heldout_lo"] > layers["M_rf_heldout_hi"]).sum())
+below = int((layers["R_rf_heldout_hi"] < layers["M_rf_heldout_lo"]).sum())
+print(f"held-out R' above M' (disjoint intervals) in {above} of {len(layers)} layers, below in {below}; "
+      f"summed over layers R'/(R'+M') = {layers['R_rf_heldout'].sum() / (layers['R_rf_heldout'] + layers['M_rf_heldout']).sum():.2f} "
+      f"(in-sample self-referenced R/(R+M) = {layers['R'].sum() / (layers['R'] + layers['M']).sum():.2f})")
+largest_M = layers.loc[layers["M_rf_heldout"].idxmax()]
+print(f"layer with the largest M': {int(largest_M.layer)} (M' = {largest_M.M_rf_heldout:.3f} "
+      f"[{largest_M.M_rf_heldout_lo:.3f}, {largest_M.M_rf_heldout_hi:.3f}])")
+plots.layer_components(layers.assign(architecture=loaded.spec.name),
+                       components=("total", "R_rf", "M_rf"))  # their held-out columns
 
 # %%
 plots.head_heatmaps(real.heads.assign(architecture=loaded.spec.name))
@@ -159,10 +174,14 @@ plots.head_heatmaps(real.heads.assign(architecture=loaded.spec.name))
 # ### Which keys carry the residual component?
 #
 # Leaving key 0 (the BOS) out of the analysed pairs (`keys="no-bos"`; the normaliser still sums
-# over every key) shows how much of `R` lives in the scores on the sink position.
+# over every key) shows how much of the residual component lives in the scores on the sink
+# position. The reference-free split needs every key of the normaliser in the analysed pairs, so
+# with `keys="no-bos"` it is not computed (its columns are NaN): this comparison is on the
+# self-referenced split, in-sample.
 
 # %%
 no_bos = decompose(loaded, prompts, keys="no-bos", progress=False)
+assert no_bos.layers["R_rf_heldout"].isna().all()  # not defined without key 0: never read as a number
 comparison = pd.DataFrame({
     "layer": real.layers["layer"],
     "R (all keys)": real.layers["R"],
@@ -171,7 +190,7 @@ comparison = pd.DataFrame({
     "M (keys 1..i)": no_bos.layers["M"],
 })
 share_on_key0 = 1 - comparison["R (keys 1..i)"].sum() / comparison["R (all keys)"].sum()
-print(f"R over keys 1..i is {share_on_key0:.0%} lower than R over all keys (summed over layers)")
+print(f"summed over layers, R over keys 1..i is {share_on_key0:.0%} lower than over all keys")
 comparison
 
 # %% [markdown]
@@ -198,6 +217,7 @@ takeaways.Takeaway.join(
     "\n".join(takeaways.ground_truth_sentences(toys)),
     takeaways.untrained_note(FAST),
     takeaways.components_sentence(real.layers, loaded.spec.name),
-    f"Leaving key 0 out of the analysed pairs lowers R (summed over layers) by {share_on_key0:.0%}.",
+    f"Leaving key 0 out of the analysed pairs changes the in-sample, self-referenced R (summed over "
+    f"layers) by {-share_on_key0:+.0%} (the reference-free split is not defined without key 0).",
     takeaways.claims_markdown(tables, ["C1", "C2"]),
 )

@@ -92,41 +92,51 @@ pd.DataFrame({label: {"model": s.name, "rope": s.rope_kind, "rotary base": s.rot
 # %% [markdown]
 # ## The components, per architecture
 #
-# Mean over all heads of all layers (fractions of Var(log A); held-out values in the last
-# columns):
+# Mean over all heads of all layers (fractions of Var(log A)): first the numbers the claims are
+# decided on, the held-out reference-free `R'` and `M'` with `total_heldout`, then the in-sample
+# self-referenced `R`, `M`, `C` (which add up to `total`):
 
 # %%
-summary = layers.groupby("architecture", sort=False)[["total", "R", "M", "C", "R_heldout", "M_heldout"]].mean()
-summary["R share of T"] = summary["R"] / summary["total"]
-summary["R / standard RoPE's R"] = summary["R"] / summary.loc["standard RoPE", "R"]
+summary = layers.groupby("architecture", sort=False)[["R_rf_heldout", "M_rf_heldout", "total_heldout",
+                                                      "total", "R", "M", "C"]].mean()
+summary["R' / (R' + M')"] = summary["R_rf_heldout"] / (summary["R_rf_heldout"] + summary["M_rf_heldout"])
+for component in ("R_rf_heldout", "M_rf_heldout"):
+    summary[f"{component} / standard RoPE's"] = summary[component] / summary.loc["standard RoPE", component]
 summary
 
 # %% [markdown]
-# C3 predicts `R / standard RoPE's R` below 1 for the NTK-scaled variants. These are point
-# values; the verdict at the end of the notebook compares the architectures with bootstrap
-# intervals of the differences (on the reference-free split, held out).
+# C3 is decided on the residual share `R' / (R' + M')`: below standard RoPE's for the NTK-scaled
+# variants. The two ratios to standard RoPE say where a change in the share comes from: less
+# residual component, or more mask component. These are point values; the verdict at the end of the
+# notebook compares the architectures with bootstrap intervals of the differences.
 
 # %%
-plots.layer_components(layers, components=("R", "M"))
+standard, share = summary.loc["standard RoPE"], "R' / (R' + M')"
+for label, row in summary.drop(index="standard RoPE").iterrows():
+    print(f"{label}: R'/(R'+M') {row[share]:.3f} against standard RoPE's {standard[share]:.3f}; "
+          f"R' x{row['R_rf_heldout'] / standard['R_rf_heldout']:.3f}, M' x{row['M_rf_heldout'] / standard['M_rf_heldout']:.3f}")
+
+# %%
+plots.layer_components(layers)  # held-out R', M' (reference-free) beside the self-referenced R, M
 
 # %% [markdown]
 # ## Depth: does the residual component accumulate?
 #
-# `R` in the first and the second half of the network, and the slope of `R` against relative
-# depth (`layer / n_layers`), per architecture:
+# Held-out `R'` in the first and the second half of the network, and the slope of `R'` against
+# relative depth (`layer / n_layers`), per architecture:
 
 # %%
 layers["half"] = (layers["depth"] >= 0.5).map({False: "first half", True: "second half"})
-by_half = layers.pivot_table(index="architecture", columns="half", values="R", sort=False)
-by_half["slope of R per unit depth"] = [
-    np.polyfit(g["depth"], g["R"], 1)[0] for _, g in layers.groupby("architecture", sort=False)
+by_half = layers.pivot_table(index="architecture", columns="half", values="R_rf_heldout", sort=False)
+by_half["slope of R' per unit depth"] = [
+    np.polyfit(g["depth"], g["R_rf_heldout"], 1)[0] for _, g in layers.groupby("architecture", sort=False)
 ]
 by_half
 
 # %%
 for label, row in by_half.iterrows():
-    trend = "rises" if row["slope of R per unit depth"] > 0 else "falls"
-    print(f"{label}: R {trend} with depth ({row['first half']:.3f} in the first half, {row['second half']:.3f} in the second)")
+    trend = "rises" if row["slope of R' per unit depth"] > 0 else "falls"
+    print(f"{label}: R' {trend} with depth ({row['first half']:.3f} in the first half, {row['second half']:.3f} in the second)")
 
 # %% [markdown]
 # ## Local and global layers of the sliding-window model
@@ -135,7 +145,9 @@ for label, row in by_half.iterrows():
 # from the first `W - 1` queries; global layers keep the full causal normaliser.
 
 # %%
-layers[layers["architecture"] == "sliding window"][["layer", "layer_type", "total", "R", "M", "C"]]
+layers[layers["architecture"] == "sliding window"][["layer", "layer_type", "R_rf_heldout", "R_rf_heldout_lo",
+                                                    "R_rf_heldout_hi", "M_rf_heldout", "M_rf_heldout_lo",
+                                                    "M_rf_heldout_hi", "total_heldout", "R", "M", "C"]]
 
 # %% [markdown]
 # ## The probe view

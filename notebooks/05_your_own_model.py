@@ -174,7 +174,8 @@ backwards.provenance["data"]
 #
 # An intervention is a value: a `Patch` says which activation (a TransformerLens hook name), where
 # (position, head) and what to put there. `decompose(fwd_hooks=...)` runs the analysis with it
-# applied, so any patch's effect on `R` and `M` is one call away.
+# applied, so any patch's effect on the components is one call away. The tables show the held-out
+# reference-free `R'` (the number the claims are decided on) beside the in-sample `R`.
 
 # %%
 prompts = policies["force"]
@@ -199,10 +200,13 @@ def double_position0(resid, hook):
 doubled = decompose(loaded, prompts, fwd_hooks=[("blocks.1.hook_resid_pre", double_position0)], progress=False)
 pd.DataFrame({
     "layer": base.layers["layer"],
+    "R' base": base.layers["R_rf_heldout"],
+    "R', v at pos 0 zeroed in layer 0": patched.layers["R_rf_heldout"],
+    "R', resid[0] doubled at layer 1": doubled.layers["R_rf_heldout"],
+    "M' base": base.layers["M_rf_heldout"],
     "R base": base.layers["R"],
     "R, v at pos 0 zeroed in layer 0": patched.layers["R"],
     "R, resid[0] doubled at layer 1": doubled.layers["R"],
-    "M base": base.layers["M"],
 })
 
 # %% [markdown]
@@ -219,7 +223,8 @@ pd.DataFrame({
 own = cache_activations(loaded, prompts, ["blocks.1.hook_resid_pre"])
 self_patch = resid_pre_patch(own, layer=1, position=0)
 self_patched = decompose(loaded, prompts, fwd_hooks=patches_as_hooks([self_patch]), progress=False)
-difference = (self_patched.heads[["total", "R", "M", "C"]] - base.heads[["total", "R", "M", "C"]]).abs().to_numpy().max()
+compared = ["R_rf_heldout", "M_rf_heldout", "total_heldout", "total", "R", "M", "C"]
+difference = (self_patched.heads[compared] - base.heads[compared]).abs().to_numpy().max()
 print(f"largest change from a self-patch: {difference:.1e}")
 assert difference < 1e-6
 
@@ -235,7 +240,8 @@ tables = takeaways.result_tables("my-qwen2", loaded.spec.role, decomposition=bas
 takeaways.Takeaway.join(
     takeaways.untrained_note(True),
     takeaways.patch_sentences(base.layers, {"v at position 0 zeroed in layer 0": patched.layers,
-                                            "resid[:, 0] doubled entering layer 1": doubled.layers}),
+                                            "resid[:, 0] doubled entering layer 1": doubled.layers},
+                              component="R_rf_heldout"),
     takeaways.self_patch_sentence(difference),
     takeaways.claims_markdown(tables, ["C1", "C2"]),
 )

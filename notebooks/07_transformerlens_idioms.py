@@ -45,6 +45,7 @@ from transformer_lens.utilities import get_act_name
 from lens_position.analyses import patching
 from lens_position.report import plots, takeaways
 from lens_position.analyses.decompose import decompose
+from lens_position.core.data import build_prompts
 from lens_position.models import load_model
 
 pio.renderers.default = "plotly_mimetype+notebook"
@@ -54,7 +55,9 @@ pio.renderers.default = "plotly_mimetype+notebook"
 #
 # In fast mode: a config and random weights, with grouped-query attention (4 query heads sharing 2
 # key/value heads), as a researcher would build one. Without it: the real SmolLM2-135M as a plain
-# `HookedTransformer` (lens_position's loader built it; from here on it is used bare).
+# `HookedTransformer` (lens_position's loader built it and remembers its spec, so results name the
+# model it was loaded as; from here on it is used bare), with a short
+# prompt for the patching sweeps and 8 windows of text, as a token tensor, for the decomposition.
 
 # %%
 if FAST:
@@ -63,10 +66,14 @@ if FAST:
                                   normalization_type="RMS", model_name="my-tiny-gqa", seed=0)
     model = HookedTransformer(cfg)
     clean = torch.randint(1, 100, (4, 16), generator=torch.Generator().manual_seed(0))
+    texts = clean
 else:
     model = load_model("smollm2-135m").model
     clean = model.to_tokens("Paris is in France and Rome is in Italy", prepend_bos=True)  # short: the
     # TransformerLens sweep below makes one forward pass per (layer, position)
+    # the decomposition needs many positions and several sequences (its held-out half and its intervals
+    # resample whole sequences): 8 windows of 64 tokens of text, BOS first, as a plain token tensor
+    texts = build_prompts(model, source="natural", T=64, N=8, bos="force", seed=0).tokens
 corrupted = clean.clone()
 corrupted[:, 4] = clean[:, 7]  # one token changed, at position 4
 print(type(model).__name__, tuple(clean.shape))
@@ -81,11 +88,14 @@ logits, clean_cache = model.run_with_cache(clean)
 same = [clean_cache["blocks.1.hook_resid_pre"], clean_cache[get_act_name("resid_pre", 1)], clean_cache["resid_pre", 1]]
 print("three ways to name resid_pre[1] give the same tensor:", all(torch.equal(same[0], x) for x in same))
 
-result = decompose(model, clean, progress=False)
+result = decompose(model, texts, progress=False)  # the bare model and a token tensor
 spec = result.provenance["model"]
-print(f"{spec['name']}: weights sha256 {spec['weights_sha256'][:16]}..., class {spec['extra']['class']}, "
+# a model built in code is described by its class; one lens_position loaded keeps its load's spec
+origin = f"class {spec['extra']['class']}" if "class" in spec["extra"] else f"loaded from {spec['source']}"
+print(f"{spec['name']}: weights sha256 {spec['weights_sha256'][:16]}..., {origin}, "
       f"BOS id {spec['bos_token_id']}, tokenizer prepends BOS: {spec['tokenizer_prepends_bos']}")
-result.layers[["layer", "total", "R", "M"]].round(4)
+result.layers[["layer", "R_rf_heldout", "R_rf_heldout_lo", "R_rf_heldout_hi", "M_rf_heldout", "total_heldout",
+               "total", "R", "M"]].round(4)
 
 # %% [markdown]
 # ## A patch from an `ActivationCache`
@@ -152,7 +162,7 @@ torch.testing.assert_close(cache["resid_pre", 2], clean_cache["resid_pre", 2])
 # Every object above is TransformerLens's own: the model, the cache, the hook names and the
 # patching call. Built from the numbers above (`lens_position.report.takeaways`): how close our results
 # are to TransformerLens's, what the decomposition of the bare model recorded, and what it says
-# about claims C1 and C2 on this prompt (verdicts from bootstrap intervals, by
+# about claims C1 and C2 on these sequences (verdicts from bootstrap intervals, by
 # `lens_position.analyses.claims`).
 
 # %%

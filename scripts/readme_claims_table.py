@@ -1,6 +1,6 @@
 """Render the README's "what the reproduction measured" section from a run's output folder.
 
-Reads ``<results>/claims.csv`` (and ``provenance.json`` for the run's wall time and sizes)
+Reads ``<results>/claims.csv`` (and ``provenance.json`` for the run's sizes)
 and replaces everything between the markers ``<!-- claims-table:start -->`` and
 ``<!-- claims-table:end -->`` in README.md: one row per claim, one column per architecture,
 each cell the estimate the claim is decided on with its 95% interval and the verdict, then
@@ -54,10 +54,10 @@ def render(claims: pd.DataFrame, provenance: dict) -> str:
         lines.append(f"| {claim} | {' / '.join(quantities)} | " + " | ".join(cells)
                      + f" | **{part.loc['overall', 'verdict']}** |")
     settings = provenance.get("settings", {})
-    wall = provenance.get("wall_time_s")
+    # the run time is stated once, measured on a named machine, in docs/performance.md: a wall time
+    # of whatever machine made these numbers would be a second, different figure
     head = (f"One run of `make reproduce` (N = {settings.get('N')} sequences of T = {settings.get('T')} positions, "
-            f"{settings.get('n_resamples')} bootstrap replicates"
-            + (f", {float(wall):.0f} s" if wall else "") + "). Each cell: the estimate the claim is decided on, "
+            f"{settings.get('n_resamples')} bootstrap replicates). Each cell: the estimate the claim is decided on, "
             "its 95% bootstrap interval over whole sequences, and the verdict (held-out values of the "
             "reference-free split; C4 at early queries i < 32; C5's spread is exact). Generated from "
             "`results/claims.csv` by `scripts/readme_claims_table.py`.")

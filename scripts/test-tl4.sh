@@ -23,8 +23,7 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 start=$(date +%s)
 # Every analysis sub-command end to end (tables, claims, report, browser check) on a tiny Llama and a
-# tiny Gemma-3 (window layers), through the bridge. The rotary-band split reads HookedTransformer's
-# rotary tables and refuses a bridge, so `reproduce` (which includes it) is not run here.
+# tiny Gemma-3 (window layers), through the bridge, then the quick reproduction on the default models.
 # A cache of its own: weights converted under TransformerLens 3.9 in ~/.cache are not reused.
 for command in decompose bos sinks probe fingerprint; do
   for model in tiny-llama tiny-gemma3; do
@@ -35,3 +34,13 @@ for command in decompose bos sinks probe fingerprint; do
   done
 done
 echo "test-tl4: the analysis sub-commands passed on TransformerLens $version in $(( $(date +%s) - start )) s"
+start=$(date +%s)
+# The quick reproduction on the embedded default models (SmolLM2-135M, Gemma-3-270M), every step,
+# through the bridge: what a researcher with TransformerLens 4.x runs first.
+LENS_POSITION_CACHE="$out/cache" .venv-tl4/bin/lens-position reproduce --quick --no-progress --out "$out/reproduce"
+for file in claims.csv report.html; do
+  test -s "$out/reproduce/$file" || { echo "test-tl4: reproduce --quick wrote no $file" >&2; exit 1; }
+done
+grep -q '"transformer_lens": "4\.' "$out/reproduce/provenance.json" ||
+  { echo "test-tl4: the reproduction's provenance does not name TransformerLens 4.x" >&2; exit 1; }
+echo "test-tl4: reproduce --quick passed on TransformerLens $version in $(( $(date +%s) - start )) s"

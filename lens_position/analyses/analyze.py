@@ -34,19 +34,22 @@ from typing import Any
 import pandas as pd
 import torch
 from jaxtyping import Float
+from lens_position.core.checks import check_query_range
 from lens_position.models.backends import ModelLike
 
-from lens_position.analyses.bos import BosReplacement, bos_replacement
+from lens_position.analyses.bos import REPLACEMENTS, BosReplacement, bos_replacement
 from lens_position.analyses.claims import PAPER
 from lens_position.analyses.decompose import Decomposition, decompose
 from lens_position.analyses.sentences import UNTRAINED_NOTE, bos_sentence, components_sentence, sinks_sentence
 from lens_position.analyses.sinks import SINK_EPS, SinkHeads, sink_heads
+from lens_position.core.estimate import ModelCost, calibrate, decomposition_work, estimate, forward_work
 from lens_position.core.inputs import checked_prompts
 from lens_position.core.intervals import Bootstrap
 from lens_position.core import summaries
 from lens_position.core.results import SavedResult
 from lens_position.core.summaries import Headline, is_untrained, row_estimate
-from lens_position.ground.progress import progress as progress_bar
+from lens_position.core.stream import BATCH_SIZE
+from lens_position.ground.progress import note, progress as progress_bar
 from lens_position.models.spec import as_loaded
 
 
@@ -116,13 +119,28 @@ class Analysis(SavedResult):
         return f"<p>{html.escape(self.answer)}</p>{super()._repr_html_()}"
 
 
+def _estimate(loaded: Any, prompts: Any, early_queries: int, batch_size: int, bootstrap: Bootstrap) -> str:
+    """How long :func:`analyze` should take here (:mod:`lens_position.core.estimate`)."""
+    cost = ModelCost.of(loaded)
+    n_seq, length = (int(x) for x in prompts.tokens.shape)
+    replicates = bootstrap.n_resamples if bootstrap.enabled else 0
+    work = decomposition_work(cost, sequences=n_seq, positions=length, batch_size=batch_size, replicates=replicates)
+    work = work + forward_work(cost, sequences=n_seq, positions=length, batch_size=batch_size,
+                               score_layers=cost.n_layers)
+    if prompts.has_bos:  # the unreplaced decomposition at early queries and one per replacement
+        work = work + decomposition_work(cost, sequences=n_seq, positions=min(early_queries, length),
+                                         batch_size=batch_size, replicates=replicates, passes=1 + len(REPLACEMENTS))
+    dtype = str(getattr(loaded.model.cfg, "dtype", "float32")).removeprefix("torch.")
+    return estimate([(work, cost)], calibrate(loaded.backend.device.type, dtype, model=loaded))[1]
+
+
 def analyze(
     model: ModelLike,
     prompts: Any,
     *,
     early_queries: int = PAPER.early_queries,
     eps: float = SINK_EPS,
-    batch_size: int = 8,
+    batch_size: int = BATCH_SIZE,
     bootstrap: Bootstrap = Bootstrap(),
     progress: bool = True,
 ) -> Analysis:
@@ -134,13 +152,16 @@ def analyze(
     loaded = as_loaded(model)
     prompts = checked_prompts(loaded, prompts, min_length=2)
     length = prompts.tokens.shape[1]
+    early = check_query_range((0, early_queries), length, "early_queries")  # checked whether BOS replacement runs
     name = loaded.spec.name
     with progress_bar("analyze", enabled=progress):  # the three analyses count into one bar
+        if progress:
+            note(f"analyze on {name}: {_estimate(loaded, prompts, early_queries, batch_size, bootstrap)}")
         decomposition = decompose(loaded, prompts, batch_size=batch_size, bootstrap=bootstrap, progress=progress)
         sinks = sink_heads(loaded, prompts, eps=eps, batch_size=batch_size, bootstrap=bootstrap, progress=progress)
         bos = None
         if prompts.has_bos:
-            bos = bos_replacement(loaded, prompts, query_range=(0, min(early_queries, length)),
+            bos = bos_replacement(loaded, prompts, query_range=early,
                                   batch_size=batch_size, bootstrap=bootstrap, progress=progress)
     sentences = [components_sentence(decomposition.layers, name, decomposition.replicates, in_sample=False),
                  sinks_sentence(sinks.frame, None, name)]

@@ -50,6 +50,7 @@ from lens_position.analyses.patching import as_tokens, default_replacement_token
 from lens_position.ground.progress import progress as progress_bar
 from lens_position.core.summaries import Headline, headlines_from_rows
 from lens_position.core.results import SavedResult
+from lens_position.core.stream import BATCH_SIZE
 
 REPLACEMENTS = ("token", "mean", "random")
 
@@ -96,7 +97,7 @@ def bos_replacement(
     seed: int = 0,
     token: int | None = None,
     base: Decomposition | None = None,
-    batch_size: int = 8,
+    batch_size: int = BATCH_SIZE,
     bootstrap: Bootstrap = Bootstrap(),
     progress: bool = True,
 ) -> BosReplacement:

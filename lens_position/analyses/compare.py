@@ -55,6 +55,7 @@ from lens_position.core.inputs import Prompts, checked_prompts
 from lens_position.ground.progress import progress as progress_bar
 from lens_position.core.summaries import Headline, headlines_from_rows
 from lens_position.core.results import SavedResult
+from lens_position.core.stream import BATCH_SIZE
 
 HEAD_KEYS = ["layer", "head"]
 
@@ -206,6 +207,15 @@ def compare(base: Decomposition, conditions: Mapping[str, Decomposition]) -> Com
     Base and conditions must come from the same model (weights hash) and the same prompts
     (token hash), or the "paired" intervals would pair unrelated sequences:
     :func:`~lens_position.core.checks.check_same_origin` refuses them otherwise."""
+    if not isinstance(base, Decomposition):
+        raise BadInputError(f"the base must be a Decomposition (from decompose or Decomposition.load), got "
+                            f"{type(base).__name__}")
+    if not isinstance(conditions, Mapping):
+        raise BadInputError(f"conditions must be a mapping {{name: Decomposition}}, got {type(conditions).__name__}")
+    for name, result in conditions.items():
+        if not isinstance(result, Decomposition):
+            raise BadInputError(f"condition {name!r} must be a Decomposition (from decompose or "
+                                f"Decomposition.load), got {type(result).__name__}")
     for name, result in conditions.items():
         check_same_origin(base.provenance, result.provenance, f"condition {name!r}")
         for column in ("query_start", "query_stop", "key_set"):
@@ -283,7 +293,7 @@ def decompose_conditions(
     *,
     layers: Mapping[str, Sequence[int]] | Sequence[int] | None = None,
     query_range: tuple[int, int] | None = None,
-    batch_size: int = 8,
+    batch_size: int = BATCH_SIZE,
     bootstrap: Bootstrap = Bootstrap(),
     progress: bool = True,
 ) -> dict[str, Decomposition]:

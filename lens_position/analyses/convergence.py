@@ -39,8 +39,9 @@ from jaxtyping import Float, Int
 from lens_position.analyses.patching import as_tokens, default_replacement_token, replacement_embedding
 from lens_position.core.checks import check_count, check_seed
 from lens_position.core.inputs import checked_prompts
-from lens_position.core.intervals import Bootstrap, bootstrap_mean
+from lens_position.core.intervals import Bootstrap, Estimate, bootstrap_mean
 from lens_position.core.results import SavedResult
+from lens_position.core.summaries import Headline, row_estimate
 from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError
 from lens_position.models.backends import ModelLike
@@ -52,7 +53,7 @@ COMPONENTS = ("attn", "mlp")
 _NO_GAP = 1e-9  # a gap below this fraction of the unreplaced state's norm is no gap: nothing to close
 
 
-@dataclass
+@dataclass(repr=False)
 class Position0Convergence(SavedResult):
     """Result of :func:`position0_convergence`.
 
@@ -73,6 +74,26 @@ class Position0Convergence(SavedResult):
     tolerance: float
     first_converged_layer: int | None
     provenance: dict[str, Any] = field(default_factory=dict)
+
+    WHAT = "position-0 convergence: the state after a replaced embedding against the unreplaced one"
+    INTERVALS = "95% bootstrap over replacements"
+
+    def headline(self) -> list[Headline]:
+        """The first converged layer, the cosine at the first and last layers, and the component that
+        closes most of the gap at the last layer."""
+        first = self.first_converged_layer
+        out = [Headline("converged", f"first converged layer (cosine_lo >= {1 - self.tolerance:g})",
+                        Estimate(float("nan") if first is None else float(first)),
+                        "not converged by the last layer" if first is None else "every later layer converged too")]
+        for label, row in (("first", self.layers.iloc[0]), ("last", self.layers.iloc[-1])):
+            out.append(Headline("cosine", f"cosine to the unreplaced state, {label} layer (L{int(row['layer'])})",
+                                row_estimate(row, "cosine"), "mean over replacements, in [-1, 1]"))
+        closing = self.restoration.dropna(subset=["closed_final"])
+        if len(closing):
+            top = closing.loc[closing["closed_final"].astype(float).idxmax()]
+            out.append(Headline("closed_final", f"gap closed at the last layer by {top['component']} of L{int(top['layer'])}",
+                                row_estimate(top, "closed_final"), "fraction of the gap, 1 = closed"))
+        return out
 
 
 def _instances(loaded: LoadedModel, tokens: torch.Tensor, replacements: Sequence[str], n_tokens: int,
@@ -96,7 +117,7 @@ def _instances(loaded: LoadedModel, tokens: torch.Tensor, replacements: Sequence
     return out
 
 
-def _run(hooked: Any, tokens: Int[torch.Tensor, "unit one"],
+def _run(backend: Any, tokens: Int[torch.Tensor, "unit one"],
          embedding: Float[torch.Tensor, "unit d_model"] | None,
          patch: tuple[str, Float[torch.Tensor, "unit d_model"]] | None = None) -> dict[str, torch.Tensor]:
     """One forward pass on one-token sequences, with the embedding at position 0 replaced
@@ -121,9 +142,9 @@ def _run(hooked: Any, tokens: Int[torch.Tensor, "unit one"],
     for name in names:
         def keep(activation: torch.Tensor, hook: Any, name: str = name) -> None:
             kept[name].append(activation[:, 0].detach().to(torch.float64).cpu())
-        hooks.append((lambda hook_name, name=name: hook_name.startswith("blocks.") and hook_name.endswith(name), keep))
-    with torch.no_grad():
-        hooked.run_with_hooks(tokens, fwd_hooks=hooks, return_type=None)
+        hooks.extend((f"blocks.{layer}.{name}", keep) for layer in range(backend.n_layers))
+    with torch.no_grad(), backend.hooks(hooks):
+        backend.forward(tokens, return_type=None)
     return {name.removeprefix("hook_"): torch.stack(values) for name, values in kept.items()}
 
 
@@ -164,20 +185,20 @@ def position0_convergence(
     seed = check_seed(seed)
     if not 0 < tolerance < 1:
         raise BadInputError(f"tolerance must lie in (0, 1) (a cosine gap), got {tolerance}")
-    hooked = loaded.model
-    if hooked.cfg.attn_only:
+    backend = loaded.backend
+    if "blocks.0.hook_mlp_out" not in backend.hook_dict:
         raise BadInputError("this model has no MLPs (attn_only): the restoration by component needs both sub-blocks; "
                             "use a model with MLPs")
-    tokens0 = torch.unique(as_tokens(loaded, prompts)[:, :1].cpu(), dim=0).to(hooked.cfg.device)
+    tokens0 = torch.unique(as_tokens(loaded, prompts)[:, :1].cpu(), dim=0).to(backend.device)
     instances = _instances(loaded, tokens0, replacements, n_tokens, n_random, seed)
     n0, n_inst = len(tokens0), len(instances)
     # one unit per (instance, token 0): the whole batch at once
     unit_tokens = tokens0.repeat(n_inst, 1)
     unit_embedding = torch.cat([vector for _, vector in instances])
-    base = _run(hooked, tokens0, None)
+    base = _run(backend, tokens0, None)
     base_units = {name: value.repeat(1, n_inst, 1) for name, value in base.items()}
-    replaced = _run(hooked, unit_tokens, unit_embedding)
-    n_layers = hooked.cfg.n_layers
+    replaced = _run(backend, unit_tokens, unit_embedding)
+    n_layers = backend.n_layers
     final = n_layers - 1
     post_b, post_r = base_units["resid_post"], replaced["resid_post"]
     cosine = _cosine(post_r, post_b)  # [layer, unit]
@@ -218,7 +239,7 @@ def position0_convergence(
     for layer in range(n_layers):
         for component in COMPONENTS:
             hook_name = f"blocks.{layer}.hook_{component}_out"
-            patched = _run(hooked, unit_tokens, unit_embedding,
+            patched = _run(backend, unit_tokens, unit_embedding,
                            (hook_name, base_units[f"{component}_out"][layer]))
             gap_here = (patched["resid_post"][layer] - post_b[layer]).norm(dim=-1)
             gap_final = (patched["resid_post"][final] - post_b[final]).norm(dim=-1)

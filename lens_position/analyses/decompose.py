@@ -64,7 +64,8 @@ from lens_position.core.intervals import (BIAS_CORRECTED_QUANTITIES, MIN_INTERVA
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.core.summaries import Headline, layer_mean
 from lens_position.core.results import SavedResult
-from lens_position.core.stream import check_finite_activation, stream
+from lens_position.core.stream import BATCH_SIZE, check_finite_activation, stream
+from lens_position.analyses.cached_scores import CachedScores
 
 if TYPE_CHECKING:
     from lens_position.analyses.patching import Patch
@@ -922,10 +923,11 @@ def decompose(
     keys: KeySet = "all",
     patches: Sequence[Patch] = (),
     fwd_hooks: Sequence[tuple[str | Callable, Callable]] = (),
-    batch_size: int = 8,
+    batch_size: int = BATCH_SIZE,
     bins: PositionBins = PositionBins(),
     bootstrap: Bootstrap = Bootstrap(),
     progress: bool = True,
+    scores: Any = None,
 ) -> Decomposition:
     """Measure, per layer and head, the absolute-position share of the attention pattern
     and split it into residual and mask components (module docstring: method), with
@@ -949,6 +951,12 @@ def decompose(
             a 95% percentile interval from 200 replicates; ``NO_INTERVALS`` switches them off).
             Replicates refit re-weighted statistics: they cost no forward pass.
         progress: show a progress bar.
+        scores: the scores already computed for ``prompts``, instead of a forward pass: the
+            ``ActivationCache`` of ``model.run_with_cache(prompts.tokens)`` (``hook_attn_scores``,
+            or ``hook_rot_q`` and ``hook_rot_k``, of every analysed layer) or a mapping
+            ``{layer: Float[Tensor, "batch head query key"]}``; checked against the model's key
+            sets, the prompts' shape and a fresh run of two prompts
+            (:mod:`lens_position.analyses.cached_scores`). The numbers are those of the forward pass.
 
     Returns:
         a :class:`Decomposition`. To compute it in the same pass as other statistics, stream
@@ -958,6 +966,14 @@ def decompose(
     batch_size = check_count("batch_size", batch_size)
     reducer = DecompositionReducer(model, prompts, layers=layers, query_range=query_range, keys=keys, bins=bins,
                                    bootstrap=bootstrap)
+    if scores is not None:
+        if patches or fwd_hooks:
+            raise BadInputError("decompose: scores= are read as cached; patches= and fwd_hooks= need a forward pass "
+                                "(pass one or the other)")
+        cached = CachedScores(reducer.loaded, prompts.tokens, reducer.layers, scores)
+        for layer, batch, rows in cached.batches(batch_size):
+            reducer.update(f"blocks.{layer}.attn.hook_attn_scores", batch, rows)
+        return reducer.result(batch_size=batch_size, scores_from=f"cached {cached.kind}")
     stream(model, prompts, [reducer], patches=patches, fwd_hooks=fwd_hooks, batch_size=batch_size,
            progress=progress, desc="decompose")
     return reducer.result(

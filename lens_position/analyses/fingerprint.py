@@ -24,6 +24,7 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
+from lens_position.core.checks import check_count, check_positive
 from lens_position.models.backends import ModelLike
 
 from lens_position.core.inputs import Prompts
@@ -220,6 +221,10 @@ def fingerprint(
     bar, "fingerprint", counting the sequences of both conditions.
     """
     loaded = as_loaded(model)
+    noise_tolerance = check_positive("noise_tolerance", noise_tolerance)  # NaN would call every spread "not noise"
+    if check_count("N", N) < 2:  # one input has no spread: "identical across inputs" would hold by construction
+        raise BadInputError(f"N = {N}: the fingerprint's spread across inputs needs at least 2 prompts per "
+                            "condition; use N >= 2 (default 16)")
     policy = auto_bos_policy(loaded)
     names = residual_names(loaded)
     sets = fingerprint_prompts(loaded, T=T, N=N, seed=seed, source=source, text=text)

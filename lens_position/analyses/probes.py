@@ -73,14 +73,14 @@ from jaxtyping import Float
 from lens_position.models.backends import ModelLike
 
 from lens_position.ground import provenance
-from lens_position.core.checks import check_count, check_layers, check_query_range, check_seed
+from lens_position.core.checks import check_count, check_layers, check_positive, check_query_range, check_seed
 from lens_position.ground.errors import BadInputError
 from lens_position.core.inputs import Prompts, checked_prompts
 from lens_position.core.intervals import Bootstrap, percentile_interval, resample_counts, small_sample_widening
 from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.core.summaries import Headline, row_estimate
 from lens_position.core.results import SavedResult
-from lens_position.core.stream import stream
+from lens_position.core.stream import BATCH_SIZE, stream
 
 RIDGE_GRID = tuple(float(x) for x in 10.0 ** np.arange(-4, 3.01, 0.5))
 
@@ -308,6 +308,8 @@ class ProbeReducer:
                                 "by cross-validation (ridge=None): pass more prompts or a fixed ridge")
         layers = check_layers(layers, hooked.cfg.n_layers)
         seed = check_seed(seed)
+        if ridge is not None:  # NaN or a negative penalty makes the normal equations singular
+            ridge = check_positive("ridge", ridge)
         start, stop = check_query_range((positions[0], length if positions[1] is None else positions[1]), length,
                                         "positions")
         if stop - start < 2:
@@ -477,7 +479,7 @@ def position_probe(
     ridge: float | None = None,
     seed: int = 0,
     positions: tuple[int, int | None] = (1, None),
-    batch_size: int = 8,
+    batch_size: int = BATCH_SIZE,
     bootstrap: Bootstrap = Bootstrap(),
     progress: bool = True,
 ) -> ProbeResult:

@@ -53,6 +53,7 @@ from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.ground.progress import progress as progress_bar
 from lens_position.core.summaries import Headline, headlines_from_rows
 from lens_position.core.results import SavedResult
+from lens_position.core.stream import BATCH_SIZE
 
 # quantity -> the claim decided on it (module docstring)
 QUANTITIES = {"total_heldout": "C1", "R_rf_heldout": "C2", "M_rf_heldout": "C2"}
@@ -214,7 +215,7 @@ def across_prompt_sets(
     seed: int = 0,
     text: str | None = None,
     corpus: str | None = None,
-    batch_size: int = 8,
+    batch_size: int = BATCH_SIZE,
     bootstrap: Bootstrap = Bootstrap(),
     progress: bool = True,
 ) -> PromptSetSpread:

@@ -40,18 +40,22 @@ import torch
 from jaxtyping import Float, Int
 
 from lens_position.analyses.decompose import (DecompositionReducer, HeadStatistics, PositionBins, _components,
-                                              _Fitter, _reduce, _Workspace)
+                                              _Fitter, _reduce, _Workspace, visible_keys)
 from lens_position.core.checks import check_count
 from lens_position.core.inputs import checked_prompts
-from lens_position.core.intervals import Bootstrap, bootstrap_interval, interval_method, small_sample_widening
+from lens_position.core.intervals import Bootstrap, Estimate, bootstrap_interval, interval_method, small_sample_widening
 from lens_position.core.results import SavedResult
-from lens_position.core.stream import stream
+from lens_position.core.summaries import Headline
+from lens_position.core.stream import BATCH_SIZE, stream
 from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError, UnsupportedArchitectureError
 from lens_position.models.backends import ModelLike
 from lens_position.models.spec import as_loaded
 
 DEFAULT_BANDS = 4
+# The bands' scores must add up to the model's own within float32 forward noise (measured: ~1e-6 of
+# the scores' size); a wrong scale or layout is off by O(1) of it.
+SCORE_CHECK_TOL = 1e-4
 UNROTATED = "unrotated"
 
 
@@ -83,16 +87,7 @@ def rotary_frequencies(model: ModelLike, layer: int) -> Float[torch.Tensor, "pai
     """The angular frequency of every rotated pair of ``layer`` (radians per position, pair
     ``k`` = dimensions ``k`` and ``k + rotary_dim/2``, or ``2k, 2k+1`` with adjacent pairs), read
     from the layer's rotary tables: the angle a vector turns through from position 0 to 1."""
-    hooked = as_loaded(model).model
-    attn = hooked.blocks[layer].attn
-    if hooked.cfg.positional_embedding_type != "rotary" or not hasattr(attn, "rotary_sin"):
-        raise UnsupportedArchitectureError(
-            f"layer {layer} has no rotary embedding (positional_embedding_type="
-            f"{hooked.cfg.positional_embedding_type!r}): there are no frequency bands to split")
-    sin, cos = attn.rotary_sin[1].to(torch.float64), attn.rotary_cos[1].to(torch.float64)
-    angles = torch.atan2(sin, cos)
-    half = hooked.cfg.rotary_dim // 2
-    return angles[0::2] if hooked.cfg.rotary_adjacent_pairs else angles[:half]
+    return as_loaded(model).backend.rotary_layout(layer).frequencies
 
 
 def frequency_bands(model: ModelLike, layer: int, n_bands: int = DEFAULT_BANDS
@@ -100,25 +95,26 @@ def frequency_bands(model: ModelLike, layer: int, n_bands: int = DEFAULT_BANDS
     """The layer's dimensions grouped into ``n_bands`` bands of contiguous frequency index
     (pairs split as evenly as they go, fastest first), plus the unrotated band when
     ``rotary_dim < d_head``."""
-    hooked = as_loaded(model).model
-    cfg = hooked.cfg
+    loaded = as_loaded(model)
     n_bands = check_count("n_bands", n_bands)
-    frequencies = rotary_frequencies(model, layer)
+    layout = loaded.backend.rotary_layout(layer)
+    frequencies = layout.frequencies
     n_pairs = len(frequencies)
     if n_bands > n_pairs:
         raise BadInputError(f"n_bands={n_bands} but layer {layer} has only {n_pairs} rotated pairs; "
                             f"choose n_bands <= {n_pairs}")
     edges = np.linspace(0, n_pairs, n_bands + 1).round().astype(int)
-    half = cfg.rotary_dim // 2
+    half = layout.rotary_dim // 2
     bands = []
     for b in range(n_bands):
         pairs = range(int(edges[b]), int(edges[b + 1]))
-        dims = [d for k in pairs for d in ((2 * k, 2 * k + 1) if cfg.rotary_adjacent_pairs else (k, k + half))]
+        dims = [d for k in pairs for d in ((2 * k, 2 * k + 1) if layout.adjacent_pairs else (k, k + half))]
         freq = frequencies[list(pairs)]
         bands.append(Band(f"band {b}", tuple(sorted(dims)), int(edges[b]), int(edges[b + 1]),
                           float(freq.min()), float(freq.max())))
-    if cfg.rotary_dim < cfg.d_head:
-        bands.append(Band(UNROTATED, tuple(range(cfg.rotary_dim, cfg.d_head)), None, None, 0.0, 0.0))
+    d_head = loaded.spec.d_head
+    if layout.rotary_dim < d_head:
+        bands.append(Band(UNROTATED, tuple(range(layout.rotary_dim, d_head)), None, None, 0.0, 0.0))
     return bands
 
 
@@ -148,16 +144,16 @@ class BandReducer:
                  n_bands: int = DEFAULT_BANDS, bins: PositionBins = PositionBins(),
                  bootstrap: Bootstrap = Bootstrap()) -> None:
         self.loaded = as_loaded(model)
-        cfg = self.loaded.model.cfg
-        if getattr(cfg, "attn_scores_soft_cap", -1.0) and getattr(cfg, "attn_scores_soft_cap", -1.0) > 0:
-            raise UnsupportedArchitectureError(
-                "this model soft-caps its attention scores (attn_scores_soft_cap > 0): the scores are then not "
-                "a sum over frequency bands, so the split is not exact")
         self.full = DecompositionReducer(self.loaded, prompts, layers=layers, query_range=query_range,
                                          keys="all", bins=bins, bootstrap=bootstrap)
         self.layers = self.full.layers
+        self.layouts = {layer: self.loaded.backend.rotary_layout(layer) for layer in self.layers}
         self.bands = {layer: frequency_bands(self.loaded, layer, n_bands) for layer in self.layers}
-        n_heads = cfg.n_heads
+        if any(layout.soft_cap for layout in self.layouts.values()):
+            raise UnsupportedArchitectureError(
+                "this model soft-caps its attention scores (attn_scores_soft_cap > 0): the scores are then not "
+                "a sum over frequency bands, so the split is not exact")
+        n_heads = self.loaded.spec.n_heads
         n_queries = self.full.query_stop - self.full.query_start
         self.band_stats, self.removed_stats = {}, {}
         for layer in self.layers:
@@ -166,10 +162,23 @@ class BandReducer:
             self.band_stats[layer] = HeadStatistics.zeros(width, design.n_features, n_queries, self.full.n_groups)
             self.removed_stats[layer] = HeadStatistics.zeros(width, design.n_features, n_queries, self.full.n_groups)
         self.score_error = {layer: 0.0 for layer in self.layers}
+        self.score_size = {layer: 0.0 for layer in self.layers}
         self.hook_names = tuple(f"blocks.{layer}.attn.{name}" for layer in self.layers
                                 for name in ("hook_rot_q", "hook_rot_k", "hook_attn_scores"))
         self._pending: dict[str, torch.Tensor] = {}
         self._workspace = _Workspace()
+
+    def check_scores(self) -> None:
+        """Refuse (UnsupportedArchitectureError) a run where the bands' scores do not add up to the
+        model's own ``hook_attn_scores``: the rotated q and k, the scale or the band layout would then not
+        be what the model computes, and the split would be of other scores."""
+        for layer, error in self.score_error.items():
+            size = self.score_size[layer]
+            if not error <= SCORE_CHECK_TOL * max(1.0, size):
+                raise UnsupportedArchitectureError(
+                    f"layer {layer}: the frequency bands' scores differ from the model's hook_attn_scores by up to "
+                    f"{error:.3g} (scores up to {size:.3g}): this model's attention is not q_rot . k_rot / scale as "
+                    "lens_position reads it (a score bias, cap or other scale), so the split would be of other scores")
 
     def update(self, hook_name: str, activation: torch.Tensor, rows: Int[torch.Tensor, "batch"]) -> None:
         _, layer_text, _, kind = hook_name.split(".")
@@ -181,11 +190,13 @@ class BandReducer:
         self.full.update(hook_name, scores, rows)
         bands = self.bands[layer]
         parts = band_scores(self._pending.pop("hook_rot_q"), self._pending.pop("hook_rot_k"), bands,
-                            float(self.loaded.model.blocks[layer].attn.attn_scale))
-        visible = torch.isfinite(scores)
+                            self.layouts[layer].scale)
+        visible = visible_keys(scores)
         total = parts.sum(0)
         error = float((total - scores.to(torch.float64)).abs().masked_fill(~visible, 0.0).amax())
         self.score_error[layer] = max(self.score_error[layer], error)
+        size = float(scores.to(torch.float64).abs().masked_fill(~visible, 0.0).amax())
+        self.score_size[layer] = max(self.score_size[layer], size)
         masked = parts.masked_fill(~visible, -math.inf)
         removed = (scores.to(torch.float64) - parts).masked_fill(~visible, -math.inf)
         design = self.full.designs[self.full.windows[layer]]
@@ -198,7 +209,7 @@ class BandReducer:
         _reduce(side_by_side(removed), design, groups, self.removed_stats[layer], self._workspace)
 
 
-@dataclass
+@dataclass(repr=False)
 class RotaryBands(SavedResult):
     """Result of :func:`rotary_bands`.
 
@@ -228,6 +239,25 @@ class RotaryBands(SavedResult):
     heads: pd.DataFrame
     layers: pd.DataFrame
     provenance: dict[str, Any] = field(default_factory=dict)
+
+    WHAT = "R split by RoPE frequency band (exact) and R' attributed to bands"
+    HEADS = ("heads", "R")
+
+    def headline(self) -> list[Headline]:
+        """Per band, its share of ``R`` and its attribution of ``R'`` (means over heads and layers),
+        then the split's and the attribution's largest errors."""
+        out = []
+        for (index, name), rows in self.bands.groupby(["band_index", "band"], sort=True):
+            out.append(Headline("R_band", f"{name}: R_band", Estimate(float(rows["R_band"].mean())),
+                                "mean over heads, a fraction of Var(log A)"))
+            out.append(Headline("R_rf_attribution_heldout", f"{name}: R' attribution (held-out)",
+                                Estimate(float(rows["R_rf_attribution_heldout"].mean())), "mean over heads"))
+        out.append(Headline("R_split_error", "largest |R_bands + R_cross - R|",
+                            Estimate(float(self.heads["R_split_error"].abs().max())), "round-off: the split is exact"))
+        out.append(Headline("R_rf_attribution_error", "largest |attribution sum - R'|",
+                            Estimate(float(self.heads["R_rf_attribution_error"].abs().max())),
+                            "the attribution's error, stated"))
+        return out
 
 
 def _band_covariances(fit: _Fitter, stats: HeadStatistics, full: HeadStatistics, n_bands: int,
@@ -260,7 +290,7 @@ def rotary_bands(
     layers: Sequence[int] | None = None,
     query_range: tuple[int, int] | None = None,
     n_bands: int = DEFAULT_BANDS,
-    batch_size: int = 8,
+    batch_size: int = BATCH_SIZE,
     bins: PositionBins = PositionBins(),
     bootstrap: Bootstrap = Bootstrap(),
     progress: bool = True,
@@ -280,10 +310,11 @@ def rotary_bands(
     reducer = BandReducer(loaded, prompts, layers=layers, query_range=query_range, n_bands=n_bands, bins=bins,
                           bootstrap=bootstrap)
     stream(loaded, prompts, [reducer], batch_size=batch_size, progress=progress, desc="rotary bands")
+    reducer.check_scores()
     full = reducer.full
     base = full.result(batch_size=batch_size)
     weights = full.resample_weights()
-    n_heads = loaded.model.cfg.n_heads
+    n_heads = loaded.spec.n_heads
     stats0 = full.stats[full.layers[0]]
     per_half = min(int(((stats0.n_sequences > 0) & (stats0.halves == h)).sum()) for h in (0, 1))
     level = bootstrap.level

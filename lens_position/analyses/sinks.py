@@ -44,7 +44,7 @@ from lens_position.core.checks import check_count, check_fraction, check_query_r
 from lens_position.analyses.compare import compare, decompose_conditions
 from lens_position.core.data import DEFAULT_BOS
 from lens_position.analyses.decompose import Decomposition, DecompositionReducer
-from lens_position.ground.errors import BadInputError
+from lens_position.ground.errors import BadInputError, NonFiniteError
 from lens_position.analyses.fingerprint import counterfactual_token0, position0_activations
 from lens_position.core.inputs import Prompts, checked_prompts
 from lens_position.core.intervals import Bootstrap, Estimate, bootstrap_mean
@@ -53,7 +53,7 @@ from lens_position.analyses.patching import Patch, as_tokens, cache_activations,
 from lens_position.ground.progress import progress as progress_bar
 from lens_position.core.summaries import Headline, headlines_from_rows, row_estimate
 from lens_position.core.results import SavedResult
-from lens_position.core.stream import WholeActivations, stream
+from lens_position.core.stream import BATCH_SIZE, WholeActivations, stream
 
 SINK_EPS = 0.3
 SINK_CONDITIONS = ("natural", "random", "repeated")
@@ -152,7 +152,7 @@ def sink_scores(
     prompts: Prompts,
     *,
     query_range: tuple[int, int] | None = None,
-    batch_size: int = 8,
+    batch_size: int = BATCH_SIZE,
     progress: bool = True,
 ) -> Float[torch.Tensor, "layer head"]:
     """Mean attention on position 0 per head over prompts and queries ``query_range``
@@ -166,7 +166,7 @@ def prompt_sink_scores(
     prompts: Prompts,
     *,
     query_range: tuple[int, int] | None = None,
-    batch_size: int = 8,
+    batch_size: int = BATCH_SIZE,
     progress: bool = True,
 ) -> Float[torch.Tensor, "prompt layer head"]:
     """Attention on position 0 averaged over queries ``query_range`` (default all), per
@@ -178,6 +178,33 @@ def prompt_sink_scores(
     return reducer.result()
 
 
+SCORE_ROUNDING = 1e-3  # a float16 pattern's rounding; a logit or a percentage is far outside
+
+
+def _checked_scores(scores: Any, loaded: Any, n_prompts: int) -> torch.Tensor:
+    """Sink scores handed in (``sink_heads(scores=...)``): a float tensor ``[layer, head]`` or
+    ``[prompt, layer, head]`` of this model's heads (and these prompts), every value a fraction of
+    attention in [0, 1]; BadInputError otherwise (a NaN would be a head that is no sink)."""
+    if not isinstance(scores, torch.Tensor) or not scores.is_floating_point():
+        raise BadInputError(f"scores must be a float tensor [layer, head] or [prompt, layer, head] (from "
+                            f"sink_scores or SinkScoreReducer.result), got {type(scores).__name__}")
+    shape = (loaded.model.cfg.n_layers, loaded.model.cfg.n_heads)
+    if tuple(scores.shape[-2:]) != shape or scores.dim() not in (2, 3) or (
+            scores.dim() == 3 and len(scores) != n_prompts):
+        raise BadInputError(f"scores has shape {tuple(scores.shape)}; this model and these prompts need {shape} or "
+                            f"{(n_prompts, *shape)}")
+    scores = scores.detach().cpu().to(torch.float64)
+    if not bool(torch.isfinite(scores).all()):
+        layer, head = (int(i) for i in (~torch.isfinite(scores)).nonzero()[0][-2:])
+        raise NonFiniteError(f"scores hold a non-finite value (layer {layer}, head {head}); measure them again "
+                             "with sink_scores on a model whose weights are finite")
+    if bool((scores < -SCORE_ROUNDING).any()) or bool((scores > 1 + SCORE_ROUNDING).any()):
+        raise BadInputError(f"scores must be fractions of attention in [0, 1], got values in "
+                            f"[{float(scores.min()):.3g}, {float(scores.max()):.3g}]: pass attention on position 0 "
+                            "(sink_scores), not logits or percentages")
+    return scores
+
+
 def sink_heads(
     model: ModelLike,
     prompts: Prompts,
@@ -185,7 +212,7 @@ def sink_heads(
     eps: float = SINK_EPS,
     query_range: tuple[int, int] | None = None,
     scores: Float[torch.Tensor, "layer head"] | Float[torch.Tensor, "prompt layer head"] | None = None,
-    batch_size: int = 8,
+    batch_size: int = BATCH_SIZE,
     bootstrap: Bootstrap = Bootstrap(),
     progress: bool = True,
 ) -> SinkHeads:
@@ -199,6 +226,8 @@ def sink_heads(
     eps = check_fraction("eps", eps)
     loaded = as_loaded(model)
     prompts = checked_prompts(loaded, prompts)
+    if scores is not None:
+        scores = _checked_scores(scores, loaded, len(prompts.tokens))
     if scores is None:
         with progress_bar("sink heads", enabled=progress):
             scores = prompt_sink_scores(loaded, prompts, query_range=query_range, batch_size=batch_size)
@@ -298,7 +327,7 @@ def sink_rate(
     text: str | None = None,
     corpus: str | None = None,
     scores: Mapping[str, torch.Tensor] | None = None,
-    batch_size: int = 8,
+    batch_size: int = BATCH_SIZE,
     bootstrap: Bootstrap = Bootstrap(),
     progress: bool = True,
 ) -> SinkRate:
@@ -447,7 +476,7 @@ def sink_reading_base(
     prompts: Prompts,
     *,
     query_range: tuple[int, int] = (0, 32),
-    batch_size: int = 8,
+    batch_size: int = BATCH_SIZE,
     bootstrap: Bootstrap = Bootstrap(),
     progress: bool = True,
 ) -> tuple[Decomposition, dict[str, torch.Tensor]]:
@@ -486,7 +515,7 @@ def sink_reading_scores(
     base: Decomposition,
     base_activations: dict[str, torch.Tensor],
     query_range: tuple[int, int] = (0, 32),
-    batch_size: int = 8,
+    batch_size: int = BATCH_SIZE,
     bootstrap: Bootstrap = Bootstrap(),
     progress: bool = True,
 ) -> pd.DataFrame:
@@ -530,7 +559,7 @@ def head_ablation_effect(
     reference: Any,
     kinds: Sequence[str] = ("zero", "mean"),
     query_range: tuple[int, int] = (0, 32),
-    batch_size: int = 8,
+    batch_size: int = BATCH_SIZE,
     bootstrap: Bootstrap = Bootstrap(),
     progress: bool = True,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -568,7 +597,7 @@ def sink_reading_heads(
     ablate_heads: Sequence[tuple[int, int]] | None = None,
     patches: Sequence[Patch] | None = None,
     base: tuple[Decomposition, dict[str, torch.Tensor]] | None = None,
-    batch_size: int = 8,
+    batch_size: int = BATCH_SIZE,
     bootstrap: Bootstrap = Bootstrap(),
     progress: bool = True,
 ) -> SinkReading:
@@ -719,7 +748,7 @@ class WindowSinkReducer:
         return {name: scores[self.seen] for name, scores in self.scores.items()}
 
 
-@dataclass
+@dataclass(repr=False)
 class WindowSinks(SavedResult):
     """Result of :func:`window_sinks`.
 
@@ -745,6 +774,24 @@ class WindowSinks(SavedResult):
     eps: float
     provenance: dict[str, Any] = field(default_factory=dict)
 
+    WHAT = "sink heads under Gu et al.'s metric and the window-aware one, per layer type"
+    INTERVALS = "95% bootstrap over prompts"
+    HEADS = ("heads", "window_score")
+
+    def headline(self) -> list[Headline]:
+        """Per layer type, the sink heads under each metric and the largest window-aware score."""
+        out = []
+        for kind in sorted(set(self.heads["layer_type"])):
+            rows = self.heads[self.heads["layer_type"] == kind]
+            for metric, label in (("is_sink_gu", "Gu et al."), ("is_sink_window", "window-aware")):
+                out.append(Headline(metric, f"{kind} layers: sink heads, {label}", Estimate(float(rows[metric].sum())),
+                                    f"of {len(rows)} heads (score > {self.eps:g})"))
+            top = rows.loc[rows["window_score"].astype(float).idxmax()]
+            out.append(Headline("window_score", f"{kind} layers: largest window-aware score "
+                                f"(L{int(top['layer'])}.H{int(top['head'])})", row_estimate(top, "window_score"),
+                                "attention on the first visible key, in [0, 1]"))
+        return out
+
 
 def window_sinks(
     model: ModelLike,
@@ -753,7 +800,7 @@ def window_sinks(
     eps: float = SINK_EPS,
     query_range: tuple[int, int] | None = None,
     scores: Mapping[str, torch.Tensor] | None = None,
-    batch_size: int = 8,
+    batch_size: int = BATCH_SIZE,
     bootstrap: Bootstrap = Bootstrap(),
     progress: bool = True,
 ) -> WindowSinks:

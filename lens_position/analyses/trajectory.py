@@ -38,6 +38,7 @@ from lens_position.ground.progress import progress as progress_bar
 from lens_position.core.intervals import Estimate
 from lens_position.core.summaries import Headline
 from lens_position.core.results import SavedResult
+from lens_position.core.stream import BATCH_SIZE
 
 
 @dataclass(repr=False)
@@ -108,7 +109,7 @@ def trajectory_patching(
     layers: Sequence[int] | None = None,
     query_range: tuple[int, int] = (0, 32),
     base: Decomposition | None = None,
-    batch_size: int = 8,
+    batch_size: int = BATCH_SIZE,
     progress: bool = True,
 ) -> TrajectoryPatching:
     """Patch the position-0 residual at each layer in ``layers`` (default: all) with its

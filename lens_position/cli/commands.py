@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from lens_position.core.checks import check_seed
+from lens_position.cli.argtypes import path_option, positive_int, seed_option
+from lens_position.core.stream import BATCH_SIZE
 from lens_position.ground.errors import BadInputError, LensPositionError, is_input_error
 
 # Exit statuses: 1 = a problem with the input or environment, 2 = bad options (argparse's),
@@ -32,28 +33,11 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
-    return value
-
-
 def _prompt_set_count(text: str) -> int:
-    value = _positive_int(text) if text.strip() != "0" else 0
+    value = positive_int(text) if text.strip() != "0" else 0
     if value == 1:
         raise argparse.ArgumentTypeError("the spread between prompt sets needs at least 2 sets (0: off)")
     return value
-
-
-def _seed(text: str) -> int:
-    try:
-        return check_seed(int(text))
-    except (ValueError, BadInputError) as error:
-        raise argparse.ArgumentTypeError(f"expected a whole number in 0..2**63-1, got {text!r}") from error
 
 
 def _layer_list(text: str) -> tuple[int, ...]:
@@ -80,7 +64,14 @@ def _query_range(text: str) -> tuple[int, int]:
 def _out_folder(text: str) -> Path:
     if not text.strip():
         raise argparse.ArgumentTypeError("the output folder is the empty path; name a folder (--out DIR)")
-    return Path(text)
+    return path_option(text)
+
+
+def _text_source(text: str) -> str:
+    """``--text``: a file, a folder or ``hf:...``, never the empty path (the current folder)."""
+    if not text.startswith("hf:"):
+        path_option(text)
+    return text
 
 
 # The analysis options each sub-command uses (its --help shows only those); the others keep
@@ -120,19 +111,19 @@ def _add_common(sub: argparse.ArgumentParser, *, many_models: bool, out: Path,
     data = sub.add_argument_group("data")
     data.add_argument("--source", choices=("natural", "random", "repeated"), default="natural",
                       help="natural text, random tokens or a repeated token (default: %(default)s)")
-    data.add_argument("--text", dest="corpus", metavar="PATH", default=None,
+    data.add_argument("--text", dest="corpus", type=_text_source, metavar="PATH", default=None,
                       help="natural text: a text file, a folder of .txt/.md/.rst files or "
                            "hf:<dataset>:<split>[:<column>] from the local cache (default: CPython's pydoc topics)")
     data.add_argument("--bos", default="force", metavar="POLICY",
                       help="token 0: tokenizer (the tokenizer's own), force, none, or token:<id or text> "
                            "(default: %(default)s, so every model has a BOS to study)")
-    data.add_argument("--T", type=_positive_int, default=None, metavar="T",
+    data.add_argument("--T", type=positive_int, default=None, metavar="T",
                       help="positions per sequence, position 0 included (default: 128, 40 with --quick; "
                            "sliding-window models use at least 1.25 × their window)")
-    data.add_argument("--N", type=_positive_int, default=None, metavar="N",
+    data.add_argument("--N", type=positive_int, default=None, metavar="N",
                       help="number of sequences, for every step when given (default: 16; BOS replacement and "
                            "sink reading 16, probes enough for 2048 positions; 4 with --quick)")
-    data.add_argument("--seed", type=_seed, default=0,
+    data.add_argument("--seed", type=seed_option, default=0,
                       help="seed for data and random replacements, 0..2**63-1 (default: 0)")
     analysis = sub.add_argument_group("analysis")
     sub.set_defaults(layers=None, query_range=None, keys=None, prompt_sets=0)
@@ -153,8 +144,8 @@ def _add_common(sub: argparse.ArgumentParser, *, many_models: bool, out: Path,
                               help="also measure C1's and C2's numbers on K disjoint prompt sets of N sequences "
                                    "and report their spread beside the bootstrap's (opt-in: K more decomposition "
                                    "passes per model; default: off)")
-    analysis.add_argument("--batch-size", dest="batch_size", type=_positive_int, default=None, metavar="B",
-                          help="sequences per forward pass (default: 16); memory grows with it")
+    analysis.add_argument("--batch-size", dest="batch_size", type=positive_int, default=None, metavar="B",
+                          help=f"sequences per forward pass (default: {BATCH_SIZE}, as in Python); memory grows with it")
     run = sub.add_argument_group("run")
     run.add_argument("--out", type=_out_folder, default=out, metavar="DIR",
                      help="output folder (default: %(default)s; each sub-command has its own, so none rewrites "
@@ -190,13 +181,13 @@ def _add_compute(sub: argparse.ArgumentParser) -> None:
     compute.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
                          help="weights and activations; the decomposition's statistics stay float64 "
                               "(default: %(default)s)")
-    compute.add_argument("--n-devices", type=_positive_int, default=1, metavar="K",
+    compute.add_argument("--n-devices", type=positive_int, default=1, metavar="K",
                          help="split each model over K GPUs (TransformerLens n_devices; with --device cuda)")
     compute.add_argument("--backend", choices=("auto", "hooked", "bridge"), default="auto",
                          help="model backend: hooked (HookedTransformer, TransformerLens 3.x), bridge "
                               "(TransformerBridge, TransformerLens 3.9 and 4.x), auto: hooked where it exists "
                               "(default: %(default)s)")
-    compute.add_argument("--threads", type=_positive_int, default=None, metavar="K",
+    compute.add_argument("--threads", type=positive_int, default=None, metavar="K",
                          help="torch CPU threads per model (default: torch's own; a Ray actor's CPUs)")
 
 
@@ -245,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "text, quick, T, N) on either executor; write one table per step table with a column per "
                     "factor (source, bos, seed), the claims per condition, a report per condition and the "
                     "sweep's report.html.")
-    sweep.add_argument("spec", type=Path, metavar="SPEC.toml", help="the sweep spec (TOML)")
+    sweep.add_argument("spec", type=path_option, metavar="SPEC.toml", help="the sweep spec (TOML)")
     out = sweep.add_argument_group("run")
     out.add_argument("--out", type=_out_folder, default=Path("sweep"), metavar="DIR",
                      help="output folder (default: %(default)s); finished steps cached in DIR/cache are reused")
@@ -304,7 +295,7 @@ def _config(args: argparse.Namespace, argv: Sequence[str]):
     if args.command == "reproduce":
         from lens_position.pipeline.models import expand_zoo
 
-        models = expand_zoo([m.strip() for m in args.models.split(",") if m.strip()])
+        models = expand_zoo([m.strip() for m in args.models.split(",") if m.strip()], backend=args.backend)
     else:
         models = (args.model,)
     steps = commands()[args.command]
@@ -326,11 +317,13 @@ def _config(args: argparse.Namespace, argv: Sequence[str]):
 
 def _headlines(tables) -> list[str]:
     """What the run measured, per model, in the sentences the report opens with: where absolute
-    position comes from (R', M'), the sink heads and their readers, BOS replacement, the probe."""
+    position comes from (R', M'), the sink heads and their readers, BOS replacement, the probe,
+    and the instruments' sentences (position-0 convergence, window-aware sinks, rotary bands)."""
     import textwrap
 
     from lens_position.analyses.sentences import UNTRAINED_NOTE, bos_sentence, components_sentence, sinks_sentence
     from lens_position.core.summaries import is_untrained
+    from lens_position.report import takeaways
 
     def part(name, arch):
         frame = tables.get(name)
@@ -367,6 +360,15 @@ def _headlines(tables) -> list[str]:
         if rate is not None:
             sentences.append(f"On {arch}, Gu et al.'s sink rate: " + ", ".join(
                 f"{r['condition']} {100 * float(r['sink_rate']):.3g}%" for _, r in rate.iterrows()) + ".")
+        convergence = part("convergence_layers", arch)
+        if convergence is not None:
+            sentences.append(takeaways.convergence_sentence(convergence, part("bos_layers", arch), bos, arch))
+        window_sinks = part("window_sinks_types", arch)
+        if window_sinks is not None:
+            sentences.append(takeaways.window_sinks_sentence(window_sinks, arch))
+        bands, band_layers = part("bands_heads", arch), part("bands_layers", arch)
+        if bands is not None and band_layers is not None:
+            sentences.append(takeaways.rotary_bands_sentence(bands, band_layers, arch))
         for sentence in sentences:
             lines += textwrap.wrap(sentence, 110, initial_indent="  ", subsequent_indent="    ")
     return lines
@@ -380,6 +382,9 @@ def _summary(result) -> str:
     sweep = "seed" in overall.columns
     if not sweep:  # a sweep's tables hold many conditions per model: its numbers are in the tables
         lines += _headlines(result.tables)
+    # a step that does not apply to a model (rotary bands on NoPE, convergence without MLPs) says so
+    lines += [f"  {record.step} skipped: {record.provenance['skipped']}" for record in result.steps
+              if isinstance(record.provenance, dict) and record.provenance.get("skipped")]
     overall = overall[overall["verdict"] != NOT_MEASURED]  # one experiment decides one or two claims
     if sweep:  # a sweep: one verdict per condition would be too long here
         lines.append(f"  {len(overall)} verdicts over {overall[['source', 'bos', 'seed']].drop_duplicates().shape[0]} "

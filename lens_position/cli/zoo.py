@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from lens_position.models.zoo.recipe import DEFAULT_SEEDS, VARIANTS
 from lens_position.analyses.zoo.sweep import SINK_SWEEP
+from lens_position.cli.argtypes import path_option, seed_option
 
 
 def add_parser(subs: argparse._SubParsersAction) -> None:
@@ -20,15 +20,15 @@ def add_parser(subs: argparse._SubParsersAction) -> None:
                                description="Train VARIANT (or 'all') from its recipe, seed-major, and save "
                                            "safetensors + recipe JSON into --root.")
     train.add_argument("variants", nargs="+", metavar="VARIANT", help=f"{', '.join(VARIANTS)}, or all")
-    train.add_argument("--seed", dest="seeds", type=int, action="append", default=None,
+    train.add_argument("--seed", dest="seeds", type=seed_option, action="append", default=None,
                        help=f"training seed (repeatable; default {DEFAULT_SEEDS[0]}; "
                             f"'all' trains seeds {', '.join(map(str, DEFAULT_SEEDS))})")
-    train.add_argument("--root", type=Path, default=None, help="checkpoint folder (default: the shipped zoo)")
+    train.add_argument("--root", type=path_option, default=None, help="checkpoint folder (default: the shipped zoo)")
     train.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     train.add_argument("--retrain", action="store_true", help="retrain even if a checkpoint of the same recipe exists")
     train.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     listing = actions.add_parser("list", help="the checkpoints there, with held-out loss and sink rate")
-    listing.add_argument("--root", type=Path, default=None, help="checkpoint folder (default: the shipped zoo)")
+    listing.add_argument("--root", type=path_option, default=None, help="checkpoint folder (default: the shipped zoo)")
     sweep = actions.add_parser(
         "sink-sweep", help="at what training budget do attention sinks form? (rope recipe, more steps/context/width)",
         description="Train the standard-RoPE recipe at larger budgets (more steps, a longer context, a wider "
@@ -37,13 +37,13 @@ def add_parser(subs: argparse._SubParsersAction) -> None:
                     "--root are read, not retrained.")
     sweep.add_argument("--point", dest="points", action="append", default=None, metavar="POINT",
                        help="sweep point (repeatable; default: every point, cheapest first)")
-    sweep.add_argument("--root", type=Path, default=None,
+    sweep.add_argument("--root", type=path_option, default=None,
                        help="checkpoint folder of the sweep (default: $LENS_POSITION_CACHE/zoo/sink-sweep)")
-    sweep.add_argument("--seed", type=int, nargs="+", default=[0],
+    sweep.add_argument("--seed", type=seed_option, nargs="+", default=[0],
                        help="training seed, or several (each point is trained once per seed; default 0)")
     sweep.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
-    sweep.add_argument("--out", type=Path, default=None, help="also write the table here (.csv or .md)")
-    sweep.add_argument("--trajectory-out", type=Path, default=None,
+    sweep.add_argument("--out", type=path_option, default=None, help="also write the table here (.csv or .md)")
+    sweep.add_argument("--trajectory-out", type=path_option, default=None,
                        help="also write the sink scores measured along the long points' training here (.csv)")
     sweep.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 

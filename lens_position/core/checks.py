@@ -175,6 +175,16 @@ def check_fraction(name: str, value: Any) -> float:
     return number
 
 
+def check_positive(name: str, value: Any) -> float:
+    """A finite real number ``> 0`` (a ridge penalty, a tolerance): not NaN, not an infinity, not a bool."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise BadInputError(f"{name} must be a positive number, got {value!r}")
+    number = float(value)
+    if not (math.isfinite(number) and number > 0):
+        raise BadInputError(f"{name} must be a finite number > 0, got {value!r}")
+    return number
+
+
 def tokens_sha256(tokens: torch.Tensor) -> str:
     """The identity of a prompt set: sha256 of its token ids as int64, with their shape."""
     ids = tokens.detach().to("cpu", torch.int64).contiguous()

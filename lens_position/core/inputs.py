@@ -72,6 +72,8 @@ def _already_checked(prompts: PromptSet, loaded: LoadedModel, min_length: int) -
     return (the_set() is prompts and model() is loaded.model and tokens_id == id(prompts.tokens)
             and version == prompts.tokens._version and min_length <= checked_length)
 
+_WIDE_UNSIGNED = tuple(getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name))
+
 _HOW_TO_BUILD = ("pass the list of strings itself (the analyses cut them to a common length), or build "
                  "equal-length prompts with lens_position.core.data.build_prompts(model, text=..., T=...)")
 
@@ -102,6 +104,8 @@ def _check_dtype_and_shape(tokens: torch.Tensor) -> torch.Tensor:
     if tokens.ndim != 2:
         raise BadInputError(f"token ids must have shape [N, T] (or [T] for one sequence), got "
                             f"{tuple(tokens.shape)}")
+    if tokens.dtype in _WIDE_UNSIGNED:  # torch cannot take their min/max; an id beyond int64 wraps negative
+        tokens = tokens.to(torch.int64)  # and is refused as outside the vocabulary
     return tokens
 
 

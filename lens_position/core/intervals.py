@@ -59,6 +59,7 @@ import pandas as pd
 import torch
 from jaxtyping import Float, Int
 
+from lens_position.core.checks import _as_int, check_seed
 from lens_position.ground.errors import BadInputError
 
 LEVEL = 0.95
@@ -89,6 +90,9 @@ METHOD = ("bootstrap over whole units, replicates widened by sqrt(m / (m - 1)); 
           "bias-corrected percentile interval for in-sample fits and the quantities computed from them")
 
 
+MAX_RESAMPLES = 100_000  # replicates are kept per quantity and head: beyond this, memory, not accuracy, decides
+
+
 @dataclass(frozen=True)
 class Bootstrap:
     """How intervals are computed: ``n_resamples`` replicates, a two-sided percentile
@@ -100,11 +104,18 @@ class Bootstrap:
     seed: int = BOOTSTRAP_SEED
 
     def __post_init__(self) -> None:
-        if self.n_resamples < 0 or (0 < self.n_resamples < 20):
+        n_resamples = _as_int("n_resamples", self.n_resamples)  # 50.5 or "100" would fail deep in numpy
+        if n_resamples < 0 or (0 < n_resamples < 20):
             raise BadInputError(f"n_resamples = {self.n_resamples}: use 0 (no intervals) or at least 20 "
                                 "(a percentile interval needs enough replicates in its tails)")
-        if not 0 < self.level < 1:
-            raise BadInputError(f"level must lie in (0, 1), got {self.level}")
+        if n_resamples > MAX_RESAMPLES:
+            raise BadInputError(f"n_resamples = {self.n_resamples} is more than {MAX_RESAMPLES} replicates, which "
+                                "would not fit in memory and gains no accuracy that matters; use 200 (the default) "
+                                "to 10000")
+        if isinstance(self.level, bool) or not isinstance(self.level, (int, float)) or not 0 < self.level < 1:
+            raise BadInputError(f"level must be a number in (0, 1) such as 0.95, got {self.level!r}")
+        object.__setattr__(self, "n_resamples", n_resamples)
+        object.__setattr__(self, "seed", check_seed(self.seed))
 
     @property
     def enabled(self) -> bool:

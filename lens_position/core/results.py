@@ -40,6 +40,7 @@ from lens_position.core import summaries
 from lens_position.core.columns import recommended_first
 from lens_position.core.summaries import Headline
 from lens_position.ground.errors import BadInputError, CorruptFileError
+from lens_position.ground.paths import checked_path
 from lens_position.ground.provenance import jsonable, package_versions
 
 MANIFEST = "result.json"
@@ -99,9 +100,16 @@ class SavedResult:
         replaced). Returns the folder."""
         if not dataclasses.is_dataclass(self):
             raise TypeError(f"{type(self).__name__} is not a dataclass")
-        folder = Path(path)
+        folder = checked_path(path, "the folder to save the result in")
         if folder.exists() and not (folder / MANIFEST).is_file():
             raise BadInputError(f"{folder} exists and does not hold a saved result: choose an empty or new path")
+        try:
+            return self._save(folder)
+        except OSError as error:  # a read-only, full or foreign folder: the user's to fix, not a bug
+            raise BadInputError(f"cannot save the result in {folder}: {error.strerror or error}; choose a folder "
+                                "you can write to") from error
+
+    def _save(self, folder: Path) -> Path:
         folder.parent.mkdir(parents=True, exist_ok=True)
         manifest: dict[str, Any] = {
             "type": f"{type(self).__module__}.{type(self).__qualname__}", "format": FORMAT_VERSION,
@@ -186,6 +194,12 @@ def _read_manifest(folder: Path) -> dict[str, Any]:
     for key in ("frames", "tensors"):
         if not isinstance(manifest.get(key), list):
             raise CorruptFileError(f"{manifest_path} has no list {key!r}; save the result again")
+    named = [*files, *manifest["frames"], *manifest["tensors"]]
+    outside = [name for name in named if not (isinstance(name, str) and name and Path(name).name == name
+                                               and name not in (".", ".."))]
+    if outside:  # a saved result's files lie in its folder: "../x" would read another result's table
+        raise CorruptFileError(f"{manifest_path} names {outside[0]!r}, which is not a file of this folder; "
+                               "save the result again")
     if not isinstance(manifest.get("fields"), dict):
         raise CorruptFileError(f"{manifest_path} has no 'fields'; save the result again")
     return manifest
@@ -211,7 +225,7 @@ def _verified(folder: Path, manifest: dict[str, Any], name: str) -> Path:
 def load_result(path: str | Path) -> SavedResult:
     """Read any result saved by ``SavedResult.save``, as the object it was, after checking every
     file against the sha256 its manifest lists (module docstring)."""
-    folder = Path(path)
+    folder = checked_path(path, "the saved result's folder")
     manifest_path = folder / MANIFEST
     if not manifest_path.is_file():
         raise BadInputError(f"{folder} holds no saved result (no {MANIFEST}); save one with result.save(path)")

@@ -245,4 +245,27 @@ def progress(desc: str, *, total: int | None = None, unit: str = "seq", enabled:
             scope.bar.close()
 
 
-__all__ = ["LINE_INTERVAL_S", "Progress", "output_kind", "progress", "progress_disabled_by_environment"]
+def note(text: str, *, enabled: bool = True, stream: TextIO | None = None) -> None:
+    """One line of information before slow work starts (a run-time estimate), where the progress
+    bars go: nothing with ``enabled=False``, ``TQDM_DISABLE``, or inside a call whose bar is silenced;
+    above a terminal bar that is showing (``tqdm.write``), else a plain line."""
+    scope = _ACTIVE.get()
+    if not enabled or progress_disabled_by_environment() or (scope is not None and not scope.counted):
+        return
+    out = sys.stderr if stream is None else stream
+    bar = scope.bar if scope is not None else None
+    if bar is not None and bar._tqdm is not None:
+        from tqdm.std import tqdm
+
+        tqdm.write(text, file=bar.stream)
+        return
+    if bar is not None:
+        out = bar.stream
+    if output_kind(out) == "notebook":
+        print(text)
+        return
+    out.write(text + "\n")
+    out.flush()
+
+
+__all__ = ["LINE_INTERVAL_S", "Progress", "note", "output_kind", "progress", "progress_disabled_by_environment"]

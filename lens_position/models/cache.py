@@ -48,6 +48,7 @@ import torch
 from filelock import FileLock
 from safetensors.torch import load_file, save_file
 
+from lens_position.ground.paths import checked_path
 from lens_position.ground.provenance import package_versions
 
 log = logging.getLogger(__name__)
@@ -59,9 +60,12 @@ _VERSION_KEYS = ("lens_position", "transformer_lens", "transformers")
 
 
 def default_cache_dir() -> Path:
-    """``$LENS_POSITION_CACHE`` if set, else ``~/.cache/lens_position``."""
+    """``$LENS_POSITION_CACHE`` if set (and not empty), else ``~/.cache/lens_position``; a value of
+    spaces only is refused (BadInputError), not taken as a folder named by them."""
     env = os.environ.get(CACHE_ENV)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "lens_position"
+    if not env:
+        return Path.home() / ".cache" / "lens_position"
+    return checked_path(env, f"${CACHE_ENV}").expanduser()
 
 
 def file_identity(path: Path) -> dict[str, Any]:
@@ -305,7 +309,7 @@ def cached_convert(
     from the cache further (e.g. that its config and weights make a model) and raise
     anything to have it rebuilt.
     """
-    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    root = checked_path(cache_dir, "cache_dir").expanduser() if cache_dir is not None else default_cache_dir()
     entry = root / _entry_key(identity)
 
     def read() -> CachedModel:

@@ -29,6 +29,7 @@ from functools import cached_property
 from pathlib import Path
 
 from lens_position.ground.errors import BadInputError, MissingPackageError
+from lens_position.ground.paths import checked_path
 from lens_position.models.sources import hub_offline
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst")
@@ -71,7 +72,7 @@ def read_corpus(source: str | os.PathLike | None = None) -> Corpus:
         return Corpus(STDLIB_CORPUS, tuple(_cached_stdlib_documents()), "docstring or comment")
     if isinstance(source, str) and source.startswith("hf:"):
         return Corpus(source, tuple(_read_datasets_split(source)), "row")
-    path = Path(source)
+    path = checked_path(source, "corpus")
     if path.is_file():
         return Corpus(f"file:{path.resolve()}", (_read_text_file(path),), "text")
     if path.is_dir():
@@ -120,7 +121,7 @@ def _read_datasets_split(spec: str) -> list[str]:
         raise MissingPackageError("corpus 'hf:...' needs the `datasets` package: pip install datasets") from error
     try:
         with hub_offline():  # set where huggingface_hub reads it, not only in os.environ (read at import)
-            if Path(name).is_dir():
+            if name.strip() and Path(name).is_dir():
                 loaded = datasets.load_from_disk(name)
                 table = loaded[split] if isinstance(loaded, datasets.DatasetDict) else loaded
             else:
@@ -187,7 +188,9 @@ def stdlib_documents(root: Path | None = None) -> list[str]:
 
 
 def _stdlib_cache_path() -> Path:
-    root = Path(os.environ.get("LENS_POSITION_CACHE", Path.home() / ".cache" / "lens_position"))
+    from lens_position.models.cache import default_cache_dir
+
+    root = default_cache_dir()
     tag = hashlib.sha256(str(_stdlib().resolve()).encode()).hexdigest()[:10]
     return root / "zoo" / f"stdlib-corpus-{platform.python_version()}-{tag}.txt"
 

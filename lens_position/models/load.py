@@ -27,12 +27,14 @@ from typing import Any
 import torch
 
 from lens_position.ground.errors import BadInputError, UnknownModelError
+from lens_position.ground.paths import checked_path
 from lens_position.models import sources
 from lens_position.models.adapters import ADAPTERS, FAMILY_OF_ARCHITECTURE, build_hooked, convert_state_dict, \
     hooked_config
 from lens_position.models.backends import resolve_backend
 from lens_position.models.cache import CachedModel, cached_convert, file_identity, state_dict_sha256
 from lens_position.models.registry import REGISTRY, is_zoo_name, lookup, unknown_model_message
+from lens_position.models.placement import check_device
 from lens_position.models.rope import apply_position_options, check_position_options
 from lens_position.models.spec import LoadedModel, attach_tokenizer, remember, spec_from_config, \
     spec_from_hf_config, tokenizer_prepends_bos
@@ -69,21 +71,23 @@ def load_model(
     A forward pass longer than ``n_ctx`` raises ContextLengthError.
 
     ``backend``: ``"hooked"`` (HookedTransformer, TransformerLens 3.x: every adapter, GGUF, folders,
-    the zoo), ``"bridge"`` (TransformerBridge booted on the Hugging Face model, TransformerLens 3.9
-    and 4.x; also the decoder families the adapters do not convert, e.g. Qwen3, SmolLM3) or
+    the whole zoo), ``"bridge"`` (TransformerBridge booted on the Hugging Face model, TransformerLens 3.9
+    and 4.x; also the decoder families the adapters do not convert, e.g. Qwen3, SmolLM3, and the zoo's
+    checkpoints but ``learned``, converted by :mod:`lens_position.models.zoo.hf`) or
     ``"auto"`` (hooked where TransformerLens has it, else bridge); ``spec.extra["backend"]`` says
     which ran. ``dtype`` (``float32``, ``bfloat16``, ``float16``) casts the weights after loading;
     ``n_devices > 1`` splits the layers over that many GPUs (hooked backend).
     """
     started = time.perf_counter()
+    checked_path(name_or_path, "the model name or path")
+    if cache_dir is not None:
+        checked_path(cache_dir, "cache_dir")
+    check_device(device)
     check_position_options(ntk_alpha=ntk_alpha, ntk_by_parts=ntk_by_parts, window=window, n_ctx=n_ctx)
     chosen = resolve_backend(backend)
     if is_zoo_name(name_or_path):
-        if chosen != "hooked":
-            raise BadInputError(f"{name_or_path}: zoo checkpoints are HookedTransformer weights; load them with "
-                                "backend='hooked' (TransformerLens 3.x)")
         loaded = _load_zoo(str(name_or_path), ntk_alpha=ntk_alpha, ntk_by_parts=ntk_by_parts, window=window,
-                           n_ctx=n_ctx, device=device)
+                           n_ctx=n_ctx, device=device, backend=chosen)
         return _placed(loaded, device, dtype, n_devices)
     source, loader_kind, target, defaults = _resolve(name_or_path, offline)
     given = {"ntk_alpha": ntk_alpha, "ntk_by_parts": ntk_by_parts, "window": window, "n_ctx": n_ctx}
@@ -136,16 +140,17 @@ def _placed(loaded: LoadedModel, device: str, dtype: str, n_devices: int) -> Loa
     return remember(loaded)
 
 
-def _load_zoo(name: str, device: str, **options: Any) -> LoadedModel:
-    """A zoo checkpoint (``zoo:<variant>[:seed<k>]``), exactly as trained: position options
-    would change the very mechanism the zoo controls, so they are refused."""
+def _load_zoo(name: str, device: str, backend: str, **options: Any) -> LoadedModel:
+    """A zoo checkpoint (``zoo:<variant>[:seed<k>]``), exactly as trained, on ``backend`` (the
+    bridge: converted to a Hugging Face model, :mod:`lens_position.models.zoo.hf`): position
+    options would change the very mechanism the zoo controls, so they are refused."""
     given = [k for k, v in options.items() if v is not None]
     if given:
         raise BadInputError(f"{name} loads as trained; position options ({', '.join(given)}) are not "
                             "applied to zoo models (each variant is its own trained model)")
     from lens_position.models.zoo.store import load_zoo_model
 
-    return load_zoo_model(name, device=device)
+    return load_zoo_model(name, device=device, backend=backend)
 
 
 def _resolve(name_or_path: str, offline: bool | None) -> tuple[str, str, Any, dict[str, Any]]:

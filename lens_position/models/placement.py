@@ -38,3 +38,27 @@ def place(model: Any, *, device: str, dtype: str, n_devices: int = 1) -> Any:
         torch.nn.Module.to(model, device)
         model.cfg.device = device
     return model
+
+
+def check_device(device: Any) -> str:
+    """A device torch can place a model on here (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``),
+    returned as given; BadInputError for a name torch does not know, or for a GPU this machine
+    does not have, before any weights are read."""
+    if not isinstance(device, (str, torch.device)):
+        raise BadInputError(f"device must be a string such as 'cpu' or 'cuda', got {type(device).__name__} {device!r}")
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise BadInputError(f"unknown device {str(device)!r}; use cpu, cuda (or cuda:<index>) or mps") from None
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise BadInputError(f"device {str(device)!r}, but torch sees no CUDA GPU here (the CPU build of torch, "
+                                "or no GPU); use device='cpu'")
+        if parsed.index is not None and parsed.index >= count:
+            raise BadInputError(f"device {str(device)!r}, but torch sees {count} CUDA GPU(s) (cuda:0..cuda:{count - 1})")
+    elif parsed.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        raise BadInputError(f"device {str(device)!r}, but torch has no MPS backend here; use device='cpu'")
+    elif parsed.type not in ("cpu", "cuda", "mps"):
+        raise BadInputError(f"device {str(device)!r} is not one lens_position runs on; use cpu, cuda or mps")
+    return str(device)

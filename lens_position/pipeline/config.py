@@ -6,12 +6,16 @@ Nothing here loads a model or reads data; ``plan`` turns a ``RunConfig`` into ce
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lens_position.ground.errors import BadInputError
+from lens_position.ground.paths import checked_path
+from lens_position.core.checks import check_seed
 from lens_position.core.intervals import N_RESAMPLES
+from lens_position.core.stream import BATCH_SIZE
 from lens_position.models.registry import DEFAULT_MODELS
 
 
@@ -47,9 +51,7 @@ class Settings:
     eps: float = 0.3
     sink_T: int = 64
     window_factor: float = 1.25
-    # Per-batch costs of the analysis hooks dominate small batches: on SmolLM2 at T = 32,
-    # batches of 16 took 2.6x less CPU time than batches of 4.
-    batch_size: int = 16
+    batch_size: int = BATCH_SIZE  # the Python analyses' default (core.stream)
     # Restrictions from the command line (--layers, --query-range, --keys): None / "all" analyse
     # the whole model. ``decompose_queries`` is the decomposition's query range (None: every query).
     layers: tuple[int, ...] | None = None
@@ -96,18 +98,23 @@ class DataOptions:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        check_seed(self.seed)  # a sweep's seeds = [-1] would otherwise fail inside numpy
         if self.source not in ("natural", "random", "repeated"):
             raise BadInputError(f"unknown data source {self.source!r}; use natural, random or repeated")
         if self.bos not in ("tokenizer", "force", "none") and not (
                 self.bos.startswith("token:") and len(self.bos) > len("token:")):
             raise BadInputError(f"unknown BOS policy {self.bos!r}; use tokenizer, force, none or "
                                 "token:<id or text>")
-        if self.corpus is not None and not self.corpus.startswith("hf:") and not Path(self.corpus).exists():
+        if self.corpus is not None and not (isinstance(self.corpus, str) and self.corpus.startswith("hf:")) \
+                and not checked_path(self.corpus, "the text source (--text)").exists():
             raise BadInputError(f"text source {self.corpus} does not exist; pass a text file, a folder "
                                 "or hf:<name>:<split>[:<column>]")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+MAX_THREADS_PER_CORE = 4  # beyond this, --threads is a typo (100000 ends in "can't start new thread")
 
 
 @dataclass(frozen=True)
@@ -143,6 +150,10 @@ class Compute:
             raise BadInputError(f"n_devices must be a positive whole number, got {self.n_devices!r}")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
             raise BadInputError(f"threads must be a positive whole number, got {self.threads!r}")
+        if self.threads is not None and self.threads > MAX_THREADS_PER_CORE * (os.cpu_count() or 1):
+            raise BadInputError(f"threads = {self.threads} on a machine with {os.cpu_count()} CPU cores: more torch "
+                                "threads than cores only slows a run down (and the system refuses to start that "
+                                f"many); use at most {os.cpu_count()}, or leave --threads out")
         if self.n_devices > 1 and self.device == "cpu":
             raise BadInputError(f"n_devices = {self.n_devices} splits a model over GPUs; use --device cuda")
 
@@ -197,6 +208,17 @@ class RunConfig:
     n_resamples: int | None = None  # bootstrap replicates (None: the mode's default; 0: no intervals)
     prompt_sets: int = 0  # K disjoint prompt sets for the opt-in step prompt_sets (0: off)
     force: bool = False  # write into a non-empty folder that holds no run (its files are kept)
+
+    def __post_init__(self) -> None:
+        if self.executor not in ("serial", "ray"):
+            raise BadInputError(f"unknown executor {self.executor!r}; use serial or ray")
+        if self.ray_address is not None:
+            if not isinstance(self.ray_address, str) or not self.ray_address.strip():
+                raise BadInputError(f"--ray-address {self.ray_address!r} names no cluster; pass host:port, "
+                                    "ray://host:port or auto, or leave it out to start a local Ray instance")
+            if self.executor != "ray":  # else it would be ignored, and the run would not be where the user thinks
+                raise BadInputError(f"--ray-address {self.ray_address} joins a Ray cluster, which only the ray "
+                                    "executor uses; add --executor ray (executor='ray'), or drop --ray-address")
 
     def settings(self) -> Settings:
         base = QUICK if self.quick else FULL

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import json
 from pathlib import Path
 from typing import Any, Sequence
@@ -11,6 +13,8 @@ from lens_position.ground.errors import BadInputError
 # Load options a model request may carry after '@' (see parse_model_request) and their types.
 _LOAD_OPTIONS: dict[str, type] = {"ntk_alpha": float, "ntk_by_parts": dict, "window": int, "n_ctx": int}
 
+
+log = logging.getLogger(__name__)
 
 def parse_model_request(request: str) -> tuple[str, dict[str, Any]]:
     """Split ``"name@option=value@..."`` into the model name and ``load_model`` options.
@@ -73,14 +77,36 @@ def check_models(requests: Sequence[str]) -> None:
             check_model_name(name)  # a missing path is a missing file, not an unknown model
 
 
-def expand_zoo(requests: Sequence[str]) -> tuple[str, ...]:
-    """Replace the request ``zoo`` by every shipped zoo checkpoint (all variants and seeds)."""
+def expand_zoo(requests: Sequence[str], backend: str = "auto") -> tuple[str, ...]:
+    """Replace the request ``zoo`` by every shipped zoo checkpoint (all variants and seeds) that
+    ``backend`` can run: on the bridge (TransformerLens 4.x) the variants no Hugging Face family
+    computes (learned absolute positions) are left out, with a warning that names them and the
+    backend that runs them. A checkpoint named explicitly is kept (and refused when it loads)."""
+    from lens_position.models.backends import resolve_backend
+
     expanded: list[str] = []
     for request in requests:
         if request == "zoo":
             from lens_position.models.zoo.store import checkpoints
 
-            expanded.extend(c.name for c in checkpoints())
+            found = checkpoints()
+            if resolve_backend(backend) == "bridge":
+                from lens_position.ground.errors import UnsupportedArchitectureError
+                from lens_position.models.zoo.hf import check_convertible
+
+                kept, left = [], []
+                for checkpoint in found:
+                    try:
+                        check_convertible(checkpoint.recipe)
+                        kept.append(checkpoint)
+                    except UnsupportedArchitectureError:
+                        left.append(checkpoint.name)
+                if left:
+                    log.warning("the zoo on the bridge backend leaves out %s: learned absolute positions have no "
+                                "Hugging Face family; they run on backend='hooked' (TransformerLens 3.x)",
+                                ", ".join(left))
+                found = kept
+            expanded.extend(c.name for c in found)
         else:
             expanded.append(request)
     return tuple(expanded)

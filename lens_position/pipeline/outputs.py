@@ -32,6 +32,7 @@ import pandas as pd
 
 from lens_position.core.results import current_umask
 from lens_position.ground.errors import BadInputError
+from lens_position.ground.paths import checked_path
 from lens_position.ground.provenance import jsonable
 
 MANIFEST = "provenance.json"
@@ -195,9 +196,9 @@ def _take_lock(out: Path) -> Any:
 def prepare_output(out: Path | str) -> Path:
     """Create the output folder and check it is writable (BadInputError otherwise; also for the
     empty path, which would mean the current folder)."""
-    if out is None or not str(out).strip():
-        raise BadInputError("the output folder is the empty path; name a folder (--out DIR)")
-    out = Path(out)
+    if out is None:
+        raise BadInputError("no output folder given; name a folder (--out DIR)")
+    out = checked_path(out, "the output folder (--out)")
     try:
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=out, prefix=".write-test-"):

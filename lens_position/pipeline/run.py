@@ -32,7 +32,8 @@ from lens_position.pipeline.models import architecture_label
 from lens_position.pipeline.outputs import MANIFEST, OutputFolder
 from lens_position.pipeline.plan import Cell, Plan, plan_run
 from lens_position.pipeline.worker import CellResult, Loaded
-from lens_position.ground.progress import progress
+from lens_position.ground.progress import note, progress
+from lens_position.pipeline import estimate as estimate_module
 from lens_position.report import zoo as zoo_c3
 
 log = logging.getLogger(__name__)
@@ -103,11 +104,12 @@ class RunDriver:
     """The driver side of execution: checks the cache when a model is loaded, stores each
     computed cell, records everything in plan order (whatever order results arrive in)."""
 
-    def __init__(self, plan: Plan, cache: StepCache, *, use_cache: bool, bar: Any = None):
+    def __init__(self, plan: Plan, cache: StepCache, *, use_cache: bool, bar: Any = None, announce: bool = False):
         self.plan = plan
         self.cache = cache
         self.use_cache = use_cache
         self.bar = bar  # a progress counting finished cells (parallel executors), or None
+        self.announce = announce  # print each model's run-time estimate before its steps
         self.collected = Collected()
 
     def on_loaded(self, model: str, model_index: int, loaded: Loaded) -> list[Cell]:
@@ -127,6 +129,8 @@ class RunDriver:
                 continue
             tables, prov = hit
             self._record(cell, tables, prov, cost, cached=True)
+        if self.announce and pending:
+            note(estimate_module.announce(model, pending, spec, self.plan.compute, loaded.block_overhead_s))
         return pending
 
     def on_result(self, cell: Cell, result: CellResult) -> None:
@@ -166,11 +170,11 @@ def execute(plan: Plan, config: RunConfig, cache: StepCache, *, load: Callable[[
                              ray_address=config.ray_address, ray_num_cpus=config.ray_num_cpus)
     registry = steps if steps is not None else steps_module.STEPS
     if config.executor != "ray":
-        driver = RunDriver(plan, cache, use_cache=config.use_cache)
+        driver = RunDriver(plan, cache, use_cache=config.use_cache, announce=config.progress)
         executor.execute(plan, registry, driver)
         return driver.collected
     with progress("reproduce", total=plan.n_cells, unit="cells", enabled=config.progress) as bar:
-        driver = RunDriver(plan, cache, use_cache=config.use_cache, bar=bar)
+        driver = RunDriver(plan, cache, use_cache=config.use_cache, bar=bar, announce=config.progress)
         executor.execute(plan, registry, driver)
     return driver.collected
 

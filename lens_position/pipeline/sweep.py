@@ -31,6 +31,7 @@ from typing import Any, Mapping
 import pandas as pd
 
 from lens_position.ground.errors import BadInputError
+from lens_position.ground.paths import checked_path
 from lens_position.pipeline.config import Compute, DataOptions, RunConfig
 
 FACTORS: tuple[str, ...] = ("source", "bos", "seed")
@@ -49,11 +50,15 @@ def _strings(spec: Mapping[str, Any], key: str, default: list[Any], kind: type) 
 
 def read_spec(path: Path) -> dict[str, Any]:
     """Read and check a sweep spec (BadInputError naming the problem)."""
-    path = Path(path)
+    path = checked_path(path, "the sweep spec")
+    if path.is_dir():
+        raise BadInputError(f"sweep spec {path} is a folder; pass the spec's .toml file")
     try:
         spec = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise BadInputError(f"sweep spec {path} does not exist") from None
+    except OSError as error:
+        raise BadInputError(f"sweep spec {path} cannot be read ({error.strerror or error})") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
         raise BadInputError(f"sweep spec {path} is not valid TOML: {error}") from None
     unknown = set(spec) - _KEYS
@@ -80,6 +85,8 @@ def read_spec(path: Path) -> dict[str, Any]:
     if checked["text"] is not None:
         if not isinstance(checked["text"], str):
             raise BadInputError(f"sweep spec: text must be a path string, got {checked['text']!r}")
+        if not checked["text"].startswith("hf:"):
+            checked_path(checked["text"], "sweep spec: text")  # "" would be the spec's own folder
         if not checked["text"].startswith("hf:") and not Path(checked["text"]).is_absolute():
             checked["text"] = str((path.parent / checked["text"]).resolve())  # relative to the spec
     return checked

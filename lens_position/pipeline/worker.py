@@ -31,10 +31,13 @@ class CellResult:
 
 @dataclass
 class Loaded:
-    """A model's spec and what loading it cost (wall s, CPU s, peak MB)."""
+    """A model's spec and what loading it cost (wall s, CPU s, peak MB); ``block_overhead_s``: the
+    fixed cost of one block of one batch, timed on the loaded model for the run-time estimate
+    (:func:`lens_position.core.estimate.block_overhead`; None when progress is off)."""
 
     spec: Any
     cost: dict[str, float]
+    block_overhead_s: float | None = None
 
 
 class ModelWorker:
@@ -52,9 +55,14 @@ class ModelWorker:
             self.loaded = load(request) if load is not None else load_request(request, compute)
         self.load_cost = dict(cost)
         self._contexts: dict[Condition, StepContext] = {}
+        self._block_overhead_s: float | None = None
 
     def describe(self) -> Loaded:
-        return Loaded(spec=self.loaded.spec, cost=self.load_cost)
+        if self.progress and self._block_overhead_s is None:  # two short passes, for the estimate printed
+            from lens_position.core.estimate import block_overhead
+
+            self._block_overhead_s = block_overhead(self.loaded)
+        return Loaded(spec=self.loaded.spec, cost=self.load_cost, block_overhead_s=self._block_overhead_s)
 
     def context(self, condition: Condition) -> StepContext:
         if condition not in self._contexts:

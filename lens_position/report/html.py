@@ -24,7 +24,6 @@ from __future__ import annotations
 import html
 import json
 import re
-import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ import plotly.graph_objects as go
 import plotly.offline
 
 from lens_position.report import plots
+from lens_position.report.browser import NETWORK_OFF, find_chromium
 from lens_position.report.markup import verdict_class
 from lens_position.report.plots import ReportFigure
 from lens_position.analyses import tables as table_registry
@@ -44,7 +44,8 @@ from lens_position.analyses.claims import FAILS, HOLDS, INCONCLUSIVE, PAPER, Cri
 from lens_position.analyses.sentences import UNTRAINED_NOTE, components_sentence, sinks_sentence
 from lens_position.core.intervals import Estimate
 from lens_position.core.summaries import fmt, is_untrained
-from lens_position.ground.errors import BadInputError, MissingPackageError
+from lens_position.ground.errors import BadInputError
+from lens_position.ground.paths import checked_path
 
 # The tables a reproduction writes, with the experiment that produces each (the registry's).
 TABLES: dict[str, str] = {name: table.meaning for name, table in table_registry.TABLES.items()}
@@ -499,7 +500,7 @@ def build_report(results: Mapping[str, pd.DataFrame], *, provenance: Mapping[str
 
 def write_report(path: str | Path, results: Mapping[str, pd.DataFrame], **kwargs: Any) -> Path:
     """Write ``build_report(results, **kwargs)`` to ``path`` (UTF-8) and return the path."""
-    path = Path(path)
+    path = checked_path(path, "the report's file")
     path.write_text(build_report(results, **kwargs), encoding="utf-8")
     return path
 
@@ -535,35 +536,8 @@ class BrowserCheck:
                 "screenshot": str(self.screenshot) if self.screenshot else None}
 
 
-def find_chromium() -> str:
-    """Path of a Chromium/Chrome binary, or MissingPackageError saying how to install one."""
-    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
-        path = shutil.which(name)
-        if path:
-            return path
-    raise MissingPackageError(
-        "no Chromium found for the report's browser check: install it with "
-        "`apt-get install -y chromium` (scripts/setup.sh does this when run as root)"
-    )
-
-
-# The report is a local file with its scripts inlined: Chromium needs no network, and these flags
-# stop what it would send by itself (DNS prefetch, component and safe-browsing updates, metrics,
-# field trials, sync, WebRTC's STUN packets, pings): every proxied request goes to a closed port
-# on the loopback, and loopback itself bypasses nothing.
-NETWORK_OFF = ("--proxy-server=127.0.0.1:9", "--proxy-bypass-list=<-loopback>",
-               "--disable-background-networking", "--disable-component-update", "--disable-sync",
-               "--disable-domain-reliability", "--dns-prefetch-disable", "--no-pings", "--disable-breakpad",
-               "--disable-client-side-phishing-detection", "--disable-default-apps", "--disable-field-trial-config",
-               "--metrics-recording-only", "--no-default-browser-check", "--disable-features=OptimizationHints,"
-               "MediaRouter,DialMediaRouteProvider,AutofillServerCommunication,CertificateTransparencyComponentUpdater,"
-               "Translate,InterestFeedContentSuggestions,NetworkTimeServiceQuerying,WebRtcHideLocalIpsWithMdns",
-               "--force-webrtc-ip-handling-policy=disable_non_proxied_udp", "--host-resolver-rules=MAP * ~NOTFOUND, "
-               "EXCLUDE localhost, EXCLUDE 127.0.0.1")
-
-
 def _chromium_args(binary: str, profile: str) -> list[str]:
-    return [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    return [binary, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
             *NETWORK_OFF, "--disable-extensions", "--disable-dev-shm-usage", "--hide-scrollbars",
             f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0"]
 
@@ -579,12 +553,12 @@ def check_in_browser(report: str | Path, *, screenshot: str | Path | None = None
     from one launch; a Chromium that does one thing per launch is started again for the
     screenshot.
     """
-    report = Path(report).resolve()
+    report = checked_path(report, "the report to check").resolve()
     text = report.read_text(encoding="utf-8")
     keys = re.findall(r'<div class="plot" id="plot-([\w-]+)"', text)
     binary = find_chromium()
     url = report.as_uri()
-    shot = None if screenshot is None else Path(screenshot).resolve()
+    shot = None if screenshot is None else checked_path(screenshot, "the screenshot's file").resolve()
     shot_args: list[str] = []
     if shot is not None:
         if height is None:

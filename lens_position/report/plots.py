@@ -27,6 +27,7 @@ from plotly.subplots import make_subplots
 
 from lens_position.analyses.claims import PAPER
 from lens_position.ground.errors import BadInputError
+from lens_position.ground.paths import checked_path
 from lens_position.core.intervals import interval_method, interval_note
 
 _PALETTE = qualitative.Plotly
@@ -687,17 +688,19 @@ def save_figure(fig: go.Figure, path, format: str | None = None, *, width: int |
     opens offline. ``width``/``height`` in pixels (default: the figure's own size), ``scale``
     multiplies the PNG resolution.
     """
-    from pathlib import Path
-
-    path = Path(path)
+    path = checked_path(path, "the figure's file")
     fmt = (format or path.suffix.lstrip(".")).lower()
     if fmt not in EXPORT_FORMATS:
         raise BadInputError(f"cannot save a figure as {fmt!r}: choose one of {list(EXPORT_FORMATS)} "
                             "(as the format argument or the file's suffix)")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if fmt == "html":
-        fig.write_html(path, include_plotlyjs=True, full_html=True)
-        return path
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if fmt == "html":
+            fig.write_html(path, include_plotlyjs=True, full_html=True)
+            return path
+    except OSError as error:
+        raise BadInputError(f"cannot write the figure to {path}: {error.strerror or error}; choose a file you "
+                            "can write to") from error
     import importlib.util
 
     if importlib.util.find_spec("kaleido") is None:
@@ -707,7 +710,7 @@ def save_figure(fig: go.Figure, path, format: str | None = None, *, width: int |
                                   'pip install "lens_position[export]" (or pip install kaleido); '
                                   "save_figure(fig, path, 'html') needs nothing extra")
     try:
-        fig.write_image(path, format=fmt, width=width, height=height, scale=scale)
+        image = _render_static(fig, fmt, width=width, height=height, scale=scale)
     except Exception as error:  # kaleido's own errors: most often no browser to render with
         if "chrome" in str(error).lower() or "browser" in str(error).lower():
             from lens_position.ground.errors import MissingPackageError
@@ -715,7 +718,29 @@ def save_figure(fig: go.Figure, path, format: str | None = None, *, width: int |
             raise MissingPackageError(f"kaleido found no Chrome/Chromium to render the {fmt}: install one "
                                       "(apt-get install chromium) or set BROWSER_PATH") from error
         raise
+    try:
+        path.write_bytes(image)
+    except OSError as error:
+        raise BadInputError(f"cannot write the figure to {path}: {error.strerror or error}; choose a file you "
+                            "can write to") from error
     return path
+
+
+def _render_static(fig: go.Figure, fmt: str, *, width: int | None, height: int | None, scale: float) -> bytes:
+    """``fig`` as PNG, PDF or SVG bytes, rendered by kaleido in a Chromium whose network is off
+    (:func:`lens_position.report.browser.kaleido_options`; ``fig.write_image`` would start one that
+    fetches MathJax from a CDN). Size: ``width`` × ``height`` pixels, else the figure's own, else
+    plotly's defaults (700 × 500)."""
+    import kaleido
+    from plotly.io import defaults
+
+    from lens_position.report.browser import kaleido_options
+
+    spec = fig.to_dict()
+    layout = spec.get("layout", {})
+    opts = {"format": fmt, "width": width or layout.get("width") or defaults.default_width,
+            "height": height or layout.get("height") or defaults.default_height, "scale": scale}
+    return kaleido.calc_fig_sync(spec, opts=opts, kopts=kaleido_options())
 
 
 @dataclass

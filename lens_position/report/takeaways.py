@@ -213,10 +213,11 @@ def patch_sentences(base: pd.DataFrame, patched: Mapping[str, pd.DataFrame], com
 
 
 def self_patch_sentence(difference: float, tolerance: float = 1e-6) -> str:
-    """The self-patch check: a patch with the run's own activations must change nothing."""
+    """The self-patch check: a patch with the run's own activations must change nothing.
+    ``difference``: the largest absolute change of any component, a fraction of Var(log A)."""
     verdict = "passes" if difference <= tolerance else "FAILS"
-    return (f"The self-patch check {verdict}: patching the run with its own activations changes T, R, M and C by "
-            f"at most {difference:.1e} (tolerance {tolerance:.0e}).")
+    return (f"The self-patch check {verdict}: patching the run with its own activations changes the components "
+            f"(total, R, M, C and the held-out R', M') by at most {difference:.1e} (tolerance {tolerance:.0e}).")
 
 
 def agreement_sentence(what: str, reference: str, difference: float, tolerance: float) -> str:

@@ -48,3 +48,19 @@ def all_results() -> dict:
 def results() -> dict:
     """Only the result objects, by class name."""
     return {k: v for k, v in all_results().items() if k not in ("model", "prompts")}
+
+
+@functools.lru_cache(maxsize=1)
+def instrument_results() -> dict:
+    """One result of each instrument (position-0 convergence, rotary bands, window-aware sinks) on the
+    same model and prompts, for the tests that check what every result prints."""
+    from lens_position.analyses.convergence import position0_convergence
+    from lens_position.analyses.rotary_bands import rotary_bands
+    from lens_position.analyses.sinks import window_sinks
+
+    model, prompts = all_results()["model"], all_results()["prompts"]
+    return {
+        "RotaryBands": rotary_bands(model, prompts, progress=False),
+        "Position0Convergence": position0_convergence(model, prompts, progress=False),
+        "WindowSinks": window_sinks(model, prompts, progress=False),
+    }

@@ -194,3 +194,20 @@ def test_each_subcommand_prints_its_own_headline_numbers(capsys, tmp_path, comma
     if command == "decompose":  # the printed R' is the table's, to 3 significant figures
         layers = pd.read_parquet(out / "decompose_layers.parquet")
         assert f"R' = {layers['R_rf_heldout'].mean():.3g}" in flat
+
+
+@pytest.mark.parametrize("command, model, printed", [
+    ("bands", "zoo:window-mix", ["splits by RoPE band as band 0", "The split is exact to"]),
+    ("bands", "zoo:nope", ["rotary_bands skipped: zoo:nope has no rotary embedding"]),
+    ("bos", "zoo:learned", ["replaced position-0 state", "BOS replacement removes"]),
+    ("sinks", "zoo:window-mix", ["local layers:", "window-aware", "global layers:"]),
+])
+def test_the_instruments_run_on_zoo_models_and_say_what_they_measured(capsys, tmp_path, command, model, printed):
+    """Position-0 convergence (with BOS replacement), the window-aware sinks and the rotary bands
+    on shipped zoo checkpoints: each prints its sentence, and a step that does not apply says why."""
+    status, stdout, err = _run_main(capsys, [command, model, "--quick", "--no-progress", "--N", "4",
+                                             "--batch-size", "4", "--out", str(tmp_path / command)])
+    assert status == 0, err
+    flat = " ".join(stdout.split())  # the sentences are wrapped at 110 columns
+    for text in printed:
+        assert text in flat, stdout

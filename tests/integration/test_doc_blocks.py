@@ -11,6 +11,9 @@ test checks each such block says why, and that there are few of them.
 
 from __future__ import annotations
 
+import ast
+import contextlib
+import io
 import os
 import re
 from pathlib import Path
@@ -35,7 +38,15 @@ from lens_position.core.data import build_prompts
 loaded = load_model("smollm2-135m")
 prompts = build_prompts(loaded, source="natural", T=64, N=16, bos="force")
 """
+# The README's own checkpoint ("my-checkpoint"): a local Hugging Face folder, the tiny Llama saved.
+_CHECKPOINT = """
+from lens_position.models.tiny import tiny_hf_model
+_hf_model, _tokenizer = tiny_hf_model("tiny-llama")
+_hf_model.save_pretrained("my-checkpoint")
+_tokenizer.save_pretrained("my-checkpoint")
+"""
 SETUP = {
+    "README.md": _CHECKPOINT,
     "docs/howto/prompt-sets.md": _BASE,
     "docs/howto/decompose.md": _BASE,
     "docs/notebooks.md": _BASE + """
@@ -89,3 +100,45 @@ def test_blocks_that_are_not_run_say_why_and_are_few():
     assert all(len(why.strip()) > 10 for _, why in not_run), not_run
     assert len(not_run) <= MAX_NOT_RUN, not_run
     assert sum(len(_blocks(p)) for p in PAGES) >= 25  # the pages do hold the blocks this test runs
+
+
+# A screen, as tests/unit/core/test_summaries.py counts it.
+SCREEN_LINES, SCREEN_COLUMNS = 30, 120
+DAY_ONE_MAX_LINES = 20
+
+
+def test_the_readme_quickstart_is_the_whole_first_day_in_at_most_20_lines():
+    """Load SmolLM2, decompose, a figure, an intervention with an interval, the sink heads and your
+    own local checkpoint, in at most 20 lines."""
+    code = _blocks(ROOT / "README.md")[0].group("code")
+    lines = [line for line in code.splitlines() if line.strip() and not line.strip().startswith("#")]
+    assert len(lines) <= DAY_ONE_MAX_LINES, len(lines)
+    for needed in ('load_model("smollm2-135m")', "analyze(", "plots.", "bos_replacement", "sink_heads",
+                   'load_model("my-checkpoint")', "decompose("):
+        assert needed in code, needed
+
+
+def test_every_object_the_readme_quickstart_shows_fits_on_a_screen(tmp_path, monkeypatch):
+    """Run the quickstart statement by statement, as in a notebook: what ``print`` writes and the repr
+    of every bare expression is at most a screen."""
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {"__name__": "__doc_block__"}
+    exec(compile(_fast(_CHECKPOINT), "README.md (setup)", "exec"), namespace)
+    tree = ast.parse(_fast(_blocks(ROOT / "README.md")[0].group("code")))
+    shown = 0
+    for statement in tree.body:
+        source = ast.unparse(statement)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            if isinstance(statement, ast.Expr):
+                value = eval(compile(ast.Expression(statement.value), "README.md", "eval"), namespace)
+            else:
+                exec(compile(ast.Module([statement], []), "README.md", "exec"), namespace)
+                value = None
+        text = out.getvalue() + ("" if value is None else repr(value))
+        if not text.strip():
+            continue
+        shown += 1
+        rows = text.rstrip("\n").splitlines()
+        assert len(rows) <= SCREEN_LINES and max(map(len, rows)) <= SCREEN_COLUMNS, f"{source} shows:\n{text}"
+    assert shown >= 5  # print(result), summary(), top_heads(), sink_heads, bos_replacement, decompose

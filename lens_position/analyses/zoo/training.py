@@ -8,6 +8,7 @@ from typing import Sequence
 
 import pandas as pd
 
+from lens_position.models.zoo.architecture import require_hooked
 from lens_position.models.zoo.corpus import training_split, unigram_bits_per_byte
 from lens_position.models.zoo.recipe import recipe_for
 from lens_position.models.zoo.store import SHIPPED, Checkpoint, checkpoints, save_checkpoint
@@ -18,10 +19,9 @@ log = logging.getLogger(__name__)
 
 def default_work_dir() -> Path:
     """Where resume checkpoints go (``$LENS_POSITION_CACHE/zoo/work``)."""
-    import os
+    from lens_position.models.cache import default_cache_dir
 
-    root = Path(os.environ.get("LENS_POSITION_CACHE", Path.home() / ".cache" / "lens_position"))
-    return root / "zoo" / "work"
+    return default_cache_dir() / "zoo" / "work"
 
 
 def train_variants(variants: Sequence[str], seeds: Sequence[int], *, root: Path = SHIPPED,
@@ -33,6 +33,7 @@ def train_variants(variants: Sequence[str], seeds: Sequence[int], *, root: Path 
     the same recipe hash is kept (``skip_existing``)."""
     from lens_position.analyses.zoo.measure import measure_sinks
 
+    require_hooked("zoo training")  # before reading the corpus (minutes): training is TransformerLens 3.x only
     corpus = training_split()
     unigram = unigram_bits_per_byte(corpus)
     existing = {c.name: c for c in checkpoints(root)}

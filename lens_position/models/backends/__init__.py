@@ -20,6 +20,7 @@ it holds a :class:`~lens_position.models.spec.LoadedModel` and talks to ``loaded
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Literal, Mapping, Protocol, Sequence, Union, runtime_checkable
 
 import torch
@@ -33,6 +34,24 @@ BACKENDS: tuple[str, ...] = ("auto", "hooked", "bridge")
 ModelLike = Any
 
 FwdHook = tuple[Union[str, Callable[[str], bool]], Callable]
+
+
+@dataclass(frozen=True)
+class RotaryLayout:
+    """How one attention layer applies RoPE, as the model itself does it.
+
+    ``frequencies``: the angle each rotated pair turns through per position (radians), read off
+    the model's own rotary tables at position 1 (so NTK scaling, local bases and per-layer tables
+    are what the model uses). ``adjacent_pairs``: pairs are dimensions ``2k, 2k+1`` (else ``k`` and
+    ``k + rotary_dim/2``). ``rotary_dim``: the rotated dimensions (the first ones of ``d_head``).
+    ``scale``: what the scores are divided by (``q . k / scale``). ``soft_cap``: the score
+    soft-cap (None where the scores are not capped)."""
+
+    frequencies: torch.Tensor
+    adjacent_pairs: bool
+    rotary_dim: int
+    scale: float
+    soft_cap: float | None = None
 
 
 @runtime_checkable
@@ -75,6 +94,8 @@ class ModelBackend(Protocol):
 
     def run_with_cache(self, tokens: torch.Tensor, names: Sequence[str], *,
                        stop_at_layer: int | None = None) -> dict[str, torch.Tensor]: ...
+
+    def rotary_layout(self, layer: int) -> RotaryLayout: ...
 
 
 def hooked_available() -> bool:

@@ -37,12 +37,14 @@ from typing import Any, Callable, ContextManager, Iterator, Mapping, Sequence
 import torch
 
 from lens_position.ground.errors import UnsupportedArchitectureError
+from lens_position.models.backends import RotaryLayout
 
 log = logging.getLogger(__name__)
 
 _BLOCK = re.compile(r"^blocks\.(\d+)\.")
 _SCORE_CHECK_TOKENS = 6
 _SCORE_CHECK_TOL = 1e-4
+_ROTARY_CHECK_TOL = 1e-4  # relative to the largest |q|: float32 rotation round-off is ~1e-7
 
 
 def _block_of(name: str) -> int:
@@ -328,3 +330,62 @@ class BridgeBackend:
         with torch.no_grad(), self.hooks([(name, keep) for name in dict.fromkeys(names)]):
             self.forward(tokens, stop_at_layer=stop_at_layer, return_type=None)
         return cache
+
+    def rotary_layout(self, layer: int) -> RotaryLayout:
+        """Layer ``layer``'s RoPE as the Hugging Face module applies it: the ``cos``/``sin`` tables the
+        bridge passes to that layer (``hook_cos``/``hook_sin``, position 1 of a two-token run), in
+        Hugging Face's layout (pairs ``k`` and ``k + rotary_dim/2``), checked against the layer's own
+        rotation: ``hook_rot_q`` must equal ``q cos + rotate_half(q) sin`` (``q`` after any query
+        norm), else UnsupportedArchitectureError; a layer that leaves ``q`` unrotated (per-layer
+        NoPE) has no rotary embedding. ``scale`` is ``1 / scaling`` of the HF attention module."""
+        prefix = f"blocks.{layer}.attn."
+        pre_name = prefix + ("hook_q_normed" if prefix + "hook_q_normed" in self.hook_dict else "hook_q")
+        names = [prefix + "hook_cos", prefix + "hook_sin", pre_name, prefix + "hook_rot_q"]
+        if any(name not in self.hook_dict for name in names):
+            raise UnsupportedArchitectureError(
+                f"layer {layer}: this model's attention bridge has no hook_cos/hook_sin/hook_rot_q, so its rotary "
+                "tables cannot be read; use backend='hooked' (TransformerLens 3.x) for this architecture")
+        # two ordinary tokens (id 0 is often padding, with a zero embedding and so zero queries)
+        # (a length other than the head count, so a query norm's [batch, head, pos, d_head] is told apart)
+        length = 3 if self.n_heads == 2 else 2
+        tokens = (torch.arange(1, length + 1, device=self.device) % max(2, self.d_vocab)).unsqueeze(0)
+        cache = self.run_with_cache(tokens, names, stop_at_layer=layer + 1)
+        pre, rot = cache.get(pre_name), cache.get(prefix + "hook_rot_q")
+        cos, sin = cache.get(prefix + "hook_cos"), cache.get(prefix + "hook_sin")
+        if pre is None or rot is None:
+            raise UnsupportedArchitectureError(f"layer {layer}: the attention bridge did not fire hook_q/hook_rot_q")
+        if pre.shape[1] != length:  # hook_q_normed in Hugging Face's [batch, head, pos, d_head]
+            pre = pre.transpose(1, 2)
+        pre, rot = pre[0, 1].to(torch.float64), rot[0, 1].to(torch.float64)  # [head, d_head]
+        size = float(pre.abs().max())
+        if not size > 0:
+            raise UnsupportedArchitectureError(
+                f"layer {layer}: the queries at position 1 of a two-token run are zero, so the rotary tables cannot "
+                "be checked against the layer's rotation")
+        if cos is None or sin is None or float((rot - pre).abs().max()) <= _ROTARY_CHECK_TOL * size:
+            raise UnsupportedArchitectureError(
+                f"layer {layer} has no rotary embedding (its queries are not rotated: per-layer NoPE): there "
+                "are no frequency bands to split; choose layers that use RoPE")
+        cos, sin = cos.reshape(-1, cos.shape[-1])[1].to(torch.float64), sin.reshape(-1, sin.shape[-1])[1].to(torch.float64)
+        rotary_dim = int(cos.shape[-1])
+        half = rotary_dim // 2
+        part = pre[:, :rotary_dim]
+        rotated = torch.cat([-part[:, half:], part[:, :half]], dim=-1)
+        expected = torch.cat([part * cos + rotated * sin, pre[:, rotary_dim:]], dim=-1)
+        if float((expected - rot).abs().max()) > _ROTARY_CHECK_TOL * size:
+            raise UnsupportedArchitectureError(
+                f"layer {layer}: hook_rot_q is not the query rotated by the layer's cos/sin tables in Hugging "
+                "Face's layout (pairs k, k + rotary_dim/2), so the frequency bands cannot be read reliably; "
+                "use backend='hooked' (TransformerLens 3.x) for this architecture")
+        module = self.model.blocks[layer].attn
+        module = getattr(module, "original_component", None) or getattr(module, "_original_component", None)
+        scaling = getattr(module, "scaling", None)
+        if not scaling:
+            raise UnsupportedArchitectureError(
+                f"layer {layer}: the Hugging Face attention module has no 'scaling', so the score scale is unknown")
+        config = self.model.original_model.config
+        config = getattr(config, "text_config", None) or config
+        cap = getattr(config, "attn_logit_softcapping", None)
+        return RotaryLayout(frequencies=torch.atan2(sin[:half], cos[:half]), adjacent_pairs=False,
+                            rotary_dim=rotary_dim, scale=1.0 / float(scaling),
+                            soft_cap=float(cap) if cap else None)

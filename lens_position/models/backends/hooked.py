@@ -7,6 +7,9 @@ from typing import Any, ContextManager, Mapping, Sequence
 
 import torch
 
+from lens_position.ground.errors import UnsupportedArchitectureError
+from lens_position.models.backends import RotaryLayout
+
 
 class HookedBackend:
     """The seam (:class:`~lens_position.models.backends.ModelBackend`) over a HookedTransformer.
@@ -65,3 +68,20 @@ class HookedBackend:
         _, cache = self.model.run_with_cache(tokens, names_filter=lambda name: name in wanted, return_type=None,
                                          stop_at_layer=stop_at_layer)
         return {name: cache[name] for name in names if name in cache.cache_dict}
+
+    def rotary_layout(self, layer: int) -> RotaryLayout:
+        """Layer ``layer``'s RoPE from its own tables (``rotary_sin``/``rotary_cos`` at position 1)
+        and config; UnsupportedArchitectureError where the layer has no rotary embedding."""
+        cfg = self.model.cfg
+        attn = self.model.blocks[layer].attn
+        if cfg.positional_embedding_type != "rotary" or not hasattr(attn, "rotary_sin"):
+            raise UnsupportedArchitectureError(
+                f"layer {layer} has no rotary embedding (positional_embedding_type="
+                f"{cfg.positional_embedding_type!r}): there are no frequency bands to split")
+        sin, cos = attn.rotary_sin[1].to(torch.float64), attn.rotary_cos[1].to(torch.float64)
+        angles = torch.atan2(sin, cos)
+        half = int(cfg.rotary_dim) // 2
+        cap = getattr(cfg, "attn_scores_soft_cap", -1.0)
+        return RotaryLayout(frequencies=angles[0::2] if cfg.rotary_adjacent_pairs else angles[:half],
+                            adjacent_pairs=bool(cfg.rotary_adjacent_pairs), rotary_dim=int(cfg.rotary_dim),
+                            scale=float(attn.attn_scale), soft_cap=float(cap) if cap and cap > 0 else None)

@@ -25,11 +25,28 @@ from typing import Any
 
 import torch
 
+from lens_position.ground.errors import UnsupportedArchitectureError
 from lens_position.models.tiny import VOCAB_SIZE
 from lens_position.models.zoo.recipe import Recipe
 
 #: Buffers TransformerLens derives from the config; a checkpoint stores parameters only.
 DERIVED_BUFFERS = ("rotary_sin", "rotary_cos", "mask", "IGNORE")
+#: The RMSNorm epsilon of every zoo norm (TransformerLens's default, written out so that the
+#: Hugging Face conversion, :mod:`lens_position.models.zoo.hf`, uses the very same).
+RMS_NORM_EPS = 1e-5
+
+
+def require_hooked(what: str) -> None:
+    """Refuse (UnsupportedArchitectureError) ``what`` where TransformerLens has no HookedTransformer
+    (4.x): zoo models are built and trained as HookedTransformers."""
+    from lens_position.models.backends import hooked_available
+
+    if not hooked_available():
+        raise UnsupportedArchitectureError(
+            f"{what} builds the zoo model as a HookedTransformer, which TransformerLens 4.x removed; train "
+            "(or build) zoo models in an environment with TransformerLens 3.x (pip install "
+            "'transformer-lens<4'). Trained checkpoints load on 4.x with load_model('zoo:<variant>') "
+            "(the bridge backend)")
 
 
 def hooked_config(recipe: Recipe, rotary_base: float | None = None) -> HookedTransformerConfig:
@@ -41,7 +58,7 @@ def hooked_config(recipe: Recipe, rotary_base: float | None = None) -> HookedTra
     return HookedTransformerConfig(
         n_layers=recipe.n_layers, d_model=recipe.d_model, n_heads=recipe.n_heads, d_head=recipe.d_head,
         d_mlp=recipe.d_mlp, d_vocab=VOCAB_SIZE, n_ctx=recipe.context, act_fn="silu", gated_mlp=True,
-        normalization_type="RMS", final_rms=True,
+        normalization_type="RMS", final_rms=True, eps=RMS_NORM_EPS,
         positional_embedding_type="rotary" if rope else "standard",
         rotary_dim=recipe.d_head if rope else None,
         rotary_base=(rotary_base if rotary_base is not None else recipe.final_rotary_base) if rope else 10000,
@@ -57,7 +74,9 @@ def build_model(recipe: Recipe, *, rotary_base: float | None = None, device: str
                 initialise: bool = True) -> HookedTransformer:
     """A fresh model for ``recipe``: every matrix ~ N(0, init_std²), output projections
     scaled by ``1/sqrt(2 n_layers)`` (GPT-2), norms 1, biases 0, drawn from ``recipe.seed``
-    without touching the global RNG. NoPE's ``W_pos`` is zero and frozen."""
+    without touching the global RNG. NoPE's ``W_pos`` is zero and frozen. TransformerLens 3.x
+    only (UnsupportedArchitectureError on 4.x: :func:`require_hooked`)."""
+    require_hooked("building a zoo model")
     from transformer_lens import HookedTransformer  # TransformerLens 3.x (hooked backend)
 
     with warnings.catch_warnings():  # TransformerLens 3.9 deprecates HookedTransformer in favour of 4.x

@@ -29,6 +29,7 @@ from typing import Any
 from safetensors.torch import load_file, save_file
 
 from lens_position.ground.errors import BadInputError, CorruptFileError, UnknownModelError
+from lens_position.models.backends import resolve_backend
 from lens_position.models.spec import LoadedModel, attach_tokenizer, spec_from_config, tokenizer_prepends_bos
 from lens_position.models.tiny import byte_tokenizer
 from lens_position.models.zoo.architecture import build_model, load_parameters
@@ -166,14 +167,24 @@ def verify(checkpoint: Checkpoint) -> Recipe:
     return recipe
 
 
-def load_zoo_model(name: str, *, root: Path = SHIPPED, device: str = "cpu") -> LoadedModel:
+def load_zoo_model(name: str, *, root: Path = SHIPPED, device: str = "cpu",
+                   backend: str = "auto") -> LoadedModel:
     """A zoo checkpoint as a ``LoadedModel`` (verified first; see :func:`verify`).
 
+    ``backend="hooked"``: the ``HookedTransformer`` it was trained as (TransformerLens 3.x);
+    ``"bridge"``: the same weights in a Hugging Face model booted into a ``TransformerBridge``
+    (:mod:`lens_position.models.zoo.hf`; every variant but ``learned``, TransformerLens 3.9 and 4.x);
+    ``"auto"``: hooked where TransformerLens has it, else the bridge.
     The tokenizer is byte-level; for a variant trained with BOS it prepends ``<bos>``
     (id 1), as Gemma-3's does, so the analyses' ``bos="tokenizer"`` matches training.
     """
+    chosen = resolve_backend(backend)
     checkpoint = find(name, root)
     recipe = verify(checkpoint)
+    if chosen == "bridge":
+        from lens_position.models.zoo.hf import load_zoo_bridge
+
+        return load_zoo_bridge(checkpoint, recipe, source=f"zoo:{root / recipe.variant}", device=device)
     model = build_model(recipe, device=device, initialise=False)
     load_parameters(model, {k: v.to(device) for k, v in load_file(str(checkpoint.weights)).items()})
     return as_loaded_model(model, recipe, name=checkpoint.name, source=f"zoo:{root / recipe.variant}",
@@ -204,6 +215,6 @@ def as_loaded_model(model: HookedTransformer, recipe: Recipe, *, name: str, sour
                "recipe_sha256": recipe_sha256 or recipe.sha256(), "extend_at": recipe.extend_at,
                "pretrain_rotary_base": recipe.rotary_base,
                "held_out_bits_per_byte": held_out_bits,
-               "d_vocab": model.cfg.d_vocab},
+               "d_vocab": model.cfg.d_vocab, "backend": "hooked"},
     )
     return LoadedModel(model=model, tokenizer=tokenizer, spec=spec)

@@ -37,7 +37,7 @@ from jaxtyping import Int
 
 from lens_position.ground.errors import BadInputError, CorruptFileError
 from lens_position.ground.progress import progress as progress_bar
-from lens_position.models.zoo.architecture import build_model, load_parameters, parameters_of
+from lens_position.models.zoo.architecture import build_model, load_parameters, parameters_of, require_hooked
 from lens_position.models.zoo.corpus import TrainingSplit, evaluation_batch, sample_batch, train_subset, training_split
 from lens_position.models.zoo.recipe import Recipe
 
@@ -146,8 +146,10 @@ def train(recipe: Recipe, *, work_dir: Path, device: str | None = None, progress
     ``torch.no_grad``) at every evaluation; the fields it returns are added to that point of
     the loss curve (measurements along training, e.g. sink scores; they never touch the
     weights, the batches or any RNG the training draws from). Raises BadInputError when this
-    interpreter's corpus is not the recipe's.
+    interpreter's corpus is not the recipe's, UnsupportedArchitectureError on TransformerLens 4.x
+    (training builds a HookedTransformer, which 4.x removed).
     """
+    require_hooked("zoo training")
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

@@ -10,17 +10,42 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from all_results import all_results, results
+from all_results import all_results, instrument_results, results
 from lens_position.core.columns import RECOMMENDED
 from lens_position.ground.errors import BadInputError
 
 SCREEN_LINES, SCREEN_COLUMNS = 30, 120
 NAMES = list(results())
+INSTRUMENTS = ("RotaryBands", "Position0Convergence", "WindowSinks")  # tests/helpers/all_results.py
 
 
-@pytest.mark.parametrize("name", NAMES)
+def test_every_result_type_of_the_analyses_is_among_those_checked():
+    import importlib
+    import pkgutil
+
+    import lens_position.analyses as analyses
+    from lens_position.core.results import SavedResult
+
+    for info in pkgutil.iter_modules(analyses.__path__):
+        importlib.import_module(f"lens_position.analyses.{info.name}")
+
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    defined = {c.__name__ for c in subclasses(SavedResult) if c.__module__.startswith("lens_position.analyses")}
+    checked = {*NAMES, *INSTRUMENTS}
+    assert set(instrument_results()) == set(INSTRUMENTS)
+    assert defined <= checked, f"result types whose printed summary no test checks: {sorted(defined - checked)}"
+    for cls in subclasses(SavedResult):  # a @dataclass without repr=False would print every table in full
+        if cls.__module__.startswith("lens_position.analyses"):
+            assert cls.__repr__ is SavedResult.__repr__ or cls.__name__ == "Analysis", cls.__name__
+
+
+@pytest.mark.parametrize("name", [*NAMES, *INSTRUMENTS])
 def test_every_result_prints_at_most_a_screen_naming_what_it_measured_and_its_tables(name):
-    result = results()[name]
+    result = results()[name] if name in NAMES else instrument_results()[name]
     text = repr(result)
     lines = text.splitlines()
     assert len(lines) <= SCREEN_LINES and max(map(len, lines)) <= SCREEN_COLUMNS, text
