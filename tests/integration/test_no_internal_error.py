@@ -197,14 +197,33 @@ BENCHMARKS = [
     ["benchmarks/decompose.py", "--model", "tiny-llama", "--N", "4", "--T", "24", "--skip-dense"],
     ["benchmarks/gpu.py", "--models", "tiny-llama", "--device", "cpu", "--T", "24", "--N", "4", "--batch-size", "4"],
     ["benchmarks/patching.py", "--model", "tiny-llama", "--T", "8", "--repeats", "1"],
+    ["benchmarks/backends.py", "--models", "tiny-llama", "--N", "4", "--T", "16", "--repeats", "1"],
+    ["benchmarks/probe_intervals.py", "--model", "tiny-llama", "--sets", "2", "--T", "16", "--N", "4", "--layers", "0"],
+    ["benchmarks/reproduce.py", "--models", "tiny-llama", "--quick", "--T", "16", "--N", "4"],
+]
+# The ones that need a real model (the embedded SmolLM2, read offline), marked slow.
+REAL_MODEL_BENCHMARKS = [
+    ["benchmarks/load.py", "--models", "smollm2-135m"],
+    ["benchmarks/decompose_real.py", "--models", "smollm2-135m", "--T", "32", "--N", "2"],
 ]
 
 
-@pytest.mark.fault(area="network", given="the benchmarks' tiny invocations (decompose, gpu, patching on tiny-llama)",
+@pytest.mark.fault(area="network", given="the benchmarks' tiny invocations (decompose, gpu, patching, backends, probe_intervals, reproduce on tiny-llama)",
                    happens="no packet leaves for a non-loopback address")
 def test_the_benchmarks_send_no_packet(tmp_path):
     script = " && ".join(" ".join([sys.executable, str(ROOT / bench[0]), *bench[1:], ">", "/dev/null"])
                          for bench in BENCHMARKS)
+    status, packets, output = _no_egress("sh", "-c", script, cwd=ROOT)
+    assert status == 0, output[-3000:]
+    assert packets == 0, output[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.fault(area="network", given="the benchmarks that load SmolLM2-135M (load, decompose_real)",
+                   happens="no packet leaves for a non-loopback address")
+def test_the_real_model_benchmarks_send_no_packet(tmp_path):
+    script = " && ".join(" ".join([sys.executable, str(ROOT / bench[0]), *bench[1:], ">", "/dev/null"])
+                         for bench in REAL_MODEL_BENCHMARKS)
     status, packets, output = _no_egress("sh", "-c", script, cwd=ROOT)
     assert status == 0, output[-3000:]
     assert packets == 0, output[-3000:]
