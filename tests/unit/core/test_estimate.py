@@ -16,8 +16,10 @@ from lens_position.core.stream import BATCH_SIZE
 from lens_position.pipeline import estimate as pipeline_estimate
 from lens_position.pipeline.steps import STEPS
 
-# measured / estimated must lie in this band
-BAND = (0.1, 10.0)
+# measured / estimated must lie in this band: a check of units and orders of magnitude (seconds, not
+# minutes or milliseconds), not a timing. Wide, because a shared CI machine's load moves a tiny run's
+# time by 10x between the calibration and the run, and a sub-second estimate is printed in whole seconds.
+BAND = (0.02, 50.0)
 # a fixed machine, so that the shape of the model is tested without timing noise
 MACHINE = E.Machine(flops=1e10, float64_flops=5e9, float64_ops=1e8, block_overhead_s=0.005, threads=2, device="cpu")
 COST = E.ModelCost(n_layers=30, n_heads=9, n_kv_heads=3, d_model=576, d_head=64, d_mlp=1536)
