@@ -11,7 +11,8 @@ reproduce: setup
 	.venv/bin/lens-position reproduce --out results
 
 # Both locked environments: the full suite on TransformerLens 3.9, then on 4.3 the tests marked
-# tl4 and every analysis sub-command on two tiny models (scripts/test-tl4.sh). Either failing fails the target.
+# tl4, every analysis sub-command on two tiny models and the quick reproduction (scripts/test-tl4.sh).
+# Either failing fails the target.
 test: test-tl3 test-tl4
 
 test-tl3: setup
