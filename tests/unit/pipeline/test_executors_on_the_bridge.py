@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from run_provenance import strip_timing
 
 import ray  # a dev dependency: these tests run in CI, never skipped
 
@@ -24,21 +25,12 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 MODELS = ("tiny-llama", "tiny-gemma3")
 STEPS = ("decompose", "sink_rate", "bos")
-TIMING = {"wall_s", "cpu_s", "peak_rss_mb", "computed_cost", "load_wall_s", "load_seconds", "created",
-          "wall_time_s", "steps_computed_wall_s", "execution"}
 
 
 def _config(out: Path, executor: str, backend: str = "bridge") -> RunConfig:
     return RunConfig(out=out, models=MODELS, quick=True, T=24, N=4, executor=executor,
                      compute=Compute(threads=1, backend=backend), steps=STEPS, browser_check=False, progress=False)
 
-
-def _strip(obj):
-    if isinstance(obj, dict):
-        return {k: _strip(v) for k, v in obj.items() if k not in TIMING}
-    if isinstance(obj, list):
-        return [_strip(v) for v in obj]
-    return obj
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +50,7 @@ def test_the_bridge_run_says_so_and_ray_gives_the_serial_results(serial_bridge, 
     pd.testing.assert_frame_equal(on_ray.claims, serial_bridge.claims, check_exact=True)
     ray_prov = json.loads((tmp_path / "out" / "provenance.json").read_text())
     serial_prov = json.loads(serial_bridge.files["provenance"].read_text())
-    assert _strip(ray_prov) == _strip(serial_prov)
+    assert strip_timing(ray_prov) == strip_timing(serial_prov)
     assert '"backend": "bridge"' in json.dumps(serial_prov)
 
 

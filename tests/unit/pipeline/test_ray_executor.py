@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from run_provenance import strip_timing
 
 import ray  # noqa: E402  (a dev dependency: these tests run in CI, never skipped)
 
@@ -28,8 +29,6 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 MODELS = ("tiny-llama", "tiny-gemma3")
 # One torch thread per model on both executors: results are then bitwise identical.
 ONE_THREAD = Compute(threads=1)
-TIMING = {"wall_s", "cpu_s", "peak_rss_mb", "computed_cost", "load_wall_s", "load_seconds", "created",
-          "wall_time_s", "steps_computed_wall_s", "execution"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -43,13 +42,6 @@ def _config(out: Path, executor: str, **kw) -> RunConfig:
     return RunConfig(out=out, models=MODELS, quick=True, T=24, N=3, executor=executor, compute=ONE_THREAD,
                      browser_check=False, progress=False, **kw)
 
-
-def _strip(obj):
-    if isinstance(obj, dict):
-        return {k: _strip(v) for k, v in obj.items() if k not in TIMING}
-    if isinstance(obj, list):
-        return [_strip(v) for v in obj]
-    return obj
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +58,7 @@ def test_ray_gives_the_serial_tables_claims_and_provenance(serial_run, tmp_path)
     ray_prov = json.loads((tmp_path / "out" / "provenance.json").read_text())
     serial_prov = json.loads((serial_run.files["provenance"]).read_text())
     assert ray_prov["execution"]["executor"] == "ray" and serial_prov["execution"]["executor"] == "serial"
-    assert _strip(ray_prov) == _strip(serial_prov)
+    assert strip_timing(ray_prov) == strip_timing(serial_prov)
 
 
 def _dies_once(marker: str):
