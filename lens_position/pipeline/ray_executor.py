@@ -17,8 +17,10 @@ initialised in this process, that instance is used and left running.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import Any, Mapping
+import os
+from typing import Any, Iterator, Mapping
 
 from lens_position.ground.errors import BadInputError, MissingPackageError
 from lens_position.pipeline.plan import Cell, Plan
@@ -75,21 +77,48 @@ def check_ray_address(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> Non
                             "(`ray status` on its head node), or drop --ray-address to run locally") from error
 
 
+# Ray's head process asks the cloud metadata services (169.254.169.254, metadata.google.internal)
+# which cloud it runs on whenever it starts, usage statistics on or off. While a local instance
+# starts, plain-HTTP requests go to a proxy address on the loopback where nothing listens, so
+# those requests fail at once without a packet leaving the machine (the host name is not even
+# resolved); the workers get the caller's own proxy settings back.
+PROXY_VARIABLES = ("http_proxy", "HTTP_PROXY", "no_proxy", "NO_PROXY")
+CLOSED_LOOPBACK_PROXY = f"http://{LOOPBACK}:9"  # the discard port: nothing listens on it
+
+
+@contextlib.contextmanager
+def _head_processes_offline() -> Iterator[dict[str, str]]:
+    """For the duration: HTTP through a closed loopback port, no proxy exceptions. Yields the
+    caller's own values of those variables ("" where unset: no proxy), for the workers."""
+    saved = {name: os.environ.get(name) for name in PROXY_VARIABLES}
+    os.environ.update(http_proxy=CLOSED_LOOPBACK_PROXY, HTTP_PROXY=CLOSED_LOOPBACK_PROXY, no_proxy="", NO_PROXY="")
+    try:
+        yield {name: value or "" for name, value in saved.items()}
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def start_local_ray(*, num_cpus: int | None = None, object_store_memory: int | None = None) -> Any:
     """Start a Ray instance on this machine whose workers import the same ``lens_position`` as
-    this process (its folder goes first on their ``PYTHONPATH``). Returns ``ray``."""
-    import os
+    this process (its folder goes first on their ``PYTHONPATH``). Every Ray process binds the
+    loopback address, and starting sends nothing off the machine (see ``PROXY_VARIABLES``).
+    Returns ``ray``."""
     from pathlib import Path
 
     ray = import_ray()
     here = str(Path(__file__).resolve().parents[2])  # the folder holding the lens_position package
     path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
-    # a local instance serves this machine only: every Ray process binds the loopback address
-    kwargs: dict[str, Any] = {"num_cpus": num_cpus, "include_dashboard": False, "logging_level": logging.WARNING,
-                              "runtime_env": {"env_vars": {"PYTHONPATH": path}}, "_node_ip_address": LOOPBACK}
-    if object_store_memory:
-        kwargs["object_store_memory"] = object_store_memory
-    ray.init(**kwargs)
+    with _head_processes_offline() as own_proxies:
+        kwargs: dict[str, Any] = {"num_cpus": num_cpus, "include_dashboard": False, "logging_level": logging.WARNING,
+                                  "runtime_env": {"env_vars": {"PYTHONPATH": path, **own_proxies}},
+                                  "_node_ip_address": LOOPBACK}
+        if object_store_memory:
+            kwargs["object_store_memory"] = object_store_memory
+        ray.init(**kwargs)
     return ray
 
 

@@ -150,6 +150,19 @@ def test_a_command_line_run_with_its_browser_check_sends_no_packet(tmp_path):
     assert packets == 0, output[-3000:]
 
 
+@pytest.mark.fault(area="network", given="a command-line run on a local Ray instance (--executor ray)",
+                   happens="no packet leaves for a non-loopback address (Ray's head process asked the cloud metadata "
+                           "services, 169.254.169.254 and metadata.google.internal, at every start)")
+def test_a_run_on_a_local_ray_instance_sends_no_packet(tmp_path):
+    out = tmp_path / "out"
+    status, packets, output = _no_egress(sys.executable, "-m", "lens_position.cli.commands", "decompose",
+                                         "tiny-llama", "--quick", "--executor", "ray",
+                                         "--no-progress", "--out", str(out), cwd=tmp_path)
+    assert status == 0, output[-3000:]
+    assert (out / "report.html").is_file()
+    assert packets == 0, output[-3000:]
+
+
 FIGURE_EXPORT = """
 import sys
 from pathlib import Path

@@ -170,3 +170,25 @@ def test_a_ray_run_counts_finished_cells_in_one_labelled_bar(serial_run, tmp_pat
     ours = [line for line in err.splitlines() if line.startswith("reproduce:")]
     assert len(ours) >= 1 and ours[-1].startswith(f"reproduce: {cells}/{cells} cells in "), err
     assert not any("\r" in line or "\x1b[A" in line for line in ours)
+
+
+def test_starting_a_local_instance_routes_http_to_a_closed_loopback_port_and_restores_the_proxies(monkeypatch):
+    """While the head processes start, plain HTTP goes nowhere (no cloud-metadata question leaves the
+    machine); afterwards this process, and the workers, have the caller's own proxy settings."""
+    from lens_position.pipeline import ray_executor
+
+    monkeypatch.setenv("http_proxy", "http://proxy.example:3128")
+    monkeypatch.delenv("HTTP_PROXY", raising=False)
+    monkeypatch.setenv("no_proxy", "localhost")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    with ray_executor._head_processes_offline() as own:
+        assert os.environ["http_proxy"] == os.environ["HTTP_PROXY"] == ray_executor.CLOSED_LOOPBACK_PROXY
+        assert os.environ["no_proxy"] == os.environ["NO_PROXY"] == ""
+        import urllib.request
+
+        assert urllib.request.getproxies()["http"].startswith("http://127.0.0.1:")
+        assert not urllib.request.proxy_bypass("169.254.169.254")
+    assert own == {"http_proxy": "http://proxy.example:3128", "HTTP_PROXY": "", "no_proxy": "localhost",
+                   "NO_PROXY": ""}
+    assert os.environ["http_proxy"] == "http://proxy.example:3128" and os.environ["no_proxy"] == "localhost"
+    assert "HTTP_PROXY" not in os.environ and "NO_PROXY" not in os.environ
