@@ -28,6 +28,7 @@ at position 0 of every prompt the prompts are one unit, and the spread is over r
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -118,10 +119,9 @@ def _instances(loaded: LoadedModel, tokens: torch.Tensor, replacements: Sequence
 
 
 def _run(backend: Any, tokens: Int[torch.Tensor, "unit one"],
-         embedding: Float[torch.Tensor, "unit d_model"] | None,
-         patch: tuple[str, Float[torch.Tensor, "unit d_model"]] | None = None) -> dict[str, torch.Tensor]:
+         embedding: Float[torch.Tensor, "unit d_model"] | None) -> dict[str, torch.Tensor]:
     """One forward pass on one-token sequences, with the embedding at position 0 replaced
-    (None: not) and optionally one activation patched; every block's residual states at
+    (None: not); every block's residual states at
     position 0 (``resid_pre``, ``resid_mid``, ``resid_post``, float64, ``[layer, unit, d_model]``)
     and the attention and MLP outputs."""
     names = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out", "hook_mlp_out")
@@ -132,13 +132,6 @@ def _run(backend: Any, tokens: Int[torch.Tensor, "unit one"],
             activation[:, 0] = embedding.to(activation.dtype)
             return activation
         hooks.append(("hook_embed", replace))
-    if patch is not None:
-        patch_name, patch_value = patch
-
-        def set_value(activation: torch.Tensor, hook: Any) -> torch.Tensor:
-            activation[:, 0] = patch_value.to(activation.dtype)
-            return activation
-        hooks.append((patch_name, set_value))
     for name in names:
         def keep(activation: torch.Tensor, hook: Any, name: str = name) -> None:
             kept[name].append(activation[:, 0].detach().to(torch.float64).cpu())
@@ -146,6 +139,52 @@ def _run(backend: Any, tokens: Int[torch.Tensor, "unit one"],
     with torch.no_grad(), backend.hooks(hooks):
         backend.forward(tokens, return_type=None)
     return {name.removeprefix("hook_"): torch.stack(values) for name, values in kept.items()}
+
+
+MAX_PATCHED_ROWS = 512  # one-token rows per forward pass of the restoration runs
+
+
+def _run_patched(backend: Any, tokens: Int[torch.Tensor, "unit one"],
+                 embedding: Float[torch.Tensor, "unit d_model"],
+                 patches: Sequence[tuple[str, Float[torch.Tensor, "unit d_model"]]]
+                 ) -> Float[torch.Tensor, "condition layer unit d_model"]:
+    """The replaced runs with one activation patched each, several patches to a forward pass:
+    condition ``k`` is ``tokens`` again (its own block of rows) with ``patches[k]`` (hook name,
+    value per unit) set at position 0. Returns every block's ``resid_post`` at position 0 per
+    condition (float64). Rows never interact (one-token sequences, no batch statistics), so each
+    condition's numbers are those of its own run."""
+    units = len(tokens)
+    per_pass = max(1, MAX_PATCHED_ROWS // units)
+    out: list[torch.Tensor] = []
+    for start in range(0, len(patches), per_pass):
+        chunk = patches[start:start + per_pass]
+        by_hook: dict[str, list[tuple[int, torch.Tensor]]] = {}
+        for k, (name, value) in enumerate(chunk):
+            by_hook.setdefault(name, []).append((k, value))
+        rows = tokens.repeat(len(chunk), 1)
+        rows_embedding = embedding.repeat(len(chunk), 1)
+        kept: list[torch.Tensor] = []
+
+        def replace(activation: torch.Tensor, hook: Any) -> torch.Tensor:
+            activation[:, 0] = rows_embedding.to(activation.dtype)
+            return activation
+
+        def set_values(activation: torch.Tensor, hook: Any,
+                       values: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
+            for k, value in values:
+                activation[k * units:(k + 1) * units, 0] = value.to(activation.dtype)
+            return activation
+
+        def keep(activation: torch.Tensor, hook: Any) -> None:
+            kept.append(activation[:, 0].detach().to(torch.float64).cpu())
+
+        hooks = [("hook_embed", replace), *((name, functools.partial(set_values, values=values)) for name, values in by_hook.items()),
+                 *((f"blocks.{layer}.hook_resid_post", keep) for layer in range(backend.n_layers))]
+        with torch.no_grad(), backend.hooks(hooks):
+            backend.forward(rows, return_type=None)
+        post = torch.stack(kept)  # [layer, condition * unit, d_model]
+        out.extend(post[:, k * units:(k + 1) * units] for k in range(len(chunk)))
+    return torch.stack(out)
 
 
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -235,26 +274,26 @@ def position0_convergence(
     # orders of magnitude in one MLP): the gap there is taken relative to the unreplaced state's norm
     relative = {name: (replaced[name] - base_units[name]).norm(dim=-1) / base_units[name].norm(dim=-1)
                 for name in ("resid_pre", "resid_mid", "resid_post")}
+    conditions = [(layer, component) for layer in range(n_layers) for component in COMPONENTS]
+    patched_post = _run_patched(backend, unit_tokens, unit_embedding,
+                                [(f"blocks.{layer}.hook_{component}_out", base_units[f"{component}_out"][layer])
+                                 for layer, component in conditions])
     rows = []
-    for layer in range(n_layers):
-        for component in COMPONENTS:
-            hook_name = f"blocks.{layer}.hook_{component}_out"
-            patched = _run(backend, unit_tokens, unit_embedding,
-                           (hook_name, base_units[f"{component}_out"][layer]))
-            gap_here = (patched["resid_post"][layer] - post_b[layer]).norm(dim=-1)
-            gap_final = (patched["resid_post"][final] - post_b[final]).norm(dim=-1)
-            in_run = (closed(relative["resid_mid"][layer], relative["resid_pre"][layer], None) if component == "attn"
-                      else closed(relative["resid_post"][layer], relative["resid_mid"][layer], None))
-            row: dict[str, Any] = {"layer": layer, "component": component}
-            for name, values in (("closed_here", closed(gap_here, gap[layer], layer)),
-                                 ("closed_final", closed(gap_final, gap[final], final)), ("closed_in_run", in_run)):
-                values = values[torch.isfinite(values)]  # units with a gap to close
-                if len(values) == 0:
-                    row[name] = row[f"{name}_lo"] = row[f"{name}_hi"] = float("nan")
-                    continue
-                mean, lo, hi = bootstrap_mean(values.numpy(), bootstrap)
-                row[name], row[f"{name}_lo"], row[f"{name}_hi"] = float(mean), float(lo), float(hi)
-            rows.append(row)
+    for (layer, component), patched in zip(conditions, patched_post):
+        gap_here = (patched[layer] - post_b[layer]).norm(dim=-1)
+        gap_final = (patched[final] - post_b[final]).norm(dim=-1)
+        in_run = (closed(relative["resid_mid"][layer], relative["resid_pre"][layer], None) if component == "attn"
+                  else closed(relative["resid_post"][layer], relative["resid_mid"][layer], None))
+        row: dict[str, Any] = {"layer": layer, "component": component}
+        for name, values in (("closed_here", closed(gap_here, gap[layer], layer)),
+                             ("closed_final", closed(gap_final, gap[final], final)), ("closed_in_run", in_run)):
+            values = values[torch.isfinite(values)]  # units with a gap to close
+            if len(values) == 0:
+                row[name] = row[f"{name}_lo"] = row[f"{name}_hi"] = float("nan")
+                continue
+            mean, lo, hi = bootstrap_mean(values.numpy(), bootstrap)
+            row[name], row[f"{name}_lo"], row[f"{name}_hi"] = float(mean), float(lo), float(hi)
+        rows.append(row)
     spec = getattr(prompts, "spec", None)
     return Position0Convergence(
         layers=layers, per_replacement=per_replacement, restoration=pd.DataFrame(rows), tolerance=tolerance,
