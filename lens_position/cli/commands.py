@@ -157,8 +157,8 @@ def _add_common(sub: argparse.ArgumentParser, *, many_models: bool, out: Path,
                      help="print what was written (files, claims) as one JSON object instead of a summary")
     run.add_argument("--quick", action="store_true",
                      help="a quick run of every step on every model (T=40, N=4; sliding-window models at 1.25 x "
-                          "their window; probes on 160 positions; 16 early queries; sink steps at T=32): "
-                          "50 bootstrap replicates; sized for about 3 min of 2 cores, see docs/performance.md for the "
+                          "their window; probes on 160 positions; 16 early queries; sink steps at T=32; the zoo's "
+                          "seeds 0 and 1 only): 50 bootstrap replicates; sized for about 3 min of 2 cores, see docs/performance.md for the "
                           "measured time")
     run.add_argument("--format", dest="fmt", choices=("parquet", "csv"), default="parquet",
                      help="table format (default: %(default)s)")
@@ -293,9 +293,11 @@ def _config(args: argparse.Namespace, argv: Sequence[str]):
                             browser_check=args.browser_check, progress=args.progress, command=command,
                             force=args.force)
     if args.command == "reproduce":
+        from lens_position.pipeline.config import QUICK_ZOO_SEEDS
         from lens_position.pipeline.models import expand_zoo
 
-        models = expand_zoo([m.strip() for m in args.models.split(",") if m.strip()], backend=args.backend)
+        models = expand_zoo([m.strip() for m in args.models.split(",") if m.strip()], backend=args.backend,
+                            seeds=QUICK_ZOO_SEEDS if args.quick else None)
     else:
         models = (args.model,)
     steps = commands()[args.command]

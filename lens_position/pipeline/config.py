@@ -85,6 +85,8 @@ class Settings:
 # interval's refits cost in proportion; benchmarks/reproduce.py --quick, docs/performance.md).
 FULL = Settings(T=128, N=16, early_N=16, probe_positions=2048, sink_T=64)
 QUICK = Settings(T=40, N=4, early_N=4, probe_positions=160, query_range=(0, 16), sink_T=32, n_resamples=50)
+# --quick's `zoo` request: two seeds of each variant (a paired comparison needs two), not all three
+QUICK_ZOO_SEEDS = (0, 1)
 
 
 @dataclass(frozen=True)

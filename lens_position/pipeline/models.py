@@ -77,11 +77,13 @@ def check_models(requests: Sequence[str]) -> None:
             check_model_name(name)  # a missing path is a missing file, not an unknown model
 
 
-def expand_zoo(requests: Sequence[str], backend: str = "auto") -> tuple[str, ...]:
-    """Replace the request ``zoo`` by every shipped zoo checkpoint (all variants and seeds) that
-    ``backend`` can run: on the bridge (TransformerLens 4.x) the variants no Hugging Face family
-    computes (learned absolute positions) are left out, with a warning that names them and the
-    backend that runs them. A checkpoint named explicitly is kept (and refused when it loads)."""
+def expand_zoo(requests: Sequence[str], backend: str = "auto",
+               seeds: Sequence[int] | None = None) -> tuple[str, ...]:
+    """Replace the request ``zoo`` by every shipped zoo checkpoint (all variants; all seeds, or
+    those in ``seeds``) that ``backend`` can run: on the bridge (TransformerLens 4.x) the variants
+    no Hugging Face family computes (learned absolute positions) are left out, with a warning that
+    names them and the backend that runs them. A checkpoint named explicitly is kept (and refused
+    when it loads)."""
     from lens_position.models.backends import resolve_backend
 
     expanded: list[str] = []
@@ -89,7 +91,7 @@ def expand_zoo(requests: Sequence[str], backend: str = "auto") -> tuple[str, ...
         if request == "zoo":
             from lens_position.models.zoo.store import checkpoints
 
-            found = checkpoints()
+            found = [c for c in checkpoints() if seeds is None or c.seed in seeds]
             if resolve_backend(backend) == "bridge":
                 from lens_position.ground.errors import UnsupportedArchitectureError
                 from lens_position.models.zoo.hf import check_convertible
