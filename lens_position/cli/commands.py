@@ -9,13 +9,14 @@ non-zero exit status, never a traceback (``--debug`` shows it).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from lens_position.cli.argtypes import path_option, positive_int, seed_option
 from lens_position.core.stream import BATCH_SIZE
@@ -410,12 +411,51 @@ def _one_line(error: BaseException) -> str:
     return " ".join(str(error).split())
 
 
+@contextlib.contextmanager
+def _other_progress_bars_off(off: bool) -> Iterator[None]:
+    """With ``off`` (--no-progress), the bars other libraries draw go too while the command runs
+    (transformers dequantising a GGUF file or loading weights, the Hugging Face hub's, and tqdm's
+    in processes started meanwhile); every switch is put back afterwards."""
+    if not off:
+        yield
+        return
+    saved = os.environ.get("TQDM_DISABLE")
+    os.environ["TQDM_DISABLE"] = "1"
+    try:
+        from huggingface_hub import utils as hub_utils
+        from transformers.utils import logging as transformers_logging
+    except ImportError:  # neither is needed before a model loads; that load says what is missing
+        hub_utils = transformers_logging = None
+    restore = []
+    if transformers_logging is not None:
+        if transformers_logging.is_progress_bar_enabled():
+            restore.append(transformers_logging.enable_progress_bar)
+        transformers_logging.disable_progress_bar()
+        if not hub_utils.are_progress_bars_disabled():
+            restore.append(hub_utils.enable_progress_bars)
+        hub_utils.disable_progress_bars()
+    try:
+        yield
+    finally:
+        for undo in restore:
+            undo()
+        if saved is None:
+            os.environ.pop("TQDM_DISABLE", None)
+        else:
+            os.environ["TQDM_DISABLE"] = saved
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``lens-position``; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     logging.basicConfig(level=logging.WARNING, format="lens-position: %(levelname)s: %(message)s")
+    with _other_progress_bars_off(not getattr(args, "progress", True)):
+        return _main(args, argv)
+
+
+def _main(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     try:
         if args.command == "zoo":
             from lens_position.cli.zoo import run as run_zoo

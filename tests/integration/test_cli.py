@@ -3,6 +3,7 @@ non-zero exit status, never a traceback."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -211,3 +212,32 @@ def test_the_instruments_run_on_zoo_models_and_say_what_they_measured(capsys, tm
     flat = " ".join(stdout.split())  # the sentences are wrapped at 110 columns
     for text in printed:
         assert text in flat, stdout
+
+
+def test_no_progress_silences_the_other_libraries_bars_while_it_runs(monkeypatch, capsys, tmp_path):
+    """--no-progress reaches transformers' and the hub's bars (those drawn while a GGUF file is
+    dequantised or weights load) for the command's duration, and puts every switch back."""
+    from huggingface_hub.utils import are_progress_bars_disabled
+    from transformers.utils import logging as hf_logging
+
+    import importlib
+
+    pipeline_run = importlib.import_module("lens_position.pipeline.run")  # the module, not its run()
+
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    seen = []
+    real_run = pipeline_run.run
+
+    def spying_run(config):
+        seen.append((hf_logging.is_progress_bar_enabled(), are_progress_bars_disabled(),
+                     type(hf_logging.tqdm(range(2))).__name__, os.environ.get("TQDM_DISABLE")))
+        return real_run(config)
+
+    monkeypatch.setattr(pipeline_run, "run", spying_run)
+    assert main(["decompose", "tiny-llama", "--quick", "--out", str(tmp_path / "on")]) == 0
+    assert main(["decompose", "tiny-llama", "--quick", "--no-progress", "--out", str(tmp_path / "off")]) == 0
+    assert seen[0][:2] == (True, False) and seen[0][3] is None
+    assert seen[1] == (False, True, "EmptyTqdm", "1")
+    assert hf_logging.is_progress_bar_enabled() and not are_progress_bars_disabled()  # put back
+    assert "TQDM_DISABLE" not in os.environ
+    capsys.readouterr()
