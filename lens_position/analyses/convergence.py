@@ -225,7 +225,8 @@ def position0_convergence(
     if not 0 < tolerance < 1:
         raise BadInputError(f"tolerance must lie in (0, 1) (a cosine gap), got {tolerance}")
     backend = loaded.backend
-    if any(f"blocks.0.{name}" not in backend.hook_dict for name in ("hook_resid_mid", "hook_mlp_out")):
+    hook_dict = backend.hook_dict
+    if any(f"blocks.0.{name}" not in hook_dict for name in ("hook_resid_mid", "hook_mlp_out")):
         raise BadInputError("this model has no MLPs (attn_only): the restoration by component needs both sub-blocks; "
                             "use a model with MLPs")
     tokens0 = torch.unique(as_tokens(loaded, prompts)[:, :1].cpu(), dim=0).to(backend.device)

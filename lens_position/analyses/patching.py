@@ -198,7 +198,8 @@ def prefix_reuse_unsupported(model: ModelLike) -> str | None:
     if cfg.attention_dir != "causal":
         return f"attention is {cfg.attention_dir}, not causal: every position depends on every other"
     needed = [f"blocks.{l}.attn.hook_{part}" for l in range(cfg.n_layers) for part in ("q", "k", "v", "z")]
-    missing = [name for name in needed if name not in hooked.hook_dict]
+    hook_dict = hooked.hook_dict  # once (a TransformerBridge resolves its aliases on every access)
+    missing = [name for name in needed if name not in hook_dict]
     if missing:
         return f"the model has no hooks {missing[:3]}"
     return None
@@ -351,7 +352,8 @@ def run_patches(
                 raise BadInputError(f"a condition holds {type(patch).__name__}, expected Patch")
             patch.validate(hooked, n_pos)
     read = [act_name(n) for n in read]
-    missing = [n for n in read if n not in hooked.hook_dict]
+    hook_dict = hooked.hook_dict  # once (a TransformerBridge resolves its aliases on every access)
+    missing = [n for n in read if n not in hook_dict]
     if missing:
         raise BadInputError(f"the model has no hooks named {missing}")
     reuse = _decide_reuse(hooked, reuse_prefix, read)

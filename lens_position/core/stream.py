@@ -157,7 +157,8 @@ def stream(
     inputs = stream_inputs(prompts)
     batch_size = check_count("batch_size", batch_size)
     names = [name for reducer in reducers for name in reducer.hook_names]
-    missing = sorted({n for n in names if n != LOGITS and n not in backend.hook_dict})
+    hook_dict = backend.hook_dict  # once: a TransformerBridge resolves its hook aliases on every access
+    missing = sorted({n for n in names if n != LOGITS and n not in hook_dict})
     if missing:
         raise BadInputError(f"the model has no hooks named {missing}")
     n_prompts = inputs.shape[0]
@@ -194,7 +195,7 @@ def stream(
     # A normalisation whose scale overflows (x² beyond the dtype's range: huge but finite weights or
     # activations) divides by inf and hands the next layer zeros, which attend uniformly and look like a
     # model that is "all mask": every pass checks the scales it runs through, not only what it reads.
-    hooks += [(name, guard) for name in norm_scale_hooks(backend.hook_dict) if name not in readers]
+    hooks += [(name, guard) for name in norm_scale_hooks(hook_dict) if name not in readers]
     # The pass ends once every hook it runs for has run (the output is read only for "logits"; a hook
     # given as a name filter could match anything, so it keeps the pass whole).
     watched = set(readers) | set(patches_at) | {name for name, _ in fwd_hooks}

@@ -215,7 +215,8 @@ def check_scores_hook(bridge: Any) -> None:
     softmax fails it: the softmax of probabilities is not those probabilities)."""
     n_layers = int(bridge.cfg.n_layers)
     names = [f"blocks.{layer}.attn.hook_{kind}" for layer in range(n_layers) for kind in ("attn_scores", "pattern")]
-    missing = [name for name in names if name not in bridge.hook_dict]
+    hook_dict = bridge.hook_dict  # once: it resolves the hook aliases on every access
+    missing = [name for name in names if name not in hook_dict]
     if missing:
         raise UnsupportedArchitectureError(
             f"this model's attention bridge has no {missing[0]} (and {len(missing) - 1} more): lens_position "
@@ -383,9 +384,10 @@ class BridgeBackend:
         norm), else UnsupportedArchitectureError; a layer that leaves ``q`` unrotated (per-layer
         NoPE) has no rotary embedding. ``scale`` is ``1 / scaling`` of the HF attention module."""
         prefix = f"blocks.{layer}.attn."
-        pre_name = prefix + ("hook_q_normed" if prefix + "hook_q_normed" in self.hook_dict else "hook_q")
+        hook_dict = self.hook_dict  # once: the bridge resolves its hook aliases on every access
+        pre_name = prefix + ("hook_q_normed" if prefix + "hook_q_normed" in hook_dict else "hook_q")
         names = [prefix + "hook_cos", prefix + "hook_sin", pre_name, prefix + "hook_rot_q"]
-        if any(name not in self.hook_dict for name in names):
+        if any(name not in hook_dict for name in names):
             raise UnsupportedArchitectureError(
                 f"layer {layer}: this model's attention bridge has no hook_cos/hook_sin/hook_rot_q, so its rotary "
                 "tables cannot be read; use backend='hooked' (TransformerLens 3.x) for this architecture")
