@@ -35,7 +35,7 @@ TOLERANCES: dict[str, float] = {
     "decomposition columns (T, R, M, C, both splits, held-out, intervals)": 1e-5,
     "sink scores": 1e-6,
     "sink rate (Gu et al., per condition)": 0.0,
-    "BOS replacement (fraction removed, per layer and overall)": 1e-4,
+    "BOS replacement (fraction removed, per layer and overall)": 1e-3,  # relative where |fraction| > 1
     "BOS replacement, held-out fraction's interval ends (per unit of interval width)": 5e-4,
     "resid_pre patching sweep (metric)": 2e-5,
     "claim verdicts that differ (count, C1-C5)": 0.0,
@@ -91,13 +91,18 @@ def _max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max()) if a.numel() else 0.0
 
 
-def frame_difference(a: pd.DataFrame, b: pd.DataFrame, columns: list[str]) -> float:
+def frame_difference(a: pd.DataFrame, b: pd.DataFrame, columns: list[str],
+                     relative_above: float | None = None) -> float:
     """Largest absolute difference of ``columns`` between two frames of the same rows (NaN cells,
-    e.g. intervals switched off, must be NaN in both)."""
+    e.g. intervals switched off, must be NaN in both); with ``relative_above``, a cell whose
+    magnitude exceeds it is compared relative to that magnitude."""
     assert len(a) == len(b) and columns, (len(a), len(b), columns)
     left, right = (f[columns].reset_index(drop=True).astype(float) for f in (a, b))
     assert left.isna().equals(right.isna()), "NaN cells differ"
-    return float((left - right).abs().max().max()) if len(left) else 0.0
+    difference = (left - right).abs()
+    if relative_above is not None:
+        difference = difference / left.abs().clip(lower=relative_above)
+    return float(difference.max().max()) if len(left) else 0.0
 
 
 def _forward_differences(models: dict[str, Any], tokens: torch.Tensor, chunk: int = 6) -> dict[str, float]:
@@ -206,9 +211,12 @@ def measure_parity(name: str, *, T: int = 40, N: int = 4, seed: int = 0, n_resam
     for frame in ("frame", "overall"):
         left, right = getattr(a["bos"], frame), getattr(b["bos"], frame)
         assert list(left["replacement"]) == list(right["replacement"])
-        columns = [c for c in left.columns if c.startswith(("fraction_removed", "R_base", "R_replaced"))
-                   and c not in HELD_OUT_INTERVAL]
+        columns = [c for c in left.columns if c.startswith(("R_base", "R_replaced"))]
         differences[key] = max(differences[key], frame_difference(left, right, columns))
+        # a fraction is a ratio: in a layer whose base R' is near zero it reaches hundreds, and float32
+        # noise moves it in proportion; compared relative to its size where that exceeds 1
+        fractions = [c for c in left.columns if c.startswith("fraction_removed") and c not in HELD_OUT_INTERVAL]
+        differences[key] = max(differences[key], frame_difference(left, right, fractions, relative_above=1.0))
         width = (left[HELD_OUT_INTERVAL[1]] - left[HELD_OUT_INTERVAL[0]]).to_numpy(dtype=float)
         for column in HELD_OUT_INTERVAL:
             moved = (left[column] - right[column]).abs().to_numpy(dtype=float) / width

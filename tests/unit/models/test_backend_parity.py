@@ -66,6 +66,13 @@ def test_the_docs_table_records_what_the_measurement_gives_now(parity):
     row = recorded[parity.model]
     assert (row["T"], row["N"]) == (parity.T, parity.N)
     assert set(row["values"]) == set(TOLERANCES)
+    page = PAGE.read_text(encoding="utf-8")
+    if f"({TABLE.versions()}, CPU" not in page:
+        # another build than the recorded one (the table names its versions): float32 round-off differs
+        # from build to build, so only the tolerances hold (the test above); the orders of magnitude are
+        # those of the tested build
+        assert parity.over_tolerance() == {}
+        return
     off = {q: (row["values"][q], measured) for q, measured in parity.differences.items()
            if not TABLE.within_a_factor_of_ten(row["values"][q], measured)}
     assert off == {}, f"recorded vs measured now: {off}; rerun python scripts/parity_table.py"
