@@ -97,3 +97,44 @@ def test_a_tolerance_outside_0_1_is_refused(tolerance):
 def test_unknown_or_no_replacements_are_refused(replacements):
     with pytest.raises(BadInputError):
         position0_convergence(convergence_model(None), TOKENS, replacements=replacements, progress=False)
+
+
+@pytest.mark.parametrize("rows_per_pass", [512, 5])  # one pass for every condition, and chunks of them
+def test_the_batched_restoration_runs_equal_one_patched_run_each(monkeypatch, rows_per_pass):
+    """Each (layer, sub-block) patch, put through one batched pass with the others, gives the
+    position-0 states of its own patched run."""
+    from lens_position.analyses import convergence
+    from lens_position.models import load_model
+
+    monkeypatch.setattr(convergence, "MAX_PATCHED_ROWS", rows_per_pass)
+    backend = load_model("tiny-llama").backend
+    tokens = torch.tensor([[1], [5], [9]], device=backend.device)
+    embedding = torch.randn(3, backend.d_model, generator=torch.Generator().manual_seed(0))
+    base = convergence._run(backend, tokens, None)
+    patches = [(f"blocks.{layer}.hook_{component}_out", base[f"{component}_out"][layer])
+               for layer in range(backend.n_layers) for component in convergence.COMPONENTS]
+    batched = convergence._run_patched(backend, tokens, embedding, patches)
+    assert batched.shape == (len(patches), backend.n_layers, 3, backend.d_model)
+    for k, (name, value) in enumerate(patches):
+        kept = []
+
+        def replace(activation, hook):
+            activation[:, 0] = embedding.to(activation.dtype)
+            return activation
+
+        def set_value(activation, hook, value=value):
+            activation[:, 0] = value.to(activation.dtype)
+            return activation
+
+        def keep(activation, hook):
+            kept.append(activation[:, 0].to(torch.float64))
+
+        hooks = [("hook_embed", replace), (name, set_value),
+                 *((f"blocks.{layer}.hook_resid_post", keep) for layer in range(backend.n_layers))]
+        with torch.no_grad(), backend.hooks(hooks):
+            backend.forward(tokens, return_type=None)
+        alone = torch.stack(kept)
+        assert torch.allclose(batched[k], alone, atol=1e-5, rtol=1e-5), (name, (batched[k] - alone).abs().max())
+    # a patch changes the run: patched states differ from the replaced run's where the patch sits
+    replaced = convergence._run(backend, tokens, embedding)["resid_post"]
+    assert not torch.allclose(batched[0][0], replaced[0])
