@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -434,6 +435,14 @@ def _other_progress_bars_off(off: bool) -> Iterator[None]:
         if not hub_utils.are_progress_bars_disabled():
             restore.append(hub_utils.enable_progress_bars)
         hub_utils.disable_progress_bars()
+        try:  # transformers' GGUF reader draws its bar with tqdm itself, not through its logging switch
+            from transformers import modeling_gguf_pytorch_utils as gguf_reader
+        except ImportError:
+            gguf_reader = None
+        if gguf_reader is not None and hasattr(gguf_reader, "tqdm"):
+            own_tqdm = gguf_reader.tqdm
+            gguf_reader.tqdm = functools.partial(own_tqdm, disable=True)
+            restore.append(lambda: setattr(gguf_reader, "tqdm", own_tqdm))
     try:
         yield
     finally:

@@ -3,6 +3,7 @@ non-zero exit status, never a traceback."""
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import subprocess
@@ -229,15 +230,21 @@ def test_no_progress_silences_the_other_libraries_bars_while_it_runs(monkeypatch
     real_run = pipeline_run.run
 
     def spying_run(config):
+        from transformers import modeling_gguf_pytorch_utils as gguf_reader
+
         seen.append((hf_logging.is_progress_bar_enabled(), are_progress_bars_disabled(),
-                     type(hf_logging.tqdm(range(2))).__name__, os.environ.get("TQDM_DISABLE")))
+                     type(hf_logging.tqdm(range(2))).__name__, os.environ.get("TQDM_DISABLE"),
+                     gguf_reader.tqdm(range(2), file=io.StringIO()).disable))
         return real_run(config)
 
     monkeypatch.setattr(pipeline_run, "run", spying_run)
     assert main(["decompose", "tiny-llama", "--quick", "--out", str(tmp_path / "on")]) == 0
     assert main(["decompose", "tiny-llama", "--quick", "--no-progress", "--out", str(tmp_path / "off")]) == 0
-    assert seen[0][:2] == (True, False) and seen[0][3] is None
-    assert seen[1] == (False, True, "EmptyTqdm", "1")
+    assert seen[0][:2] == (True, False) and seen[0][3] is None and not seen[0][4]
+    assert seen[1] == (False, True, "EmptyTqdm", "1", True)  # the GGUF reader's own bar too
     assert hf_logging.is_progress_bar_enabled() and not are_progress_bars_disabled()  # put back
     assert "TQDM_DISABLE" not in os.environ
+    from transformers import modeling_gguf_pytorch_utils as gguf_reader
+
+    assert not gguf_reader.tqdm(range(2), file=io.StringIO()).disable
     capsys.readouterr()
