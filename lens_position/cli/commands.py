@@ -160,8 +160,8 @@ def _add_common(sub: argparse.ArgumentParser, *, many_models: bool, out: Path,
     run.add_argument("--quick", action="store_true",
                      help="a quick run of every step on every model (T=40, N=4; sliding-window models at 1.25 x "
                           "their window; probes on 160 positions; 16 early queries; sink steps at T=32; the zoo's "
-                          "seeds 0 and 1 only): 50 bootstrap replicates; about 4 min of 2 cores once the weights "
-                          "are cached (measured: docs/performance.md)")
+                          "seeds 0 and 1 only): 50 bootstrap replicates; about 2.5 min of 2 cores once the weights "
+                          "are cached, 3.3 min for the first run, which caches them (measured: docs/performance.md)")
     run.add_argument("--format", dest="fmt", choices=("parquet", "csv"), default="parquet",
                      help="table format (default: %(default)s)")
     run.add_argument("--no-cache", dest="use_cache", action="store_false",

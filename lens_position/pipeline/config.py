@@ -82,7 +82,8 @@ class Settings:
 # The full run is sized to fit 15 min warm on 2 cores with peak memory under 8 GB (the slowest
 # steps: Gemma-3's decomposition and probe at T = 640). --quick runs every step on every model at
 # small sizes, with 50 bootstrap replicates instead of 200 (each interval's refits cost in
-# proportion) and two zoo seeds: about 4 min of 2 cores (docs/performance.md).
+# proportion) and two zoo seeds: about 2.5 min of 2 cores with the weights cached, 3.3 min the first
+# time (docs/performance.md).
 FULL = Settings(T=128, N=16, early_N=16, probe_positions=2048, sink_T=64)
 QUICK = Settings(T=40, N=4, early_N=4, probe_positions=160, query_range=(0, 16), sink_T=32, n_resamples=50)
 # --quick's `zoo` request: two seeds of each variant (a paired comparison needs two), not all three
