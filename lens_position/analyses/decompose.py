@@ -514,11 +514,12 @@ def _variant(fit: _Fitter, stats: HeadStatistics, per_group: torch.Tensor,
     ``per_group``: ``[group, head, k | k | 1 | 1 | offset | k + 1 | 1 | 1]`` (coordinates of
     ``t`` and ``z``, their means, the offset fit ``g`` up to the largest offset a key set
     spans, the coordinates and mean of its linear part of ``lam``, and the sums of ``log A``
-    and its square), so every replicate's mean is one matrix product."""
+    and its square), so every replicate's mean is one matrix product (the division folded
+    into the weights)."""
     n = weights @ stats.n_sequences  # [R]
     scale = torch.where(n > 0, 1.0 / n, torch.nan)
     n_groups, n_heads, width = per_group.shape
-    means = ((weights @ per_group.reshape(n_groups, -1)) * scale[:, None]).reshape(len(weights), n_heads, width)
+    means = ((weights * scale[:, None]) @ per_group.reshape(n_groups, -1)).reshape(len(weights), n_heads, width)
     k, n_off = fit.coords.shape[0], fit.lse_stop
     t, z = means[..., :k], means[..., k:2 * k]
     mean_t, mean_z = means[..., 2 * k], means[..., 2 * k + 1]
@@ -526,7 +527,8 @@ def _variant(fit: _Fitter, stats: HeadStatistics, per_group: torch.Tensor,
     linear = means[..., 2 * k + 2 + n_off:3 * k + 3 + n_off]  # [R, head, k + 1]
     sum_y, sum_y2 = means[..., -2] / fit.design.n_pairs, means[..., -1] / fit.design.n_pairs
     if fit.reference_free:
-        lam = linear + _logcumsumexp(g)[..., fit.lse_first:] @ fit.lse_lam
+        lam = torch.addmm(linear.reshape(-1, k + 1), _logcumsumexp(g)[..., fit.lse_first:].reshape(-1, fit.lse_lam.shape[0]),
+                          fit.lse_lam).view(*linear.shape)
         lam, mean_lam = lam[..., :k], lam[..., k]
     else:
         lam, mean_lam = torch.full_like(t, torch.nan), torch.full_like(sum_y, torch.nan)
@@ -560,47 +562,54 @@ def _components(fit: _Fitter, stats: HeadStatistics,
     return {name: torch.cat([block[name] for block in blocks]) for name in blocks[0]}
 
 
+_T, _Z, _LAM, _RES = range(4)  # the absolute parts, in this order, in _weighted_components' Gram matrices
+
+
 def _weighted_components(fit: _Fitter, stats: HeadStatistics, per_group: torch.Tensor,
                          weights: Float[torch.Tensor, "replicate group"]) -> dict[str, torch.Tensor]:
-    """:func:`_components` for the rows of ``weights``, from the statistics per group."""
+    """:func:`_components` for the rows of ``weights``, from the statistics per group.
+
+    Every component is a variance or covariance of two absolute parts (t, z, the mask-only
+    ``lam`` and the residual ``log A - lam``), each a dot product of k-coordinates: the four
+    parts' coordinates are stacked and multiplied once, all weightings and heads batched, into
+    the 4 x 4 products of all the data with itself (in-sample) and of one half with the other
+    (held out)."""
     design = fit.design
     halves = stats.halves.to(torch.float64)
+    n_pairs = design.n_pairs
     # all groups, then each half alone: one weighting per row, every replicate in one pass
     both, *parts = _variant(fit, stats, per_group, torch.cat([weights, weights * (1 - halves), weights * halves])
                             ).split(len(weights))
-    n_pairs = design.n_pairs
 
-    def cov(a: torch.Tensor, mean_a: torch.Tensor, b: torch.Tensor, mean_b: torch.Tensor) -> torch.Tensor:
-        return (a * b).sum(-1) / n_pairs - mean_a * mean_b
-
-    def split(v: _Variant) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """The absolute parts as (coordinates, mean): t, z, log A, mask-only lam, residual log A - lam."""
+    def parts_of(v: _Variant) -> tuple[torch.Tensor, torch.Tensor]:
+        """The absolute parts' coordinates ``[R, head, 4, k]`` and means ``[R, head, 4]``."""
         log_a, mean_log_a = v.t - v.z, v.mean_t - v.mean_z
-        return {"t": (v.t, v.mean_t), "z": (v.z, v.mean_z), "lam": (v.lam, v.mean_lam),
-                "res": (log_a - v.lam, mean_log_a - v.mean_lam)}
+        return (torch.stack([v.t, v.z, v.lam, log_a - v.lam], dim=-2),
+                torch.stack([v.mean_t, v.mean_z, v.mean_lam, mean_log_a - v.mean_lam], dim=-1))
 
-    a = split(both)
+    def cov(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """``[R, head, 4, 4]``: covariance over the analysed pairs of every part of ``a`` with every part of ``b``."""
+        return (a[0] @ b[0].transpose(-1, -2)).div_(n_pairs).sub_(a[1][..., :, None] * b[1][..., None, :])
+
+    whole = parts_of(both)
+    inside = cov(whole, whole)
     var_log_a = both.var_log_a
-    var_t, var_z, cov_tz = cov(*a["t"], *a["t"]), cov(*a["z"], *a["z"]), cov(*a["t"], *a["z"])
+    var_t, var_z, cov_tz = inside[..., _T, _T], inside[..., _Z, _Z], inside[..., _T, _Z]
     out = {"R": var_t / var_log_a, "M": var_z / var_log_a, "C": -2 * cov_tz / var_log_a,
            "var_logA": var_log_a, "var_abs_t": var_t, "var_abs_z": var_z, "cov_abs_tz": cov_tz}
     out["total"] = out["R"] + out["M"] + out["C"]
-    out["R_rf"] = cov(*a["res"], *a["res"]) / var_log_a
-    out["M_rf"] = cov(*a["lam"], *a["lam"]) / var_log_a
-    out["C_rf"] = 2 * cov(*a["lam"], *a["res"]) / var_log_a
-    h0, h1 = split(parts[0]), split(parts[1])
+    out["R_rf"] = inside[..., _RES, _RES] / var_log_a
+    out["M_rf"] = inside[..., _LAM, _LAM] / var_log_a
+    out["C_rf"] = 2 * inside[..., _LAM, _RES] / var_log_a
     weight = 0.5 * (1 / parts[0].var_log_a + 1 / parts[1].var_log_a)  # NaN when a half is empty
-
-    def cross(x: str, y: str) -> torch.Tensor:
-        return cov(*h0[x], *h1[y]) * weight
-
-    out["R_heldout"] = cross("t", "t")
-    out["M_heldout"] = cross("z", "z")
-    out["C_heldout"] = -(cross("t", "z") + cross("z", "t"))
+    cross = cov(parts_of(parts[0]), parts_of(parts[1])).mul_(weight[..., None, None])  # [half 0 part, half 1 part]
+    out["R_heldout"] = cross[..., _T, _T]
+    out["M_heldout"] = cross[..., _Z, _Z]
+    out["C_heldout"] = -(cross[..., _T, _Z] + cross[..., _Z, _T])
     out["total_heldout"] = out["R_heldout"] + out["M_heldout"] + out["C_heldout"]
-    out["R_rf_heldout"] = cross("res", "res")
-    out["M_rf_heldout"] = cross("lam", "lam")
-    out["C_rf_heldout"] = cross("lam", "res") + cross("res", "lam")
+    out["R_rf_heldout"] = cross[..., _RES, _RES]
+    out["M_rf_heldout"] = cross[..., _LAM, _LAM]
+    out["C_rf_heldout"] = cross[..., _LAM, _RES] + cross[..., _RES, _LAM]
     return out
 
 
