@@ -464,18 +464,18 @@ class _Fitter:
         self.reference_free = design.keys == "all"
 
 
+_T, _Z, _LAM, _RES = range(4)  # the absolute parts, in this order, in a _Variant and its Gram matrices
+
+
 @dataclass
 class _Variant:
-    """Weightings of the groups (a half, or all; one row each), as k-coordinates of the
-    absolute parts of ``t``, ``z`` and (reference-free) the mask-only counterfactual ``lam``."""
+    """Weightings of the groups (a half, or all; one row each), as k-coordinates of the four
+    absolute parts: ``t``, ``z``, (reference-free) the mask-only counterfactual ``lam`` and the
+    residual ``log A - lam`` (indices ``_T, _Z, _LAM, _RES``)."""
 
-    t: torch.Tensor
-    z: torch.Tensor
-    lam: torch.Tensor
-    mean_t: torch.Tensor
-    mean_z: torch.Tensor
-    mean_lam: torch.Tensor
-    var_log_a: torch.Tensor
+    parts: Float[torch.Tensor, "replicate head 4 k"]
+    means: Float[torch.Tensor, "replicate head 4"]
+    var_log_a: Float[torch.Tensor, "replicate head"]
 
     def split(self, size: int) -> list["_Variant"]:
         """Consecutive blocks of ``size`` weightings, each a ``_Variant``."""
@@ -511,29 +511,31 @@ def _variant(fit: _Fitter, stats: HeadStatistics, per_group: torch.Tensor,
              weights: Float[torch.Tensor, "replicate group"]) -> _Variant:
     """Weighted sums of the groups, divided by the weighted number of sequences (mean per
     sequence), turned into coordinates; NaN where a weighting holds no sequence.
-    ``per_group``: ``[group, head, k | k | 1 | 1 | offset | k + 1 | 1 | 1]`` (coordinates of
-    ``t`` and ``z``, their means, the offset fit ``g`` up to the largest offset a key set
-    spans, the coordinates and mean of its linear part of ``lam``, and the sums of ``log A``
-    and its square), so every replicate's mean is one matrix product (the division folded
-    into the weights)."""
+    ``per_group``: ``[group, head, 4 k | 4 | offset | 1 | 1]`` (the coordinates of ``t``, ``z``,
+    the linear part of ``lam`` and zeros, their means, the offset fit ``g`` up to the largest
+    offset a key set spans, and the sums of ``log A`` and its square), so every replicate's mean
+    is one matrix product (the division folded into the weights), laid out as the parts of a
+    :class:`_Variant`: ``lam`` is completed and the residual written in place, no copies."""
     n = weights @ stats.n_sequences  # [R]
     scale = torch.where(n > 0, 1.0 / n, torch.nan)
     n_groups, n_heads, width = per_group.shape
     means = ((weights * scale[:, None]) @ per_group.reshape(n_groups, -1)).reshape(len(weights), n_heads, width)
     k, n_off = fit.coords.shape[0], fit.lse_stop
-    t, z = means[..., :k], means[..., k:2 * k]
-    mean_t, mean_z = means[..., 2 * k], means[..., 2 * k + 1]
-    g = means[..., 2 * k + 2:2 * k + 2 + n_off]  # [R, head, offset]
-    linear = means[..., 2 * k + 2 + n_off:3 * k + 3 + n_off]  # [R, head, k + 1]
+    parts = means[..., :4 * k].unflatten(-1, (4, k))  # [R, head, part, k], a view
+    part_means = means[..., 4 * k:4 * k + 4]
+    g = means[..., 4 * k + 4:4 * k + 4 + n_off]  # [R, head, offset]
     sum_y, sum_y2 = means[..., -2] / fit.design.n_pairs, means[..., -1] / fit.design.n_pairs
     if fit.reference_free:
-        lam = torch.addmm(linear.reshape(-1, k + 1), _logcumsumexp(g)[..., fit.lse_first:].reshape(-1, fit.lse_lam.shape[0]),
-                          fit.lse_lam).view(*linear.shape)
-        lam, mean_lam = lam[..., :k], lam[..., k]
+        lse = _logcumsumexp(g)[..., fit.lse_first:]
+        nonlinear = (lse.reshape(-1, lse.shape[-1]) @ fit.lse_lam).view(*lse.shape[:-1], k + 1)
+        parts[..., _LAM, :] += nonlinear[..., :k]
+        part_means[..., _LAM] += nonlinear[..., k]
     else:
-        lam, mean_lam = torch.full_like(t, torch.nan), torch.full_like(sum_y, torch.nan)
-    return _Variant(t=t, z=z, lam=lam, mean_t=mean_t, mean_z=mean_z, mean_lam=mean_lam,
-                    var_log_a=sum_y2 - sum_y * sum_y)
+        parts[..., _LAM, :] = torch.nan
+        part_means[..., _LAM] = torch.nan
+    torch.sub(parts[..., _T, :], parts[..., _Z, :], out=parts[..., _RES, :]).sub_(parts[..., _LAM, :])
+    torch.sub(part_means[..., _T], part_means[..., _Z], out=part_means[..., _RES]).sub_(part_means[..., _LAM])
+    return _Variant(parts=parts, means=part_means, var_log_a=sum_y2 - sum_y * sum_y)
 
 
 def _components(fit: _Fitter, stats: HeadStatistics,
@@ -550,19 +552,17 @@ def _components(fit: _Fitter, stats: HeadStatistics,
         weights = torch.ones(1, stats.n_groups, dtype=torch.float64)
     n_off = fit.design.length
     offset_fit = torch.cat([stats.xty_t[..., :n_off], stats.row_t], dim=-1) @ fit.offsets_fit  # g per group
+    linear_lam = offset_fit @ fit.linear_lam  # [group, head, k + 1]
+    k = fit.coords.shape[0]
     per_group = torch.cat([
-        stats.xty_t @ fit.coords.T, stats.xty_z @ fit.coords.T,
-        (stats.xty_t @ fit.mean)[..., None], (stats.xty_z @ fit.mean)[..., None],
-        offset_fit[..., :fit.lse_stop], offset_fit @ fit.linear_lam,
-        stats.sum_y[..., None], stats.sum_y2[..., None],
+        stats.xty_t @ fit.coords.T, stats.xty_z @ fit.coords.T, linear_lam[..., :k], torch.zeros_like(linear_lam[..., :k]),
+        (stats.xty_t @ fit.mean)[..., None], (stats.xty_z @ fit.mean)[..., None], linear_lam[..., k:],
+        torch.zeros_like(linear_lam[..., k:]), offset_fit[..., :fit.lse_stop], stats.sum_y[..., None], stats.sum_y2[..., None],
     ], dim=-1)
     # replicates are independent: a block at a time keeps the working tensors small enough for the cache
     per_block = max(1, _REPLICATE_BLOCK_VALUES // (per_group.shape[1] * per_group.shape[2]))
     blocks = [_weighted_components(fit, stats, per_group, block) for block in weights.split(per_block)]
     return {name: torch.cat([block[name] for block in blocks]) for name in blocks[0]}
-
-
-_T, _Z, _LAM, _RES = range(4)  # the absolute parts, in this order, in _weighted_components' Gram matrices
 
 
 def _weighted_components(fit: _Fitter, stats: HeadStatistics, per_group: torch.Tensor,
@@ -571,7 +571,7 @@ def _weighted_components(fit: _Fitter, stats: HeadStatistics, per_group: torch.T
 
     Every component is a variance or covariance of two absolute parts (t, z, the mask-only
     ``lam`` and the residual ``log A - lam``), each a dot product of k-coordinates: the four
-    parts' coordinates are stacked and multiplied once, all weightings and heads batched, into
+    parts' coordinates (side by side in a :class:`_Variant`) are multiplied once, all weightings and heads batched, into
     the 4 x 4 products of all the data with itself (in-sample) and of one half with the other
     (held out)."""
     design = fit.design
@@ -581,18 +581,11 @@ def _weighted_components(fit: _Fitter, stats: HeadStatistics, per_group: torch.T
     both, *parts = _variant(fit, stats, per_group, torch.cat([weights, weights * (1 - halves), weights * halves])
                             ).split(len(weights))
 
-    def parts_of(v: _Variant) -> tuple[torch.Tensor, torch.Tensor]:
-        """The absolute parts' coordinates ``[R, head, 4, k]`` and means ``[R, head, 4]``."""
-        log_a, mean_log_a = v.t - v.z, v.mean_t - v.mean_z
-        return (torch.stack([v.t, v.z, v.lam, log_a - v.lam], dim=-2),
-                torch.stack([v.mean_t, v.mean_z, v.mean_lam, mean_log_a - v.mean_lam], dim=-1))
-
-    def cov(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def cov(a: _Variant, b: _Variant) -> torch.Tensor:
         """``[R, head, 4, 4]``: covariance over the analysed pairs of every part of ``a`` with every part of ``b``."""
-        return (a[0] @ b[0].transpose(-1, -2)).div_(n_pairs).sub_(a[1][..., :, None] * b[1][..., None, :])
+        return (a.parts @ b.parts.transpose(-1, -2)).div_(n_pairs).sub_(a.means[..., :, None] * b.means[..., None, :])
 
-    whole = parts_of(both)
-    inside = cov(whole, whole)
+    inside = cov(both, both)
     var_log_a = both.var_log_a
     var_t, var_z, cov_tz = inside[..., _T, _T], inside[..., _Z, _Z], inside[..., _T, _Z]
     out = {"R": var_t / var_log_a, "M": var_z / var_log_a, "C": -2 * cov_tz / var_log_a,
@@ -602,7 +595,7 @@ def _weighted_components(fit: _Fitter, stats: HeadStatistics, per_group: torch.T
     out["M_rf"] = inside[..., _LAM, _LAM] / var_log_a
     out["C_rf"] = 2 * inside[..., _LAM, _RES] / var_log_a
     weight = 0.5 * (1 / parts[0].var_log_a + 1 / parts[1].var_log_a)  # NaN when a half is empty
-    cross = cov(parts_of(parts[0]), parts_of(parts[1])).mul_(weight[..., None, None])  # [half 0 part, half 1 part]
+    cross = cov(parts[0], parts[1]).mul_(weight[..., None, None])  # [half 0 part, half 1 part]
     out["R_heldout"] = cross[..., _T, _T]
     out["M_heldout"] = cross[..., _Z, _Z]
     out["C_heldout"] = -(cross[..., _T, _Z] + cross[..., _Z, _T])
@@ -901,7 +894,6 @@ class DecompositionReducer:
         def widen(estimate: torch.Tensor, replicates: torch.Tensor) -> torch.Tensor:
             return small_sample_widening(estimate, replicates, per_half)
 
-        rows, replicate_frames, head_replicate_frames = [], [], []
         # the layers of one key set are refitted together (their heads side by side): one design, one
         # refit, and each component's per-head intervals in one call
         estimates, refits, intervals = {}, {}, {}
@@ -911,8 +903,9 @@ class DecompositionReducer:
             stats = HeadStatistics.side_by_side([self.stats[layer] for layer in group])
             together = {name: v[0].numpy() for name, v in _components(fit, stats).items()}
             if weights is not None:
-                replicates = {name: widen(torch.as_tensor(together[name]), v)
-                              for name, v in _components(fit, stats, weights).items()}
+                refitted = _components(fit, stats, weights)
+                # only the components get intervals (and kept replicates)
+                replicates = {name: widen(torch.as_tensor(together[name]), refitted[name]) for name in COMPONENTS}
                 all_bounds = {name: bootstrap_interval(together[name], replicates[name].numpy(), level,
                                                    interval_method(name)) for name in COMPONENTS}
             for k, layer in enumerate(group):
@@ -921,42 +914,51 @@ class DecompositionReducer:
                 if weights is not None:
                     refits[layer] = {name: v[:, heads] for name, v in replicates.items()}
                     intervals[layer] = {name: (lo[heads], hi[heads]) for name, (lo, hi) in all_bounds.items()}
-        for layer in self.layers:
-            window = self.windows[layer]
-            design = self.designs[window]
-            values = estimates[layer]
-            bounds = intervals.get(layer, {})
-            if weights is not None:
-                replicates = refits[layer]
-                replicate_frames.append(pd.DataFrame({
-                    "replicate": np.arange(len(weights)), "layer": layer,
-                    **{name: replicates[name].mean(-1).numpy() for name in COMPONENTS}}))
-                head_replicate_frames.append(pd.DataFrame({
-                    "replicate": np.repeat(np.arange(len(weights)), n_heads), "layer": layer,
-                    "head": np.tile(np.arange(n_heads), len(weights)),
-                    **{name: replicates[name].reshape(-1).numpy() for name in HEAD_REPLICATE_COMPONENTS}}))
-            for head in range(n_heads):
-                row = {
-                    "layer": layer, "head": head, "layer_type": self.loaded.spec.layer_types[layer],
-                    "window": window, "query_start": self.query_start, "query_stop": self.query_stop,
-                    "key_set": self.keys, "n_pairs": design.n_pairs * n_seq, "n_sequences": n_seq,
-                }
-                row.update({name: float(v[head]) for name, v in values.items()})
-                for name, (lo, hi) in bounds.items():
-                    row[f"{name}_lo"], row[f"{name}_hi"] = float(lo[head]), float(hi[head])
-                rows.append(row)
-        heads = pd.DataFrame(rows, columns=HEAD_COLUMNS).astype({"window": "Int64"})
+        # the tables, column by column: a row per layer and head, layers in the order analysed
+        layers, n_rows = self.layers, len(self.layers) * n_heads
+        spec = self.loaded.spec
+        columns: dict[str, Any] = {
+            "layer": np.repeat(layers, n_heads), "head": np.tile(np.arange(n_heads), len(layers)),
+            "layer_type": np.repeat([spec.layer_types[layer] for layer in layers], n_heads),
+            "window": pd.array(np.repeat([self.windows[layer] for layer in layers], n_heads).tolist(), dtype="Int64"),
+            "query_start": np.full(n_rows, self.query_start), "query_stop": np.full(n_rows, self.query_stop),
+            "key_set": np.full(n_rows, self.keys),
+            "n_pairs": np.array([self.designs[self.windows[layer]].n_pairs * n_seq for layer in layers]).repeat(n_heads),
+            "n_sequences": np.full(n_rows, n_seq),
+        }
+        for name in estimates[layers[0]]:
+            columns[name] = np.concatenate([estimates[layer][name] for layer in layers]).astype(float)
+        for name in COMPONENTS:
+            for side in (0, 1):
+                columns[f"{name}_{('lo', 'hi')[side]}"] = (
+                    np.concatenate([intervals[layer][name][side] for layer in layers]).astype(float)
+                    if weights is not None else np.full(n_rows, np.nan))
+        heads = pd.DataFrame(columns, columns=HEAD_COLUMNS)
         per_layer = heads.groupby(["layer", "layer_type"], dropna=False, sort=True)[COMPONENTS].mean().reset_index()
         per_layer["relative_depth"] = per_layer["layer"] / max(n_layers - 1, 1)
         per_layer["query_stop"], per_layer["n_sequences"] = self.query_stop, n_seq
-        replicates = pd.concat(replicate_frames, ignore_index=True) if replicate_frames else None
+        replicates = head_replicates = None
+        if weights is not None:
+            n_rep = len(weights)
+            # a layer's replicate: the mean over its heads of their refits
+            layer_means = {name: torch.stack([refits[layer][name].mean(-1) for layer in layers], dim=1).numpy()
+                           for name in COMPONENTS}  # [replicate, layer]
+            replicates = pd.DataFrame({"replicate": np.tile(np.arange(n_rep), len(layers)),
+                                       "layer": np.repeat(layers, n_rep),
+                                       **{name: layer_means[name].T.reshape(-1) for name in COMPONENTS}})
+            head_replicates = pd.DataFrame({
+                "replicate": np.tile(np.repeat(np.arange(n_rep), n_heads), len(layers)),
+                "layer": np.repeat(layers, n_rep * n_heads),
+                "head": np.tile(np.arange(n_heads), n_rep * len(layers)),
+                **{name: torch.stack([refits[layer][name] for layer in layers]).reshape(-1).numpy()
+                   for name in HEAD_REPLICATE_COMPONENTS}})
+        order = [layers.index(layer) for layer in per_layer["layer"]]  # per_layer is sorted by layer
         for name in COMPONENTS:  # a layer's interval: the percentiles of its head mean over replicates
-            if replicates is None:
+            if weights is None:
                 per_layer[f"{name}_lo"] = per_layer[f"{name}_hi"] = np.nan
                 continue
-            grid = replicates.pivot(index="replicate", columns="layer", values=name)
-            lo, hi = bootstrap_interval(per_layer[name].to_numpy(dtype=float),
-                                        grid[per_layer["layer"].tolist()].to_numpy(), level, interval_method(name))
+            lo, hi = bootstrap_interval(per_layer[name].to_numpy(dtype=float), layer_means[name][:, order], level,
+                                        interval_method(name))
             per_layer[f"{name}_lo"], per_layer[f"{name}_hi"] = lo, hi
         prov = provenance.collect(
             model=self.loaded.spec, data=self.data, seed=self.seed, tokens_sha256=self.tokens_sha256,
@@ -970,7 +972,6 @@ class DecompositionReducer:
                        "strata": "halves (even / odd sequences), resampled separately"},
             mask_windows={str(layer): self.windows[layer] for layer in self.layers},
         )
-        head_replicates = pd.concat(head_replicate_frames, ignore_index=True) if head_replicate_frames else None
         return Decomposition(heads=heads, layers=per_layer, provenance=prov, replicates=replicates,
                              head_replicates=head_replicates)
 
