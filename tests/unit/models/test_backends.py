@@ -27,6 +27,7 @@ from lens_position.core.stream import WholeActivations, stream
 from lens_position.ground.errors import BadInputError, UnsupportedArchitectureError
 from lens_position.models import load_model
 from lens_position.models.backends import ModelBackend, hooked_available, resolve_backend
+import lens_position.models.backends.bridge as bridge_module
 from lens_position.models.backends.bridge import BridgeBackend, check_scores_hook, scores_before_softmax, ungroup_kv
 from lens_position.models.spec import as_loaded
 from lens_position.models.tiny import TINY_CONFIGS, byte_tokenizer, tiny_hf_model
@@ -232,6 +233,36 @@ def test_ungrouping_keeps_the_forward_pass():
         after = hf_model(tokens).logits
     assert hf_model.model.layers[0].self_attn.k_proj.out_features == 4 * 16
     assert (before - after).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("grouped", [True, False] if bridge_module._RESOLVES_EVERY_HOOK else [False])
+def test_named_hooks_fire_once_in_order_under_their_names(grouped, bridged, monkeypatch):
+    """Hooks by name each fire once per pass under the name given (an alias included), a point's
+    hooks in the order given, a returned tensor replacing the activation for the next, whether they
+    are registered one by one (TransformerLens 4.x) or, on 3.x, as one filter (its ``hooks()``
+    rebuilds the alias table for every named hook); a name the bridge lacks raises instead of
+    leaving a hook that never fires (3.x's own path ignores it)."""
+    real_path = grouped == bridge_module._RESOLVES_EVERY_HOOK
+    monkeypatch.setattr(bridge_module, "_RESOLVES_EVERY_HOOK", grouped)
+    backend = bridged["tiny-llama"].backend
+    tokens = build_prompts(bridged["tiny-llama"], N=2, T=12, source="random", seed=1).tokens
+    seen: list[tuple[str, float]] = []
+
+    def record(activation, hook):
+        seen.append((hook.name, float(activation.abs().sum())))
+
+    with torch.no_grad(), backend.hooks([
+            ("blocks.1.hook_resid_pre", record), ("blocks.1.hook_resid_pre", lambda a, hook: a * 0),
+            ("blocks.1.hook_resid_pre", record), ("blocks.0.attn.hook_attn_scores", record)]):
+        backend.forward(tokens, stop_at_layer=2, return_type=None)
+    assert [name for name, _ in seen] == ["blocks.0.attn.hook_attn_scores", "blocks.1.hook_resid_pre",
+                                          "blocks.1.hook_resid_pre"]
+    assert seen[1][1] > 0 and seen[2][1] == 0  # the zeroed residual reached the hook after it
+    if not real_path:
+        return
+    with pytest.raises((UnsupportedArchitectureError, KeyError), match="blocks.0.hook_nothing"):
+        with backend.hooks([("blocks.0.hook_nothing", record)]):
+            pass
 
 
 @pytest.mark.parametrize("native", [True, False])
