@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lens_position.analyses.decompose import (
-    PairDesign, PositionBins, check_identity, decompose, decompose_dense,
+    PairDesign, PositionBins, check_identity, decompose, decompose_dense, self_referenced_scores,
 )
 from lens_position.ground.errors import BadInputError, ContextLengthError, UnsupportedArchitectureError
 from lens_position.models.toy import offset_only_model, random_model, toy_tokens
@@ -306,3 +306,51 @@ def test_statistics_do_not_depend_on_how_the_queries_are_blocked(monkeypatch, op
         whole = stats[1000][layer]
         for name in ("xty_t", "xty_z", "row_t", "sum_y", "sum_y2", "n_sequences"):
             torch.testing.assert_close(getattr(blocked, name), getattr(whole, name), rtol=1e-12, atol=1e-9)
+
+
+def _direct_statistics(scores, design):
+    """The statistics of one group (every sequence) by explicit float64 sums over the analysed pairs:
+    t = s - s[i, i], z = logsumexp of t over the key set (masked cells -inf), log A = t - z."""
+    s = scores[:, :, design.query_start:design.query_stop].to(torch.float64)
+    s = s.masked_fill(~design.key_set, -torch.inf)
+    t, z = self_referenced_scores(s, design.query_start)
+    t = t.masked_fill(~design.analysed, 0.0)
+    log_a = (t - z[..., None]).masked_fill(~design.analysed, 0.0)
+    rows = design.query - design.query_start
+    xty_t = torch.zeros(s.shape[1], design.n_features, dtype=torch.float64)
+    for a in range(4):
+        xty_t.index_add_(1, design.columns[:, a], t.sum(0)[:, rows, design.key])
+    return {"xty_t": xty_t, "xty_z": z.sum(0) @ design.row_features, "row_t": t.sum((0, -1)),
+            "sum_y": log_a.sum((0, 2, 3)), "sum_y2": (log_a ** 2).sum((0, 2, 3))}
+
+
+@pytest.mark.parametrize("fill", [-torch.inf, torch.finfo(torch.float32).min])
+@pytest.mark.parametrize("keys,window,query_range", [("all", None, (0, 30)), ("no-bos", None, (3, 27)),
+                                                     ("all", 7, (0, 30))])
+@pytest.mark.parametrize("overflow", [False, True])
+def test_reduced_statistics_equal_explicit_sums(monkeypatch, fill, keys, window, query_range, overflow):
+    """The streamed reduction (blocks of rows, the mask's cells zeroed before exp, exp's overflow
+    falling back to logsumexp) against explicit float64 sums over the analysed pairs, whichever value
+    writes the mask (-inf, or finfo.min as a bridge outside compatibility mode does), with a
+    visible score 800 above its diagonal (exp(t) overflows) or without."""
+    import lens_position.analyses.decompose as decompose_module
+    from lens_position.analyses.decompose import HeadStatistics, _reduce
+
+    monkeypatch.setattr(decompose_module, "_BLOCK_ROWS", 8)
+    length = 30
+    design = PairDesign.build(length, window, *query_range, keys, PositionBins())
+    gen = torch.Generator().manual_seed(3)
+    scores = torch.randn(3, 2, length, length, generator=gen) * 4
+    i, j = torch.meshgrid(torch.arange(length), torch.arange(length), indexing="ij")
+    shown = (j <= i) & ((j > i - window) if window else True)
+    scores = scores.masked_fill(~shown, fill)
+    if overflow:
+        scores[1, 0, 20, 18] = scores[1, 0, 20, 20] + 800.0
+    stats = HeadStatistics.zeros(2, design.n_features, query_range[1] - query_range[0], n_groups=2)
+    _reduce(scores, design, torch.zeros(3, dtype=torch.long), stats)
+    direct = _direct_statistics(scores, design)
+    assert torch.isfinite(stats.sum_y).all()
+    for name, value in direct.items():
+        torch.testing.assert_close(getattr(stats, name)[0], value, rtol=1e-12, atol=1e-9)
+    assert torch.equal(stats.n_sequences, torch.tensor([3.0, 0.0], dtype=torch.float64))
+
