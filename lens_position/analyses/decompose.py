@@ -472,6 +472,9 @@ class _Fitter:
         self.lse_first, self.lse_stop = int(lse_index.min()), int(lse_index.max()) + 1
         self.lse_lam = torch.zeros(self.lse_stop - self.lse_first, coords_and_mean.shape[1], dtype=torch.float64)
         self.lse_lam.index_add_(0, lse_index - self.lse_first, -design.row_features @ coords_and_mean)
+        # a constant lse (the same on every query) moves lam by a constant, which has no absolute part: lse_lam's
+        # columns sum to zero, exactly so once their round-off (about 1e-11 of the entries) is taken out
+        self.lse_lam -= self.lse_lam.mean(0)
         # with key 0 left out, g at the offset of key 0 is not fitted for the last query
         self.reference_free = design.keys == "all"
 
@@ -504,16 +507,21 @@ _UNDERFLOW = 1e-300  # exp(x - max) below this leaves a float64 sum without its 
 _REPLICATE_BLOCK_VALUES = 2**19
 
 
-def _logcumsumexp(x: Float[torch.Tensor, "... n"]) -> Float[torch.Tensor, "... n"]:
+def _logcumsumexp(x: Float[torch.Tensor, "... n"], shifted: bool = False) -> Float[torch.Tensor, "... n"]:
     """``torch.logcumsumexp(x, dim=-1)``, about five times faster: ``max + log(cumsum(exp(x -
     max)))`` with vectorised ``exp`` and ``log`` instead of a log-add-exp per element. The two
     agree to float64 round-off (about 1e-14 for the bootstrap's offset fits; a test checks
-    it). A row whose shifted prefix underflows (its first values more than about 690 below
-    its largest) or that is not finite falls back to ``torch.logcumsumexp``."""
-    shift = x.amax(-1, keepdim=True)
-    out = (x - shift).exp_().cumsum_(-1)
-    exact = ~(out[..., 0] >= _UNDERFLOW) | ~torch.isfinite(shift[..., 0])  # NaN compares False
-    out = out.log_().add_(shift)
+    it). ``shifted``: the caller has already subtracted an upper bound of every row (``x <= 0``
+    up to round-off), so no maximum is taken and nothing is added back. A row whose shifted
+    prefix underflows (its first value more than about 690 below the shift) or that is not
+    finite falls back to ``torch.logcumsumexp``."""
+    shift = None if shifted else x.amax(-1, keepdim=True)
+    out = (x if shifted else x - shift).exp().cumsum_(-1)
+    # NaN compares False; a prefix sum never decreases, so the first is the smallest and the last the largest
+    exact = ~(out[..., 0] >= _UNDERFLOW) | ~(out[..., -1] < torch.inf)
+    if shift is not None:
+        exact |= ~torch.isfinite(shift[..., 0])
+    out = out.log_() if shift is None else out.log_().add_(shift)
     if exact.any():
         out[exact] = torch.logcumsumexp(x[exact], dim=-1)
     return out
@@ -524,10 +532,10 @@ def _variant(fit: _Fitter, stats: HeadStatistics, per_group: torch.Tensor,
     """Weighted sums of the groups, divided by the weighted number of sequences (mean per
     sequence), turned into coordinates; NaN where a weighting holds no sequence.
     ``per_group``: ``[group, head, 4 k | 4 | offset | 1 | 1]`` (the coordinates of ``t``, ``z``,
-    the linear part of ``lam`` and zeros, their means, the offset fit ``g`` up to the largest
-    offset a key set spans, and the sums of ``log A`` and its square), so every replicate's mean
+    the linear parts of ``lam`` and of the residual, their means, the offset fit ``g`` less a per-head upper
+    bound (:func:`_components`) up to the largest offset a key set spans, and the sums of ``log A`` and its square), so every replicate's mean
     is one matrix product (the division folded into the weights), laid out as the parts of a
-    :class:`_Variant`: ``lam`` is completed and the residual written in place, no copies."""
+    :class:`_Variant`: ``lam`` and the residual are completed in place, no copies."""
     n = weights @ stats.n_sequences  # [R]
     scale = torch.where(n > 0, 1.0 / n, torch.nan)
     n_groups, n_heads, width = per_group.shape
@@ -538,15 +546,15 @@ def _variant(fit: _Fitter, stats: HeadStatistics, per_group: torch.Tensor,
     g = means[..., 4 * k + 4:4 * k + 4 + n_off]  # [R, head, offset]
     sum_y, sum_y2 = means[..., -2] / fit.design.n_pairs, means[..., -1] / fit.design.n_pairs
     if fit.reference_free:
-        lse = _logcumsumexp(g)[..., fit.lse_first:]
+        lse = _logcumsumexp(g, shifted=True)[..., fit.lse_first:]  # g is shifted (_components)
         nonlinear = (lse.reshape(-1, lse.shape[-1]) @ fit.lse_lam).view(*lse.shape[:-1], k + 1)
         parts[..., _LAM, :] += nonlinear[..., :k]
         part_means[..., _LAM] += nonlinear[..., k]
+        parts[..., _RES, :] -= nonlinear[..., :k]  # log A - lam
+        part_means[..., _RES] -= nonlinear[..., k]
     else:
-        parts[..., _LAM, :] = torch.nan
-        part_means[..., _LAM] = torch.nan
-    torch.sub(parts[..., _T, :], parts[..., _Z, :], out=parts[..., _RES, :]).sub_(parts[..., _LAM, :])
-    torch.sub(part_means[..., _T], part_means[..., _Z], out=part_means[..., _RES]).sub_(part_means[..., _LAM])
+        parts[..., _LAM:, :] = torch.nan
+        part_means[..., _LAM:] = torch.nan
     return _Variant(parts=parts, means=part_means, var_log_a=sum_y2 - sum_y * sum_y)
 
 
@@ -566,10 +574,23 @@ def _components(fit: _Fitter, stats: HeadStatistics,
     offset_fit = torch.cat([stats.xty_t[..., :n_off], stats.row_t], dim=-1) @ fit.offsets_fit  # g per group
     linear_lam = offset_fit @ fit.linear_lam  # [group, head, k + 1]
     k = fit.coords.shape[0]
-    per_group = torch.cat([
-        stats.xty_t @ fit.coords.T, stats.xty_z @ fit.coords.T, linear_lam[..., :k], torch.zeros_like(linear_lam[..., :k]),
-        (stats.xty_t @ fit.mean)[..., None], (stats.xty_z @ fit.mean)[..., None], linear_lam[..., k:],
-        torch.zeros_like(linear_lam[..., k:]), offset_fit[..., :fit.lse_stop], stats.sum_y[..., None], stats.sum_y2[..., None],
+    g = offset_fit[..., :fit.lse_stop]
+    if fit.reference_free:
+        # g less one shift per head, the largest of its groups' mean g: a weighting's mean g is a convex combination
+        # of the groups' means, so it stays <= 0 and exp cannot overflow. The shift is subtracted from the statistics
+        # (times a group's size, so that every weighting's mean has it once) and never added back: it moves lse, so
+        # lam, by the same constant on every pair, and a constant has no absolute part (the relative model's
+        # intercept takes it; lse_lam's columns sum to zero, _Fitter).
+        sizes = stats.n_sequences.to(torch.float64)
+        present = sizes > 0
+        shift = (g[present] / sizes[present, None, None]).amax(dim=(0, 2))  # [head]
+        g = g - sizes[:, None, None] * shift[:, None]
+    coords_t, coords_z = stats.xty_t @ fit.coords.T, stats.xty_z @ fit.coords.T
+    mean_t, mean_z = (stats.xty_t @ fit.mean)[..., None], (stats.xty_z @ fit.mean)[..., None]
+    per_group = torch.cat([  # the residual's linear part, t - z - (linear part of lam), like the others
+        coords_t, coords_z, linear_lam[..., :k], coords_t - coords_z - linear_lam[..., :k],
+        mean_t, mean_z, linear_lam[..., k:], mean_t - mean_z - linear_lam[..., k:],
+        g, stats.sum_y[..., None], stats.sum_y2[..., None],
     ], dim=-1)
     # replicates are independent: a block at a time keeps the working tensors small enough for the cache
     per_block = max(1, _REPLICATE_BLOCK_VALUES // (per_group.shape[1] * per_group.shape[2]))

@@ -354,3 +354,22 @@ def test_reduced_statistics_equal_explicit_sums(monkeypatch, fill, keys, window,
         torch.testing.assert_close(getattr(stats, name)[0], value, rtol=1e-12, atol=1e-9)
     assert torch.equal(stats.n_sequences, torch.tensor([3.0, 0.0], dtype=torch.float64))
 
+
+def test_shifted_logcumsumexp_equals_torchs():
+    """With ``shifted`` (the caller subtracted an upper bound of every row) no maximum is taken:
+    float64 round-off against torch.logcumsumexp on ordinary rows, torch's own values where the
+    prefix underflows (the first values more than 700 below the bound) or a row holds NaN."""
+    from lens_position.analyses.decompose import _logcumsumexp
+
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(40, 3, 64, generator=gen, dtype=torch.float64) * 20
+    x = x - x.amax(-1, keepdim=True) - torch.rand(40, 3, 1, generator=gen, dtype=torch.float64) * 30
+    x[0, 0, :3] = -2000.0
+    x[1, 2] -= 800.0  # the whole row far below the bound
+    x[2, 1, 7] = float("nan")
+    fast, exact = _logcumsumexp(x, shifted=True), torch.logcumsumexp(x, dim=-1)
+    assert torch.equal(fast.isnan(), exact.isnan())
+    finite = exact.isfinite()
+    torch.testing.assert_close(fast[finite], exact[finite], rtol=1e-13, atol=1e-13)
+    for row in ((0, 0), (1, 2), (2, 1)):
+        assert torch.equal(fast[row].nan_to_num(), exact[row].nan_to_num())
