@@ -532,10 +532,11 @@ def _variant(fit: _Fitter, stats: HeadStatistics, per_group: torch.Tensor,
     """Weighted sums of the groups, divided by the weighted number of sequences (mean per
     sequence), turned into coordinates; NaN where a weighting holds no sequence.
     ``per_group``: ``[group, head, 4 k | 4 | offset | 1 | 1]`` (the coordinates of ``t``, ``z``,
-    the linear parts of ``lam`` and of the residual, their means, the offset fit ``g`` less a per-head upper
-    bound (:func:`_components`) up to the largest offset a key set spans, and the sums of ``log A`` and its square), so every replicate's mean
-    is one matrix product (the division folded into the weights), laid out as the parts of a
-    :class:`_Variant`: ``lam`` and the residual are completed in place, no copies."""
+    the linear parts of ``lam`` and of the residual, their means, the offset fit ``g`` less a
+    per-head upper bound (:func:`_components`) up to the largest offset a key set spans, and the
+    sums of ``log A`` and its square), so every replicate's mean is one matrix product (the
+    division folded into the weights), laid out as the parts of a :class:`_Variant`: ``lam``
+    and the residual are completed in place, no copies."""
     n = weights @ stats.n_sequences  # [R]
     scale = torch.where(n > 0, 1.0 / n, torch.nan)
     n_groups, n_heads, width = per_group.shape
