@@ -13,8 +13,10 @@ bridge), a fresh subprocess, one after the other, measures:
   hooked backend reads converted weights from the weight cache (``$LENS_POSITION_CACHE``); the
   bridge reads the GGUF file and dequantises it on every load, and does not use that cache.
 - ``bare``: the forward passes alone, the same batches as the decomposition (``batch_size``
-  rows of ``T`` tokens, ``stop_at_layer`` = number of layers as the decomposition's pass, no
-  hooks, through the backend's own ``forward``);
+  rows of ``T`` tokens, through the backend's own ``forward``), each ended after the last block
+  by a plain torch forward hook that raises: no TransformerLens hooks, and on both backends the
+  same work (``TransformerBridge``'s ``stop_at_layer`` stops before block ``stop_at_layer``, so
+  ``stop_at_layer=n_layers`` alone runs its final norm and unembedding too);
 - ``decompose``: :func:`lens_position.analyses.decompose.decompose` on the same tokens (all layers,
   default bootstrap intervals), the whole call: forward passes, the reducer's hooks, the fit.
 
@@ -95,10 +97,32 @@ def worker(model_name: str, backend: str, N: int, T: int, batch_size: int, repea
     tokens = build_prompts(loaded, source="natural", T=T, N=N, bos="force", seed=seed).tokens
     n_layers = loaded.backend.n_layers
 
+    # The bare pass ends after the last block on both backends. TransformerBridge's stop_at_layer stops *before*
+    # block stop_at_layer, and there is no block n_layers: given n_layers it runs the final norm and the
+    # unembedding too (a 49,152 x 576 product per SmolLM2 position, about a quarter of its 30 blocks), which
+    # the decomposition's pass never runs. A plain torch forward hook on the last block ends both the same way.
+    class AfterLastBlock(Exception):
+        pass
+
+    def stop(_module, _args, _output) -> None:
+        stops.append(1)
+        raise AfterLastBlock
+
+    stops: list[int] = []
+    last_block = loaded.backend.model.blocks[n_layers - 1]
+
     def bare() -> None:
-        with torch.no_grad():
-            for first in range(0, len(tokens), batch_size):
-                loaded.backend.forward(tokens[first:first + batch_size], stop_at_layer=n_layers, return_type=None)
+        handle = last_block.register_forward_hook(stop)
+        try:
+            with torch.no_grad():
+                for first in range(0, len(tokens), batch_size):
+                    try:
+                        loaded.backend.forward(tokens[first:first + batch_size], stop_at_layer=n_layers,
+                                               return_type=None)
+                    except AfterLastBlock:
+                        pass
+        finally:
+            handle.remove()
 
     def decomposition() -> None:
         decompose(loaded, tokens, batch_size=batch_size, progress=False)
@@ -108,8 +132,9 @@ def worker(model_name: str, backend: str, N: int, T: int, batch_size: int, repea
         fn()
         return time.perf_counter() - w0, time.process_time() - c0
 
-    with torch.no_grad():
-        loaded.backend.forward(tokens[:1], stop_at_layer=n_layers, return_type=None)  # warm-up
+    bare()  # warm-up; the last block ended every batch's pass
+    if len(stops) != -(-len(tokens) // batch_size):
+        raise SystemExit(f"the bare pass on {backend} did not end after the last block ({len(stops)} stops)")
     # alternating, so that each decomposition has a bare run beside it under the same conditions
     pairs = [(timed(bare), timed(decomposition)) for _ in range(repeats)]
     bare_s, bare_cpu = min(b[0] for b, _ in pairs), min(b[1] for b, _ in pairs)
