@@ -5,6 +5,8 @@ import hashlib
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lens_position.analyses.decompose import (
     PairDesign, PositionBins, check_identity, decompose, decompose_dense, self_referenced_scores,
@@ -260,6 +262,77 @@ def test_a_bootstrap_replicate_is_the_decomposition_of_its_resampled_sequences(m
         refit = layer_estimates + (layers - layer_estimates) / widening
         np.testing.assert_allclose(refit.to_numpy(), direct.layers.set_index("layer")[COMPONENTS].to_numpy(),
                                    rtol=1e-9, atol=1e-12)
+
+
+@pytest.fixture(scope="module")
+def eight_sequence_fit():
+    """The statistics of 8 sequences (8 groups, halves of 4) on a global and a sliding-window layer,
+    refitted side by side as in ``result()``, and the bootstrap's draws."""
+    from lens_position.analyses.decompose import DecompositionReducer, HeadStatistics, _Fitter
+    from lens_position.core.stream import stream
+
+    loaded = random_model(n_layers=2, attn_types=("global", "local"))
+    tokens = torch.randint(0, 50, (8, 20), generator=torch.Generator().manual_seed(3))
+    reducer = DecompositionReducer(loaded, tokens, query_range=(1, 20))
+    stream(loaded, tokens, [reducer], batch_size=8, progress=False)
+    fits = [(_Fitter(design), HeadStatistics.side_by_side([reducer.stats[layer] for layer in reducer.layers
+                                                          if reducer.windows[layer] == window]))
+            for window, design in reducer.designs.items()]
+    return fits, reducer.resample_weights()
+
+
+def _one_row_at_a_time(fit, stats, weights):
+    from lens_position.analyses.decompose import _components
+
+    rows = [_components(fit, stats, weights[i:i + 1]) for i in range(len(weights))]
+    return {name: torch.cat([row[name] for row in rows]) for name in rows[0]}
+
+
+def _assert_same_components(got, expected):
+    assert got.keys() == expected.keys()
+    for name in expected:
+        assert got[name].shape == expected[name].shape, name
+        assert torch.equal(got[name].isnan(), expected[name].isnan()), name
+        torch.testing.assert_close(got[name], expected[name], rtol=1e-11, atol=1e-13, equal_nan=True, msg=name)
+
+
+def test_every_bootstrap_replicate_gets_the_refit_of_its_own_weighting(eight_sequence_fit, monkeypatch):
+    """Replicates that drew the same sequences share one refit, as do equal weightings of a half: with
+    halves of 4 sequences many repeat. Every replicate must still get the components of its own
+    weighting: refitting all 200 together equals refitting each alone, and only the distinct
+    weightings (of all groups, and of each half) are refitted."""
+    import lens_position.analyses.decompose as decompose_module
+    from lens_position.analyses.decompose import _components
+
+    fits, weights = eight_sequence_fit
+    halves = fits[0][1].halves.to(torch.float64)
+    distinct = len(torch.unique(weights, dim=0))
+    distinct_halves = len(torch.unique(torch.cat([weights * (1 - halves), weights * halves]), dim=0))
+    assert distinct < len(weights) and distinct_halves < len(weights)  # the draws do repeat
+    for fit, stats in fits:
+        refitted_rows = []
+        variant = decompose_module._variant
+        monkeypatch.setattr(decompose_module, "_variant",
+                            lambda *a: refitted_rows.append(len(a[-1])) or variant(*a))
+        together = _components(fit, stats, weights)
+        monkeypatch.setattr(decompose_module, "_variant", variant)
+        assert sum(refitted_rows) == distinct + distinct_halves
+        _assert_same_components(together, _one_row_at_a_time(fit, stats, weights))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_refitting_weightings_together_equals_refitting_each_alone(eight_sequence_fit, data):
+    """Any multiplicities (repeated rows, rows in any order, a half or every group left out): the
+    components of a weighting do not depend on which other weightings are refitted with it."""
+    from lens_position.analyses.decompose import _components
+
+    fits, _ = eight_sequence_fit
+    pool = data.draw(st.lists(st.lists(st.integers(0, 3), min_size=8, max_size=8), min_size=1, max_size=4))
+    rows = data.draw(st.lists(st.sampled_from(pool), min_size=1, max_size=10))
+    weights = torch.tensor(rows, dtype=torch.float64)
+    fit, stats = fits[data.draw(st.sampled_from([0, 1]))]
+    _assert_same_components(_components(fit, stats, weights), _one_row_at_a_time(fit, stats, weights))
 
 
 def test_fast_logcumsumexp_equals_torchs():
