@@ -378,7 +378,7 @@ def _reduce(scores: Float[torch.Tensor, "batch head query key"], design: PairDes
             # the time of exp on finite values; exp(t) is then zeroed there, exactly the 0 exp(-inf) gives
             for a, b, cells, _ in hidden_runs:
                 t[..., a:b].masked_fill_(cells, 0.0)
-            exp = torch.exp(t, out=workspace.buffer("exp", block.shape, s.device))
+            exp = _exp(t, out=workspace.buffer("exp", block.shape, s.device))
             for a, b, _, shown in hidden_runs:
                 exp[..., a:b].mul_(shown)
             z = exp.sum(-1).log_()  # about the diagonal
@@ -511,6 +511,46 @@ _UNDERFLOW = 1e-300  # exp(x - max) below this leaves a float64 sum without its 
 _REPLICATE_BLOCK_VALUES = 2**19
 
 
+def _numpy_vector_math() -> bool:
+    """Whether numpy runs its float64 ``exp`` and ``log`` on AVX-512, its only vectorised float64 path
+    (elsewhere torch's are used: numpy's scalar loops have not been measured against them)."""
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__
+    except ImportError:  # numpy 1.x
+        try:
+            from numpy.core._multiarray_umath import __cpu_features__
+        except ImportError:
+            return False
+    return bool(__cpu_features__.get("AVX512F"))
+
+
+_NUMPY_VECTOR_MATH = _numpy_vector_math()
+
+
+def _through_numpy(x: torch.Tensor) -> bool:
+    return _NUMPY_VECTOR_MATH and x.device.type == "cpu" and x.dtype == torch.float64 and not x.requires_grad
+
+
+def _exp(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``torch.exp(x, out=out)``; on the CPU through numpy where its float64 ``exp`` is vectorised
+    (AVX-512), 1.7-2.9x faster there than torch's, the same values to one unit in the last place."""
+    if not _through_numpy(x):
+        return torch.exp(x, out=out)
+    out = torch.empty_like(x, memory_format=torch.contiguous_format) if out is None else out
+    with np.errstate(all="ignore"):  # torch's silence: overflow to inf, underflow to 0, NaN stays NaN
+        np.exp(x.numpy(), out=out.numpy())
+    return out
+
+
+def _log_(x: torch.Tensor) -> torch.Tensor:
+    """``x.log_()``, through numpy like :func:`_exp`."""
+    if not _through_numpy(x):
+        return x.log_()
+    with np.errstate(all="ignore"):  # log 0 = -inf, log of a negative number NaN, as torch's
+        np.log(x.numpy(), out=x.numpy())
+    return x
+
+
 def _logcumsumexp(x: Float[torch.Tensor, "... n"], shifted: bool = False) -> Float[torch.Tensor, "... n"]:
     """``torch.logcumsumexp(x, dim=-1)``, about five times faster: ``max + log(cumsum(exp(x -
     max)))`` with vectorised ``exp`` and ``log`` instead of a log-add-exp per element. The two
@@ -520,12 +560,12 @@ def _logcumsumexp(x: Float[torch.Tensor, "... n"], shifted: bool = False) -> Flo
     prefix underflows (its first value more than about 690 below the shift) or that is not
     finite falls back to ``torch.logcumsumexp``."""
     shift = None if shifted else x.amax(-1, keepdim=True)
-    out = (x if shifted else x - shift).exp().cumsum_(-1)
+    out = _exp(x if shifted else x - shift).cumsum_(-1)
     # NaN compares False; a prefix sum never decreases, so the first is the smallest and the last the largest
     exact = ~(out[..., 0] >= _UNDERFLOW) | ~(out[..., -1] < torch.inf)
     if shift is not None:
         exact |= ~torch.isfinite(shift[..., 0])
-    out = out.log_() if shift is None else out.log_().add_(shift)
+    out = _log_(out) if shift is None else _log_(out).add_(shift)
     if exact.any():
         out[exact] = torch.logcumsumexp(x[exact], dim=-1)
     return out
@@ -949,9 +989,14 @@ class DecompositionReducer:
             fit = _Fitter(design)
             group = [layer for layer in self.layers if self.windows[layer] == window]
             stats = HeadStatistics.side_by_side([self.stats[layer] for layer in group])
-            together = {name: v[0].numpy() for name, v in _components(fit, stats).items()}
+            # the estimate (every group once) refitted with the replicates: one pass over the statistics
+            everything = torch.ones(1, stats.n_groups, dtype=torch.float64)
             if weights is not None:
-                refitted = _components(fit, stats, weights)
+                everything = torch.cat([everything, weights])
+            fitted = _components(fit, stats, everything)
+            together = {name: v[0].numpy() for name, v in fitted.items()}
+            if weights is not None:
+                refitted = {name: v[1:] for name, v in fitted.items()}
                 # only the components get intervals (and kept replicates)
                 replicates = {name: widen(torch.as_tensor(together[name]), refitted[name]) for name in COMPONENTS}
                 all_bounds = {name: bootstrap_interval(together[name], replicates[name].numpy(), level,

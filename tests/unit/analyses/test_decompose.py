@@ -335,6 +335,36 @@ def test_refitting_weightings_together_equals_refitting_each_alone(eight_sequenc
     _assert_same_components(_components(fit, stats, weights), _one_row_at_a_time(fit, stats, weights))
 
 
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(st.one_of(st.floats(allow_nan=True, allow_infinity=True, width=64),
+                                 st.floats(-750.0, 710.0), st.floats(-1e-3, 1e-3)), min_size=1, max_size=60),
+       step=st.integers(1, 3), numpy_path=st.booleans())
+def test_exp_and_log_equal_torchs_on_any_float64(values, step, numpy_path):
+    """The float64 ``exp`` and ``log`` the reduction and the refits use (numpy's where it is vectorised,
+    else torch's) give torch's values to one unit in the last place, and the same infinities, zeros and
+    NaNs: over any float64 (subnormal results, overflow, -inf, NaN), on strided views, into a given
+    output and in place."""
+    import lens_position.analyses.decompose as decompose_module
+
+    x = torch.tensor(values, dtype=torch.float64)[::step]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(decompose_module, "_NUMPY_VECTOR_MATH", numpy_path)
+        _check_exp_and_log(decompose_module, x)
+
+
+def _check_exp_and_log(decompose_module, x):
+    out = torch.empty_like(x)
+    assert decompose_module._exp(x, out=out) is out
+    for got in (decompose_module._exp(x), out):
+        torch.testing.assert_close(got, torch.exp(x), rtol=4e-16, atol=0.0, equal_nan=True)
+    positive = x.abs()
+    got = decompose_module._log_(positive.clone())
+    torch.testing.assert_close(got, positive.log(), rtol=0.0, atol=1e-15, equal_nan=True)
+    wide = torch.stack([positive, positive]).T  # a non-contiguous [n, 2] view, logged in place
+    decompose_module._log_(wide)
+    torch.testing.assert_close(wide[:, 0], positive.log(), rtol=0.0, atol=1e-15, equal_nan=True)
+
+
 def test_fast_logcumsumexp_equals_torchs():
     """The refits' cumulative logsumexp (shift by the row's maximum, exp, cumsum, log) against
     torch.logcumsumexp: float64 round-off on ordinary rows, and torch's own values on rows where
