@@ -497,18 +497,15 @@ class _Variant:
         """The weightings of ``variants``, one after the other."""
         return cls(*(torch.cat([getattr(v, f.name) for v in variants]) for f in dataclasses.fields(cls)))
 
-    def take(self, rows: Int[torch.Tensor, "row"]) -> "_Variant":
-        """The weightings ``rows``, in that order."""
+    def take(self, rows: Int[torch.Tensor, "row"] | slice) -> "_Variant":
+        """The weightings ``rows``, in that order (a slice: a view)."""
         return _Variant(*(getattr(self, f.name)[rows] for f in dataclasses.fields(self)))
 
 
 _UNDERFLOW = 1e-300  # exp(x - max) below this leaves a float64 sum without its full precision
-# Replicates refitted together: as many as keep the refits' working tensors (three weightings x replicates
-# x heads x the values per head) near this many float64 values, small enough for the cache. On SmolLM2 at
-# T=256, its 30 layers refitted side by side (270 heads, about 1.2e5 values per replicate), 2**19 makes
-# blocks of 4 replicates: result() 0.8 s against 1.3 s for 2**17 (one replicate per block, Python's overhead
-# per block) and 1.7 s for 2**22 (blocks no longer in cache).
-_REPLICATE_BLOCK_VALUES = 2**19
+# Heads refitted together: as many as keep the refits' working tensors (every distinct weighting x heads x
+# the values per head) near this many float64 values, small enough for the cache.
+_REFIT_BLOCK_VALUES = 2**19
 
 
 def _numpy_vector_math() -> bool:
@@ -645,20 +642,22 @@ def _components(fit: _Fitter, stats: HeadStatistics,
     weights, replicate_row = torch.unique(weights, dim=0, return_inverse=True)
     half_weights, half_row = torch.unique(torch.cat([weights * (1 - halves), weights * halves]), dim=0,
                                           return_inverse=True)
-    # replicates are independent: a block at a time keeps the working tensors small enough for the cache
-    per_block = max(1, _REPLICATE_BLOCK_VALUES // (per_group.shape[1] * per_group.shape[2]))
-    half_parts = _Variant.cat([_variant(fit, stats, per_group, block) for block in half_weights.split(3 * per_block)])
+    # heads are independent: a few at a time, every weighting, keeps the working tensors small enough for the
+    # cache (and reads each head's statistics once)
+    everything = torch.cat([weights, half_weights])
+    per_block = max(1, _REFIT_BLOCK_VALUES // (len(everything) * per_group.shape[2]))
     half_row = half_row.view(2, len(weights))
-    blocks = [_weighted_components(fit, stats, per_group, block, half_parts, half_row[:, rows])
-              for block, rows in zip(weights.split(per_block), torch.arange(len(weights)).split(per_block))]
-    return {name: torch.cat([block[name] for block in blocks])[replicate_row] for name in blocks[0]}
+    blocks = [_weighted_components(fit, stats, per_group[:, heads], everything, len(weights), half_row)
+              for heads in torch.arange(per_group.shape[1]).split(per_block)]
+    return {name: torch.cat([block[name] for block in blocks], dim=1)[replicate_row] for name in blocks[0]}
 
 
 def _weighted_components(fit: _Fitter, stats: HeadStatistics, per_group: torch.Tensor,
-                         weights: Float[torch.Tensor, "replicate group"], half_parts: _Variant,
+                         weights: Float[torch.Tensor, "weighting group"], n_whole: int,
                          half_row: Int[torch.Tensor, "2 replicate"]) -> dict[str, torch.Tensor]:
-    """:func:`_components` for the rows of ``weights``, from the statistics per group; the
-    weightings of each half alone are rows ``half_row[0]`` and ``half_row[1]`` of ``half_parts``.
+    """:func:`_components` for the heads of ``per_group`` and the first ``n_whole`` rows of
+    ``weights``, from the statistics per group; the weightings of each half alone are rows
+    ``n_whole + half_row[0]`` and ``n_whole + half_row[1]``.
 
     Every component is a variance or covariance of two absolute parts (t, z, the mask-only
     ``lam`` and the residual ``log A - lam``), each a dot product of k-coordinates: the four
@@ -666,8 +665,9 @@ def _weighted_components(fit: _Fitter, stats: HeadStatistics, per_group: torch.T
     the 4 x 4 products of all the data with itself (in-sample) and of one half with the other
     (held out)."""
     n_pairs = fit.design.n_pairs
-    both = _variant(fit, stats, per_group, weights)
-    parts = [half_parts.take(rows) for rows in half_row]
+    variant = _variant(fit, stats, per_group, weights)
+    both = variant.take(slice(0, n_whole))
+    parts = [variant.take(n_whole + rows) for rows in half_row]
 
     def cov(a: _Variant, b: _Variant) -> torch.Tensor:
         """``[R, head, 4, 4]``: covariance over the analysed pairs of every part of ``a`` with every part of ``b``."""

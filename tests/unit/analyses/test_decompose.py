@@ -240,7 +240,7 @@ def test_a_bootstrap_replicate_is_the_decomposition_of_its_resampled_sequences(m
     from lens_position.core.intervals import NO_INTERVALS, Bootstrap
     from lens_position.core.stream import stream
 
-    monkeypatch.setattr(decompose_module, "_REPLICATE_BLOCK_VALUES", 5000)  # several blocks of replicates
+    monkeypatch.setattr(decompose_module, "_REFIT_BLOCK_VALUES", 5000)  # several blocks of heads
     loaded = random_model(n_layers=3, attn_types=("global", "local", "global"))
     tokens = torch.randint(0, 50, (8, 24), generator=torch.Generator().manual_seed(7))
     reducer = DecompositionReducer(loaded, tokens, query_range=(2, 24), bootstrap=Bootstrap(n_resamples=70))
