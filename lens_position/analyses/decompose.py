@@ -373,7 +373,7 @@ def _reduce(scores: Float[torch.Tensor, "batch head query key"], design: PairDes
             block = s[:, heads, rows, keys]
             diagonal = block.diagonal(offset=top_offset, dim1=-2, dim2=-1).to(torch.float64)
             # float64, in a buffer of the workspace (the scores untouched)
-            t = workspace.buffer("t", block.shape, s.device).copy_(block).sub_(diagonal[..., None])
+            t = torch.sub(block, diagonal[..., None], out=workspace.buffer("t", block.shape, s.device))
             # the mask's cells to 0 before exp: exp of -inf or of finfo.min (a mask) takes its slow path, 2.5-6x
             # the time of exp on finite values; exp(t) is then zeroed there, exactly the 0 exp(-inf) gives
             for a, b, cells, _ in hidden_runs:
