@@ -24,7 +24,11 @@ Times are wall and CPU seconds (``time.process_time``) of the fastest of ``--rep
 (model loading excluded, one warm-up pass before); the bare passes and the decomposition run in
 turn, and the median of the ``--repeats`` pairs' CPU ratios is printed beside the ratio of the
 fastest runs (on a shared machine the two have differed by 0.2x between runs an hour apart; the
-median of pairs moved less). Printed ratios: the decomposition over its own
+median of pairs moved less). Each timed decomposition also counts the CPU seconds spent inside it in
+its reducer's updates (the key-set check and the streamed statistics) and in its ``result()`` (the
+fit); its total over its total less those two is its overhead over its own passes, measured in one
+run and so free of the run-to-run noise (it leaves out the cost of calling the hooks, which the
+pairs include). Printed ratios: the decomposition over its own
 backend's bare passes (target at most 1.2x), the bridge over the hooked backend for the bare
 passes and for the decomposition. Nothing is asserted: the ratios depend on the machine and on
 what else runs on it (the load average is printed before and after). The tokens are the default
@@ -81,7 +85,7 @@ def worker(model_name: str, backend: str, N: int, T: int, batch_size: int, repea
     import transformer_lens  # noqa: F401  (imported before the load is timed)
     import transformers  # noqa: F401
 
-    from lens_position.analyses.decompose import decompose
+    from lens_position.analyses.decompose import DecompositionReducer, decompose
     from lens_position.core.data import build_prompts
     from lens_position.models import load_model
 
@@ -124,8 +128,26 @@ def worker(model_name: str, backend: str, N: int, T: int, batch_size: int, repea
         finally:
             handle.remove()
 
+    # CPU seconds inside the decomposition's own run: its reducer's updates (the key-set check and the streamed
+    # statistics, called from the hooks) and its result() (the fit); the rest is the passes and their hooks
+    spent = {"update": 0.0, "result": 0.0}
+    for method in spent:
+        original = getattr(DecompositionReducer, method)
+
+        def counted(self, *args, _original=original, _method=method, **kwargs):
+            started = time.process_time()
+            try:
+                return _original(self, *args, **kwargs)
+            finally:
+                spent[_method] += time.process_time() - started
+
+        setattr(DecompositionReducer, method, counted)
+    inside: list[tuple[float, float]] = []  # (statistics, fit) CPU seconds of each timed decomposition
+
     def decomposition() -> None:
+        spent.update(update=0.0, result=0.0)
         decompose(loaded, tokens, batch_size=batch_size, progress=False)
+        inside.append((spent["update"], spent["result"]))
 
     def timed(fn) -> tuple[float, float]:
         w0, c0 = time.perf_counter(), time.process_time()
@@ -136,7 +158,11 @@ def worker(model_name: str, backend: str, N: int, T: int, batch_size: int, repea
     if len(stops) != -(-len(tokens) // batch_size):
         raise SystemExit(f"the bare pass on {backend} did not end after the last block ({len(stops)} stops)")
     # alternating, so that each decomposition has a bare run beside it under the same conditions
+    decomposition()  # warm-up
+    inside.clear()
     pairs = [(timed(bare), timed(decomposition)) for _ in range(repeats)]
+    # each decomposition's CPU time over its own passes (its total less the statistics and the fit)
+    inside_ratios = sorted(d[1] / (d[1] - statistics_s - fit_s) for (_, d), (statistics_s, fit_s) in zip(pairs, inside))
     bare_s, bare_cpu = min(b[0] for b, _ in pairs), min(b[1] for b, _ in pairs)
     dec_s, dec_cpu = min(d[0] for _, d in pairs), min(d[1] for _, d in pairs)
     pair_ratios_cpu = sorted(d[1] / b[1] for b, d in pairs)
@@ -147,7 +173,8 @@ def worker(model_name: str, backend: str, N: int, T: int, batch_size: int, repea
         "model": model_name, "backend": backend, "load_s": load_s, "load_cpu_s": load_cpu_s, "load_again_s": load_again_s,
         "load_again_cpu_s": load_again_cpu_s,
         "bare_s": bare_s, "bare_cpu_s": bare_cpu, "decompose_s": dec_s, "decompose_cpu_s": dec_cpu,
-        "pair_ratios_cpu": pair_ratios_cpu,
+        "pair_ratios_cpu": pair_ratios_cpu, "inside_ratios_cpu": inside_ratios,
+        "statistics_cpu_s": statistics.median(a for a, _ in inside), "fit_cpu_s": statistics.median(b for _, b in inside),
         "tokens_sha256": hashlib.sha256(tokens.numpy().tobytes()).hexdigest()[:16],
         "tokens_shape": list(tokens.shape), "n_layers": n_layers, "threads": torch.get_num_threads(),
         "profile": profile_text,
@@ -255,6 +282,11 @@ def main() -> None:
                   f"{r['decompose_over_bare_cpu']:.2f}x CPU, fastest of each; median of {len(pairs)} alternating pairs "
                   f"{r['decompose_over_bare_cpu_median']:.2f}x CPU (from {pairs[0]:.2f}x to {pairs[-1]:.2f}x) "
                   f"(target <= {TARGET_OVER_BARE:g}x)")
+            inside = r["inside_ratios_cpu"]
+            r["inside_ratio_cpu_median"] = statistics.median(inside)
+            print(f"    inside each {backend} decomposition: statistics {r['statistics_cpu_s']:.3f} s CPU, fit "
+                  f"{r['fit_cpu_s']:.3f} s CPU (medians); over its own passes {r['inside_ratio_cpu_median']:.2f}x "
+                  f"median (from {inside[0]:.2f}x to {inside[-1]:.2f}x)")
         row = {"model": model_name, "backends": measured}
         if "hooked" in measured and "bridge" in measured:
             h, b = measured["hooked"], measured["bridge"]

@@ -492,14 +492,11 @@ class _Variant:
     means: Float[torch.Tensor, "replicate head 4"]
     var_log_a: Float[torch.Tensor, "replicate head"]
 
-    @classmethod
-    def cat(cls, variants: Sequence["_Variant"]) -> "_Variant":
-        """The weightings of ``variants``, one after the other."""
-        return cls(*(torch.cat([getattr(v, f.name) for v in variants]) for f in dataclasses.fields(cls)))
-
     def take(self, rows: Int[torch.Tensor, "row"] | slice) -> "_Variant":
-        """The weightings ``rows``, in that order (a slice: a view)."""
-        return _Variant(*(getattr(self, f.name)[rows] for f in dataclasses.fields(self)))
+        """The weightings ``rows``, in that order (a slice: a view; ``index_select`` copies the strided
+        fields about twice as fast as indexing with a tensor)."""
+        pick = (lambda x: x[rows]) if isinstance(rows, slice) else (lambda x: x.index_select(0, rows))
+        return _Variant(*(pick(getattr(self, f.name)) for f in dataclasses.fields(self)))
 
 
 _UNDERFLOW = 1e-300  # exp(x - max) below this leaves a float64 sum without its full precision
