@@ -14,6 +14,7 @@ import torch
 
 from lens_position.ground.errors import UnsupportedArchitectureError
 from lens_position.models import gemma3, llama, mistral, qwen2
+from lens_position.models.backends.hooked import new_hooked_transformer
 
 ADAPTERS: dict[str, ModuleType] = {
     model_type: module for module in (llama, mistral, qwen2, gemma3) for model_type in module.MODEL_TYPES
@@ -49,10 +50,8 @@ def build_hooked(cfg_kwargs: dict[str, Any], state_dict: dict[str, torch.Tensor]
                  device: str = "cpu") -> Any:
     """A HookedTransformer with ``state_dict`` loaded unprocessed (no LayerNorm folding, no
     centering), so every activation equals the HF model's."""
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
-
-    cfg = HookedTransformerConfig(**{**cfg_kwargs, "device": device})
-    model = HookedTransformer(cfg, move_to_device=False)
+    model = new_hooked_transformer({**cfg_kwargs, "device": device}, what="a model on the hooked backend",
+                                   move_to_device=False)
     # What load_and_process_state_dict does with every processing flag off, in one
     # load_state_dict call instead of one per tensor (which walks the module tree each time).
     state_dict = model.fill_missing_keys(dict(state_dict))

@@ -112,7 +112,6 @@ def load_model(
     cfg["model_name"] = name
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=DeprecationWarning, module="transformer_lens")
-        warnings.filterwarnings("ignore", message=".*HookedTransformer is deprecated.*")
         model = build_hooked(cfg, base.state_dict, device)
     tokenizer = base.tokenizer
     prepends_bos = tokenizer_prepends_bos(tokenizer)

@@ -18,20 +18,20 @@ smallest models the tutorials run on. All are real ``HookedTransformer`` forward
 
 Token ids in these models: ``BOS_TOKEN_ID`` marks position 0 (only meaningful with
 ``bos_bonus``); any other id in ``range(d_vocab)`` is an ordinary token.
+
+TransformerLens 3.x only: 4.0 removed ``HookedTransformer``, and there building one is refused
+with an ``UnsupportedArchitectureError`` (the tiny in-code models of ``load_model``, such as
+``"tiny-llama"``, load on either line).
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 import math
 from typing import Sequence
 
 import torch
 
+from lens_position.models.backends.hooked import new_hooked_transformer
 from lens_position.models.spec import LoadedModel, spec_from_config
 
 BOS_TOKEN_ID = 1
@@ -73,17 +73,14 @@ def offset_only_model(
         raise ValueError("d_head must be a multiple of 4 (half rotated, in pairs)")
     rotary_dim = d_head // 2
     local = window is not None
-    from transformer_lens import HookedTransformer, HookedTransformerConfig  # TransformerLens 3.x
-
-    cfg = HookedTransformerConfig(
+    model = new_hooked_transformer(dict(
         n_layers=n_layers, d_model=4, d_head=d_head, n_heads=n_heads, n_ctx=n_ctx,
         d_vocab=TOY_VOCAB, attn_only=True, normalization_type=None,
         positional_embedding_type="rotary", rotary_dim=rotary_dim, rotary_base=rotary_base,
         n_key_value_heads=n_kv_heads, use_local_attn=local,
         attn_types=["local"] * n_layers if local else None, window_size=window,
         dtype=torch.float64, default_prepend_bos=False, seed=seed,
-    )
-    model = HookedTransformer(cfg)
+    ), what="offset_only_model (a hand-set toy model)")
     generator = torch.Generator().manual_seed(seed)
     n_kv = n_kv_heads or n_heads
     with torch.no_grad():
@@ -129,17 +126,14 @@ def random_model(
     models.
     """
     local = attn_types is not None and "local" in attn_types
-    from transformer_lens import HookedTransformer, HookedTransformerConfig  # TransformerLens 3.x
-
-    cfg = HookedTransformerConfig(
+    model = new_hooked_transformer(dict(
         n_layers=n_layers, d_model=d_model, d_head=d_head, n_heads=n_heads, n_ctx=n_ctx,
         d_vocab=d_vocab, d_mlp=2 * d_model, act_fn="silu", gated_mlp=True, normalization_type="RMS",
         positional_embedding_type="rotary", rotary_dim=d_head, n_key_value_heads=n_kv_heads,
         use_local_attn=local, attn_types=list(attn_types) if local else None,
         window_size=window if local else None, default_prepend_bos=False,
         init_weights=True, initializer_range=init_range, seed=seed,
-    )
-    model = HookedTransformer(cfg)
+    ), what="random_model (a toy model)")
     spec = spec_from_config(model, name="toy-random", source="custom", bos_token_id=BOS_TOKEN_ID,
                             extra={"seed": seed, "init_range": init_range})
     return LoadedModel(model=model, tokenizer=None, spec=spec)

@@ -85,3 +85,35 @@ class HookedBackend:
         return RotaryLayout(frequencies=angles[0::2] if cfg.rotary_adjacent_pairs else angles[:half],
                             adjacent_pairs=bool(cfg.rotary_adjacent_pairs), rotary_dim=int(cfg.rotary_dim),
                             scale=float(attn.attn_scale), soft_cap=float(cap) if cap and cap > 0 else None)
+
+
+def new_hooked_transformer(config: Mapping[str, Any] | Any, *, what: str, **model_kwargs: Any) -> Any:
+    """``HookedTransformer(config, **model_kwargs)`` on TransformerLens 3.x, ``config`` a
+    ``HookedTransformerConfig`` or the keyword arguments of one.
+
+    TransformerLens 3.9 warns "HookedTransformer is deprecated" on every construction; the warning
+    is addressed to code that names the class, and lens_position chooses its backend itself
+    (``load_model(..., backend=...)``), so it is silenced here, for this construction only. Where
+    TransformerLens 4.x removed the class, building ``what`` is refused with an
+    UnsupportedArchitectureError that says what works instead (not 4.x's bare ImportError).
+    """
+    import warnings
+
+    from lens_position.models.backends import hooked_available
+
+    if not hooked_available():
+        from importlib.metadata import version
+
+        raise UnsupportedArchitectureError(
+            f"{what} is built as a HookedTransformer, which TransformerLens 4.0 removed (installed: "
+            f"transformer_lens {version('transformer_lens')}): build it where TransformerLens 3.x is "
+            "installed (pip install 'transformer-lens>=3,<4'). On 4.x, load_model(...) loads models "
+            "through the bridge backend (TransformerBridge), the tiny in-code models ('tiny-llama', "
+            "'tiny-gemma3', ...) included")
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    if isinstance(config, Mapping):
+        config = HookedTransformerConfig(**config)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*HookedTransformer is deprecated.*")
+        return HookedTransformer(config, **model_kwargs)

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-import warnings
 from typing import Any
 
 import torch
 
 from lens_position.ground.errors import UnsupportedArchitectureError
+from lens_position.models.backends.hooked import new_hooked_transformer
 from lens_position.models.tiny import VOCAB_SIZE
 from lens_position.models.zoo.recipe import Recipe
 
@@ -77,11 +77,7 @@ def build_model(recipe: Recipe, *, rotary_base: float | None = None, device: str
     without touching the global RNG. NoPE's ``W_pos`` is zero and frozen. TransformerLens 3.x
     only (UnsupportedArchitectureError on 4.x: :func:`require_hooked`)."""
     require_hooked("building a zoo model")
-    from transformer_lens import HookedTransformer  # TransformerLens 3.x (hooked backend)
-
-    with warnings.catch_warnings():  # TransformerLens 3.9 deprecates HookedTransformer in favour of 4.x
-        warnings.filterwarnings("ignore", message=".*HookedTransformer is deprecated.*")
-        model = HookedTransformer(hooked_config(recipe, rotary_base), move_to_device=False)
+    model = new_hooked_transformer(hooked_config(recipe, rotary_base), what="a zoo model", move_to_device=False)
     if initialise:
         generator = torch.Generator().manual_seed(recipe.seed)
         with torch.no_grad():
