@@ -60,6 +60,9 @@ def test_a_hookedtransformer_built_by_hand_still_warns_so_the_check_can_see_one(
 
 
 @pytest.mark.tl4
+@pytest.mark.fault(area="models", given="a hand-set toy model or a zoo model built on TransformerLens 4.x (no "
+                   "HookedTransformer)", happens="UnsupportedArchitectureError naming TransformerLens 3.x and the "
+                   "models that load on 4.x, not 4.x's ImportError")
 @pytest.mark.parametrize("what", ["offset_only_model", "random_model", "zoo model"])
 def test_without_hookedtransformer_building_one_is_refused_with_the_routes_that_work(what, monkeypatch):
     """On TransformerLens 4.x for real; on 3.x with the class hidden, the same path."""
