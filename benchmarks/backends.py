@@ -170,11 +170,13 @@ def worker(model_name: str, backend: str, N: int, T: int, batch_size: int, repea
     if profile:
         profile_text = _profile(decomposition)
     Path(out).write_text(json.dumps({
-        "model": model_name, "backend": backend, "load_s": load_s, "load_cpu_s": load_cpu_s, "load_again_s": load_again_s,
+        "model": model_name, "backend": backend, "load_s": load_s, "load_cpu_s": load_cpu_s,
+        "load_again_s": load_again_s,
         "load_again_cpu_s": load_again_cpu_s,
         "bare_s": bare_s, "bare_cpu_s": bare_cpu, "decompose_s": dec_s, "decompose_cpu_s": dec_cpu,
         "pair_ratios_cpu": pair_ratios_cpu, "inside_ratios_cpu": inside_ratios,
-        "statistics_cpu_s": statistics.median(a for a, _ in inside), "fit_cpu_s": statistics.median(b for _, b in inside),
+        "statistics_cpu_s": statistics.median(a for a, _ in inside),
+        "fit_cpu_s": statistics.median(b for _, b in inside),
         "tokens_sha256": hashlib.sha256(tokens.numpy().tobytes()).hexdigest()[:16],
         "tokens_shape": list(tokens.shape), "n_layers": n_layers, "threads": torch.get_num_threads(),
         "profile": profile_text,
@@ -199,8 +201,9 @@ def _profile(fn, rows: int = 14) -> str:
     def label(key) -> str:
         filename, line, name = key
         parts = Path(filename).parts
-        short = "/".join(parts[parts.index("site-packages") + 1:]) if "site-packages" in parts else \
-            "/".join(parts[-3:])
+        short = (
+            "/".join(parts[parts.index("site-packages") + 1 :]) if "site-packages" in parts else "/".join(parts[-3:])
+        )
         return f"{short}:{line}({name})"
 
     out = io.StringIO()
@@ -251,10 +254,12 @@ def main() -> None:
 
     backends = available_backends()
     load_before = os.getloadavg()
-    print(f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, TransformerLens {_tl_version()}, "
-          f"backends {', '.join(backends)}, N = {args.N}, T = {args.T}, batch size {args.batch_size}, "
-          f"repeats {args.repeats}, {args.threads or 'default'} torch thread(s), {os.cpu_count()} CPUs; "
-          f"load average {load_before[0]:.1f} {load_before[1]:.1f} {load_before[2]:.1f}")
+    print(
+        f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, TransformerLens {_tl_version()}, "
+        f"backends {', '.join(backends)}, N = {args.N}, T = {args.T}, batch size {args.batch_size}, "
+        f"repeats {args.repeats}, {args.threads or 'default'} torch thread(s), {os.cpu_count()} CPUs; "
+        f"load average {load_before[0]:.1f} {load_before[1]:.1f} {load_before[2]:.1f}"
+    )
     if "hooked" not in backends:
         print("  (no HookedTransformer in this TransformerLens: bridge numbers only, no bridge/hooked ratio)")
     results: list[dict] = []
@@ -271,7 +276,8 @@ def main() -> None:
         for backend, r in measured.items():
             r["decompose_over_bare"] = r["decompose_s"] / r["bare_s"]
             r["decompose_over_bare_cpu"] = r["decompose_cpu_s"] / r["bare_cpu_s"]
-            print(f"  {backend:6s} load {r['load_s']:6.2f} s wall / {r['load_cpu_s']:.2f} s CPU (again in the same process "
+            print(f"  {backend:6s} load {r['load_s']:6.2f} s wall / {r['load_cpu_s']:.2f} s CPU (again in the same "
+                  "process "
                   f"{r['load_again_s']:.2f} s / {r['load_again_cpu_s']:.2f} s CPU); "
                   f"bare forward {r['bare_s']:.3f} s wall / {r['bare_cpu_s']:.3f} s CPU; decomposition "
                   f"{r['decompose_s']:.3f} s / {r['decompose_cpu_s']:.3f} s CPU")
@@ -297,7 +303,8 @@ def main() -> None:
                        bridge_over_hooked_load_cpu=b["load_cpu_s"] / h["load_cpu_s"])
             print(f"  ratio bridge / hooked: bare forward {row['bridge_over_hooked_bare']:.2f}x, decomposition "
                   f"{row['bridge_over_hooked_decompose']:.2f}x wall ({row['bridge_over_hooked_decompose_cpu']:.2f}x "
-                  f"CPU), load {row['bridge_over_hooked_load']:.2f}x wall ({row['bridge_over_hooked_load_cpu']:.2f}x CPU)")
+                  f"CPU), load {row['bridge_over_hooked_load']:.2f}x wall "
+                  f"({row['bridge_over_hooked_load_cpu']:.2f}x CPU)")
         over = row.get("bridge_over_hooked_decompose_cpu", 0.0) > EXPLAIN_BRIDGE_OVER
         if args.profile or over:
             why = f"above {EXPLAIN_BRIDGE_OVER:g}x" if over else "--profile"

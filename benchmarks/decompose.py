@@ -70,7 +70,7 @@ class PeakSampler:
             self.peak = max(self.peak, self.process.memory_info().rss)
             time.sleep(self.interval)
 
-    def __enter__(self) -> "PeakSampler":
+    def __enter__(self) -> PeakSampler:
         self.start = self.process.memory_info().rss
         self._thread.start()
         return self
@@ -91,8 +91,8 @@ def worker(mode: str, model_name: str, tokens_path: str, batch_size: int, thread
         torch.set_num_threads(threads)
     from lens_position.analyses.decompose import DecompositionReducer, decompose_dense
     from lens_position.core.intervals import NO_INTERVALS, Bootstrap
-    from lens_position.models import load_model
     from lens_position.core.stream import stream
+    from lens_position.models import load_model
 
     loaded = load_model(model_name)
     tokens = torch.load(tokens_path)

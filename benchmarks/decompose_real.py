@@ -27,10 +27,10 @@ DEFAULT_T = {"smollm2-135m": 256, "gemma3-270m": 640}
 
 def measure(name: str, T: int, N: int, bos: str, query_range: tuple[int, int] | None, keys: str,
             probe: bool = False) -> dict:
-    from lens_position.core.data import build_prompts
     from lens_position.analyses.decompose import check_identity, decompose
-    from lens_position.models import load_model
     from lens_position.analyses.probes import position_probe
+    from lens_position.core.data import build_prompts
+    from lens_position.models import load_model
 
     loaded = load_model(name)
     prompts = build_prompts(loaded, T=T, N=N, bos=bos, seed=0)

@@ -26,8 +26,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from lens_position.core.data import build_prompts  # noqa: E402
 from lens_position.analyses.decompose import decompose  # noqa: E402
+from lens_position.core.data import build_prompts  # noqa: E402
 from lens_position.pipeline.config import Compute  # noqa: E402
 from lens_position.pipeline.devices import resolve_device  # noqa: E402
 from lens_position.pipeline.models import load_request  # noqa: E402

@@ -98,7 +98,9 @@ def sample_cells(n_layers: int, n_pos: int, k: int) -> list[tuple[int, int]]:
     if k == 1:
         return [(0, 0)]
     g = next(g for g in range(max(1, round(0.618 * k)), 2 * k) if math.gcd(g, k) == 1)
-    spaced = (lambda n, j: round(j * (n - 1) / (k - 1)))
+    def spaced(n: int, j: int) -> int:
+        return round(j * (n - 1) / (k - 1))
+
     return sorted({(spaced(n_layers, i), spaced(n_pos, i * g % k)) for i in range(k)})
 
 
@@ -154,13 +156,17 @@ def measure(loaded, name: str, T: int, args) -> dict:
             per_cell_s = (time.perf_counter() - started) / len(sampled)
             theirs_s = cache_s + per_cell_s * cells
             rows, cols = zip(*((layers.index(layer), pos) for layer, pos in sampled))
-            ours_on = (lambda v: v.cpu()[list(rows), list(cols)])
+            def ours_on(v: torch.Tensor, rows: tuple = rows, cols: tuple = cols) -> torch.Tensor:
+                return v.cpu()[list(rows), list(cols)]
+
             theirs_cmp = theirs_sampled.cpu()
         else:
             sampled, per_cell_s = None, None
             theirs = get_act_patch_resid_pre(model, target, source_cache, metric)[layers]
             theirs_s = time.perf_counter() - started
-            ours_on = (lambda v: v.cpu())
+            def ours_on(v: torch.Tensor) -> torch.Tensor:
+                return v.cpu()
+
             theirs_cmp = theirs.cpu()
     load_after = os.getloadavg()[0]
 
@@ -176,9 +182,11 @@ def measure(loaded, name: str, T: int, args) -> dict:
         "max_abs_diff_no_reuse": (float((ours_on(full.values) - theirs_cmp).abs().max()) if full is not None
                                   else None),
         "transformer_lens_sampled_cells": sampled, "transformer_lens_s_per_cell": per_cell_s,
-        "transformer_lens_cache_s": cache_s, "transformer_lens_s": theirs_s, "no_prefix_reuse_s": full_s, "lens_position_s": reused_s,
+        "transformer_lens_cache_s": cache_s, "transformer_lens_s": theirs_s, "no_prefix_reuse_s": full_s,
+        "lens_position_s": reused_s,
         "floor_s": floor_s, "bare_forward_ns_per_token_layer": per_token_layer * 1e9,
-        "speedup_vs_transformer_lens": theirs_s / reused_s, "speedup_vs_no_prefix_reuse": full_s / reused_s if full_s else None,
+        "speedup_vs_transformer_lens": theirs_s / reused_s,
+        "speedup_vs_no_prefix_reuse": full_s / reused_s if full_s else None,
         "over_floor": reused_s / floor_s, "token_layers": counts,
         "load_average_1min": [load_before, load_after],
     }
@@ -213,8 +221,10 @@ def main() -> None:
         name, loaded = "tiny-llama", load_model("tiny-llama")
     if note:
         print(note)
-    print(f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, model {name}, N = {args.N}, "
-          f"{torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs, batch size {args.batch_size}")
+    print(
+        f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, model {name}, N = {args.N}, "
+        f"{torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs, batch size {args.batch_size}"
+    )
     results, failed = [], False
     for T in args.T:
         r = measure(loaded, name, T, args)
@@ -235,19 +245,31 @@ def main() -> None:
               f"{no_reuse} (without); must be <= {TOLERANCE:g}: {'OK' if ok else 'FAIL'}")
         if r["transformer_lens_sampled_cells"]:
             k = len(r["transformer_lens_sampled_cells"])
-            print(f"  transformer_lens EXTRAPOLATED from {k} measured cells: {r['transformer_lens_s_per_cell']:.3f} s "
-                  f"per cell x {r['cells']} cells + {r['transformer_lens_cache_s']:.2f} s source cache = "
-                  f"{r['transformer_lens_s']:.1f} s (each cell is one full forward pass of {args.N} x {T} tokens)")
-        print(f"  token-layers: transformer_lens {c['transformer_lens']:,}, without prefix reuse "
-              f"{c['no_prefix_reuse']:,}{' (counted, not run)' if r['no_prefix_reuse_s'] is None else ''}, lens_position {c['lens_position']:,}, floor {c['floor']:,} "
-              f"({c['lens_position'] / c['floor']:.2f}x the floor)")
+            print(
+                f"  transformer_lens EXTRAPOLATED from {k} measured cells: {r['transformer_lens_s_per_cell']:.3f} s "
+                f"per cell x {r['cells']} cells + {r['transformer_lens_cache_s']:.2f} s source cache = "
+                f"{r['transformer_lens_s']:.1f} s (each cell is one full forward pass of {args.N} x {T} tokens)"
+            )
+        print(
+            f"  token-layers: transformer_lens {c['transformer_lens']:,}, without prefix reuse "
+            f"{c['no_prefix_reuse']:,}{' (counted, not run)' if r['no_prefix_reuse_s'] is None else ''}, "
+            f"lens_position {c['lens_position']:,}, floor {c['floor']:,} "
+            f"({c['lens_position'] / c['floor']:.2f}x the floor)"
+        )
         no_reuse_s = "not run" if r["no_prefix_reuse_s"] is None else f"{r['no_prefix_reuse_s']:.2f} s"
-        print(f"  time: transformer_lens {r['transformer_lens_s']:.2f} s{' (extrapolated)' if sampled_run else ''}, without prefix reuse "
-              f"{no_reuse_s}, lens_position {r['lens_position_s']:.2f} s, floor {r['floor_s']:.2f} s "
-              f"(bare forward: {r['bare_forward_ns_per_token_layer']:.0f} ns per token-layer)")
-        print(f"  lens_position: {r['speedup_vs_transformer_lens']:.1f}x transformer_lens (target >= "
-              f"{TARGET_SPEEDUP:g}x at T = 128), {'(not run)' if r['speedup_vs_no_prefix_reuse'] is None else format(r['speedup_vs_no_prefix_reuse'], '.2f') + 'x'} without prefix reuse, "
-              f"{r['over_floor']:.2f}x the floor's time (target <= {TARGET_FLOOR:g}x)")
+        print(
+            f"  time: transformer_lens {r['transformer_lens_s']:.2f} s{' (extrapolated)' if sampled_run else ''}, "
+            "without prefix reuse "
+            f"{no_reuse_s}, lens_position {r['lens_position_s']:.2f} s, floor {r['floor_s']:.2f} s "
+            f"(bare forward: {r['bare_forward_ns_per_token_layer']:.0f} ns per token-layer)"
+        )
+        reuse = r["speedup_vs_no_prefix_reuse"]
+        print(
+            f"  lens_position: {r['speedup_vs_transformer_lens']:.1f}x transformer_lens (target >= "
+            f"{TARGET_SPEEDUP:g}x at T = 128), "
+            f"{'(not run)' if reuse is None else format(reuse, '.2f') + 'x'} without prefix reuse, "
+            f"{r['over_floor']:.2f}x the floor's time (target <= {TARGET_FLOOR:g}x)"
+        )
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"note": note, "results": results}, handle, indent=2)

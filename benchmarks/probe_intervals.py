@@ -38,11 +38,11 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from lens_position.core.intervals import NO_INTERVALS, Bootstrap
-    from lens_position.models import load_model
-    from lens_position.analyses.prompt_sets import _chi_square_quantile, disjoint_prompt_sets
     from lens_position.analyses.probes import ProbeReducer
+    from lens_position.analyses.prompt_sets import _chi_square_quantile, disjoint_prompt_sets
+    from lens_position.core.intervals import NO_INTERVALS, Bootstrap
     from lens_position.core.stream import stream
+    from lens_position.models import load_model
 
     loaded = load_model(args.model)
     sets = disjoint_prompt_sets(loaded, args.sets, T=args.T, N=args.N, seed=args.seed)

@@ -94,7 +94,7 @@ class ForwardLog:
     def __init__(self) -> None:
         self.calls: dict[int, list[tuple]] = {}
 
-    def __enter__(self) -> "ForwardLog":
+    def __enter__(self) -> ForwardLog:
         from transformer_lens import HookedTransformer
 
         self._original = original = HookedTransformer.forward
@@ -116,7 +116,8 @@ class ForwardLog:
 
 
 def replay_bare(model_request: str, calls: list[tuple]) -> tuple[float, float]:
-    """(wall s, CPU s of this process) to run ``calls`` (a :class:`ForwardLog` list) on the model ``model_request`` names,
+    """(wall s, CPU s of this process) to run ``calls`` (a :class:`ForwardLog` list) on the model ``model_request``
+    names,
     without hooks, on random inputs of the recorded shapes. A pass the analysis ended inside its
     last block is replayed to the end of that block (a slight overestimate of the bare time)."""
     from lens_position.pipeline.models import load_request
@@ -288,9 +289,9 @@ def _recompute_on_baseline_inputs(table: str, base: Path) -> float:
     sink heads under the baseline's protocol, ``windows``, and BOS policy)."""
     import pandas as pd
 
+    from lens_position.analyses.sinks import sink_rate
     from lens_position.core.intervals import NO_INTERVALS
     from lens_position.pipeline.models import load_request
-    from lens_position.analyses.sinks import sink_rate
 
     if table != "sink_rate":
         raise ValueError(f"no recomputation on the baseline's inputs for {table}")

@@ -32,8 +32,15 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and the API refe
     from lens_position.analyses.sinks import sink_heads, sink_rate, sink_reading_heads
     from lens_position.core.data import build_prompts
     from lens_position.core.patch import Patch
-    from lens_position.ground.errors import (BadInputError, ContextLengthError, CorruptFileError, LensPositionError,
-                                             MissingPackageError, UnknownModelError, UnsupportedArchitectureError)
+    from lens_position.ground.errors import (
+        BadInputError,
+        ContextLengthError,
+        CorruptFileError,
+        LensPositionError,
+        MissingPackageError,
+        UnknownModelError,
+        UnsupportedArchitectureError,
+    )
     from lens_position.models import describe, load_model
 
 _EXPORTS = {

@@ -34,23 +34,23 @@ from typing import Any
 import pandas as pd
 import torch
 from jaxtyping import Float
-from lens_position.core.checks import check_query_range
-from lens_position.models.backends import ModelLike
 
 from lens_position.analyses.bos import REPLACEMENTS, BosReplacement, bos_replacement
 from lens_position.analyses.claims import PAPER
 from lens_position.analyses.decompose import Decomposition, decompose
 from lens_position.analyses.sentences import UNTRAINED_NOTE, bos_sentence, components_sentence, sinks_sentence
 from lens_position.analyses.sinks import SINK_EPS, SinkHeads, sink_heads
-from lens_position.core.estimate import ModelCost, calibrate, decomposition_work, estimate, forward_work
-from lens_position.core.inputs import checked_prompts
-from lens_position.core.intervals import Bootstrap
 from lens_position.core import summaries
+from lens_position.core.checks import check_query_range
+from lens_position.core.estimate import ModelCost, calibrate, decomposition_work, estimate, forward_work
+from lens_position.core.inputs import CheckedPrompts, Prompts, checked_prompts
+from lens_position.core.intervals import Bootstrap
 from lens_position.core.results import SavedResult
-from lens_position.core.summaries import Headline, is_untrained, row_estimate
 from lens_position.core.stream import BATCH_SIZE
-from lens_position.ground.progress import note, progress as progress_bar
-from lens_position.models.spec import as_loaded
+from lens_position.core.summaries import Headline, is_untrained, row_estimate
+from lens_position.ground.progress import note
+from lens_position.ground.progress import progress as progress_bar
+from lens_position.models.spec import LoadedModel, ModelLike, as_loaded
 
 
 @dataclass(repr=False)
@@ -119,7 +119,9 @@ class Analysis(SavedResult):
         return f"<p>{html.escape(self.answer)}</p>{super()._repr_html_()}"
 
 
-def _estimate(loaded: Any, prompts: Any, early_queries: int, batch_size: int, bootstrap: Bootstrap) -> str:
+def _estimate(
+    loaded: LoadedModel, prompts: CheckedPrompts, early_queries: int, batch_size: int, bootstrap: Bootstrap
+) -> str:
     """How long :func:`analyze` should take here (:mod:`lens_position.core.estimate`)."""
     cost = ModelCost.of(loaded)
     n_seq, length = (int(x) for x in prompts.tokens.shape)
@@ -128,15 +130,21 @@ def _estimate(loaded: Any, prompts: Any, early_queries: int, batch_size: int, bo
     work = work + forward_work(cost, sequences=n_seq, positions=length, batch_size=batch_size,
                                score_layers=cost.n_layers)
     if prompts.has_bos:  # the unreplaced decomposition at early queries and one per replacement
-        work = work + decomposition_work(cost, sequences=n_seq, positions=min(early_queries, length),
-                                         batch_size=batch_size, replicates=replicates, passes=1 + len(REPLACEMENTS))
-    dtype = str(getattr(loaded.model.cfg, "dtype", "float32")).removeprefix("torch.")
+        work = work + decomposition_work(
+            cost,
+            sequences=n_seq,
+            positions=min(early_queries, length),
+            batch_size=batch_size,
+            replicates=replicates,
+            passes=1 + len(REPLACEMENTS),
+        )
+    dtype = str(loaded.backend.dtype).removeprefix("torch.")
     return estimate([(work, cost)], calibrate(loaded.backend.device.type, dtype, model=loaded))[1]
 
 
 def analyze(
     model: ModelLike,
-    prompts: Any,
+    prompts: Prompts,
     *,
     early_queries: int = PAPER.early_queries,
     eps: float = SINK_EPS,

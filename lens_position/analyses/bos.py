@@ -32,25 +32,25 @@ from the fraction computed replicate by replicate (a paired bootstrap,
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import pandas as pd
-from lens_position.models.backends import ModelLike
 
-from lens_position.ground import provenance
-from lens_position.core.checks import check_count, check_query_range, check_seed
 from lens_position.analyses.compare import compare, decompose_conditions
 from lens_position.analyses.decompose import Decomposition, decompose
-from lens_position.core.inputs import Prompts, checked_prompts
-from lens_position.ground.errors import BadInputError
-from lens_position.core.intervals import Bootstrap
-from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.analyses.patching import as_tokens, default_replacement_token, embedding_patch
-from lens_position.ground.progress import progress as progress_bar
-from lens_position.core.summaries import Headline, headlines_from_rows
-from lens_position.core.results import SavedResult
+from lens_position.core.checks import check_count, check_query_range, check_seed
+from lens_position.core.inputs import Prompts, checked_prompts
+from lens_position.core.intervals import Bootstrap
+from lens_position.core.results import SavedResult, Table
 from lens_position.core.stream import BATCH_SIZE
+from lens_position.core.summaries import Headline, headlines_from_rows
+from lens_position.ground import provenance
+from lens_position.ground.errors import BadInputError
+from lens_position.ground.progress import progress as progress_bar
+from lens_position.models.spec import ModelLike, as_loaded
 
 REPLACEMENTS = ("token", "mean", "random")
 
@@ -70,6 +70,20 @@ class BosReplacement(SavedResult):
     ``base_layers`` / ``base_replicates``: the base decomposition's per-layer table and
     replicates (early queries, all keys).
     """
+
+    KEYWORD = "bos"
+    TABLES = (
+        Table("decompose_early_layers", "base_layers",
+              "Decomposition.layers (early queries, all keys)"),
+        Table("decompose_early_replicates", "base_replicates",
+              "Decomposition.replicates (early queries, all keys)"),
+        Table("bos_layers", "frame",
+              "BosReplacement.frame"),
+        Table("bos_overall", "overall",
+              "BosReplacement.overall"),
+        Table("bos_replicates", "replicates",
+              "BosReplacement.replicates: overall fraction of R removed per bootstrap replicate"),
+    )
 
     frame: pd.DataFrame
     overall: pd.DataFrame

@@ -22,8 +22,8 @@ two sequences, stopped after the last analysed layer).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, Iterator
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 from jaxtyping import Float
@@ -113,15 +113,18 @@ class CachedScores:
         if isinstance(value, tuple):
             q, k = value
             d_head = q.shape[-1] if q.ndim == 4 else None
-            kv_heads = {self.n_heads, int(getattr(self.loaded.model.cfg, "n_key_value_heads", None) or self.n_heads)}
+            kv_heads = {self.n_heads, self.loaded.spec.n_kv_heads}
             if q.shape != (n, t, self.n_heads, d_head) or k.ndim != 4 or k.shape[:2] != (n, t) \
                     or k.shape[2] not in kv_heads or k.shape[3] != d_head:
                 raise BadInputError(
-                    f"layer {layer}: rotated q/k of shapes {tuple(q.shape)} and {tuple(k.shape)} do not match the prompts "
-                    f"and the model: expected [{n}, {t}, {self.n_heads}, d_head] and [{n}, {t}, heads, d_head]")
-            if getattr(self.loaded.model.cfg, "positional_embedding_type", "rotary") != "rotary":
-                raise BadInputError(f"layer {layer}: scores from rotated q/k need a RoPE model; cache "
-                                    f"{_hook(layer, SCORES)} instead")
+                    f"layer {layer}: rotated q/k of shapes {tuple(q.shape)} and {tuple(k.shape)} do not match the "
+                    "prompts "
+                    f"and the model: expected [{n}, {t}, {self.n_heads}, d_head] and [{n}, {t}, heads, d_head]"
+                )
+            if self.loaded.spec.rope_kind == "none":
+                raise BadInputError(
+                    f"layer {layer}: scores from rotated q/k need a RoPE model; cache {_hook(layer, SCORES)} instead"
+                )
             for name, part in (("hook_rot_q", q), ("hook_rot_k", k)):
                 if not bool(torch.isfinite(part).all()):
                     raise NonFiniteError(f"layer {layer}: {name} in the cache holds NaN or infinite values")
@@ -164,7 +167,8 @@ class CachedScores:
                 raise BadInputError(
                     f"layer {layer}: the cached scores are not this model's on these prompts (prompt {rows[-1]} run "
                     f"again differs by up to {difference:.3g}, tolerance {tolerance:.3g}); pass the prompts and the "
-                    "model the cache was made from, unpatched (decompose's patches= and fwd_hooks= measure a patched run)")
+                    "model the cache was made from, unpatched (decompose's patches= and fwd_hooks= measure a "
+                    "patched run)")
 
     def _dtype(self, layer: int) -> torch.dtype:
         value = self._by_layer[layer]
@@ -178,15 +182,10 @@ class CachedScores:
         q, k = value[0][rows], value[1][rows]
         if k.shape[2] != q.shape[2]:  # grouped-query attention: each key head serves a group of query heads
             k = k.repeat_interleave(q.shape[2] // k.shape[2], dim=2)
-        cfg = self.loaded.model.cfg
-        scores = torch.einsum("bqhd,bkhd->bhqk", q, k)
-        if getattr(cfg, "use_attn_scale", True):
-            # a TransformerBridge's config leaves attn_scale unset (-1): the attention's own default then,
-            # sqrt(d_head); a model scaling otherwise is caught by the fresh run of two prompts
-            scale = float(getattr(cfg, "attn_scale", -1.0) or -1.0)
-            scores = scores / (scale if scale > 0 else q.shape[-1] ** 0.5)
-        cap = getattr(cfg, "attn_scores_soft_cap", -1.0) or -1.0
-        if cap > 0:
+        scale, cap = self.loaded.backend.score_scale_and_cap()
+        # a model scaling otherwise than it says is caught by the fresh run of two prompts
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / (scale if scale is not None else q.shape[-1] ** 0.5)
+        if cap is not None:
             scores = cap * torch.tanh(scores / cap)
         visible = key_set(self.length, self.windows[layer]).to(scores.device)
         return scores.masked_fill(~visible, float("-inf"))

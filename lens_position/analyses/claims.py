@@ -2,7 +2,7 @@
 
 Each :class:`Claim` is written once, here: the paper's statement, our criterion (built from
 the thresholds in :class:`Criteria`), and the function that evaluates it from the results
-tables of a reproduction (``lens_position.analyses.tables.TABLES``), one :class:`Evaluation` per
+tables of a reproduction (``lens_position.pipeline.steps.TABLES``), one :class:`Evaluation` per
 architecture and one ``"overall"``. The report and the command line only render what this
 module returns; the paper's numbers are in :data:`PAPER` and nowhere else.
 
@@ -33,8 +33,8 @@ the choice of per-query reference. The self-referenced split (``R_heldout``,
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -428,7 +428,8 @@ def _evaluate_c3(results: Tables, criteria: Criteria) -> list[Evaluation]:
         if b is None:
             rows.append(_not_measured("C3", arch))
             continue
-        measured = f"R'/(R'+M') = {b.share.format()}, depth slope of R' (per unit of relative depth) = {b.slope.format('+.3f')}"
+        measured = (f"R'/(R'+M') = {b.share.format()}, depth slope of R' (per unit of relative depth) = "
+                    f"{b.slope.format('+.3f')}")
         if role in OUTSIDE_C3:
             rows.append(Evaluation("C3", arch, NOT_MEASURED, "R'/(R'+M')", b.share,
                                    measured + f"; not part of C3, which compares standard, NTK-scaled and "
@@ -509,7 +510,8 @@ def _evaluate_c4(results: Tables, criteria: Criteria) -> list[Evaluation]:
         explanation, n_needed = "", math.nan
         if verdict == FAILS:
             gap = (mean.value - target) * 100
-            explanation = (f"{arch}: BOS replacement removes {mean.format('.0f', percent=True)} of {label} at early queries "
+            explanation = (f"{arch}: BOS replacement removes {mean.format('.0f', percent=True)} of {label} at early "
+                           "queries "
                            f"(mean over replacements); the paper says about {target:.0%} (our tolerance "
                            f"{lo:.0%}–{hi:.0%}): {abs(gap):.0f} points {'more' if gap > 0 else 'less'} than the paper.")
         elif verdict == INCONCLUSIVE:
@@ -563,7 +565,8 @@ def _evaluate_c5(results: Tables, criteria: Criteria) -> list[Evaluation]:
         texts = []
         if auto_max > criteria.c5_noise:
             texts.append(f"{arch}: with the same BOS at position 0 the fingerprint still varies across inputs "
-                         f"(max relative spread {auto_max:.1e} > {criteria.c5_noise:g}); the paper says it is identical.")
+                         f"(max relative spread {auto_max:.1e} > {criteria.c5_noise:g}); the paper says it is "
+                         "identical.")
         if vary_med < criteria.c5_varying:
             texts.append(f"{arch}: with a varying token 0 the fingerprint barely varies (median relative spread "
                          f"{vary_med:.2g} < {criteria.c5_varying:g}); the paper says it varies with token 0.")
@@ -572,7 +575,8 @@ def _evaluate_c5(results: Tables, criteria: Criteria) -> list[Evaluation]:
                          f"(largest score {np.nanmax(score):.2f}), so whether sinks pass the fingerprint forward "
                          "cannot be tested on this model; more prompts would not change that.")
         elif sinks is None:
-            texts.append(f"{arch}: the sink heads were not measured (run the sinks step), so the sink part is undecided.")
+            texts.append(f"{arch}: the sink heads were not measured (run the sinks step), so the sink part is "
+                         "undecided.")
         elif sink_verdict == INCONCLUSIVE:
             texts.append(f"{arch}: {possible} heads may be sinks but none has its whole sink-score interval above ε; "
                          "more prompts would decide it.")
@@ -591,7 +595,8 @@ def _not_measured(claim: str, arch: str) -> Evaluation:
 CLAIMS: tuple[Claim, ...] = (
     Claim("C1", "RoPE-trained decoders distinguish absolute position in their attention patterns, although RoPE "
                 "puts only relative offsets into q·k.",
-          lambda c: f"held-out total signal (mean over layers and heads, all queries) ≥ {c.min_signal:g}, over its whole "
+          lambda c: f"held-out total signal (mean over layers and heads, all queries) ≥ {c.min_signal:g}, over its "
+                    "whole "
                     f"{LEVEL:.0%} interval", _evaluate_c1, title="absolute position in attention"),
     Claim("C2", "Two sources, the mask component (causal softmax normalizer) and the residual component (absolute "
                 "position carried by the residual stream), both appear in every architecture.",
@@ -608,7 +613,8 @@ CLAIMS: tuple[Claim, ...] = (
           title="the balance depends on the architecture"),
     Claim("C4", "Replacing the BOS embedding before the forward pass removes about 40% of the residual component at "
                 "early queries.",
-          lambda c: f"interval of the mean over replacements of the fraction of the reference-free R' removed (queries i < "
+          lambda c: "interval of the mean over replacements of the fraction of the reference-free R' removed "
+                    "(queries i < "
                     f"{PAPER.early_queries}) within {PAPER.c4_fraction_removed:.0%} ± {c.c4_tolerance:.0%}",
           _evaluate_c4, title="BOS replacement removes about 40% of R"),
     Claim("C5", "Position 0 is a closed dynamical system: its activation is a deterministic fingerprint, identical "

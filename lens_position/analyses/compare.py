@@ -37,28 +37,30 @@ recomputing it.
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
-from lens_position.models.backends import ModelLike
 
 from lens_position.analyses.decompose import Decomposition, decompose
-from lens_position.ground.errors import BadInputError
-from lens_position.core.checks import check_same_origin
-from lens_position.core.intervals import BIAS_CORRECTED_QUANTITIES, Bootstrap, bootstrap_interval, interval_method
-from lens_position.models.spec import LoadedModel
 from lens_position.analyses.patching import Patch
-from lens_position.core.checks import check_layers, check_query_range
+from lens_position.core.checks import check_layers, check_query_range, check_same_origin
 from lens_position.core.inputs import Prompts, checked_prompts
-from lens_position.ground.progress import progress as progress_bar
-from lens_position.core.summaries import Headline, headlines_from_rows
+from lens_position.core.intervals import BIAS_CORRECTED_QUANTITIES, Bootstrap, bootstrap_interval, interval_method
 from lens_position.core.results import SavedResult
 from lens_position.core.stream import BATCH_SIZE
+from lens_position.core.summaries import Headline, headlines_from_rows
+from lens_position.ground.errors import BadInputError
+from lens_position.ground.progress import progress as progress_bar
+from lens_position.models.spec import ModelLike, as_loaded
 
 HEAD_KEYS = ["layer", "head"]
 
+
+#: A condition's name: a string, or another key (the patched layer, an ablation kind).
+Name = TypeVar("Name", bound=Hashable)
 
 @dataclass(repr=False)
 class Comparison(SavedResult):
@@ -131,10 +133,11 @@ def _replicate_fractions(base: Decomposition, condition: Decomposition,
     either side has none, or they differ in number)."""
     if base.replicates is None or condition.replicates is None:
         return None
+    sides = (base.replicates, condition.replicates)
     out = {}
     for name, (column, kind) in PAIRED.items():
-        means = [result.replicates[result.replicates["layer"].isin(layers)].groupby("replicate", sort=True)[column]
-                 .mean().to_numpy() for result in (base, condition)]
+        means = [replicates[replicates["layer"].isin(layers)].groupby("replicate", sort=True)[column]
+                 .mean().to_numpy() for replicates in sides]
         if len(means[0]) != len(means[1]):
             return None
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -148,9 +151,10 @@ def _replicate_layer_fractions(base: Decomposition, condition: Decomposition
     side and column (a layer's mean over its own replicate row is that row's value)."""
     if base.replicates is None or condition.replicates is None:
         return None
+    sides = (base.replicates, condition.replicates)
     columns = dict.fromkeys(column for column, _ in PAIRED.values())
-    grids = {column: [result.replicates.pivot(index="replicate", columns="layer", values=column)
-                      for result in (base, condition)] for column in columns}
+    grids = {column: [replicates.pivot(index="replicate", columns="layer", values=column)
+                      for replicates in sides] for column in columns}
     first = next(iter(columns))
     if len(grids[first][0]) != len(grids[first][1]):
         return None
@@ -199,14 +203,9 @@ def _level(base: Decomposition) -> float:
     return float(((base.provenance.get("options") or {}).get("intervals") or {}).get("level", 0.95))
 
 
-def compare(base: Decomposition, conditions: Mapping[str, Decomposition]) -> Comparison:
-    """Compare each condition's decomposition with the base, head by head, per layer and
-    overall (module docstring). A condition may cover fewer layers than the base (e.g.
-    only those downstream of a patch); only the heads it covers are compared.
-
-    Base and conditions must come from the same model (weights hash) and the same prompts
-    (token hash), or the "paired" intervals would pair unrelated sequences:
-    :func:`~lens_position.core.checks.check_same_origin` refuses them otherwise."""
+def _check_comparable(base: Decomposition, conditions: Mapping[Name, Decomposition]) -> None:
+    """BadInputError unless every condition is a Decomposition of the base's model and prompts, over
+    the same queries and keys."""
     if not isinstance(base, Decomposition):
         raise BadInputError(f"the base must be a Decomposition (from decompose or Decomposition.load), got "
                             f"{type(base).__name__}")
@@ -223,6 +222,37 @@ def compare(base: Decomposition, conditions: Mapping[str, Decomposition]) -> Com
                 raise BadInputError(
                     f"condition {name!r} was decomposed with {column}={sorted(set(result.heads[column]))} but "
                     f"the base with {sorted(set(base.heads[column]))}; decompose both with the same options")
+
+
+def _head_changes(name: Hashable, paired: pd.DataFrame, base: Decomposition, result: Decomposition,
+                  level: float) -> pd.DataFrame:
+    """Per head, ``R`` and held-out ``R`` under the base and the condition ``name``, their changes and
+    the changes' paired intervals."""
+    heads = paired[HEAD_KEYS + ["layer_type"]].copy()
+    heads.insert(0, "condition", name)
+    heads["R_base"], heads["R_condition"] = paired["R_base"], paired["R_condition"]
+    heads["R_change"] = heads["R_condition"] - heads["R_base"]
+    heads["R_heldout_base"] = paired["R_heldout_base"]
+    heads["R_heldout_condition"] = paired["R_heldout_condition"]
+    heads["R_heldout_change"] = heads["R_heldout_condition"] - heads["R_heldout_base"]
+    bounds = _head_change_intervals(base, result, level)
+    if bounds is None:
+        for change in HEAD_CHANGES:
+            heads[f"{change}_lo"] = heads[f"{change}_hi"] = np.nan
+    else:
+        heads = heads.merge(bounds, on=HEAD_KEYS, how="left")
+    return heads
+
+
+def compare(base: Decomposition, conditions: Mapping[Name, Decomposition]) -> Comparison:
+    """Compare each condition's decomposition with the base, head by head, per layer and
+    overall (module docstring). A condition may cover fewer layers than the base (e.g.
+    only those downstream of a patch); only the heads it covers are compared.
+
+    Base and conditions must come from the same model (weights hash) and the same prompts
+    (token hash), or the "paired" intervals would pair unrelated sequences:
+    :func:`~lens_position.core.checks.check_same_origin` refuses them otherwise."""
+    _check_comparable(base, conditions)
     head_frames, layer_rows, overall_rows, replicate_frames = [], [], [], []
     level = _level(base)
     for name, result in conditions.items():
@@ -230,19 +260,7 @@ def compare(base: Decomposition, conditions: Mapping[str, Decomposition]) -> Com
                                   suffixes=("_base", "_condition"), validate="one_to_one")
         if paired.empty:
             raise BadInputError(f"condition {name!r} shares no (layer, head) with the base")
-        heads = paired[HEAD_KEYS + ["layer_type"]].copy()
-        heads.insert(0, "condition", name)
-        heads["R_base"], heads["R_condition"] = paired["R_base"], paired["R_condition"]
-        heads["R_change"] = heads["R_condition"] - heads["R_base"]
-        heads["R_heldout_base"] = paired["R_heldout_base"]
-        heads["R_heldout_condition"] = paired["R_heldout_condition"]
-        heads["R_heldout_change"] = heads["R_heldout_condition"] - heads["R_heldout_base"]
-        bounds = _head_change_intervals(base, result, level)
-        if bounds is None:
-            for change in HEAD_CHANGES:  # not `name`: that is the condition's, used below
-                heads[f"{change}_lo"] = heads[f"{change}_hi"] = np.nan
-        else:
-            heads = heads.merge(bounds, on=HEAD_KEYS, how="left")
+        heads = _head_changes(name, paired, base, result, level)
         head_frames.append(heads)
         covered = base.heads.merge(paired[HEAD_KEYS], on=HEAD_KEYS)
         compared = result.heads.merge(paired[HEAD_KEYS], on=HEAD_KEYS)
@@ -289,28 +307,29 @@ def compare(base: Decomposition, conditions: Mapping[str, Decomposition]) -> Com
 def decompose_conditions(
     model: ModelLike,
     prompts: Prompts,
-    conditions: Mapping[str, Sequence[Patch]],
+    conditions: Mapping[Name, Sequence[Patch]],
     *,
-    layers: Mapping[str, Sequence[int]] | Sequence[int] | None = None,
+    layers: Mapping[Name, Sequence[int]] | Sequence[int] | None = None,
     query_range: tuple[int, int] | None = None,
     batch_size: int = BATCH_SIZE,
     bootstrap: Bootstrap = Bootstrap(),
     progress: bool = True,
-) -> dict[str, Decomposition]:
+) -> dict[Name, Decomposition]:
     """Decompose ``prompts`` under each named condition (its patches applied; one streamed
     pass per condition). ``layers``: the layers to analyse, for all conditions or per
     condition name (default all; the pass stops after the last). ``progress``: one bar
     counting the sequences of every condition's pass."""
     out = {}
-    prompts = checked_prompts(model, prompts, min_length=2)  # what decompose asks of them: checked once here
+    loaded = as_loaded(model)
+    prompts = checked_prompts(loaded, prompts, min_length=2)  # what decompose asks of them: checked once here
     if query_range is not None:
         query_range = check_query_range(query_range, prompts.tokens.shape[1])
     if layers is not None and not isinstance(layers, Mapping):
-        layers = check_layers(layers, (model.model if isinstance(model, LoadedModel) else model).cfg.n_layers)
+        layers = check_layers(layers, loaded.spec.n_layers)
     n_prompts = len(prompts)
     with progress_bar("decompose conditions", total=len(conditions) * n_prompts, enabled=progress):
         for name, patches in conditions.items():
             chosen = layers.get(name) if isinstance(layers, Mapping) else layers
-            out[name] = decompose(model, prompts, patches=list(patches), layers=chosen, query_range=query_range,
+            out[name] = decompose(loaded, prompts, patches=list(patches), layers=chosen, query_range=query_range,
                                   batch_size=batch_size, bootstrap=bootstrap)
     return out

@@ -29,8 +29,9 @@ at position 0 of every prompt the prompts are one unit, and the spread is over r
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -39,14 +40,14 @@ from jaxtyping import Float, Int
 
 from lens_position.analyses.patching import as_tokens, default_replacement_token, replacement_embedding
 from lens_position.core.checks import check_count, check_seed
-from lens_position.core.inputs import checked_prompts
+from lens_position.core.inputs import Prompts, checked_prompts
 from lens_position.core.intervals import Bootstrap, Estimate, bootstrap_mean
-from lens_position.core.results import SavedResult
+from lens_position.core.results import SavedResult, Table
 from lens_position.core.summaries import Headline, row_estimate
 from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError
-from lens_position.models.backends import ModelLike
-from lens_position.models.spec import LoadedModel, as_loaded
+from lens_position.models.backends import ModelBackend
+from lens_position.models.spec import LoadedModel, ModelLike, as_loaded
 
 REPLACEMENTS = ("token", "mean", "random")
 DEFAULT_TOLERANCE = 0.02  # converged: cosine to the unreplaced state at least 0.98
@@ -68,6 +69,14 @@ class Position0Convergence(SavedResult):
     already converged leaves nothing for a patch to restore).
     ``first_converged_layer``: the first layer from which every later layer is converged (None:
     the state has not converged by the last layer)."""
+
+    KEYWORD = "convergence"
+    TABLES = (
+        Table("convergence_layers", "layers",
+              "Position0Convergence.layers: cosine and norm of the replaced position-0 state per layer"),
+        Table("convergence_restoration", "restoration",
+              "Position0Convergence.restoration: the gap each attention / MLP output at position 0 closes"),
+    )
 
     layers: pd.DataFrame
     per_replacement: pd.DataFrame
@@ -92,7 +101,8 @@ class Position0Convergence(SavedResult):
         closing = self.restoration.dropna(subset=["closed_final"])
         if len(closing):
             top = closing.loc[closing["closed_final"].astype(float).idxmax()]
-            out.append(Headline("closed_final", f"gap closed at the last layer by {top['component']} of L{int(top['layer'])}",
+            out.append(Headline("closed_final", f"gap closed at the last layer by {top['component']} of "
+                                                f"L{int(top['layer'])}",
                                 row_estimate(top, "closed_final"), "fraction of the gap, 1 = closed"))
         return out
 
@@ -118,7 +128,7 @@ def _instances(loaded: LoadedModel, tokens: torch.Tensor, replacements: Sequence
     return out
 
 
-def _run(backend: Any, tokens: Int[torch.Tensor, "unit one"],
+def _run(backend: ModelBackend, tokens: Int[torch.Tensor, "unit one"],
          embedding: Float[torch.Tensor, "unit d_model"] | None) -> dict[str, torch.Tensor]:
     """One forward pass on one-token sequences, with the embedding at position 0 replaced
     (None: not); every block's residual states at
@@ -144,7 +154,7 @@ def _run(backend: Any, tokens: Int[torch.Tensor, "unit one"],
 MAX_PATCHED_ROWS = 512  # one-token rows per forward pass of the restoration runs
 
 
-def _run_patched(backend: Any, tokens: Int[torch.Tensor, "unit one"],
+def _run_patched(backend: ModelBackend, tokens: Int[torch.Tensor, "unit one"],
                  embedding: Float[torch.Tensor, "unit d_model"],
                  patches: Sequence[tuple[str, Float[torch.Tensor, "unit d_model"]]]
                  ) -> Float[torch.Tensor, "condition layer unit d_model"]:
@@ -165,7 +175,7 @@ def _run_patched(backend: Any, tokens: Int[torch.Tensor, "unit one"],
         rows_embedding = embedding.repeat(len(chunk), 1)
         kept: list[torch.Tensor] = []
 
-        def replace(activation: torch.Tensor, hook: Any) -> torch.Tensor:
+        def replace(activation: torch.Tensor, hook: Any, rows_embedding: torch.Tensor = rows_embedding) -> torch.Tensor:
             activation[:, 0] = rows_embedding.to(activation.dtype)
             return activation
 
@@ -175,10 +185,11 @@ def _run_patched(backend: Any, tokens: Int[torch.Tensor, "unit one"],
                 activation[k * units:(k + 1) * units, 0] = value.to(activation.dtype)
             return activation
 
-        def keep(activation: torch.Tensor, hook: Any) -> None:
+        def keep(activation: torch.Tensor, hook: Any, kept: list[torch.Tensor] = kept) -> None:
             kept.append(activation[:, 0].detach().to(torch.float64).cpu())
 
-        hooks = [("hook_embed", replace), *((name, functools.partial(set_values, values=values)) for name, values in by_hook.items()),
+        hooks: list[tuple[str, Callable[..., Any]]] = [("hook_embed", replace),
+                 *((name, functools.partial(set_values, values=values)) for name, values in by_hook.items()),
                  *((f"blocks.{layer}.hook_resid_post", keep) for layer in range(backend.n_layers))]
         with torch.no_grad(), backend.hooks(hooks):
             backend.forward(rows, return_type=None)
@@ -191,9 +202,66 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1)).clamp_min(1e-300)
 
 
+def _check_options(loaded: LoadedModel, replacements: Sequence[str], tolerance: float) -> None:
+    unknown = [r for r in replacements if r not in REPLACEMENTS]
+    if unknown or not replacements:
+        raise BadInputError(f"unknown or no replacements {list(replacements)}; choose from {list(REPLACEMENTS)}")
+    if not 0 < tolerance < 1:
+        raise BadInputError(f"tolerance must lie in (0, 1) (a cosine gap), got {tolerance}")
+    if not loaded.backend.has_mlp or "blocks.0.hook_resid_mid" not in loaded.backend.hook_dict:
+        raise BadInputError(
+            "this model has no MLPs (attn_only): the restoration by component needs both sub-blocks; "
+            "use a model with MLPs"
+        )
+
+
+def _restoration(backend: ModelBackend, unit_tokens: torch.Tensor, unit_embedding: torch.Tensor,
+                 base: dict[str, torch.Tensor], replaced: dict[str, torch.Tensor], bootstrap: Bootstrap,
+                 ) -> list[dict[str, Any]]:
+    """Per layer and sub-block, the share of the gap between the replaced and the unreplaced
+    position-0 state that its output closes: here, at the last layer, and in the run itself."""
+    n_layers = backend.n_layers
+    final = n_layers - 1
+    post_b = base["resid_post"]
+    gap = (replaced["resid_post"] - post_b).norm(dim=-1)
+    scale = post_b.norm(dim=-1)  # [layer, unit]
+
+    def closed(after: torch.Tensor, before: torch.Tensor, layer: int | None) -> torch.Tensor:
+        """1 - after / before; NaN where there was no gap to close (below round-off of the state's norm;
+        ``layer`` None: the gaps are already relative to it)."""
+        nothing = before <= _NO_GAP * (scale[layer] if layer is not None else 1.0)
+        return torch.where(nothing, torch.full_like(before, float("nan")), 1 - after / before.clamp_min(1e-300))
+
+    # in the run itself the state's norm changes from one sub-block to the next (massive activations grow by
+    # orders of magnitude in one MLP): the gap there is taken relative to the unreplaced state's norm
+    relative = {name: (replaced[name] - base[name]).norm(dim=-1) / base[name].norm(dim=-1)
+                for name in ("resid_pre", "resid_mid", "resid_post")}
+    conditions = [(layer, component) for layer in range(n_layers) for component in COMPONENTS]
+    patched_post = _run_patched(backend, unit_tokens, unit_embedding,
+                                [(f"blocks.{layer}.hook_{component}_out", base[f"{component}_out"][layer])
+                                 for layer, component in conditions])
+    rows = []
+    for (layer, component), patched in zip(conditions, patched_post):
+        gap_here = (patched[layer] - post_b[layer]).norm(dim=-1)
+        gap_final = (patched[final] - post_b[final]).norm(dim=-1)
+        in_run = (closed(relative["resid_mid"][layer], relative["resid_pre"][layer], None) if component == "attn"
+                  else closed(relative["resid_post"][layer], relative["resid_mid"][layer], None))
+        row: dict[str, Any] = {"layer": layer, "component": component}
+        for name, values in (("closed_here", closed(gap_here, gap[layer], layer)),
+                             ("closed_final", closed(gap_final, gap[final], final)), ("closed_in_run", in_run)):
+            values = values[torch.isfinite(values)]  # units with a gap to close
+            if len(values) == 0:
+                row[name] = row[f"{name}_lo"] = row[f"{name}_hi"] = float("nan")
+                continue
+            mean, lo, hi = bootstrap_mean(values.numpy(), bootstrap)
+            row[name], row[f"{name}_lo"], row[f"{name}_hi"] = float(mean), float(lo), float(hi)
+        rows.append(row)
+    return rows
+
+
 def position0_convergence(
     model: ModelLike,
-    prompts: Any,
+    prompts: Prompts,
     *,
     replacements: Sequence[str] = REPLACEMENTS,
     n_tokens: int = 3,
@@ -217,38 +285,26 @@ def position0_convergence(
     """
     loaded = as_loaded(model)
     prompts = checked_prompts(loaded, prompts)
-    unknown = [r for r in replacements if r not in REPLACEMENTS]
-    if unknown or not replacements:
-        raise BadInputError(f"unknown or no replacements {list(replacements)}; choose from {list(REPLACEMENTS)}")
+    _check_options(loaded, replacements, tolerance)
     n_tokens, n_random = check_count("n_tokens", n_tokens), check_count("n_random", n_random)
     seed = check_seed(seed)
-    if not 0 < tolerance < 1:
-        raise BadInputError(f"tolerance must lie in (0, 1) (a cosine gap), got {tolerance}")
     backend = loaded.backend
-    hook_dict = backend.hook_dict
-    if any(f"blocks.0.{name}" not in hook_dict for name in ("hook_resid_mid", "hook_mlp_out")):
-        raise BadInputError("this model has no MLPs (attn_only): the restoration by component needs both sub-blocks; "
-                            "use a model with MLPs")
     tokens0 = torch.unique(as_tokens(loaded, prompts)[:, :1].cpu(), dim=0).to(backend.device)
     instances = _instances(loaded, tokens0, replacements, n_tokens, n_random, seed)
     n0, n_inst = len(tokens0), len(instances)
     # one unit per (instance, token 0): the whole batch at once
     unit_tokens = tokens0.repeat(n_inst, 1)
     unit_embedding = torch.cat([vector for _, vector in instances])
-    base = _run(backend, tokens0, None)
-    base_units = {name: value.repeat(1, n_inst, 1) for name, value in base.items()}
+    base = {name: value.repeat(1, n_inst, 1) for name, value in _run(backend, tokens0, None).items()}
     replaced = _run(backend, unit_tokens, unit_embedding)
-    n_layers = backend.n_layers
-    final = n_layers - 1
-    post_b, post_r = base_units["resid_post"], replaced["resid_post"]
+    post_b, post_r = base["resid_post"], replaced["resid_post"]
     cosine = _cosine(post_r, post_b)  # [layer, unit]
     rel_norm = post_r.norm(dim=-1) / post_b.norm(dim=-1)
-    gap = (post_r - post_b).norm(dim=-1)
-    distance = gap / post_b.norm(dim=-1)
-    labels = [label for label, _ in instances for _ in range(n0)]
-    token0 = tokens0[:, 0].cpu().tolist() * n_inst
+    distance = (post_r - post_b).norm(dim=-1) / post_b.norm(dim=-1)
+    n_layers = backend.n_layers
     per_replacement = pd.DataFrame({
-        "replacement": np.tile(labels, n_layers), "token0": np.tile(token0, n_layers),
+        "replacement": np.tile([label for label, _ in instances for _ in range(n0)], n_layers),
+        "token0": np.tile(tokens0[:, 0].cpu().tolist() * n_inst, n_layers),
         "layer": np.repeat(np.arange(n_layers), n0 * n_inst),
         "cosine": cosine.reshape(-1).numpy(), "rel_norm": rel_norm.reshape(-1).numpy(),
         "distance": distance.reshape(-1).numpy(),
@@ -261,46 +317,13 @@ def position0_convergence(
     layers["converged"] = decided >= 1 - tolerance
     layers["tolerance"] = tolerance
     converged = layers["converged"].to_numpy()
-    first = next((l for l in range(n_layers) if converged[l:].all()), None)
-
-    scale = post_b.norm(dim=-1)  # [layer, unit]
-
-    def closed(after: torch.Tensor, before: torch.Tensor, layer: int | None) -> torch.Tensor:
-        """1 - after / before; NaN where there was no gap to close (below round-off of the state's norm;
-        ``layer`` None: the gaps are already relative to it)."""
-        nothing = before <= _NO_GAP * (scale[layer] if layer is not None else 1.0)
-        return torch.where(nothing, torch.full_like(before, float("nan")), 1 - after / before.clamp_min(1e-300))
-
-    # in the run itself the state's norm changes from one sub-block to the next (massive activations grow by
-    # orders of magnitude in one MLP): the gap there is taken relative to the unreplaced state's norm
-    relative = {name: (replaced[name] - base_units[name]).norm(dim=-1) / base_units[name].norm(dim=-1)
-                for name in ("resid_pre", "resid_mid", "resid_post")}
-    conditions = [(layer, component) for layer in range(n_layers) for component in COMPONENTS]
-    patched_post = _run_patched(backend, unit_tokens, unit_embedding,
-                                [(f"blocks.{layer}.hook_{component}_out", base_units[f"{component}_out"][layer])
-                                 for layer, component in conditions])
-    rows = []
-    for (layer, component), patched in zip(conditions, patched_post):
-        gap_here = (patched[layer] - post_b[layer]).norm(dim=-1)
-        gap_final = (patched[final] - post_b[final]).norm(dim=-1)
-        in_run = (closed(relative["resid_mid"][layer], relative["resid_pre"][layer], None) if component == "attn"
-                  else closed(relative["resid_post"][layer], relative["resid_mid"][layer], None))
-        row: dict[str, Any] = {"layer": layer, "component": component}
-        for name, values in (("closed_here", closed(gap_here, gap[layer], layer)),
-                             ("closed_final", closed(gap_final, gap[final], final)), ("closed_in_run", in_run)):
-            values = values[torch.isfinite(values)]  # units with a gap to close
-            if len(values) == 0:
-                row[name] = row[f"{name}_lo"] = row[f"{name}_hi"] = float("nan")
-                continue
-            mean, lo, hi = bootstrap_mean(values.numpy(), bootstrap)
-            row[name], row[f"{name}_lo"], row[f"{name}_hi"] = float(mean), float(lo), float(hi)
-        rows.append(row)
-    spec = getattr(prompts, "spec", None)
+    first = next((layer for layer in range(n_layers) if converged[layer:].all()), None)
+    rows = _restoration(backend, unit_tokens, unit_embedding, base, replaced, bootstrap)
     return Position0Convergence(
         layers=layers, per_replacement=per_replacement, restoration=pd.DataFrame(rows), tolerance=tolerance,
         first_converged_layer=first,
         provenance=provenance.collect(
-            model=loaded.spec, data=spec, seed=seed, replacements=[label for label, _ in instances],
+            model=loaded.spec, data=prompts.spec, seed=seed, replacements=[label for label, _ in instances],
             token0=tokens0[:, 0].cpu().tolist(), tolerance=tolerance, intervals=bootstrap.to_dict("replacement"),
             state="resid_post[l][:, 0] (after block l), one-token sequences: position 0 sees only itself",
             converged="cosine_lo >= 1 - tolerance",

@@ -18,25 +18,26 @@ BOS fingerprint.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
-from lens_position.core.checks import check_count, check_positive
-from lens_position.models.backends import ModelLike
 
+from lens_position.analyses.patching import as_tokens, cache_activations
+from lens_position.core.checks import check_count, check_positive
+from lens_position.core.data import PromptSet
 from lens_position.core.inputs import Prompts
+from lens_position.core.intervals import Estimate
+from lens_position.core.results import SavedResult, Table
+from lens_position.core.stream import WholeActivations, stream
+from lens_position.core.summaries import Headline
 from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError
-from lens_position.models.spec import LoadedModel, as_loaded
-from lens_position.analyses.patching import as_tokens, cache_activations
 from lens_position.ground.progress import progress as progress_bar
-from lens_position.core.stream import WholeActivations, stream
-from lens_position.core.intervals import Estimate
-from lens_position.core.summaries import Headline
-from lens_position.core.results import SavedResult
+from lens_position.models.spec import ModelLike, as_loaded
 
 
 def auto_bos_policy(model: ModelLike) -> str:
@@ -82,7 +83,7 @@ def counterfactual_token0(
             token = ids[0]
         else:
             raise BadInputError(f"the model has no tokenizer to encode {spec!r}; pass token:<id>")
-        if not 0 <= token < loaded.model.cfg.d_vocab:
+        if not 0 <= token < loaded.backend.d_vocab:
             raise BadInputError(f"counterfactual token {token} is outside the vocabulary")
         if bool((tokens[:, 0] == token).all()):
             raise BadInputError(
@@ -106,8 +107,8 @@ def position0_activations(
 
 def residual_names(model: ModelLike) -> list[str]:
     """``resid_pre`` of every block, then the last block's ``resid_post`` (layer ``n_layers``)."""
-    n_layers = as_loaded(model).model.cfg.n_layers
-    return [f"blocks.{l}.hook_resid_pre" for l in range(n_layers)] + [
+    n_layers = as_loaded(model).spec.n_layers
+    return [f"blocks.{layer}.hook_resid_pre" for layer in range(n_layers)] + [
         f"blocks.{n_layers - 1}.hook_resid_post"
     ]
 
@@ -125,6 +126,12 @@ class Fingerprint(SavedResult):
     that layer, in [-1, 1]), ``is_float_noise`` (``spread_relative <= noise_tolerance``),
     ``n_distinct_token0``.
     """
+
+    KEYWORD = "fingerprint"
+    TABLES = (
+        Table("fingerprint", "frame",
+              "Fingerprint.frame"),
+    )
 
     frame: pd.DataFrame
     provenance: dict[str, Any]
@@ -175,14 +182,14 @@ def fingerprint_prompts(
     }
 
 
-def fingerprint_tokens(condition: str, prompts: Prompts) -> Int[torch.Tensor, "batch pos"]:
+def fingerprint_tokens(condition: str, prompts: PromptSet | torch.Tensor) -> Int[torch.Tensor, "batch pos"]:
     """The tokens :func:`fingerprint` streams for a condition: the whole prompts for
     ``"auto-bos"`` (that the rest of the input never reaches position 0 is what this condition
     checks), token 0 alone for ``"varying-token0"``: position 0 attends only to itself, so its
     activations depend on token 0 alone, and this condition's spread is expected, so the rest
     of the prompts would cost a full pass and check nothing (the one-token pass gives the same
     numbers, bit for bit, on the embedded models)."""
-    tokens = getattr(prompts, "tokens", prompts)
+    tokens = prompts.tokens if isinstance(prompts, PromptSet) else prompts
     return tokens if condition == "auto-bos" else tokens[:, :1]
 
 
@@ -241,7 +248,7 @@ def fingerprint(
     for layer, name in enumerate(names):
         bos_mean = residuals["auto-bos"][name].mean(0)
         for condition, prompts in sets.items():
-            row = {"layer": layer, "condition": condition}
+            row: dict[str, Any] = {"layer": layer, "condition": condition}
             row.update(_summarise(residuals[condition][name], bos_mean))
             row["is_float_noise"] = bool(row["spread_relative"] <= noise_tolerance)
             row["n_distinct_token0"] = int(prompts.tokens[:, 0].unique().numel())

@@ -63,24 +63,24 @@ row enters at most one Gram matrix.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float
-from lens_position.models.backends import ModelLike
 
-from lens_position.ground import provenance
 from lens_position.core.checks import check_count, check_layers, check_positive, check_query_range, check_seed
-from lens_position.ground.errors import BadInputError
 from lens_position.core.inputs import Prompts, checked_prompts
 from lens_position.core.intervals import Bootstrap, percentile_interval, resample_counts, small_sample_widening
-from lens_position.models.spec import LoadedModel, as_loaded
-from lens_position.core.summaries import Headline, row_estimate
-from lens_position.core.results import SavedResult
+from lens_position.core.results import SavedResult, Table
 from lens_position.core.stream import BATCH_SIZE, stream
+from lens_position.core.summaries import Headline, row_estimate
+from lens_position.ground import provenance
+from lens_position.ground.errors import BadInputError
+from lens_position.models.spec import ModelLike, as_loaded
 
 RIDGE_GRID = tuple(float(x) for x in 10.0 ** np.arange(-4, 3.01, 0.5))
 
@@ -102,12 +102,12 @@ class _Moments:
     sum_y: Float[torch.Tensor, "target"]
     sum_y2: Float[torch.Tensor, "target"]
 
-    def __add__(self, other: "_Moments") -> "_Moments":
+    def __add__(self, other: _Moments) -> _Moments:
         return _Moments(self.n + other.n, self.sum_x + other.sum_x, self.gram + other.gram,
                         self.xty + other.xty, self.sum_y + other.sum_y, self.sum_y2 + other.sum_y2)
 
     @classmethod
-    def zeros(cls, d: int, n_targets: int) -> "_Moments":
+    def zeros(cls, d: int, n_targets: int) -> _Moments:
         f = lambda *shape: torch.zeros(*shape, dtype=torch.float64)  # noqa: E731
         return cls(0, f(d), f(d, d), f(n_targets, d), f(n_targets), f(n_targets))
 
@@ -269,6 +269,12 @@ class ProbeResult(SavedResult):
     ``provenance``: model, data, seed, options, and ``intervals`` (method, level, resamples,
     units, scope)."""
 
+    KEYWORD = "probe"
+    TABLES = (
+        Table("probe_layers", "layers",
+              "ProbeResult.layers"),
+    )
+
     layers: pd.DataFrame
     provenance: dict[str, Any]
 
@@ -295,18 +301,17 @@ class ProbeReducer:
     sequences and of the two training folds. Options as in :func:`position_probe`; call
     :meth:`result` after streaming."""
 
-    def __init__(self, model: ModelLike, prompts: Any, *,
+    def __init__(self, model: ModelLike, prompts: Prompts, *,
                  layers: Sequence[int] | None = None, ridge: float | None = None, seed: int = 0,
                  positions: tuple[int, int | None] = (1, None), bootstrap: Bootstrap = Bootstrap()) -> None:
         self.loaded = as_loaded(model)
-        hooked = self.loaded.model
         checked = checked_prompts(self.loaded, prompts, min_length=2)
         tokens, self.data = checked.tokens, checked.spec
         n_seq, length = tokens.shape
         if n_seq < (2 if ridge is not None else PROBE_MIN_N):
             raise BadInputError("a held-out probe needs at least 2 sequences, and 3 when the penalty is chosen "
                                 "by cross-validation (ridge=None): pass more prompts or a fixed ridge")
-        layers = check_layers(layers, hooked.cfg.n_layers)
+        layers = check_layers(layers, self.loaded.spec.n_layers)
         seed = check_seed(seed)
         if ridge is not None:  # NaN or a negative penalty makes the normal equations singular
             ridge = check_positive("ridge", ridge)
@@ -325,7 +330,7 @@ class ProbeReducer:
         self.label = torch.log1p(pos.to(torch.float64))
         self.shuffled = torch.stack([self.label[torch.randperm(len(pos), generator=generator)]
                                      for _ in range(n_seq)])
-        self.d_model = hooked.cfg.d_model
+        self.d_model = self.loaded.spec.d_model
         self.moments = {layer: [_Moments.zeros(self.d_model, 2) for _ in range(3)] for layer in layers}
         # held-out sequence k (in index order) belongs to resampling unit k % n_units
         test_rows = (self.split == 0).nonzero().squeeze(1)
@@ -447,7 +452,7 @@ class ProbeReducer:
         intervals or with fewer than 2 units on either side."""
         names = list(estimates)
         out = {f"{name}_{side}": float("nan") for name in names for side in ("lo", "hi")}
-        if self.n_units < 2 or self.n_train_units < 2:
+        if errors is None or self.n_units < 2 or self.n_train_units < 2:
             return out
         reference, units = self.reference[layer], self.units[layer]
         n, sum_y, sum_y2 = (torch.tensor(v, dtype=torch.float64) for v in zip(*(unit.label_sums() for unit in units)))
@@ -503,8 +508,9 @@ def position_probe(
     To probe in the same pass as other statistics, stream a :class:`ProbeReducer` with them.
     """
     batch_size = check_count("batch_size", batch_size)
-    prompts = checked_prompts(model, prompts, min_length=2)
-    reducer = ProbeReducer(model, prompts, layers=layers, ridge=ridge, seed=seed, positions=positions,
+    loaded = as_loaded(model)
+    prompts = checked_prompts(loaded, prompts, min_length=2)
+    reducer = ProbeReducer(loaded, prompts, layers=layers, ridge=ridge, seed=seed, positions=positions,
                            bootstrap=bootstrap)
-    stream(model, prompts, [reducer], batch_size=batch_size, progress=progress, desc="position probe")
+    stream(loaded, prompts, [reducer], batch_size=batch_size, progress=progress, desc="position probe")
     return reducer.result()

@@ -33,33 +33,33 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
-from lens_position.models.backends import ModelLike
 
 from lens_position.analyses import claims
-from lens_position.ground import provenance
+from lens_position.analyses.decompose import Decomposition, decompose
 from lens_position.core.checks import check_count, check_seed
 from lens_position.core.data import DEFAULT_BOS, PromptSet, build_prompts
-from lens_position.analyses.decompose import Decomposition, decompose
-from lens_position.ground.errors import BadInputError
 from lens_position.core.intervals import Bootstrap, from_replicates
-from lens_position.models.spec import LoadedModel, as_loaded
-from lens_position.ground.progress import progress as progress_bar
-from lens_position.core.summaries import Headline, headlines_from_rows
-from lens_position.core.results import SavedResult
+from lens_position.core.results import SavedResult, Table
 from lens_position.core.stream import BATCH_SIZE
+from lens_position.core.summaries import Headline, headlines_from_rows
+from lens_position.ground import provenance
+from lens_position.ground.errors import BadInputError
+from lens_position.ground.progress import progress as progress_bar
+from lens_position.models.spec import ModelLike, as_loaded
 
 # quantity -> the claim decided on it (module docstring)
 QUANTITIES = {"total_heldout": "C1", "R_rf_heldout": "C2", "M_rf_heldout": "C2"}
 SET_COLUMNS = ["set", "claim", "quantity", "value", "lo", "hi", "level", "n_sequences", "verdict"]
-SUMMARY_COLUMNS = ["claim", "quantity", "n_sets", "mean_over_sets", "between_sd", "bootstrap_sd", "sd_ratio", "sd_ratio_lo",
-                   "sd_ratio_hi", "min_over_sets", "max_over_sets", "verdicts"]
+SUMMARY_COLUMNS = ["claim", "quantity", "n_sets", "mean_over_sets", "between_sd", "bootstrap_sd", "sd_ratio",
+                   "sd_ratio_lo", "sd_ratio_hi", "min_over_sets", "max_over_sets", "verdicts"]
 
 
 def disjoint_prompt_sets(
@@ -78,22 +78,31 @@ def disjoint_prompt_sets(
     draw (random, repeated tokens); module docstring. Each set's spec records its own
     ``window_starts`` and, in ``extra``, which set of how many it is."""
     K, N, seed = check_count("K", K, minimum=2), check_count("N", N), check_seed(seed)
+    loaded = as_loaded(model)
     if source == "natural":
-        pool = build_prompts(model, source=source, T=T, N=K * N, bos=bos, seed=seed, text=text, corpus=corpus)
+        pool = build_prompts(loaded, source=source, T=T, N=K * N, bos=bos, seed=seed, text=text, corpus=corpus)
         order = np.random.default_rng([seed, K, N]).permutation(K * N)
         out = []
         for k in range(K):
             rows = np.sort(order[k * N:(k + 1) * N])
-            starts = tuple(pool.spec.window_starts[r] for r in rows)
+            window_starts = pool.spec.window_starts or ()  # natural text: one start per window
+            starts = tuple(window_starts[r] for r in rows)
             spec = dataclasses.replace(pool.spec, N=N, window_starts=starts,
                                        extra={**pool.spec.extra, "prompt_set": f"{k + 1} of {K}, disjoint windows"})
             out.append(PromptSet(tokens=pool.tokens[torch.from_numpy(rows)].contiguous(), spec=spec,
                                  bos_token_id=pool.bos_token_id))
         return out
-    sets = [build_prompts(model, source=source, T=T, N=N, bos=bos, seed=seed + k, text=text, corpus=corpus)
-            for k in range(K)]
-    return [dataclasses.replace(p, spec=dataclasses.replace(
-        p.spec, extra={**p.spec.extra, "prompt_set": f"{k + 1} of {K}, seed {seed + k}"})) for k, p in enumerate(sets)]
+    sets = [
+        build_prompts(loaded, source=source, T=T, N=N, bos=bos, seed=seed + k, text=text, corpus=corpus)
+        for k in range(K)
+    ]
+    return [
+        dataclasses.replace(
+            p,
+            spec=dataclasses.replace(p.spec, extra={**p.spec.extra, "prompt_set": f"{k + 1} of {K}, seed {seed + k}"}),
+        )
+        for k, p in enumerate(sets)
+    ]
 
 
 def _set_estimates(result: Decomposition) -> dict[str, Any]:
@@ -125,8 +134,10 @@ def _chi_square_quantile(p: float, k: int) -> float:
     (the regularised lower incomplete gamma function), exact to 1e-12 relative for any ``k >= 1``."""
     if not 0 < p < 1 or k < 1:
         raise ValueError(f"chi-square quantile needs 0 < p < 1 and k >= 1, got p={p}, k={k}")
-    cdf = lambda x: float(torch.special.gammainc(torch.tensor(k / 2, dtype=torch.float64),  # noqa: E731
-                                                 torch.tensor(x / 2, dtype=torch.float64)))
+    def cdf(x: float) -> float:
+        return float(torch.special.gammainc(torch.tensor(k / 2, dtype=torch.float64),
+                                            torch.tensor(x / 2, dtype=torch.float64)))
+
     lo, hi = 0.0, float(k) + 10.0 * math.sqrt(2.0 * k) + 50.0
     while cdf(hi) < p:
         hi *= 2
@@ -148,6 +159,20 @@ class PromptSetSpread(SavedResult):
     ``between_sd``, ``bootstrap_sd``, ``sd_ratio`` (``between_sd / bootstrap_sd``) and its 95%
     interval ``sd_ratio_lo``/``_hi``, ``min_over_sets``, ``max_over_sets`` and ``verdicts`` (e.g. ``"holds 4/4"``).
     ``provenance``: how the sets were drawn and how each interval was computed."""
+
+    KEYWORD = "prompt_sets"
+    TABLES = (
+        Table(
+            "prompt_sets",
+            "sets",
+            "PromptSetSpread.sets (opt-in, --prompt-sets K): C1's and C2's numbers on each prompt set",
+        ),
+        Table(
+            "prompt_sets_summary",
+            "spread",
+            "PromptSetSpread.spread (opt-in): the spread between prompt sets beside the bootstrap's",
+        ),
+    )
 
     sets: pd.DataFrame
     spread: pd.DataFrame
@@ -189,7 +214,8 @@ def between_sets(decompositions: Sequence[Decomposition], *, name: str = "model"
         ratio_lo = ratio * math.sqrt((K - 1) / _chi_square_quantile(0.975, K - 1))
         ratio_hi = ratio * math.sqrt((K - 1) / _chi_square_quantile(0.025, K - 1))
         counts = part["verdict"].value_counts()
-        summary.append({"claim": claim, "quantity": quantity, "n_sets": K, "mean_over_sets": float(part["value"].mean()),
+        summary.append({"claim": claim, "quantity": quantity, "n_sets": K,
+                        "mean_over_sets": float(part["value"].mean()),
                         "between_sd": between, "bootstrap_sd": bootstrap_sd, "sd_ratio": ratio,
                         "sd_ratio_lo": ratio_lo, "sd_ratio_hi": ratio_hi, "min_over_sets": float(part["value"].min()),
                         "max_over_sets": float(part["value"].max()),

@@ -19,7 +19,7 @@ leaves unrotated, if any, are one more band, ``"unrotated"``): ``s = sum_b s_b``
   ``R'`` is measured on every head and reported beside them.
 
 The statistics are the decomposition's (:class:`~lens_position.analyses.decompose.HeadStatistics`,
-reduced by the same code, fitted by the same ``_Fitter``): each band's ``t_b`` and each
+reduced by the same code, fitted by the same ``Fitter``): each band's ``t_b`` and each
 band-removed score tensor is reduced as one more "head" of the layer, so a band costs no extra
 forward pass, and the bootstrap resamples the same groups of sequences as the decomposition.
 
@@ -31,26 +31,28 @@ uses, not what a config says.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
 
-from lens_position.analyses.decompose import (DecompositionReducer, HeadStatistics, PositionBins, _components,
-                                              _Fitter, _reduce, _Workspace, visible_keys)
+from lens_position.analyses.decompose import DecompositionReducer
+from lens_position.analyses.engine.design import PositionBins
+from lens_position.analyses.engine.fit import Fitter, components
+from lens_position.analyses.engine.statistics import HeadStatistics, Workspace, reduce_scores, visible_keys
 from lens_position.core.checks import check_count
-from lens_position.core.inputs import checked_prompts
+from lens_position.core.inputs import Prompts, checked_prompts
 from lens_position.core.intervals import Bootstrap, Estimate, bootstrap_interval, interval_method, small_sample_widening
-from lens_position.core.results import SavedResult
-from lens_position.core.summaries import Headline
+from lens_position.core.results import SavedResult, Table
 from lens_position.core.stream import BATCH_SIZE, stream
+from lens_position.core.summaries import Headline
 from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError, UnsupportedArchitectureError
-from lens_position.models.backends import ModelLike
-from lens_position.models.spec import as_loaded
+from lens_position.models.spec import ModelLike, as_loaded
 
 DEFAULT_BANDS = 4
 # The bands' scores must add up to the model's own within float32 forward noise (measured: ~1e-6 of
@@ -166,7 +168,7 @@ class BandReducer:
         self.hook_names = tuple(f"blocks.{layer}.attn.{name}" for layer in self.layers
                                 for name in ("hook_rot_q", "hook_rot_k", "hook_attn_scores"))
         self._pending: dict[str, torch.Tensor] = {}
-        self._workspace = _Workspace()
+        self._workspace = Workspace()
 
     def check_scores(self) -> None:
         """Refuse (UnsupportedArchitectureError) a run where the bands' scores do not add up to the
@@ -205,8 +207,8 @@ class BandReducer:
         def side_by_side(x: torch.Tensor) -> torch.Tensor:  # [band, batch, head, q, k] -> [batch, band*head, q, k]
             return x.permute(1, 0, 2, 3, 4).reshape(x.shape[1], -1, *x.shape[3:])
 
-        _reduce(side_by_side(masked), design, groups, self.band_stats[layer], self._workspace)
-        _reduce(side_by_side(removed), design, groups, self.removed_stats[layer], self._workspace)
+        reduce_scores(side_by_side(masked), design, groups, self.band_stats[layer], self._workspace)
+        reduce_scores(side_by_side(removed), design, groups, self.removed_stats[layer], self._workspace)
 
 
 @dataclass(repr=False)
@@ -234,6 +236,14 @@ class RotaryBands(SavedResult):
     ``layers``: one row per (layer, band): the mean over heads of ``R_band`` and
     ``R_rf_attribution`` (and held-out), with the band's frequencies."""
 
+    KEYWORD = "rotary_bands"
+    TABLES = (
+        Table("bands_heads", "heads",
+              "RotaryBands.heads: R's exact split by RoPE band (with its error) and R' attribution (with its error)"),
+        Table("bands_layers", "layers",
+              "RotaryBands.layers: per layer and band, R_band and the R' attribution (mean over heads)"),
+    )
+
     bands: pd.DataFrame
     cross: pd.DataFrame
     heads: pd.DataFrame
@@ -247,7 +257,7 @@ class RotaryBands(SavedResult):
         """Per band, its share of ``R`` and its attribution of ``R'`` (means over heads and layers),
         then the split's and the attribution's largest errors."""
         out = []
-        for (index, name), rows in self.bands.groupby(["band_index", "band"], sort=True):
+        for (_, name), rows in self.bands.groupby(["band_index", "band"], sort=True):
             out.append(Headline("R_band", f"{name}: R_band", Estimate(float(rows["R_band"].mean())),
                                 "mean over heads, a fraction of Var(log A)"))
             out.append(Headline("R_rf_attribution_heldout", f"{name}: R' attribution (held-out)",
@@ -260,10 +270,12 @@ class RotaryBands(SavedResult):
         return out
 
 
-def _band_covariances(fit: _Fitter, stats: HeadStatistics, full: HeadStatistics, n_bands: int,
-                      weights: Float[torch.Tensor, "replicate group"]) -> Float[torch.Tensor, "replicate head band band"]:
+def _band_covariances(
+    fit: Fitter, stats: HeadStatistics, full: HeadStatistics, n_bands: int,
+    weights: Float[torch.Tensor, "replicate group"],
+) -> Float[torch.Tensor, "replicate head band band"]:
     """``Cov(abs t_a, abs t_b) / V`` for every pair of bands and every weighting of the groups, from
-    the absolute parts' coordinates (``_Fitter``: every covariance over the analysed pairs is a dot
+    the absolute parts' coordinates (``Fitter``: every covariance over the analysed pairs is a dot
     product of coordinates minus the product of means)."""
     n = weights @ full.n_sequences
     scale = torch.where(n > 0, 1.0 / n, torch.nan)[:, None, None]
@@ -283,9 +295,102 @@ def _band_covariances(fit: _Fitter, stats: HeadStatistics, full: HeadStatistics,
     return cov / var_log_a[..., None, None]
 
 
+@dataclass(frozen=True)
+class _Interval:
+    """The interval of an estimate from its replicates (widened for few sequences per half); NaN
+    without replicates."""
+
+    per_half: int
+    level: float
+
+    def __call__(self, name: str, estimate: np.ndarray, replicates: torch.Tensor | None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        if replicates is None:
+            return np.full(estimate.shape, np.nan), np.full(estimate.shape, np.nan)
+        widened = small_sample_widening(torch.as_tensor(estimate), replicates, self.per_half).numpy()
+        return bootstrap_interval(estimate, widened, self.level, interval_method(name))
+
+
+@dataclass
+class _LayerFits:
+    """One layer's refits: the bands' covariances ``[head, band, band]`` (and their replicates), the
+    components with each band's scores removed, and the base decomposition's components refitted the
+    same way (for paired attributions); replicates are None when intervals are off."""
+
+    layer: int
+    bands: list[Band]
+    n_heads: int
+    cov: np.ndarray
+    cov_reps: torch.Tensor | None
+    removed: dict[str, torch.Tensor]
+    removed_reps: dict[str, torch.Tensor] | None
+    base_now: dict[str, torch.Tensor]
+    base_reps: dict[str, torch.Tensor] | None
+
+    @classmethod
+    def of(cls, reducer: BandReducer, layer: int, weights: torch.Tensor | None) -> _LayerFits:
+        full = reducer.full
+        bands = reducer.bands[layer]
+        fit = Fitter(full.designs[full.windows[layer]])
+        stats, full_stats = reducer.band_stats[layer].to("cpu"), full.stats[layer].to("cpu")
+        removed_stats = reducer.removed_stats[layer].to("cpu")
+        ones = torch.ones(1, full_stats.n_groups, dtype=torch.float64)
+        with_weights = weights is not None
+        return cls(
+            layer=layer, bands=bands, n_heads=full.loaded.spec.n_heads,
+            cov=_band_covariances(fit, stats, full_stats, len(bands), ones)[0].numpy(),
+            cov_reps=_band_covariances(fit, stats, full_stats, len(bands), weights) if with_weights else None,
+            removed=components(fit, removed_stats),
+            removed_reps=components(fit, removed_stats, weights) if with_weights else None,
+            base_now=components(fit, full_stats),
+            base_reps=components(fit, full_stats, weights) if with_weights else None)
+
+    def band_rows(self, h: int, base: dict[str, float], interval: _Interval, layer_type: str) -> list[dict[str, Any]]:
+        """Head ``h``'s row per band: its exact share ``R_band`` and its attribution of R'."""
+        own = np.array([self.cov[h, b, b] for b in range(len(self.bands))])
+        own_lo, own_hi = interval("R", own, None if self.cov_reps is None else
+                                  torch.stack([self.cov_reps[:, h, b, b] for b in range(len(self.bands))], dim=1))
+        rows = []
+        for b, band in enumerate(self.bands):
+            col = b * self.n_heads + h
+            without = float(self.removed["R_rf"][0, col])
+            without_ho = float(self.removed["R_rf_heldout"][0, col])
+            row = {"layer": self.layer, "head": h, "layer_type": layer_type, "band": band.name,
+                   "band_index": b, "first_pair": band.first_pair, "stop_pair": band.stop_pair,
+                   "inv_freq_min": band.inv_freq_min, "inv_freq_max": band.inv_freq_max,
+                   "wavelength_min": band.wavelength_min, "wavelength_max": band.wavelength_max,
+                   "R_band": own[b], "R_band_lo": own_lo[b], "R_band_hi": own_hi[b],
+                   "R_rf_without_band": without, "R_rf_without_band_heldout": without_ho,
+                   "R_rf_attribution": base["R_rf"] - without,
+                   "R_rf_attribution_heldout": base["R_rf_heldout"] - without_ho}
+            for name, key in (("R_rf_attribution", "R_rf"), ("R_rf_attribution_heldout", "R_rf_heldout")):
+                if self.removed_reps is None or self.base_reps is None:
+                    row[f"{name}_lo"] = row[f"{name}_hi"] = np.nan
+                    continue
+                reps = (self.base_reps[key][:, h] - self.removed_reps[key][:, col])[:, None]
+                estimate = np.array([float(self.base_now[key][0, h]) - float(self.removed[key][0, col])])
+                lo, hi = interval(name, estimate, reps)
+                row[f"{name}_lo"], row[f"{name}_hi"] = float(lo[0]), float(hi[0])
+            rows.append(row)
+        return rows
+
+    def cross_rows(self, h: int, interval: _Interval) -> list[dict[str, Any]]:
+        """Head ``h``'s cross-band terms ``2 Cov(abs t_a, abs t_b) / V``, one row per pair of bands."""
+        rows = []
+        for a in range(len(self.bands)):
+            for b in range(a + 1, len(self.bands)):
+                value = float(2 * self.cov[h, a, b])
+                reps = None if self.cov_reps is None else 2 * self.cov_reps[:, h, a, b][:, None]
+                lo, hi = interval("R", np.array([value]), reps)
+                rows.append({"layer": self.layer, "head": h, "band_a": self.bands[a].name,
+                             "band_b": self.bands[b].name, "C_band": value, "C_band_lo": float(lo[0]),
+                             "C_band_hi": float(hi[0])})
+        return rows
+
+
 def rotary_bands(
     model: ModelLike,
-    prompts: Any,
+    prompts: Prompts,
     *,
     layers: Sequence[int] | None = None,
     query_range: tuple[int, int] | None = None,
@@ -312,83 +417,31 @@ def rotary_bands(
     stream(loaded, prompts, [reducer], batch_size=batch_size, progress=progress, desc="rotary bands")
     reducer.check_scores()
     full = reducer.full
-    base = full.result(batch_size=batch_size)
-    weights = full.resample_weights()
-    n_heads = loaded.spec.n_heads
+    base_heads = full.result(batch_size=batch_size).heads.set_index(["layer", "head"])
     stats0 = full.stats[full.layers[0]]
-    per_half = min(int(((stats0.n_sequences > 0) & (stats0.halves == h)).sum()) for h in (0, 1))
-    level = bootstrap.level
-    base_heads = base.heads.set_index(["layer", "head"])
-    band_rows, cross_rows, head_rows = [], [], []
-
-    def interval(name: str, estimate: np.ndarray, replicates: torch.Tensor | None) -> tuple[np.ndarray, np.ndarray]:
-        if replicates is None:
-            return np.full(estimate.shape, np.nan), np.full(estimate.shape, np.nan)
-        widened = small_sample_widening(torch.as_tensor(estimate), replicates, per_half).numpy()
-        return bootstrap_interval(estimate, widened, level, interval_method(name))
-
+    interval = _Interval(per_half=min(int(((stats0.n_sequences > 0) & (stats0.halves == h)).sum()) for h in (0, 1)),
+                         level=bootstrap.level)
+    band_rows: list[dict[str, Any]] = []
+    cross_rows: list[dict[str, Any]] = []
+    head_rows: list[dict[str, Any]] = []
     for layer in full.layers:
-        bands = reducer.bands[layer]
-        n_b = len(bands)
-        fit = _Fitter(full.designs[full.windows[layer]])
-        stats, full_stats = reducer.band_stats[layer].to("cpu"), full.stats[layer].to("cpu")
-        ones = torch.ones(1, full_stats.n_groups, dtype=torch.float64)
-        cov = _band_covariances(fit, stats, full_stats, n_b, ones)[0].numpy()  # [head, band, band]
-        cov_reps = _band_covariances(fit, stats, full_stats, n_b, weights) if weights is not None else None
-        removed = _components(fit, reducer.removed_stats[layer].to("cpu"))
-        removed_reps = _components(fit, reducer.removed_stats[layer].to("cpu"), weights) if weights is not None else None
-        # the base decomposition's replicates per head, refitted the same way for paired attributions
-        base_stats = full_stats
-        base_now = _components(fit, base_stats)
-        base_reps = _components(fit, base_stats, weights) if weights is not None else None
-        for h in range(n_heads):
-            r_total = float(base_heads.loc[(layer, h), "R"])
-            r_rf = float(base_heads.loc[(layer, h), "R_rf"])
-            r_rf_ho = float(base_heads.loc[(layer, h), "R_rf_heldout"])
-            own = np.array([cov[h, b, b] for b in range(n_b)])
-            own_lo, own_hi = interval("R", own, None if cov_reps is None else
-                                      torch.stack([cov_reps[:, h, b, b] for b in range(n_b)], dim=1))
-            attribution, attribution_ho = {}, {}
-            for b, band in enumerate(bands):
-                col = b * n_heads + h
-                without = float(removed["R_rf"][0, col])
-                without_ho = float(removed["R_rf_heldout"][0, col])
-                attribution[b], attribution_ho[b] = r_rf - without, r_rf_ho - without_ho
-                row = {"layer": layer, "head": h, "layer_type": loaded.spec.layer_types[layer], "band": band.name,
-                       "band_index": b, "first_pair": band.first_pair, "stop_pair": band.stop_pair,
-                       "inv_freq_min": band.inv_freq_min, "inv_freq_max": band.inv_freq_max,
-                       "wavelength_min": band.wavelength_min, "wavelength_max": band.wavelength_max,
-                       "R_band": own[b], "R_band_lo": own_lo[b], "R_band_hi": own_hi[b],
-                       "R_rf_without_band": without, "R_rf_without_band_heldout": without_ho,
-                       "R_rf_attribution": attribution[b], "R_rf_attribution_heldout": attribution_ho[b]}
-                for name, key in (("R_rf_attribution", "R_rf"), ("R_rf_attribution_heldout", "R_rf_heldout")):
-                    if removed_reps is None:
-                        row[f"{name}_lo"] = row[f"{name}_hi"] = np.nan
-                        continue
-                    reps = (base_reps[key][:, h] - removed_reps[key][:, col])[:, None]
-                    estimate = np.array([float(base_now[key][0, h]) - float(removed[key][0, col])])
-                    lo, hi = interval(name, estimate, reps)
-                    row[f"{name}_lo"], row[f"{name}_hi"] = float(lo[0]), float(hi[0])
-                band_rows.append(row)
-            cross_total = 0.0
-            for a in range(n_b):
-                for b in range(a + 1, n_b):
-                    value = 2 * cov[h, a, b]
-                    cross_total += value
-                    reps = None if cov_reps is None else 2 * cov_reps[:, h, a, b][:, None]
-                    lo, hi = interval("R", np.array([value]), reps)
-                    cross_rows.append({"layer": layer, "head": h, "band_a": bands[a].name, "band_b": bands[b].name,
-                                       "C_band": value, "C_band_lo": float(lo[0]), "C_band_hi": float(hi[0])})
-            attribution_sum = sum(attribution.values())
-            attribution_sum_ho = sum(attribution_ho.values())
+        fits = _LayerFits.of(reducer, layer, full.resample_weights())
+        for h in range(loaded.spec.n_heads):
+            base = {key: float(base_heads.loc[(layer, h), key]) for key in ("R", "R_rf", "R_rf_heldout")}
+            rows = fits.band_rows(h, base, interval, loaded.spec.layer_types[layer])
+            crosses = fits.cross_rows(h, interval)
+            band_rows += rows
+            cross_rows += crosses
+            attribution = sum(row["R_rf_attribution"] for row in rows)
+            attribution_ho = sum(row["R_rf_attribution_heldout"] for row in rows)
+            own, cross_total = sum(row["R_band"] for row in rows), sum(row["C_band"] for row in crosses)
             head_rows.append({
-                "layer": layer, "head": h, "layer_type": loaded.spec.layer_types[layer], "n_bands": n_b,
-                "R": r_total, "R_rf": r_rf, "R_rf_heldout": r_rf_ho,
-                "R_bands": float(own.sum()), "R_cross": cross_total,
-                "R_split_error": float(own.sum()) + cross_total - r_total,
-                "R_rf_attribution_sum": attribution_sum, "R_rf_attribution_error": attribution_sum - r_rf,
-                "R_rf_attribution_sum_heldout": attribution_sum_ho,
-                "R_rf_attribution_error_heldout": attribution_sum_ho - r_rf_ho,
+                "layer": layer, "head": h, "layer_type": loaded.spec.layer_types[layer], "n_bands": len(rows),
+                "R": base["R"], "R_rf": base["R_rf"], "R_rf_heldout": base["R_rf_heldout"],
+                "R_bands": float(own), "R_cross": cross_total, "R_split_error": float(own) + cross_total - base["R"],
+                "R_rf_attribution_sum": attribution, "R_rf_attribution_error": attribution - base["R_rf"],
+                "R_rf_attribution_sum_heldout": attribution_ho,
+                "R_rf_attribution_error_heldout": attribution_ho - base["R_rf_heldout"],
                 "score_error": reducer.score_error[layer],
             })
     band_frame = pd.DataFrame(band_rows)
@@ -400,7 +453,7 @@ def rotary_bands(
                                                                   "C_band_lo", "C_band_hi"]),
         heads=pd.DataFrame(head_rows), layers=summary,
         provenance=provenance.collect(
-            model=loaded.spec, data=getattr(prompts, "spec", None), seed=getattr(getattr(prompts, "spec", None), "seed", None),
+            model=loaded.spec, data=prompts.spec, seed=prompts.spec.seed,
             layers=list(full.layers), query_range=[full.query_start, full.query_stop], n_bands=n_bands,
             bins=bins.to_dict(), intervals=bootstrap.to_dict("sequence"),
             bands={str(layer): [{"name": b.name, "dims": list(b.dims), "inv_freq": [b.inv_freq_min, b.inv_freq_max]}

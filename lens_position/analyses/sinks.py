@@ -12,7 +12,8 @@
   bootstrap interval over prompts. Their inputs are the first ``T = 64`` tokens of each
   document, tokenised with the tokenizer's own special tokens (its own BOS):
   ``protocol="documents"`` here. The default, ``protocol="windows"``, draws windows of the
-  corpus with the run's BOS policy instead, as every other analysis does. The rate lens_position reported before, the fraction of
+  corpus with the run's BOS policy instead, as every other analysis does. The rate lens_position reported before, the
+  fraction of
   heads whose score *averaged over prompts first* exceeds ``eps``, is kept as
   ``sink_rate_pooled``; it is not the authors' metric and runs higher than it when a
   head's score varies across prompts around ``eps``.
@@ -30,30 +31,30 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float
-from lens_position.models.backends import ModelLike
 
-from lens_position.ground import provenance
-from lens_position.core.checks import check_count, check_fraction, check_query_range
 from lens_position.analyses.compare import compare, decompose_conditions
-from lens_position.core.data import DEFAULT_BOS
 from lens_position.analyses.decompose import Decomposition, DecompositionReducer
-from lens_position.ground.errors import BadInputError, NonFiniteError
 from lens_position.analyses.fingerprint import counterfactual_token0, position0_activations
+from lens_position.analyses.patching import Ablation, Patch, as_tokens, cache_activations, head_ablation
+from lens_position.core.checks import check_count, check_fraction, check_heads, check_query_range
+from lens_position.core.data import DEFAULT_BOS
 from lens_position.core.inputs import Prompts, checked_prompts
 from lens_position.core.intervals import Bootstrap, Estimate, bootstrap_mean
-from lens_position.models.spec import as_loaded
-from lens_position.analyses.patching import Patch, as_tokens, cache_activations, head_ablation
-from lens_position.ground.progress import progress as progress_bar
-from lens_position.core.summaries import Headline, headlines_from_rows, row_estimate
-from lens_position.core.results import SavedResult
+from lens_position.core.results import SavedResult, Table
 from lens_position.core.stream import BATCH_SIZE, WholeActivations, stream
+from lens_position.core.summaries import Headline, headlines_from_rows, row_estimate
+from lens_position.ground import provenance
+from lens_position.ground.errors import BadInputError, NonFiniteError
+from lens_position.ground.progress import progress as progress_bar
+from lens_position.models.spec import LoadedModel, ModelLike, as_loaded
 
 SINK_EPS = 0.3
 SINK_CONDITIONS = ("natural", "random", "repeated")
@@ -83,6 +84,12 @@ class SinkHeads(SavedResult):
     ``sink_rate``: Gu et al.'s metric, the fraction of (prompt, layer, head) triples whose
     per-prompt score exceeds ``eps``; ``sink_rate_pooled``: the fraction of heads whose
     score averaged over prompts exceeds it (not their metric)."""
+
+    KEYWORD = "sinks"
+    TABLES = (
+        Table("sink_heads", "frame",
+              "SinkHeads.frame"),
+    )
 
     frame: pd.DataFrame
     scores: Float[torch.Tensor, "layer head"]
@@ -123,15 +130,15 @@ class SinkScoreReducer:
     (``[prompt, layer, head]``: Gu et al.'s sink rate thresholds each prompt);
     :func:`sink_scores` averages them over prompts."""
 
-    def __init__(self, model: ModelLike, prompts: Any, *,
+    def __init__(self, model: ModelLike, prompts: Prompts, *,
                  query_range: tuple[int, int] | None = None) -> None:
-        hooked = as_loaded(model).model
-        tokens = as_tokens(model, prompts)
+        loaded = as_loaded(model)
+        tokens = as_tokens(loaded, prompts)
         self.start, self.stop = check_query_range(query_range, tokens.shape[1])
-        n_layers = hooked.cfg.n_layers
+        n_layers = loaded.spec.n_layers
         self.hook_names = tuple(f"blocks.{layer}.attn.hook_pattern" for layer in range(n_layers))
         self._layer_of = {name: layer for layer, name in enumerate(self.hook_names)}
-        self.per_prompt = torch.zeros(tokens.shape[0], n_layers, hooked.cfg.n_heads, dtype=torch.float64)
+        self.per_prompt = torch.zeros(tokens.shape[0], n_layers, loaded.spec.n_heads, dtype=torch.float64)
         self.seen = torch.zeros(tokens.shape[0], dtype=torch.bool)
 
     def update(self, hook_name: str, pattern: Float[torch.Tensor, "batch head query key"],
@@ -171,9 +178,11 @@ def prompt_sink_scores(
 ) -> Float[torch.Tensor, "prompt layer head"]:
     """Attention on position 0 averaged over queries ``query_range`` (default all), per
     prompt, layer and head (float64, in [0, 1])."""
+    loaded = as_loaded(model)
+    prompts = checked_prompts(loaded, prompts)
     batch_size = check_count("batch_size", batch_size)
-    reducer = SinkScoreReducer(model, prompts, query_range=query_range)
-    stream(model, as_tokens(model, prompts), [reducer], batch_size=batch_size, progress=progress,
+    reducer = SinkScoreReducer(loaded, prompts, query_range=query_range)
+    stream(loaded, as_tokens(loaded, prompts), [reducer], batch_size=batch_size, progress=progress,
            desc="sink scores")
     return reducer.result()
 
@@ -181,14 +190,14 @@ def prompt_sink_scores(
 SCORE_ROUNDING = 1e-3  # a float16 pattern's rounding; a logit or a percentage is far outside
 
 
-def _checked_scores(scores: Any, loaded: Any, n_prompts: int) -> torch.Tensor:
+def _checked_scores(scores: Any, loaded: LoadedModel, n_prompts: int) -> torch.Tensor:
     """Sink scores handed in (``sink_heads(scores=...)``): a float tensor ``[layer, head]`` or
     ``[prompt, layer, head]`` of this model's heads (and these prompts), every value a fraction of
     attention in [0, 1]; BadInputError otherwise (a NaN would be a head that is no sink)."""
     if not isinstance(scores, torch.Tensor) or not scores.is_floating_point():
         raise BadInputError(f"scores must be a float tensor [layer, head] or [prompt, layer, head] (from "
                             f"sink_scores or SinkScoreReducer.result), got {type(scores).__name__}")
-    shape = (loaded.model.cfg.n_layers, loaded.model.cfg.n_heads)
+    shape = (loaded.spec.n_layers, loaded.spec.n_heads)
     if tuple(scores.shape[-2:]) != shape or scores.dim() not in (2, 3) or (
             scores.dim() == 3 and len(scores) != n_prompts):
         raise BadInputError(f"scores has shape {tuple(scores.shape)}; this model and these prompts need {shape} or "
@@ -240,9 +249,9 @@ def sink_heads(
     n_layers, n_heads = scores.shape
     attn_types = loaded.spec.layer_types
     frame = pd.DataFrame({
-        "layer": [l for l in range(n_layers) for _ in range(n_heads)],
+        "layer": [layer for layer in range(n_layers) for _ in range(n_heads)],
         "head": [h for _ in range(n_layers) for h in range(n_heads)],
-        "layer_type": [attn_types[l] for l in range(n_layers) for _ in range(n_heads)],
+        "layer_type": [attn_types[layer] for layer in range(n_layers) for _ in range(n_heads)],
         "sink_score": scores.reshape(-1).numpy(),
         "sink_score_lo": lo, "sink_score_hi": hi,
     })
@@ -261,10 +270,17 @@ class SinkRate(SavedResult):
     position 0, averaged over queries, exceeds ``eps``; in [0, 1]), ``sink_rate_lo`` /
     ``sink_rate_hi`` (its bootstrap interval over prompts), ``sink_rate_pooled`` (the
     fraction of heads whose score averaged over prompts exceeds ``eps``: not their metric),
-    ``eps``, ``seq_len`` (positions per prompt), ``N``, ``bos``, ``protocol``, ``n_heads``, ``n_sink_heads`` (heads whose score averaged
+    ``eps``, ``seq_len`` (positions per prompt), ``N``, ``bos``, ``protocol``, ``n_heads``, ``n_sink_heads`` (heads
+    whose score averaged
     over prompts exceeds ``eps``: the sink heads).
     ``heads``: the per-head sink scores of every condition (the :class:`SinkHeads` frames
     with a ``condition`` column)."""
+
+    KEYWORD = "sink_rate"
+    TABLES = (
+        Table("sink_rate", "frame",
+              "SinkRate.frame"),
+    )
 
     frame: pd.DataFrame
     heads: pd.DataFrame
@@ -357,6 +373,9 @@ def sink_rate(
     for condition, prompts in prompt_sets.items():
         result = results[condition]
         # per prompt: the fraction of (layer, head) above eps; the authors' rate is their mean over prompts
+        if result.prompt_scores is None:
+            raise BadInputError(f"sink_rate thresholds each prompt's scores: scores[{condition!r}] must be per prompt, "
+                                "[prompt, layer, head] (SinkScoreReducer.result), not pooled [layer, head]")
         per_prompt = (result.prompt_scores > eps).to(torch.float64).mean((1, 2)).numpy()
         rate, lo, hi = bootstrap_mean(per_prompt, bootstrap)
         rows.append({"condition": condition, "sink_rate": float(rate), "sink_rate_lo": float(lo),
@@ -403,6 +422,14 @@ class SinkReading(SavedResult):
     the base was decomposed with a different number of resamples.
     """
 
+    KEYWORD = "reading"
+    TABLES = (
+        Table("sink_reading", "frame",
+              "SinkReading.frame"),
+        Table("sink_ablation", "ablation",
+              "SinkReading.ablation"),
+    )
+
     frame: pd.DataFrame
     ablation: pd.DataFrame
     ablation_heads: pd.DataFrame
@@ -415,7 +442,8 @@ class SinkReading(SavedResult):
 
     def headline(self) -> list[Headline]:
         """The three best-ranked sink-reading heads' R change, and what ablating the top heads did."""
-        out = [Headline("R_change", f"R change, reader #{int(row['reading_rank'])} (L{int(row['layer'])}.H{int(row['head'])})",
+        out = [Headline("R_change", f"R change, reader #{int(row['reading_rank'])} "
+                                    f"(L{int(row['layer'])}.H{int(row['head'])})",
                         row_estimate(row, "R_change"), "own position-0 key/value patched, fraction of Var(log A)")
                for _, row in self.frame.sort_values("reading_rank").head(3).iterrows()]
         if len(self.ablation):
@@ -430,9 +458,10 @@ def base_activation_names(model: ModelLike) -> list[str]:
     """The unpatched run's activations the sink-reading detector reuses: every block's
     ``hook_z`` (the base of the output change, and the mean of the mean ablation) and
     ``resid_pre`` of blocks ``1..L-1`` (pinned by :func:`own_position0_patches`)."""
-    n_layers = as_loaded(model).model.cfg.n_layers
-    return ([f"blocks.{l}.attn.hook_z" for l in range(n_layers)]
-            + [f"blocks.{l}.hook_resid_pre" for l in range(1, n_layers)])
+    n_layers = as_loaded(model).spec.n_layers
+    return [f"blocks.{layer}.attn.hook_z" for layer in range(n_layers)] + [
+        f"blocks.{layer}.hook_resid_pre" for layer in range(1, n_layers)
+    ]
 
 
 def own_position0_patches(
@@ -452,12 +481,12 @@ def own_position0_patches(
     ``base_activations``: the base run's ``resid_pre`` when already cached (else one pass).
     """
     loaded = as_loaded(model)
-    hooked = loaded.model
+    prompts = checked_prompts(loaded, prompts)
     token0 = counterfactual_token0(loaded, prompts, counterfactual)
-    n_layers = hooked.cfg.n_layers
-    kv_names = [f"blocks.{l}.attn.hook_{p}" for l in range(n_layers) for p in ("k", "v")]
+    n_layers = loaded.spec.n_layers
+    kv_names = [f"blocks.{layer}.attn.hook_{part}" for layer in range(n_layers) for part in ("k", "v")]
     counter = position0_activations(loaded, token0, kv_names)
-    pinned = [f"blocks.{l}.hook_resid_pre" for l in range(1, n_layers)]
+    pinned = [f"blocks.{layer}.hook_resid_pre" for layer in range(1, n_layers)]
     if base_activations is None or any(name not in base_activations for name in pinned):
         base_activations = cache_activations(loaded, prompts, pinned)
     patches = []
@@ -483,12 +512,19 @@ def sink_reading_base(
     """The unpatched run the detector compares with, in one pass: its decomposition over
     ``query_range`` (with ``bootstrap`` intervals) and the activations of
     :func:`base_activation_names`."""
-    tokens = as_tokens(model, prompts)
-    query_range = check_query_range(query_range, tokens.shape[1])
-    decomposition = DecompositionReducer(model, prompts, query_range=query_range, bootstrap=bootstrap)
-    activations = WholeActivations(base_activation_names(model))
-    stream(model, prompts, [decomposition, activations], batch_size=batch_size, progress=progress,
-           desc="sink reading: base")
+    loaded = as_loaded(model)
+    prompts = checked_prompts(loaded, prompts)
+    query_range = check_query_range(query_range, prompts.tokens.shape[1])
+    decomposition = DecompositionReducer(loaded, prompts, query_range=query_range, bootstrap=bootstrap)
+    activations = WholeActivations(base_activation_names(loaded))
+    stream(
+        loaded,
+        prompts,
+        [decomposition, activations],
+        batch_size=batch_size,
+        progress=progress,
+        desc="sink reading: base",
+    )
     return decomposition.result(batch_size=batch_size), activations.result()
 
 
@@ -523,16 +559,24 @@ def sink_reading_scores(
     one patched pass gives every head's output change and residual-component change against
     the base run (:func:`sink_reading_base`). Returns the ranked frame of
     :class:`SinkReading`."""
-    hooked = as_loaded(model).model
-    tokens = as_tokens(model, prompts)
-    query_range = check_query_range(query_range, tokens.shape[1])
-    z_names = [f"blocks.{l}.attn.hook_z" for l in range(hooked.cfg.n_layers)]
-    patched = DecompositionReducer(model, prompts, query_range=query_range, bootstrap=bootstrap)
+    loaded = as_loaded(model)
+    prompts = checked_prompts(loaded, prompts)
+    query_range = check_query_range(query_range, prompts.tokens.shape[1])
+    z_names = [f"blocks.{layer}.attn.hook_z" for layer in range(loaded.spec.n_layers)]
+    patched = DecompositionReducer(loaded, prompts, query_range=query_range, bootstrap=bootstrap)
     patched_z = WholeActivations(z_names)
-    stream(model, prompts, [patched, patched_z], patches=patches, batch_size=batch_size, progress=progress,
-           desc="sink reading: patched")
-    output_change = _output_change([base_activations[n] for n in z_names],
-                                   [patched_z.result()[n] for n in z_names], query_range)
+    stream(
+        loaded,
+        prompts,
+        [patched, patched_z],
+        patches=patches,
+        batch_size=batch_size,
+        progress=progress,
+        desc="sink reading: patched",
+    )
+    output_change = _output_change(
+        [base_activations[n] for n in z_names], [patched_z.result()[n] for n in z_names], query_range
+    )
     comparison = compare(base, {"patched": patched.result(batch_size=batch_size)})
     frame = base.heads[["layer", "head", "layer_type"]].copy()
     frame["output_change"] = output_change.reshape(-1).numpy()
@@ -557,7 +601,7 @@ def head_ablation_effect(
     *,
     base: Decomposition,
     reference: Any,
-    kinds: Sequence[str] = ("zero", "mean"),
+    kinds: Sequence[Ablation] = ("zero", "mean"),
     query_range: tuple[int, int] = (0, 32),
     batch_size: int = BATCH_SIZE,
     bootstrap: Bootstrap = Bootstrap(),
@@ -567,23 +611,27 @@ def head_ablation_effect(
     and compare every layer's ``R`` with the base decomposition. ``reference``: the prompts
     (or their cached ``hook_z``) the mean ablation averages over. Returns the ``ablation``
     and ``ablation_heads`` frames of :class:`SinkReading`."""
-    tokens = as_tokens(model, prompts)
-    query_range = check_query_range(query_range, tokens.shape[1])
+    loaded = as_loaded(model)
+    prompts = checked_prompts(loaded, prompts)
+    query_range = check_query_range(query_range, prompts.tokens.shape[1])
     with progress_bar("head ablation", enabled=progress):
-        conditions = {kind: head_ablation(model, heads, kind, reference=reference) for kind in kinds}
-        decomposed = decompose_conditions(model, prompts, conditions, query_range=query_range, batch_size=batch_size,
-                                          bootstrap=bootstrap)
+        conditions = {kind: head_ablation(loaded, heads, kind, reference=reference) for kind in kinds}
+        decomposed = decompose_conditions(
+            loaded, prompts, conditions, query_range=query_range, batch_size=batch_size, bootstrap=bootstrap
+        )
     comparison = compare(base, decomposed)
     layers = comparison.layers.rename(columns={
         "condition": "ablation", "R_base": "R_before", "R_condition": "R_after",
         "R_heldout_base": "R_heldout_before", "R_heldout_condition": "R_heldout_after"})
     changes = [f"{name}{suffix}" for name in ("R_change", "R_heldout_change") for suffix in ("", "_lo", "_hi")]
     layers = layers[["ablation", "layer", "R_before", "R_after", "R_heldout_before", "R_heldout_after", *changes]]
-    per_head = comparison.heads.rename(columns={"condition": "ablation", "R_base": "R_before",
-                                                "R_condition": "R_after"})
-    per_head["ablated"] = [(l, h) in heads for l, h in per_head[["layer", "head"]].to_numpy()]
-    per_head = per_head[["layer", "head", "ablation", "ablated", "R_before", "R_after",
-                         "R_change", "R_change_lo", "R_change_hi"]]
+    per_head = comparison.heads.rename(
+        columns={"condition": "ablation", "R_base": "R_before", "R_condition": "R_after"}
+    )
+    per_head["ablated"] = [(layer, head) in heads for layer, head in per_head[["layer", "head"]].to_numpy()]
+    per_head = per_head[
+        ["layer", "head", "ablation", "ablated", "R_before", "R_after", "R_change", "R_change_lo", "R_change_hi"]
+    ]
     return layers, per_head
 
 
@@ -629,8 +677,8 @@ def sink_reading_heads(
     pattern = "given patches" if patches is not None else f"own position-0 key/value ({counterfactual})"
     if patches is None:
         counterfactual_token0(loaded, prompts, counterfactual)  # refuse a bad counterfactual before any pass
-    options = dict(query_range=query_range, batch_size=batch_size, bootstrap=bootstrap)
-    kinds = ("zero", "mean")
+    options: dict[str, Any] = dict(query_range=query_range, batch_size=batch_size, bootstrap=bootstrap)
+    kinds: tuple[Ablation, ...] = ("zero", "mean")
     # the passes: the base run (unless given), the patched run, one per ablation kind
     passes = (base is None) + 1 + len(kinds)
     with progress_bar("sink-reading heads", total=passes * len(tokens), enabled=progress):
@@ -641,10 +689,13 @@ def sink_reading_heads(
         frame = sink_reading_scores(loaded, prompts, patches, base=base_decomposition,
                                     base_activations=base_activations, **options)
         if ablate_heads is None:
-            ablate_heads = [(int(l), int(h)) for l, h in frame[["layer", "head"]].head(n_ablate).to_numpy()]
-        ablate_heads = [(int(l), int(h)) for l, h in ablate_heads]
-        ablation, ablation_heads = head_ablation_effect(loaded, prompts, ablate_heads, base=base_decomposition,
-                                                        reference=base_activations, kinds=kinds, **options)
+            ablate_heads = [
+                (int(layer), int(head)) for layer, head in frame[["layer", "head"]].head(n_ablate).to_numpy()
+            ]
+        ablate_heads = check_heads(ablate_heads, loaded.spec.n_layers, loaded.spec.n_heads)
+        ablation, ablation_heads = head_ablation_effect(
+            loaded, prompts, ablate_heads, base=base_decomposition, reference=base_activations, kinds=kinds, **options
+        )
     return SinkReading(
         frame=frame, ablation=ablation, ablation_heads=ablation_heads, ablated=ablate_heads,
         provenance=provenance.collect(
@@ -654,7 +705,8 @@ def sink_reading_heads(
             pattern=pattern,
             R="decompose(...).heads['R'] over query_range, keys='all'",
             intervals={**((base_decomposition.provenance.get("options") or {}).get("intervals") or {}),
-                       "pairing": "paired bootstrap through lens_position.analyses.compare: the base and the patched or "
+                       "pairing": "paired bootstrap through lens_position.analyses.compare: the base and the "
+                                  "patched or "
                                   "ablated runs resample the same sequences per replicate",
                        "columns": ["R_change", "R_heldout_change"]},
             output_change="RMS ||z_patched - z_base|| / RMS ||z_base|| over prompts and queries"))
@@ -700,13 +752,12 @@ class WindowSinkReducer:
     All in [0, 1], float64. A pattern with mass outside ``K(i)`` means the model's mask is not
     the one its spec declares: refused, since every number here would be misassigned."""
 
-    def __init__(self, model: ModelLike, prompts: Any, *,
-                 query_range: tuple[int, int] | None = None) -> None:
+    def __init__(self, model: ModelLike, prompts: Prompts, *, query_range: tuple[int, int] | None = None) -> None:
         loaded = as_loaded(model)
-        tokens = as_tokens(model, prompts)
+        tokens = as_tokens(loaded, prompts)
         self.length = tokens.shape[1]
         self.start, self.stop = check_query_range(query_range, self.length)
-        n_layers, n_heads = loaded.model.cfg.n_layers, loaded.model.cfg.n_heads
+        n_layers, n_heads = loaded.spec.n_layers, loaded.spec.n_heads
         self.windows = loaded.spec.layer_windows
         self.hook_names = tuple(f"blocks.{layer}.attn.hook_pattern" for layer in range(n_layers))
         self._layer_of = {name: layer for layer, name in enumerate(self.hook_names)}
@@ -769,6 +820,16 @@ class WindowSinks(SavedResult):
     that can see it only: in a window layer, the part of both metrics that past-window queries
     do not dilute)."""
 
+    KEYWORD = "window_sinks"
+    TABLES = (
+        Table("window_sinks_heads", "heads", "WindowSinks.heads: Gu et al.'s and the window-aware sink score per head"),
+        Table(
+            "window_sinks_types",
+            "layer_types",
+            "WindowSinks.layer_types: sink heads and sink rate per layer type under each metric",
+        ),
+    )
+
     heads: pd.DataFrame
     layer_types: pd.DataFrame
     eps: float
@@ -787,15 +848,20 @@ class WindowSinks(SavedResult):
                 out.append(Headline(metric, f"{kind} layers: sink heads, {label}", Estimate(float(rows[metric].sum())),
                                     f"of {len(rows)} heads (score > {self.eps:g})"))
             top = rows.loc[rows["window_score"].astype(float).idxmax()]
-            out.append(Headline("window_score", f"{kind} layers: largest window-aware score "
-                                f"(L{int(top['layer'])}.H{int(top['head'])})", row_estimate(top, "window_score"),
-                                "attention on the first visible key, in [0, 1]"))
+            out.append(
+                Headline(
+                    "window_score",
+                    f"{kind} layers: largest window-aware score (L{int(top['layer'])}.H{int(top['head'])})",
+                    row_estimate(top, "window_score"),
+                    "attention on the first visible key, in [0, 1]",
+                )
+            )
         return out
 
 
 def window_sinks(
     model: ModelLike,
-    prompts: Any,
+    prompts: Prompts,
     *,
     eps: float = SINK_EPS,
     query_range: tuple[int, int] | None = None,
@@ -826,25 +892,28 @@ def window_sinks(
     gu, aware = scores["gu"], scores["window_aware"]
     n_prompts, n_layers, n_heads = gu.shape
     layer_types, windows = loaded.spec.layer_types, loaded.spec.layer_windows
-    heads = pd.DataFrame({
-        "layer": np.repeat(np.arange(n_layers), n_heads), "head": np.tile(np.arange(n_heads), n_layers),
-        "layer_type": [layer_types[l] for l in range(n_layers) for _ in range(n_heads)],
-        "window": pd.array([windows[l] for l in range(n_layers) for _ in range(n_heads)], dtype="Int64"),
-    })
+    heads = pd.DataFrame(
+        {
+            "layer": np.repeat(np.arange(n_layers), n_heads),
+            "head": np.tile(np.arange(n_heads), n_layers),
+            "layer_type": [layer_types[layer] for layer in range(n_layers) for _ in range(n_heads)],
+            "window": pd.array([windows[layer] for layer in range(n_layers) for _ in range(n_heads)], dtype="Int64"),
+        }
+    )
     for metric, values in (("gu", gu), ("window", aware)):
         mean, lo, hi = bootstrap_mean(values.reshape(n_prompts, -1).numpy(), bootstrap)
         heads[f"{metric}_score"], heads[f"{metric}_score_lo"], heads[f"{metric}_score_hi"] = mean, lo, hi
     heads["visible_score"] = scores["visible"].mean(0).reshape(-1).numpy()
     heads["past_score"] = scores["past"].mean(0).reshape(-1).numpy()
     length = as_tokens(loaded, prompts).shape[1]
-    chance = [uniform_window_score(length, windows[l], query_range) for l in range(n_layers)]
+    chance = [uniform_window_score(length, windows[layer], query_range) for layer in range(n_layers)]
     heads["uniform_score"] = np.repeat(chance, n_heads)
     heads["is_sink_gu"] = heads["gu_score"] > eps
     heads["is_sink_window"] = heads["window_score"] > eps
     heads["eps"] = eps
     rows = []
     for kind in dict.fromkeys(layer_types):
-        layers = [l for l in range(n_layers) if layer_types[l] == kind]
+        layers = [layer for layer in range(n_layers) if layer_types[layer] == kind]
         for metric, values in (("gu", gu), ("window_aware", aware), ("visible", scores["visible"])):
             part = values[:, layers]
             rate, rate_lo, rate_hi = bootstrap_mean((part > eps).to(torch.float64).mean((1, 2)).numpy(), bootstrap)

@@ -17,28 +17,27 @@ resumed from the cached residual at its layer).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import pandas as pd
 import torch
 from jaxtyping import Float
-from lens_position.models.backends import ModelLike
 
-from lens_position.ground import provenance
-from lens_position.core.checks import check_count, check_layers, check_query_range
 from lens_position.analyses.compare import compare, decompose_conditions
 from lens_position.analyses.decompose import Decomposition, decompose
-from lens_position.core.inputs import Prompts, checked_prompts
-from lens_position.ground.errors import BadInputError
 from lens_position.analyses.fingerprint import counterfactual_token0, position0_activations
-from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.analyses.patching import Patch, as_tokens, cache_activations, run_patches
-from lens_position.ground.progress import progress as progress_bar
+from lens_position.core.checks import check_count, check_layers, check_query_range
+from lens_position.core.inputs import Prompts, checked_prompts
 from lens_position.core.intervals import Estimate
-from lens_position.core.summaries import Headline
-from lens_position.core.results import SavedResult
+from lens_position.core.results import SavedResult, Table
 from lens_position.core.stream import BATCH_SIZE
+from lens_position.core.summaries import Headline
+from lens_position.ground import provenance
+from lens_position.ground.progress import progress as progress_bar
+from lens_position.models.spec import LoadedModel, ModelLike, as_loaded
 
 
 @dataclass(repr=False)
@@ -50,6 +49,14 @@ class TrajectoryPatching(SavedResult):
     ``by_patch_layer``: one row per patch layer: mean ``pattern_change`` and ``R_change`` over the
     downstream heads, and ``R_base`` / ``R_patched`` as means over the same heads.
     """
+
+    KEYWORD = "trajectory"
+    TABLES = (
+        Table("trajectory_heads", "frame",
+              "TrajectoryPatching.frame: pattern and R change of every downstream head per patched layer"),
+        Table("trajectory_layers", "by_patch_layer",
+              "TrajectoryPatching.by_patch_layer: the mean changes per patched layer"),
+    )
 
     frame: pd.DataFrame
     by_patch_layer: pd.DataFrame
@@ -74,30 +81,30 @@ def trajectory_patches(
     counterfactual position-0 residual (one value per prompt)."""
     loaded = as_loaded(model)
     token0 = counterfactual_token0(loaded, prompts, counterfactual)
-    names = [f"blocks.{l}.hook_resid_pre" for l in layers]
+    names = [f"blocks.{layer}.hook_resid_pre" for layer in layers]
     counter = position0_activations(loaded, token0, names)
-    return {l: Patch(n, counter[n][:, 0], position=0, label=f"resid_pre[{l}][0]={counterfactual}")
-            for l, n in zip(layers, names)}
+    return {layer: Patch(name, counter[name][:, 0], position=0, label=f"resid_pre[{layer}][0]={counterfactual}")
+            for layer, name in zip(layers, names)}
 
 
 def _pattern_change(
-    hooked: Any, tokens: torch.Tensor, patches: dict[int, Patch],
+    loaded: LoadedModel, tokens: torch.Tensor, patches: dict[int, Patch],
     query_range: tuple[int, int], batch_size: int,
 ) -> Float[torch.Tensor, "patch_layer layer head"]:
-    n_layers = hooked.cfg.n_layers
-    names = [f"blocks.{l}.attn.hook_pattern" for l in range(n_layers)]
+    n_layers = loaded.spec.n_layers
+    names = [f"blocks.{layer}.attn.hook_pattern" for layer in range(n_layers)]
     start, stop = query_range
-    base = cache_activations(hooked, tokens, names)
+    base = cache_activations(loaded, tokens, names)
 
     def tv_distance(acts: dict[str, torch.Tensor]) -> torch.Tensor:
-        out = torch.full((n_layers, hooked.cfg.n_heads), float("nan"), dtype=torch.float64)
+        out = torch.full((n_layers, loaded.spec.n_heads), float("nan"), dtype=torch.float64)
         for layer, name in enumerate(names):
             if name in acts:
                 diff = (acts[name][:, :, start:stop] - base[name][:, :, start:stop]).to(torch.float64)
                 out[layer] = 0.5 * diff.abs().sum(-1).mean((0, 2))
         return out
 
-    return run_patches(hooked, tokens, [[p] for p in patches.values()], tv_distance, read=names,
+    return run_patches(loaded, tokens, [[p] for p in patches.values()], tv_distance, read=names,
                        batch_size=batch_size * len(tokens))
 
 
@@ -125,17 +132,16 @@ def trajectory_patching(
     decomposition.
     """
     loaded = as_loaded(model)
-    hooked = loaded.model
     prompts = checked_prompts(loaded, prompts, min_length=2)
     tokens = as_tokens(loaded, prompts)
-    n_layers = hooked.cfg.n_layers
+    n_layers = loaded.spec.n_layers
     layers = check_layers(layers, n_layers)
     query_range = check_query_range(query_range, tokens.shape[1])
     batch_size = check_count("batch_size", batch_size)
     patches = trajectory_patches(loaded, prompts, counterfactual, layers)
     passes = 2 * len(layers) + (base is None)  # pattern change and decomposition per patch layer, the base
     with progress_bar("trajectory patching", total=passes * len(tokens), enabled=progress):
-        pattern = _pattern_change(hooked, tokens, patches, query_range, batch_size)
+        pattern = _pattern_change(loaded, tokens, patches, query_range, batch_size)
         if base is None:
             base = decompose(loaded, prompts, query_range=query_range, batch_size=batch_size)
         # one condition per patch layer, decomposed from that layer down

@@ -16,8 +16,8 @@ import logging
 import os
 import shlex
 import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
 from lens_position.cli.argtypes import path_option, positive_int, seed_option
 from lens_position.core.stream import BATCH_SIZE
@@ -76,24 +76,12 @@ def _text_source(text: str) -> str:
     return text
 
 
-# The analysis options each sub-command uses (its --help shows only those); the others keep
-# their defaults, so the pipeline sees the same settings either way.
-ANALYSIS_OPTIONS = {
-    "reproduce": {"layers", "query_range", "keys", "prompt_sets"},
-    "decompose": {"layers", "query_range", "keys", "prompt_sets"},
-    "bos": {"query_range"},
-    "sinks": {"query_range"},
-    "fingerprint": set(),
-    "probe": {"layers"},
-    "bands": set(),
-}
-
-
 def _add_common(sub: argparse.ArgumentParser, *, many_models: bool, out: Path,
                 analysis_options: set[str] | None = None) -> None:
     from lens_position.models.registry import DEFAULT_MODELS
+    from lens_position.pipeline.steps import command_options
 
-    wanted = ANALYSIS_OPTIONS["reproduce"] if analysis_options is None else analysis_options
+    wanted = command_options("reproduce") if analysis_options is None else analysis_options
 
     if many_models:
         # The zoo's 24 models are tiny (about 5 s of CPU each for every step at the full sizes), so
@@ -127,6 +115,12 @@ def _add_common(sub: argparse.ArgumentParser, *, many_models: bool, out: Path,
                            "sink reading 16, probes enough for 2048 positions; 4 with --quick)")
     data.add_argument("--seed", type=seed_option, default=0,
                       help="seed for data and random replacements, 0..2**63-1 (default: 0)")
+    _add_analysis(sub, wanted)
+    _add_run(sub, out)
+    _add_compute(sub)
+
+
+def _add_analysis(sub: argparse.ArgumentParser, wanted: set[str]) -> None:
     analysis = sub.add_argument_group("analysis")
     sub.set_defaults(layers=None, query_range=None, keys=None, prompt_sets=0)
     if "layers" in wanted:
@@ -147,7 +141,11 @@ def _add_common(sub: argparse.ArgumentParser, *, many_models: bool, out: Path,
                                    "and report their spread beside the bootstrap's (opt-in: K more decomposition "
                                    "passes per model; default: off)")
     analysis.add_argument("--batch-size", dest="batch_size", type=positive_int, default=None, metavar="B",
-                          help=f"sequences per forward pass (default: {BATCH_SIZE}, as in Python); memory grows with it")
+                          help=f"sequences per forward pass (default: {BATCH_SIZE}, as in Python); memory grows "
+                               "with it")
+
+
+def _add_run(sub: argparse.ArgumentParser, out: Path) -> None:
     run = sub.add_argument_group("run")
     run.add_argument("--out", type=_out_folder, default=out, metavar="DIR",
                      help="output folder (default: %(default)s; each sub-command has its own, so none rewrites "
@@ -167,7 +165,6 @@ def _add_common(sub: argparse.ArgumentParser, *, many_models: bool, out: Path,
     run.add_argument("--no-cache", dest="use_cache", action="store_false",
                      help="recompute every step even if a cached result exists")
     run.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
-    _add_compute(sub)
 
 
 def _add_compute(sub: argparse.ArgumentParser) -> None:
@@ -223,11 +220,17 @@ def build_parser() -> argparse.ArgumentParser:
         "probe": "ridge probes from the residual stream to log(position + 1), per layer",
         "bands": "the residual component split by RoPE frequency band (exact) and R' attributed by band",
     }
+    from lens_position.pipeline.steps import command_options
+
     for name, text in helps.items():
         sub = subs.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
-        _add_common(sub, many_models=False, out=Path(f"results-{name}"), analysis_options=ANALYSIS_OPTIONS[name])
-        sub.add_argument("--browser-check", dest="browser_check", action="store_true",
-                         help="also open the report in headless Chromium and save a screenshot")
+        _add_common(sub, many_models=False, out=Path(f"results-{name}"), analysis_options=command_options(name))
+        sub.add_argument(
+            "--browser-check",
+            dest="browser_check",
+            action="store_true",
+            help="also open the report in headless Chromium and save a screenshot",
+        )
     from lens_position.cli.zoo import add_parser as add_zoo_parser
 
     add_zoo_parser(subs)
@@ -263,8 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
 def preflight(args: argparse.Namespace) -> None:
     """Refuse, before any model is loaded, a run that a step would refuse after minutes of
     work: BOS-dependent steps under ``--bos none``, probes with ``--N`` below 3."""
-    from lens_position.pipeline.steps import commands, get_step
     from lens_position.analyses.probes import PROBE_MIN_N
+    from lens_position.pipeline.steps import commands, get_step
 
     if args.command not in commands():  # a sweep checks its own spec
         return
@@ -426,7 +429,7 @@ def _other_progress_bars_off(off: bool) -> Iterator[None]:
         from huggingface_hub import utils as hub_utils
         from transformers.utils import logging as transformers_logging
     except ImportError:  # neither is needed before a model loads; that load says what is missing
-        hub_utils = transformers_logging = None
+        hub_utils = transformers_logging = None  # type: ignore[assignment]
     restore = []
     if transformers_logging is not None:
         if transformers_logging.is_progress_bar_enabled():

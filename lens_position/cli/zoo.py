@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from lens_position.models.zoo.recipe import DEFAULT_SEEDS, VARIANTS
 from lens_position.analyses.zoo.sweep import SINK_SWEEP
 from lens_position.cli.argtypes import path_option, seed_option
+from lens_position.models.zoo.recipe import DEFAULT_SEEDS, VARIANTS
 
 
 def add_parser(subs: argparse._SubParsersAction) -> None:
@@ -50,8 +50,8 @@ def add_parser(subs: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> str:
     """Do what ``args`` ask; return the text to print."""
-    from lens_position.ground.errors import BadInputError
     from lens_position.analyses.zoo.training import list_table, train_variants
+    from lens_position.ground.errors import BadInputError
     from lens_position.models.zoo.store import SHIPPED
 
     if args.zoo_command == "sink-sweep":

@@ -15,7 +15,8 @@ from __future__ import annotations
 import hashlib
 import math
 import numbers
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -24,22 +25,22 @@ from lens_position.ground.errors import BadInputError
 MAX_SEED = 2**63 - 1  # numpy's and torch's generators both take any seed in 0..2**63-1
 
 
-def _as_int(name: str, value: Any) -> int:
+def check_int(name: str, value: Any) -> int:
     """``value`` as an ``int`` if it is a whole number (``3``, ``np.int64(3)``, ``3.0``)."""
     if isinstance(value, bool):  # True == 1 would pass every other test
         raise BadInputError(f"{name} must be an integer, got {value!r}")
     if isinstance(value, numbers.Integral):
         return int(value)
     if isinstance(value, numbers.Real) and float(value).is_integer():
-        return int(value)
-    if hasattr(value, "ndim") and getattr(value, "ndim") == 0 and hasattr(value, "item"):
-        return _as_int(name, value.item())  # a 0-d tensor or array
+        return int(float(value))
+    if hasattr(value, "ndim") and value.ndim == 0 and hasattr(value, "item"):
+        return check_int(name, value.item())  # a 0-d tensor or array
     raise BadInputError(f"{name} must be an integer, got {value!r}")
 
 
 def check_count(name: str, value: Any, *, minimum: int = 1) -> int:
     """A size (``N``, ``T``, ``batch_size``, ...) as an ``int`` that is at least ``minimum``."""
-    count = _as_int(name, value)
+    count = check_int(name, value)
     if count < minimum:
         raise BadInputError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return count
@@ -47,7 +48,7 @@ def check_count(name: str, value: Any, *, minimum: int = 1) -> int:
 
 def check_seed(seed: Any) -> int:
     """A random seed: an integer in ``0 .. 2**63 - 1``."""
-    value = _as_int("seed", seed)
+    value = check_int("seed", seed)
     if not 0 <= value <= MAX_SEED:
         raise BadInputError(f"seed must be an integer in 0..2**63-1, got {seed!r}")
     return value
@@ -100,7 +101,7 @@ def _layers(layers: Any, n_layers: int) -> list[int]:
     if isinstance(layers, bytes) or not isinstance(layers, Iterable) and not isinstance(layers, numbers.Number):
         raise BadInputError(f"layers must be a layer index or a list of them, got {layers!r}")
     items = [layers] if isinstance(layers, numbers.Number) else list(layers)
-    chosen = sorted({_as_int("each layer", layer) for layer in items})
+    chosen = sorted({check_int("each layer", layer) for layer in items})
     if not chosen:
         raise BadInputError(f"layers is empty; pass layers in 0..{n_layers - 1}, or None for all")
     outside = [layer for layer in chosen if not 0 <= layer < n_layers]
@@ -115,7 +116,9 @@ class QueryRange(tuple):
     ``length`` positions; handed back to it for the same length, it is returned without a
     second check."""
 
-    def __new__(cls, start: int, stop: int, length: int) -> "QueryRange":
+    length: int
+
+    def __new__(cls, start: int, stop: int, length: int) -> QueryRange:
         pair = super().__new__(cls, (start, stop))
         pair.length = length
         return pair
@@ -143,7 +146,7 @@ def _query_range(query_range: Any, length: int, name: str) -> tuple[int, int]:
     pair = list(query_range)
     if len(pair) != 2:
         raise BadInputError(f"{name} must be a pair (start, stop), got {query_range!r}")
-    start, stop = _as_int(f"{name} start", pair[0]), _as_int(f"{name} stop", pair[1])
+    start, stop = check_int(f"{name} start", pair[0]), check_int(f"{name} stop", pair[1])
     stop = min(stop, length)
     if not 0 <= start < stop:
         raise BadInputError(f"{name} {tuple(query_range)} selects no queries of prompts with T={length} "
@@ -158,11 +161,23 @@ def _query_range(query_range: Any, length: int, name: str) -> tuple[int, int]:
 
 def check_position(position: Any, length: int, name: str = "position") -> int:
     """One position of sequences of ``length`` positions, in ``0 .. length - 1``."""
-    value = _as_int(name, position)
+    value = check_int(name, position)
     if not 0 <= value < length:
         raise BadInputError(f"{name} {position!r} is out of range for prompts of {length} positions "
                             f"(valid: 0..{length - 1})")
     return value
+
+
+def check_heads(heads: Iterable[tuple[int, int]], n_layers: int, n_heads: int) -> list[tuple[int, int]]:
+    """``(layer, head)`` pairs of a model of ``n_layers`` layers of ``n_heads`` (query) heads each."""
+    checked = []
+    for layer, head in heads:
+        check_layers([layer], n_layers)
+        index = check_int("head", head)
+        if not 0 <= index < n_heads:
+            raise BadInputError(f"head {head} is out of range ({n_heads} heads)")
+        checked.append((int(layer), index))
+    return checked
 
 
 def check_fraction(name: str, value: Any) -> float:

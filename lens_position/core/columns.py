@@ -21,7 +21,7 @@ except ``head``, the head index as TransformerLens names it: read it as ``frame[
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import pandas as pd
 

@@ -40,17 +40,20 @@ import functools
 import hashlib
 import os
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
 from jaxtyping import Int
-from lens_position.models.backends import ModelLike, is_model
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 from lens_position.core.checks import check_count, check_seed
 from lens_position.ground.errors import BadInputError
-from lens_position.models.spec import LoadedModel, tokenizer_prepends_bos
+from lens_position.models.backends import is_model, vocabulary_size
 from lens_position.models.corpus import read_corpus
+from lens_position.models.spec import LoadedModel, ModelLike, tokenizer_prepends_bos
 
 Source = Literal["natural", "random", "repeated"]
 DEFAULT_BOS = "force"
@@ -122,7 +125,7 @@ def _unpack(model_or_tokenizer: Any) -> tuple[Any, int | None, int | None]:
         return (model_or_tokenizer.tokenizer, model_or_tokenizer.backend.d_vocab,
                 model_or_tokenizer.spec.bos_token_id)
     if is_model(model_or_tokenizer):
-        return model_or_tokenizer.tokenizer, model_or_tokenizer.cfg.d_vocab, None
+        return model_or_tokenizer.tokenizer, vocabulary_size(model_or_tokenizer), None
     return model_or_tokenizer, None, None
 
 
@@ -207,10 +210,39 @@ def _bos_note(bos: str) -> dict[str, Any]:
 
 
 
+def _natural_windows(tokenizer: Any, text: str | None, corpus: str | os.PathLike | None, N: int, length: int,
+                     seed: int) -> tuple[torch.Tensor, dict[str, Any]]:
+    """``N`` windows of ``length`` tokens of natural text (``text``, or the ``corpus``) drawn with
+    ``seed``, and what the prompt spec records of the corpus."""
+    if tokenizer is None:
+        raise BadInputError("natural text needs a tokenizer; this model has none: pass a model with "
+                            "a tokenizer, or use source='random'/'repeated'")
+    if text is not None and corpus is not None:
+        raise BadInputError("pass either text= or corpus=, not both")
+    if text is not None:
+        if not text.strip():
+            raise BadInputError("text= is empty: pass some text, or leave it out for the default corpus")
+        corpus_text, description = text, "text"
+    else:
+        corpus_text, description = load_corpus(corpus)
+    stream = _encode_corpus(tokenizer, corpus_text)
+    n_windows = len(stream) // length
+    if n_windows < N:
+        raise BadInputError(
+            f"too little text: {description} has {len(stream)} tokens, {N} windows of {length} need "
+            f"{N * length}; pass more text, or lower N or T")
+    chosen = np.sort(np.random.default_rng(seed).choice(n_windows, size=N, replace=False))
+    starts = tuple(int(c) * length for c in chosen)
+    body = torch.stack([stream[s:s + length] for s in starts])
+    corpus_fields = dict(corpus=description, corpus_sha256=hashlib.sha256(corpus_text.encode()).hexdigest(),
+                         corpus_tokens=len(stream), window_starts=starts)
+    return body, corpus_fields
+
+
 def build_prompts(
-    model_or_tokenizer: Any,
+    model_or_tokenizer: ModelLike | PreTrainedTokenizerBase,
     *,
-    source: Source = "natural",
+    source: str = "natural",
     T: int = 128,
     N: int = 16,
     bos: str = DEFAULT_BOS,
@@ -251,28 +283,7 @@ def build_prompts(
     corpus_fields: dict[str, Any] = {}
 
     if source == "natural":
-        if tokenizer is None:
-            raise BadInputError("natural text needs a tokenizer; this model has none: pass a model with "
-                                "a tokenizer, or use source='random'/'repeated'")
-        if text is not None and corpus is not None:
-            raise BadInputError("pass either text= or corpus=, not both")
-        if text is not None:
-            if not text.strip():
-                raise BadInputError("text= is empty: pass some text, or leave it out for the default corpus")
-            corpus_text, description = text, "text"
-        else:
-            corpus_text, description = load_corpus(corpus)
-        stream = _encode_corpus(tokenizer, corpus_text)
-        n_windows = len(stream) // length
-        if n_windows < N:
-            raise BadInputError(
-                f"too little text: {description} has {len(stream)} tokens, {N} windows of {length} need "
-                f"{N * length}; pass more text, or lower N or T")
-        chosen = np.sort(np.random.default_rng(seed).choice(n_windows, size=N, replace=False))
-        starts = tuple(int(c) * length for c in chosen)
-        body = torch.stack([stream[s:s + length] for s in starts])
-        corpus_fields = dict(corpus=description, corpus_sha256=hashlib.sha256(corpus_text.encode()).hexdigest(),
-                             corpus_tokens=len(stream), window_starts=starts)
+        body, corpus_fields = _natural_windows(tokenizer, text, corpus, N, length, seed)
     else:
         exclude = {bos_id} if bos_id is not None else set()
         allowed = _ordinary_ids(tokenizer, vocab, exclude)
@@ -295,7 +306,7 @@ def build_prompts(
 
 
 def prompts_from_texts(
-    model_or_tokenizer: Any,
+    model_or_tokenizer: ModelLike | PreTrainedTokenizerBase,
     texts: list[str],
     *,
     bos: str | None = None,
@@ -401,7 +412,7 @@ def build_document_prompts(
     has_bos = bos_id is not None and bool((tokens[:, 0] == bos_id).all())
     spec = PromptSpec(source="natural", T=T, N=N, bos="tokenizer", seed=seed,
                       position0="bos" if has_bos else "content", first_token_id=bos_id if has_bos else None,
-                      tokenizer=f"{model.spec.name} ({model.spec.source})", vocab_size=model.model.cfg.d_vocab,
+                      tokenizer=f"{model.spec.name} ({model.spec.source})", vocab_size=model.backend.d_vocab,
                       corpus=description, extra={"protocol": "documents: the first T tokens of each document",
                                                  "documents": [long_enough[i][0] for i in chosen]})
     return PromptSet(tokens=tokens, spec=spec, bos_token_id=bos_id)

@@ -26,8 +26,9 @@ from __future__ import annotations
 import functools
 import math
 import time
-from dataclasses import dataclass, field
-from typing import Any, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -60,7 +61,7 @@ class ModelCost:
     d_mlp: int
 
     @classmethod
-    def of(cls, model: Any) -> "ModelCost":
+    def of(cls, model: Any) -> ModelCost:
         """From a ``LoadedModel``, a TransformerLens model (its ``cfg``) or a ``ModelSpec``
         (which has no ``d_mlp``: taken as ``4 d_model``, the common ratio, an upper bound for
         SmolLM2's 2.7 and Gemma-3's 3.2)."""
@@ -104,7 +105,7 @@ class Work:
     probe_size: int = 0
     analyses: int = 1
 
-    def __add__(self, other: "Work") -> "Work":
+    def __add__(self, other: Work) -> Work:
         if self.refits and other.refits and self.features != other.features:
             # two refit sizes: keep the cost, expressed at the larger size
             big = max(self.features, other.features)
@@ -208,7 +209,7 @@ def _rates(device: str, dtype: str, threads: int) -> tuple[float, float, float]:
             a = torch.randn(sizes[0], sizes[1], device=device, dtype=kind)
             b = torch.randn(sizes[1], sizes[2], device=device, dtype=kind)
 
-            def product() -> None:
+            def product(a: torch.Tensor = a, b: torch.Tensor = b) -> None:
                 a @ b
                 _synchronize(device)
 

@@ -19,9 +19,11 @@ What is checked: ids are integers inside the model's vocabulary ``0 .. d_vocab -
 ``-1`` would otherwise index the last embedding row), there is at least one sequence of at
 least ``min_length`` positions, and ``T`` fits the model's context ``n_ctx``.
 
-**Once.** The door remembers the prompt sets it returned: handed one back (an entry point
-passing its checked prompts to the analyses it calls) with the same model, tokens not
-modified in place, and no longer ``min_length``, it returns it without checking again.
+**Once.** The door returns a :class:`CheckedPrompts`: a PromptSet that carries what it was
+checked against (the vocabulary size and context of the model, the identity and version of its
+token tensor). Handed one back (an entry point passing its checked prompts to the analyses it
+calls) for a model with the same vocabulary and a context it fits, tokens not replaced or modified
+in place, it returns it as it is: the type says it was checked.
 
 **Padding.** The analyses read every position of every sequence as content: they have no
 attention mask. A padded batch would be analysed with its pad tokens as text, so it is
@@ -33,44 +35,51 @@ different lengths, which is what padding to the longest row produces.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-import weakref
 from collections.abc import Mapping, Sequence
-from typing import Any, Union
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
 
 import numpy as np
 import torch
-from lens_position.models.backends import ModelLike
 
 from lens_position.core.data import PromptSet, PromptSpec, prompts_from_texts
 from lens_position.ground.errors import BadInputError, PaddedPromptsError
-from lens_position.models.spec import LoadedModel, as_loaded
+from lens_position.models.spec import LoadedModel, ModelLike, as_loaded
 
 TENSOR_BOS_POLICY = "as given (token tensor)"
 
 #: What the door accepts as prompts (module docstring).
-Prompts = Union[PromptSet, torch.Tensor, np.ndarray, Mapping[str, Any], Sequence[str]]
-
-# The prompt sets the door has checked, by id: (the set, the model, the tokens and their version
-# counter, min_length). Handed back to the door with the same model and untouched tokens, a set
-# is not checked again, so an entry point that passes its checked prompts down checks them once.
-_CHECKED: dict[int, tuple[weakref.ref, weakref.ref, int, int, int]] = {}
+Prompts: TypeAlias = PromptSet | torch.Tensor | np.ndarray | Mapping[str, Any] | Sequence[str]
 
 
-def _mark_checked(prompts: PromptSet, loaded: LoadedModel, min_length: int) -> PromptSet:
-    key = id(prompts)
-    _CHECKED[key] = (weakref.ref(prompts, lambda _: _CHECKED.pop(key, None)), weakref.ref(loaded.model),
-                     id(prompts.tokens), prompts.tokens._version, min_length)
-    return prompts
+@dataclass
+class CheckedPrompts(PromptSet):
+    """A :class:`PromptSet` the input door has checked (module docstring): its ids lie in a vocabulary
+    of ``d_vocab`` tokens, its length fits a context of ``n_ctx``, it is not padded. The door hands it
+    back unchecked to a model of the same vocabulary whose context it fits, as long as its token tensor
+    is the one checked and was not written to since."""
+
+    d_vocab: int = field(default=0, repr=False, compare=False)
+    n_ctx: int = field(default=0, repr=False, compare=False)
+    tokens_identity: tuple[int, int] = field(default=(0, -1), repr=False, compare=False)
+
+    def fits(self, loaded: LoadedModel) -> bool:
+        """Whether the checks made on these prompts hold for ``loaded`` as they stand."""
+        return (self.d_vocab == loaded.backend.d_vocab and self.tokens.shape[1] <= loaded.spec.n_ctx
+                and self.tokens_identity == _identity(self.tokens))
 
 
-def _already_checked(prompts: PromptSet, loaded: LoadedModel, min_length: int) -> bool:
-    entry = _CHECKED.get(id(prompts))
-    if entry is None:
-        return False
-    the_set, model, tokens_id, version, checked_length = entry
-    return (the_set() is prompts and model() is loaded.model and tokens_id == id(prompts.tokens)
-            and version == prompts.tokens._version and min_length <= checked_length)
+def _identity(tokens: torch.Tensor) -> tuple[int, int]:
+    return id(tokens), tokens._version
+
+
+def _mark_checked(prompts: PromptSet, loaded: LoadedModel) -> CheckedPrompts:
+    fields = {f.name: getattr(prompts, f.name) for f in dataclasses.fields(PromptSet)}
+    return CheckedPrompts(**fields, d_vocab=loaded.backend.d_vocab, n_ctx=loaded.spec.n_ctx,
+                          tokens_identity=_identity(prompts.tokens))
+
 
 _WIDE_UNSIGNED = tuple(getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name))
 
@@ -111,19 +120,23 @@ def _check_dtype_and_shape(tokens: torch.Tensor) -> torch.Tensor:
 
 def _check_tokens(loaded: LoadedModel, tokens: torch.Tensor, min_length: int, what: str) -> None:
     """Ids in the vocabulary, at least one sequence of ``min_length`` positions, within n_ctx."""
-    n_seq, length = tokens.shape
-    if n_seq < 1:
-        raise BadInputError(f"{what} hold no sequences (shape {tuple(tokens.shape)}); pass at least one")
-    if length < min_length:
-        raise BadInputError(f"{what} have T={length} positions; this analysis needs T >= {min_length}")
-    d_vocab = loaded.model.cfg.d_vocab
+    _check_length(tokens, min_length, what)
+    d_vocab = loaded.backend.d_vocab
     low, high = int(tokens.min()), int(tokens.max())
     if low < 0 or high >= d_vocab:
         raise BadInputError(
             f"{what} hold token ids in [{low}, {high}] but the model's vocabulary is 0..{d_vocab - 1}: "
             "a negative id is not a token, and a larger one comes from another tokenizer; build the "
             "prompts with this model's tokenizer (lens_position.core.data.build_prompts)")
-    loaded.spec.check_context(length)
+    loaded.spec.check_context(tokens.shape[1])
+
+
+def _check_length(tokens: torch.Tensor, min_length: int, what: str) -> None:
+    n_seq, length = tokens.shape
+    if n_seq < 1:
+        raise BadInputError(f"{what} hold no sequences (shape {tuple(tokens.shape)}); pass at least one")
+    if length < min_length:
+        raise BadInputError(f"{what} have T={length} positions; this analysis needs T >= {min_length}")
 
 
 def _run_lengths(tokens: torch.Tensor, token: int, *, from_end: bool) -> torch.Tensor:
@@ -172,7 +185,7 @@ def _tensor_prompt_set(loaded: LoadedModel, tokens: torch.Tensor, bos_id: int | 
     digest = hashlib.sha256(tokens.numpy().tobytes()).hexdigest()
     spec = PromptSpec(source="tokens", T=length, N=n_seq, bos=TENSOR_BOS_POLICY, seed=None,
                       position0=position0, first_token_id=first_token, tokenizer=_tokenizer_name(loaded),
-                      vocab_size=loaded.model.cfg.d_vocab,
+                      vocab_size=loaded.backend.d_vocab,
                       extra={"tokens_sha256": digest, "shape": [n_seq, length]})
     return PromptSet(tokens=tokens, spec=spec, bos_token_id=bos_id)
 
@@ -185,8 +198,8 @@ def checked_prompts(
     bos: str | None = None,
     T: int | None = None,
     what: str = "prompts",
-) -> PromptSet:
-    """Turn ``prompts`` (module docstring: what is accepted) into a :class:`PromptSet` whose
+) -> CheckedPrompts:
+    """Turn ``prompts`` (module docstring: what is accepted) into a :class:`CheckedPrompts` whose
     tokens are checked against ``model``.
 
     Args:
@@ -211,16 +224,17 @@ def checked_prompts(
         if not isinstance(tokens, torch.Tensor) or tokens.ndim != 2:
             raise BadInputError(f"a PromptSet's tokens must be a tensor [N, T], got {type(tokens).__name__} "
                                 f"{tuple(getattr(tokens, 'shape', ()))}")
-        if _already_checked(prompts, loaded, min_length):
+        if isinstance(prompts, CheckedPrompts) and prompts.fits(loaded):
+            _check_length(tokens, min_length, what)
             return prompts
         _check_tokens(loaded, _check_dtype_and_shape(tokens), min_length, what)
-        return _mark_checked(prompts, loaded, min_length)
+        return _mark_checked(prompts, loaded)
     if isinstance(prompts, str):
         raise BadInputError(f"{what} is one string; pass a list of strings (or build_prompts(model, text=...))")
     if isinstance(prompts, Sequence) and prompts and all(isinstance(p, str) for p in prompts):
         built = prompts_from_texts(loaded, list(prompts), bos=bos, T=T)
         _check_tokens(loaded, built.tokens, min_length, what)
-        return _mark_checked(built, loaded, min_length)
+        return _mark_checked(built, loaded)
     if bos is not None or T is not None:
         raise BadInputError("bos= and T= apply to a list of strings; token ids are taken as given")
     if isinstance(prompts, Sequence) and not isinstance(prompts, torch.Tensor):
@@ -239,4 +253,4 @@ def checked_prompts(
     _check_not_padded(loaded, tokens, mask)
     bos_id = getattr(loaded.tokenizer, "bos_token_id", None) if loaded.tokenizer is not None else None
     checked = _tensor_prompt_set(loaded, tokens, bos_id if bos_id is not None else loaded.spec.bos_token_id)
-    return _mark_checked(checked, loaded, min_length)
+    return _mark_checked(checked, loaded)

@@ -51,15 +51,16 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
 
-from lens_position.core.checks import _as_int, check_seed
+from lens_position.core.checks import check_int, check_seed
 from lens_position.ground.errors import BadInputError
 
 LEVEL = 0.95
@@ -104,7 +105,7 @@ class Bootstrap:
     seed: int = BOOTSTRAP_SEED
 
     def __post_init__(self) -> None:
-        n_resamples = _as_int("n_resamples", self.n_resamples)  # 50.5 or "100" would fail deep in numpy
+        n_resamples = check_int("n_resamples", self.n_resamples)  # 50.5 or "100" would fail deep in numpy
         if n_resamples < 0 or (0 < n_resamples < 20):
             raise BadInputError(f"n_resamples = {self.n_resamples}: use 0 (no intervals) or at least 20 "
                                 "(a percentile interval needs enough replicates in its tails)")
@@ -154,7 +155,7 @@ def resample_counts(n_units: int, n_resamples: int, seed: int = BOOTSTRAP_SEED,
     if len(strata) != n_units:
         raise BadInputError(f"strata has {len(strata)} entries for {n_units} units")
     rng = np.random.default_rng([seed, n_units])
-    counts = np.zeros((n_resamples, n_units), dtype=np.int64)
+    counts: np.ndarray = np.zeros((n_resamples, n_units), dtype=np.int64)
     for stratum in np.unique(strata):
         members = np.flatnonzero(strata == stratum)
         draws = rng.integers(0, len(members), size=(n_resamples, len(members)))
@@ -163,8 +164,7 @@ def resample_counts(n_units: int, n_resamples: int, seed: int = BOOTSTRAP_SEED,
     return torch.from_numpy(counts)
 
 
-def small_sample_widening(estimate: torch.Tensor | np.ndarray, replicates: torch.Tensor | np.ndarray,
-                          units_per_stratum: int) -> torch.Tensor | np.ndarray:
+def small_sample_widening(estimate: Any, replicates: Any, units_per_stratum: int) -> Any:
     """Replicates moved away from the estimate by ``sqrt(m / (m - 1))`` (``m`` units per
     stratum). A bootstrap over ``m`` units underestimates the variance of a mean by the
     factor ``(m - 1) / m``; with the 8 sequences per half of a default run its percentile
@@ -309,7 +309,7 @@ def annotate_intervals(frame: pd.DataFrame,
     corrected = [q for q in quantities if q in set(bias_corrected)]
     frame["interval_method"] = (f"bias-corrected percentile: {', '.join(corrected)}; percentile: the others"
                                 if corrected else "percentile")
-    outside = np.zeros((len(frame), len(quantities)), dtype=bool)
+    outside: np.ndarray = np.zeros((len(frame), len(quantities)), dtype=bool)
     for k, q in enumerate(quantities):
         value, lo, hi = (frame[c].to_numpy(dtype=float) for c in (q, f"{q}_lo", f"{q}_hi"))
         with np.errstate(invalid="ignore"):
@@ -318,7 +318,7 @@ def annotate_intervals(frame: pd.DataFrame,
     return frame
 
 
-def from_replicates(value: float, replicates: np.ndarray, level: float = LEVEL, n: int | None = None,
+def from_replicates(value: float, replicates: np.ndarray | None, level: float = LEVEL, n: int | None = None,
                     method: str = PERCENTILE) -> Estimate:
     """An :class:`Estimate` of ``value`` with the interval (``method``) of ``replicates``."""
     if replicates is None or len(replicates) == 0:

@@ -8,47 +8,17 @@ from __future__ import annotations
 
 import math
 import numbers
-import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from jaxtyping import Int
-from lens_position.models.backends import ModelBackend
-from lens_position.models.backends.bridge import BridgeBackend
-from lens_position.models.backends.hooked import HookedBackend
 
-try:  # TransformerLens 3.9 moved get_act_name to utilities (utils still works, with a warning)
-    from transformer_lens.utilities import get_act_name as _get_act_name
-except ImportError:  # pragma: no cover - older 3.x
-    from transformer_lens.utils import get_act_name as _get_act_name
-
-from lens_position.core.checks import check_layers, check_position
+from lens_position.core.checks import check_position
 from lens_position.ground.errors import BadInputError, NonFiniteError
-
-_BLOCK_HOOK = re.compile(r"^blocks\.(\d+)\.")
-# Hooks whose activation is [batch, pos, ...] (position on axis 1, head on axis 2 if any).
-_POS_AXIS_HOOK = re.compile(
-    r"^(hook_embed|hook_pos_embed|blocks\.\d+\.(hook_resid_pre|hook_resid_mid|hook_resid_post|"
-    r"hook_attn_out|hook_mlp_out|ln1\.hook_normalized|ln2\.hook_normalized|"
-    r"attn\.hook_(q|k|v|z|result|rot_q|rot_k)|mlp\.hook_(pre|post|pre_linear)))$"
-)
-_HEAD_AXIS_HOOK = re.compile(r"attn\.hook_(q|k|v|z|result|rot_q|rot_k)$")
-
-
-def _check_position(position: int | None, n_pos: int) -> None:
-    if position is not None:
-        check_position(position, n_pos)
-
-
-def _backend(model: Any) -> ModelBackend:
-    from lens_position.models.spec import as_loaded
-
-    return model if isinstance(model, (HookedBackend, BridgeBackend)) else as_loaded(model).backend
-
-
-def _check_layer(model: Any, layer: int) -> None:
-    check_layers([layer], _backend(model).n_layers)
+from lens_position.models.backends import ModelBackend
+from lens_position.models.hook_names import BLOCK_HOOK, HEAD_AXIS_HOOK, KEY_VALUE_HOOK, POSITION_AXIS_HOOK
 
 
 def act_name(name: str | tuple) -> str:
@@ -58,9 +28,13 @@ def act_name(name: str | tuple) -> str:
     ``("pattern", 1, "attn")``)."""
     if isinstance(name, str) and (name.startswith(("blocks.", "hook_", "ln_final.", "unembed.")) or "." in name):
         return name
+    try:  # TransformerLens 3.9 moved get_act_name to utilities (utils still works, with a warning)
+        from transformer_lens.utilities import get_act_name
+    except ImportError:  # pragma: no cover - older 3.x
+        from transformer_lens.utils import get_act_name
     try:
         args = (name,) if isinstance(name, str) else tuple(name)
-        return _get_act_name(*args)
+        return get_act_name(*args)
     except Exception as exc:  # get_act_name's own errors are assertions and KeyErrors
         raise BadInputError(f"{name!r} is not a hook name TransformerLens knows; use a name like "
                             "'blocks.3.hook_resid_pre', get_act_name('resid_pre', 3) or ('resid_pre', 3)") from exc
@@ -78,12 +52,6 @@ def source_activation(source: Any, name: str) -> torch.Tensor:
         raise BadInputError(f"the source run has no {name}; cache it first "
                             f"(model.run_with_cache(tokens, names_filter=[{name!r}]) or cache_activations)")
     return source[name]
-
-
-def _n_heads_at(model: Any, hook_name: str) -> int:
-    """Heads on the head axis of ``hook_name``: the query heads, ``hook_k``/``hook_v`` included
-    (both backends carry one key/value entry per query head)."""
-    return _backend(model).n_heads
 
 
 # --------------------------------------------------------------------------- the value
@@ -145,7 +113,7 @@ class Patch:
     @property
     def layer(self) -> int:
         """The block this patch sits in; -1 for the embedding (before block 0)."""
-        match = _BLOCK_HOOK.match(self.hook_name)
+        match = BLOCK_HOOK.match(self.hook_name)
         return int(match.group(1)) if match else -1
 
     def _index(self) -> tuple:
@@ -193,7 +161,7 @@ class Patch:
                 value = torch.broadcast_to(value, target.shape)
             except RuntimeError as exc:
                 raise BadInputError(
-                    f"patch value of shape {tuple(self.value.shape)} does not fit "
+                    f"patch value of shape {tuple(getattr(self.value, 'shape', ()))} does not fit "
                     f"{self.hook_name}[position={self.position}, head={self.head}] of shape "
                     f"{tuple(target.shape)} (batch first); give one value per prompt or one "
                     "for all"
@@ -221,12 +189,13 @@ class Patch:
         covers (``len(rows)``, or ``n_prompts`` streamed prompts without ``rows``)."""
         if self.rows is not None and len(self.rows) and (int(self.rows.min()) < 0 or int(self.rows.max()) >= n_prompts):
             raise BadInputError(f"patch {self.label or self.hook_name} names rows outside the {n_prompts} prompts")
-        if not self._per_prompt():
+        value = self.value
+        if not isinstance(value, torch.Tensor) or not self._per_prompt():
             return
         expected = len(self.rows) if self.rows is not None else n_prompts
-        if self.value.shape[0] != expected:
+        if value.shape[0] != expected:
             raise BadInputError(
-                f"patch value of shape {tuple(self.value.shape)} does not fit {self.hook_name}"
+                f"patch value of shape {tuple(value.shape)} does not fit {self.hook_name}"
                 f"[position={self.position}, head={self.head}]: its first axis holds one value per prompt, "
                 f"but the patch covers {expected} prompts; give one value per prompt or one for all")
 
@@ -237,34 +206,35 @@ class Patch:
 
     def _target_ndim(self) -> int:
         """Rank of ``activation[:, position, head]`` for this hook (batch axis included)."""
-        full = 4 if _HEAD_AXIS_HOOK.search(self.hook_name) else 3
+        full = 4 if HEAD_AXIS_HOOK.search(self.hook_name) else 3
         return full - (self.position is not None) - (self.head is not None)
 
-    def validate(self, model: Any, n_pos: int) -> None:
-        """Raise BadInputError if this patch cannot apply to ``model`` (a backend, a LoadedModel
-        or a bare model) on ``n_pos`` positions."""
-        if self.hook_name not in _backend(model).hook_dict:
+    def validate(self, backend: ModelBackend, n_pos: int) -> None:
+        """Raise BadInputError if this patch cannot apply to the model behind ``backend``
+        (``loaded.backend``) on ``n_pos`` positions."""
+        if self.hook_name not in backend.hook_dict:
             raise BadInputError(f"the model has no hook named {self.hook_name!r}")
-        if not _POS_AXIS_HOOK.match(self.hook_name):
+        if not POSITION_AXIS_HOOK.match(self.hook_name):
             raise BadInputError(
                 f"{self.hook_name!r} is not a [batch, pos, ...] activation; patch attention "
                 "through hook_k / hook_v / hook_z, or the residual stream"
             )
-        _check_position(self.position, n_pos)
+        if self.position is not None:
+            check_position(self.position, n_pos)
         if self.head is not None:
-            if not _HEAD_AXIS_HOOK.search(self.hook_name):
+            if not HEAD_AXIS_HOOK.search(self.hook_name):
                 raise BadInputError(f"{self.hook_name!r} has no head axis; drop head=")
-            backend = _backend(model)
-            if re.search(r"attn\.hook_(k|v)$", self.hook_name) and not backend.kv_hooks_per_query_head:
+            if KEY_VALUE_HOOK.search(self.hook_name) and not backend.kv_hooks_per_query_head:
                 raise BadInputError(
                     f"{self.hook_name} of this model carries one entry per key/value head (a TransformerBridge "
                     "booted outside lens_position cannot be ungrouped); a patch of one query head's key or value "
                     "needs one entry per query head: load the model with load_model(..., backend='bridge'), "
                     "or patch without head=")
-            n_heads = _n_heads_at(model, self.hook_name)
-            if not 0 <= self.head < n_heads:
+            # every head axis holds the query heads, hook_k / hook_v included: both backends carry
+            # one key/value entry per query head
+            if not 0 <= self.head < backend.n_heads:
                 raise BadInputError(
-                    f"head {self.head} is out of range at {self.hook_name} ({n_heads} heads)"
+                    f"head {self.head} is out of range at {self.hook_name} ({backend.n_heads} heads)"
                 )
 
 

@@ -29,8 +29,9 @@ import json
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import pandas as pd
 import torch
@@ -57,14 +58,28 @@ def _restore(annotation: str, value: Any) -> Any:
     return value
 
 
+@dataclass(frozen=True)
+class Table:
+    """One table a reproduction writes: its file ``name``, the result's DataFrame ``attribute`` it
+    is, and what it holds (``meaning``, shown in the report and the docs)."""
+
+    name: str
+    attribute: str
+    meaning: str
+
+
 class SavedResult:
     """Mixin for result dataclasses: ``save(path)`` / ``load(path)`` (module docstring), and what
     a reader sees first: a short ``repr`` and ``_repr_html_`` (what was measured, on what, the
     headline numbers with intervals, where the tables are), ``summary()`` and ``top_heads()``
     (:mod:`lens_position.core.summaries`). Subclasses are ``@dataclass(repr=False)`` so the
-    short ``repr`` is theirs, and set ``WHAT``, ``HEADS`` and ``headline()``."""
+    short ``repr`` is theirs, and set ``WHAT``, ``HEADS`` and ``headline()``; a result a
+    reproduction step writes also declares its ``TABLES`` and the ``KEYWORD`` that names it in
+    :func:`lens_position.report.takeaways.result_tables`."""
 
     WHAT = "a lens_position result"
+    TABLES: ClassVar[tuple[Table, ...]] = ()
+    KEYWORD: ClassVar[str | None] = None
     HEADS: tuple[str, str] | None = None  # (per-head table, the column top_heads ranks by)
     INTERVALS = "95% bootstrap over sequences"  # how the headline intervals were made
 
@@ -75,7 +90,7 @@ class SavedResult:
             if isinstance(value, pd.DataFrame):
                 setattr(self, f.name, recommended_first(value))
 
-    def headline(self) -> list["Headline"]:
+    def headline(self) -> list[Headline]:
         """The headline numbers, each with its interval (none for a result without them)."""
         return []
 
@@ -113,7 +128,7 @@ class SavedResult:
         folder.parent.mkdir(parents=True, exist_ok=True)
         manifest: dict[str, Any] = {
             "type": f"{type(self).__module__}.{type(self).__qualname__}", "format": FORMAT_VERSION,
-            "saved": {"at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "saved": {"at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
                       "versions": package_versions()},
             "frames": [], "tensors": [], "fields": {},
         }
@@ -121,7 +136,7 @@ class SavedResult:
         staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
         os.chmod(staging, 0o777 & ~current_umask())  # mkdtemp makes it 0700 whatever the umask
         try:
-            for f in dataclasses.fields(self):
+            for f in dataclasses.fields(self):  # type: ignore[arg-type]  # every subclass is a dataclass
                 value = getattr(self, f.name)
                 if isinstance(value, pd.DataFrame):
                     value.to_parquet(staging / f"{f.name}.parquet")

@@ -37,28 +37,27 @@ A new statistic is one small class with ``hook_names`` and ``update``; see
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 from jaxtyping import Int
-from lens_position.models.backends import ModelLike
 
 from lens_position.core.checks import check_count
 from lens_position.ground.errors import BadInputError, NonFiniteError
-from lens_position.models.spec import LoadedModel, as_loaded
 from lens_position.ground.progress import progress as progress_bar
+from lens_position.models.hook_names import block_of, needed_stop
+from lens_position.models.spec import ModelLike, as_loaded
 
 if TYPE_CHECKING:
+    from lens_position.core.data import PromptSet
     from lens_position.core.patch import Patch
 
 log = logging.getLogger(__name__)
 
 LOGITS = "logits"  # pseudo hook name: the model's output logits (the pass then runs to the end)
-_BLOCK_HOOK = re.compile(r"^blocks\.(\d+)\.")
-_BEFORE_BLOCKS = ("hook_embed", "hook_pos_embed", "hook_tokens")
 
 
 @runtime_checkable
@@ -75,7 +74,8 @@ class Reducer(Protocol):
     result once the stream is over.
     """
 
-    hook_names: Sequence[str]
+    @property
+    def hook_names(self) -> Sequence[str]: ...
 
     def update(self, hook_name: str, activation: torch.Tensor, rows: Int[torch.Tensor, "batch"]) -> None:
         ...
@@ -83,25 +83,6 @@ class Reducer(Protocol):
 
 class _PassDone(Exception):
     """Raised by the last hook a pass runs for: nothing after it is read."""
-
-
-def block_of(hook_name: str) -> int | None:
-    """Block index of a hook (``-1`` before the blocks); None after them (final norm, logits)."""
-    match = _BLOCK_HOOK.match(hook_name)
-    if match:
-        return int(match.group(1))
-    if hook_name in _BEFORE_BLOCKS:
-        return -1
-    return None
-
-
-def needed_stop(hook_names: Sequence[str]) -> int | None:
-    """The smallest ``stop_at_layer`` that still runs every hook in ``hook_names`` (None: the
-    whole model). ``stop_at_layer = n_layers`` runs every block but skips the unembedding."""
-    blocks = [block_of(name) for name in hook_names]
-    if not blocks or any(b is None for b in blocks):
-        return None
-    return max(blocks) + 1
 
 
 # Sequences per forward pass, the default of every analysis in Python and of the command line's
@@ -121,10 +102,10 @@ def stream_inputs(prompts: Any) -> torch.Tensor:
 
 def stream(
     model: ModelLike,
-    prompts: Any,
+    prompts: PromptSet | torch.Tensor,
     reducers: Sequence[Reducer],
     *,
-    patches: Sequence["Patch"] = (),
+    patches: Sequence[Patch] = (),
     fwd_hooks: Sequence[tuple[str | Callable, Callable]] = (),
     batch_size: int = BATCH_SIZE,
     stop_at_layer: int | None = None,
@@ -162,75 +143,96 @@ def stream(
     if missing:
         raise BadInputError(f"the model has no hooks named {missing}")
     n_prompts = inputs.shape[0]
-    positions = inputs.shape[1] if inputs.ndim > 1 else 1
     for patch in patches:
-        patch.validate(backend, positions)
+        patch.validate(backend, inputs.shape[1] if inputs.ndim > 1 else 1)
         patch.check_prompts(n_prompts)
     stop = needed_stop([n for n in names if n != LOGITS]) if stop_at_layer is None and LOGITS not in names \
         else stop_at_layer
-    readers: dict[str, list[Reducer]] = defaultdict(list)
-    for reducer in reducers:
-        for name in dict.fromkeys(reducer.hook_names):
-            readers[name].append(reducer)
-    patches_at: dict[str, list[Patch]] = defaultdict(list)
-    for patch in patches:
-        patches_at[patch.hook_name].append(patch)
-    current: dict[str, torch.Tensor] = {}
-
-    def apply_patches(activation: torch.Tensor, hook: Any) -> torch.Tensor:
-        for patch in patches_at[hook.name]:
-            patch.apply(activation, sequences=current["rows"])
-        return activation
-
-    def read(activation: torch.Tensor, hook: Any) -> None:
-        check_finite_activation(hook.name, activation, current["rows"], backend.model, bool(patches))
-        for reducer in readers[hook.name]:
-            reducer.update(hook.name, activation.detach(), current["rows"])
-
-    def guard(activation: torch.Tensor, hook: Any) -> None:
-        check_finite_activation(hook.name, activation, current["rows"], backend.model, bool(patches))
-
-    hooks = [(name, apply_patches) for name in patches_at] + list(fwd_hooks)
-    hooks += [(name, read) for name in readers if name != LOGITS]
-    # A normalisation whose scale overflows (x² beyond the dtype's range: huge but finite weights or
-    # activations) divides by inf and hands the next layer zeros, which attend uniformly and look like a
-    # model that is "all mask": every pass checks the scales it runs through, not only what it reads.
-    hooks += [(name, guard) for name in norm_scale_hooks(hook_dict) if name not in readers]
-    # The pass ends once every hook it runs for has run (the output is read only for "logits"; a hook
-    # given as a name filter could match anything, so it keeps the pass whole).
-    watched = set(readers) | set(patches_at) | {name for name, _ in fwd_hooks}
-    end_early = LOGITS not in readers and all(isinstance(name, str) for name, _ in fwd_hooks)
-    pending: set[str] = set()
-
-    def done(activation: torch.Tensor, hook: Any) -> None:
-        pending.discard(hook.name)
-        if not pending:
-            raise _PassDone
-
-    if end_early:
-        hooks += [(name, done) for name in watched]  # after the others at the same hook: they run first
-    device = backend.device
+    pass_hooks = _PassHooks(backend.model, reducers, patches, fwd_hooks)
     started = time.perf_counter()
     with progress_bar(desc, total=n_prompts, enabled=progress) as bar, torch.no_grad(), \
-            backend.hooks(hooks):
+            backend.hooks(pass_hooks.hooks(hook_dict)):
         for first in range(0, n_prompts, batch_size):
             rows = torch.arange(first, min(first + batch_size, n_prompts))
-            current["rows"] = rows
-            pending.update(watched)
-            batch = inputs[first:first + batch_size].to(device)
+            pass_hooks.begin(rows)
             try:
-                output = backend.forward(batch, stop_at_layer=stop, start_at_layer=start_at_layer,
-                                         return_type="logits" if LOGITS in readers else None)
+                output = backend.forward(inputs[first:first + batch_size].to(backend.device), stop_at_layer=stop,
+                                         start_at_layer=start_at_layer,
+                                         return_type="logits" if LOGITS in pass_hooks.readers else None)
             except _PassDone:
                 output = None
-            if readers.get(LOGITS):
-                check_finite_activation(LOGITS, output, rows, backend.model, bool(patches))
-            for reducer in readers.get(LOGITS, ()):
-                reducer.update(LOGITS, output.detach(), rows)
+            pass_hooks.read_logits(output)
             bar.update(len(rows))
     log.info("%s: %d prompts, %d reducer(s), %d patch(es), stop_at_layer=%s, %.1f s", desc, n_prompts,
              len(reducers), len(patches), stop, time.perf_counter() - started)
     return reducers
+
+
+class _PassHooks:
+    """The hooks of one streamed pass, over its batches: the patches (each applied to the prompts it
+    names), the caller's hooks, the reducers' reads (checked finite first), a finiteness guard on
+    every normalisation scale, and the early end of the pass once every hook it runs for has run."""
+
+    def __init__(self, module: torch.nn.Module, reducers: Sequence[Reducer], patches: Sequence[Patch],
+                 fwd_hooks: Sequence[tuple[str | Callable, Callable]]) -> None:
+        self.module, self.patched, self.fwd_hooks = module, bool(patches), list(fwd_hooks)
+        self.readers: dict[str, list[Reducer]] = defaultdict(list)
+        for reducer in reducers:
+            for name in dict.fromkeys(reducer.hook_names):
+                self.readers[name].append(reducer)
+        self.patches_at: dict[str, list[Patch]] = defaultdict(list)
+        for patch in patches:
+            self.patches_at[patch.hook_name].append(patch)
+        # The pass ends once every hook it runs for has run (the output is read only for "logits"; a hook
+        # given as a name filter could match anything, so it keeps the pass whole).
+        self.watched: set[str] = {*self.readers, *self.patches_at,
+                                  *(name for name, _ in fwd_hooks if isinstance(name, str))}
+        self.end_early = LOGITS not in self.readers and all(isinstance(name, str) for name, _ in fwd_hooks)
+        self.pending: set[str] = set()
+        self.rows = torch.empty(0, dtype=torch.int64)
+
+    def hooks(self, hook_dict: Mapping[str, Any]) -> list[tuple[str | Callable, Callable]]:
+        hooks: list[tuple[str | Callable, Callable]] = [(name, self._apply_patches) for name in self.patches_at]
+        hooks += self.fwd_hooks
+        hooks += [(name, self._read) for name in self.readers if name != LOGITS]
+        # A normalisation whose scale overflows (x² beyond the dtype's range: huge but finite weights or
+        # activations) divides by inf and hands the next layer zeros, which attend uniformly and look like a
+        # model that is "all mask": every pass checks the scales it runs through, not only what it reads.
+        hooks += [(name, self._guard) for name in norm_scale_hooks(hook_dict) if name not in self.readers]
+        if self.end_early:  # after the others at the same hook: they run first
+            hooks += [(name, self._done) for name in self.watched]
+        return hooks
+
+    def begin(self, rows: Int[torch.Tensor, "batch"]) -> None:
+        """A batch of the prompts ``rows`` starts."""
+        self.rows = rows
+        self.pending.update(self.watched)
+
+    def read_logits(self, output: torch.Tensor | None) -> None:
+        if not self.readers.get(LOGITS):
+            return
+        assert output is not None  # a pass that reads the logits runs to the end
+        check_finite_activation(LOGITS, output, self.rows, self.module, self.patched)
+        for reducer in self.readers[LOGITS]:
+            reducer.update(LOGITS, output.detach(), self.rows)
+
+    def _apply_patches(self, activation: torch.Tensor, hook: Any) -> torch.Tensor:
+        for patch in self.patches_at[hook.name]:
+            patch.apply(activation, sequences=self.rows)
+        return activation
+
+    def _read(self, activation: torch.Tensor, hook: Any) -> None:
+        check_finite_activation(hook.name, activation, self.rows, self.module, self.patched)
+        for reducer in self.readers[hook.name]:
+            reducer.update(hook.name, activation.detach(), self.rows)
+
+    def _guard(self, activation: torch.Tensor, hook: Any) -> None:
+        check_finite_activation(hook.name, activation, self.rows, self.module, self.patched)
+
+    def _done(self, activation: torch.Tensor, hook: Any) -> None:
+        self.pending.discard(hook.name)
+        if not self.pending:
+            raise _PassDone
 
 
 def norm_scale_hooks(hook_dict: Mapping[str, Any]) -> list[str]:

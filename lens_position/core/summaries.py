@@ -13,8 +13,9 @@ from __future__ import annotations
 import dataclasses
 import html
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd

@@ -25,10 +25,11 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Iterator, TextIO
+from typing import Any, TextIO
 
 #: Seconds between two plain progress lines (non-TTY output).
 LINE_INTERVAL_S = 30.0
@@ -168,7 +169,7 @@ class _Scope:
     bar: Bar | None
     counted: bool
     declared: bool
-    parent: "_Scope | None"
+    parent: _Scope | None
 
     def announced_above(self) -> bool:
         scope = self.parent
@@ -194,16 +195,16 @@ class Progress:
         return self._scope.counted
 
     def update(self, n: int = 1) -> None:
-        if self._scope.counted:
+        if self._scope.counted and self._scope.bar is not None:
             self._scope.bar.update(n)
 
     def add(self, total: int) -> None:
         """Announce ``total`` more units (when the total was not known at the start)."""
-        if self._scope.counted and not self._scope.announced_above():
+        if self._scope.counted and self._scope.bar is not None and not self._scope.announced_above():
             self._scope.bar.add(total)
 
     def set_postfix(self, text: str) -> None:
-        if self._scope.counted and self._scope.parent is None:
+        if self._scope.counted and self._scope.bar is not None and self._scope.parent is None:
             self._scope.bar.set_postfix(text)
 
 
@@ -229,7 +230,7 @@ def progress(desc: str, *, total: int | None = None, unit: str = "seq", enabled:
         scope = _Scope(bar, counted=bar is not None, declared=total is not None, parent=None)
     else:
         scope = _Scope(parent.bar, counted=parent.counted and enabled, declared=total is not None, parent=parent)
-        if total is not None and scope.counted and not scope.announced_above():
+        if total is not None and scope.counted and scope.bar is not None and not scope.announced_above():
             scope.bar.add(total)
     handle = Progress(scope)
     token = _ACTIVE.set(scope)

@@ -99,5 +99,5 @@ def collect(
         "tokens_sha256": tokens_sha256,
         "options": {k: _as_dict(v) for k, v in extra.items()},
         "versions": package_versions(),
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     }

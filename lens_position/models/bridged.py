@@ -14,10 +14,11 @@ from lens_position.models import sources
 from lens_position.models.cache import state_dict_sha256
 from lens_position.models.placement import torch_dtype
 from lens_position.models.rope import normalise_ntk_by_parts, ntk_aware_base
-from lens_position.models.spec import LoadedModel, attach_tokenizer, spec_from_hf_config, tokenizer_prepends_bos
+from lens_position.models.spec import Family, LoadedModel, attach_tokenizer, spec_from_hf_config, tokenizer_prepends_bos
 from lens_position.models.tiny import tiny_hf_model
 
-_FAMILIES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "gemma3_text": "gemma3", "gemma3": "gemma3"}
+_FAMILIES: dict[str | None, Family] = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2",
+                                       "gemma3_text": "gemma3", "gemma3": "gemma3"}
 
 
 def apply_hf_position_options(hf_model: Any, *, ntk_alpha: float | None = None,

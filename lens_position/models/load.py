@@ -22,22 +22,31 @@ import logging
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from lens_position.ground.errors import BadInputError, UnknownModelError
 from lens_position.ground.paths import checked_path
 from lens_position.models import sources
-from lens_position.models.adapters import ADAPTERS, FAMILY_OF_ARCHITECTURE, build_hooked, convert_state_dict, \
-    hooked_config
+from lens_position.models.adapters import (
+    FAMILY_OF_ARCHITECTURE,
+    build_hooked,
+    convert_state_dict,
+    hooked_config,
+)
 from lens_position.models.backends import resolve_backend
 from lens_position.models.cache import CachedModel, cached_convert, file_identity, state_dict_sha256
-from lens_position.models.registry import REGISTRY, is_zoo_name, lookup, unknown_model_message
 from lens_position.models.placement import check_device
+from lens_position.models.registry import REGISTRY, is_zoo_name, lookup, unknown_model_message
 from lens_position.models.rope import apply_position_options, check_position_options
-from lens_position.models.spec import LoadedModel, attach_tokenizer, remember, spec_from_config, \
-    spec_from_hf_config, tokenizer_prepends_bos
+from lens_position.models.spec import (
+    Family,
+    LoadedModel,
+    attach_tokenizer,
+    spec_from_config,
+    tokenizer_prepends_bos,
+)
 from lens_position.models.tiny import tiny_hf_model
 
 log = logging.getLogger(__name__)
@@ -104,8 +113,16 @@ def load_model(
         if n_devices > 1:
             raise BadInputError("n_devices > 1 is supported on the hooked backend only; use backend='hooked' "
                                 "or one device")
-        return remember(loaded)
+        return loaded
 
+    loaded = _load_hooked(name, source, loader_kind, target, options, cache_dir, device, started)
+    return _placed(loaded, device, dtype, n_devices)
+
+
+def _load_hooked(name: str, source: str, loader_kind: str, target: Any, options: dict[str, Any],
+                 cache_dir: str | None, device: str, started: float) -> LoadedModel:
+    """The hooked backend's load: config and weights converted by the family adapter (or read from
+    the weight cache), the position options applied, the HookedTransformer built with its tokenizer."""
     base = _base_model(loader_kind, target, cache_dir)
     family = adapter_for_cfg(base.cfg)
     cfg, facts = apply_position_options(base.cfg, **options)
@@ -125,7 +142,7 @@ def load_model(
                "from_cache": base.from_cache, "ungrouped_kv_hooks": True, "d_vocab": cfg["d_vocab"],
                "backend": "hooked", "load_seconds": round(time.perf_counter() - started, 3)},
     )
-    return _placed(remember(LoadedModel(model=model, tokenizer=tokenizer, spec=spec)), device, dtype, n_devices)
+    return LoadedModel(model=model, tokenizer=tokenizer, spec=spec)
 
 
 def _placed(loaded: LoadedModel, device: str, dtype: str, n_devices: int) -> LoadedModel:
@@ -136,7 +153,7 @@ def _placed(loaded: LoadedModel, device: str, dtype: str, n_devices: int) -> Loa
     from lens_position.models.placement import place
 
     place(loaded.model, device=device, dtype=dtype, n_devices=n_devices)
-    return remember(loaded)
+    return loaded.adopt_weights()
 
 
 def _load_zoo(name: str, device: str, backend: str, **options: Any) -> LoadedModel:
@@ -223,7 +240,8 @@ def check_structure(cached: CachedModel) -> None:
     cfg, weights = cached.cfg, cached.state_dict
     n_heads, n_kv = cfg["n_heads"], cfg.get("n_key_value_heads") or cfg["n_heads"]
     d_model, d_head = cfg["d_model"], cfg["d_head"]
-    expected = {"embed.W_E": (cfg["d_vocab"], d_model), "unembed.W_U": (d_model, cfg.get("d_vocab_out") or cfg["d_vocab"])}
+    expected: dict[str, tuple[int, ...]] = {"embed.W_E": (cfg["d_vocab"], d_model),
+                "unembed.W_U": (d_model, cfg.get("d_vocab_out") or cfg["d_vocab"])}
     for layer in range(cfg["n_layers"]):
         attn = f"blocks.{layer}.attn"
         expected[f"{attn}.W_Q"] = (n_heads, d_model, d_head)
@@ -247,9 +265,9 @@ def _load_tokenizer(folder: Path) -> Any:
         return AutoTokenizer.from_pretrained(folder, **sources.NO_REMOTE_CODE)
 
 
-def adapter_for_cfg(cfg: dict[str, Any]) -> str:
+def adapter_for_cfg(cfg: dict[str, Any]) -> Family:
     """Family name from a HookedTransformerConfig dict's ``original_architecture``."""
-    return FAMILY_OF_ARCHITECTURE[cfg["original_architecture"]]
+    return cast(Family, FAMILY_OF_ARCHITECTURE[cfg["original_architecture"]])
 
 
 def describe(loaded: LoadedModel) -> str:

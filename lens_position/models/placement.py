@@ -56,7 +56,8 @@ def check_device(device: Any) -> str:
             raise BadInputError(f"device {str(device)!r}, but torch sees no CUDA GPU here (the CPU build of torch, "
                                 "or no GPU); use device='cpu'")
         if parsed.index is not None and parsed.index >= count:
-            raise BadInputError(f"device {str(device)!r}, but torch sees {count} CUDA GPU(s) (cuda:0..cuda:{count - 1})")
+            raise BadInputError(f"device {str(device)!r}, but torch sees {count} CUDA GPU(s) "
+                                f"(cuda:0..cuda:{count - 1})")
     elif parsed.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
         raise BadInputError(f"device {str(device)!r}, but torch has no MPS backend here; use device='cpu'")
     elif parsed.type not in ("cpu", "cuda", "mps"):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from lens_position.ground.errors import CorruptFileError, MissingPackageError, UnknownModelError
+from lens_position.ground.errors import BadInputError, CorruptFileError, MissingPackageError, UnknownModelError
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,8 @@ class RegistryEntry:
 
     def locate(self) -> Path:
         """Path of the GGUF file (MissingPackageError with the install command if absent)."""
+        if self.locate_name is None:
+            raise BadInputError(f"{self.name} is built in code: it has no file to locate")
         return _LOCATORS[self.locate_name]()
 
 

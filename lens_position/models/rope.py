@@ -115,7 +115,7 @@ def ntk_by_parts_frequencies(
     return torch.where(medium, interpolated, out)
 
 
-def normalise_ntk_by_parts(options: dict[str, float] | bool, n_ctx: int) -> dict[str, float]:
+def normalise_ntk_by_parts(options: dict[str, float] | bool | None, n_ctx: int) -> dict[str, float]:
     """Fill defaults into an NTK-by-parts option dict and validate it."""
     if options is True:
         options = {}
@@ -146,9 +146,9 @@ def _whole(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)) \
             or not float(value).is_integer():
         raise BadInputError(f"{name} must be a whole number, got {value!r} (nothing is rounded)")
-    if int(value) < minimum:
+    if int(float(value)) < minimum:
         raise BadInputError(f"{name} must be >= {minimum}, got {value!r}")
-    return int(value)
+    return int(float(value))
 
 
 def check_position_options(*, ntk_alpha: Any = None, ntk_by_parts: Any = None, window: Any = None,

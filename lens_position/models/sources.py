@@ -17,8 +17,9 @@ import json
 import os
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -81,7 +82,7 @@ def one_gguf_reader() -> Iterator[None]:
         original = gguf.GGUFReader
         readers: dict[tuple[str, int, int], Any] = {}
 
-        def shared_reader(path: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        def shared_reader(path: Any, mode: Any = "r", *args: Any, **kwargs: Any) -> Any:
             if mode != "r" or args or kwargs:
                 return original(path, mode, *args, **kwargs)
             key = _file_key(path)
@@ -102,12 +103,12 @@ def one_gguf_reader() -> Iterator[None]:
                 metadata[key] = original_load(path, return_tensors=False)
             return copy.deepcopy(metadata[key])
 
-        gguf.GGUFReader = shared_reader
+        gguf.GGUFReader = shared_reader  # type: ignore[misc,assignment]  # the same calls, one reader per file
         utils.load_gguf_checkpoint = shared_metadata
         try:
             yield
         finally:
-            gguf.GGUFReader = original
+            gguf.GGUFReader = original  # type: ignore[misc]
             utils.load_gguf_checkpoint = original_load
 
 

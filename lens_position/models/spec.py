@@ -5,14 +5,17 @@ HookedTransformer or a TransformerBridge), its tokenizer and a spec of its posit
 from __future__ import annotations
 
 import dataclasses
-import weakref
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, Union
 
 import torch
 
 from lens_position.ground.errors import BadInputError, ContextLengthError
-from lens_position.models.backends import ModelBackend, ModelLike, backend_for, bridge_class, hooked_class
+from lens_position.models.backends import ModelBackend, backend_for, bridge_class, hooked_class, is_model
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
+    from transformer_lens.model_bridge import TransformerBridge
 
 RopeKind = Literal["standard", "ntk-aware", "ntk-by-parts", "linear", "yarn", "dynamic-ntk", "none"]
 Family = Literal["llama", "mistral", "qwen2", "gemma3", "custom"]
@@ -20,6 +23,12 @@ Role = Literal["standard", "ntk", "sliding", "interpolated", "no-rope"]
 # Hugging Face ``rope_type`` -> our RopeKind; any other type (longrope, ...) is refused at load
 HF_ROPE_KINDS: dict[str, RopeKind] = {"default": "standard", "llama3": "ntk-by-parts", "linear": "linear",
                                       "yarn": "yarn", "dynamic": "dynamic-ntk"}
+
+
+#: What a public entry point accepts as a model: a :class:`LoadedModel`, or a bare ``HookedTransformer``
+#: (any subclass) or ``TransformerBridge``, wrapped once at the door by :func:`as_loaded`; below the
+#: door every function takes the ``LoadedModel``.
+ModelLike: TypeAlias = Union["LoadedModel", "HookedTransformer", "TransformerBridge"]
 
 
 @dataclass(frozen=True)
@@ -121,10 +130,24 @@ class LoadedModel:
     tensors). lens_position talks to the model through ``backend`` (the seam,
     :mod:`lens_position.models.backends`); ``spec.extra["backend"]`` says which."""
 
-    model: Any
+    model: HookedTransformer | TransformerBridge
     tokenizer: Any
     spec: ModelSpec
     _backend: ModelBackend | None = field(default=None, repr=False, compare=False)
+    #: :func:`weights_version` of the weights ``spec.weights_sha256`` was taken from (None: not yet
+    #: hashed); :func:`as_loaded` hashes them again when they have changed since.
+    hashed_weights_version: tuple[Any, ...] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
+        if self.spec.weights_sha256 is not None and self.spec.extra.get("dtype") in (None, dtype):
+            self.hashed_weights_version = weights_version(self.model)  # the spec was made for these weights
+
+    def adopt_weights(self) -> LoadedModel:
+        """Let the spec's weight hash stand for the weights as they are now (after a cast or a move
+        to devices at load, which changes no value that matters to provenance); returns ``self``."""
+        self.hashed_weights_version = weights_version(self.model)
+        return self
 
     @property
     def backend(self) -> ModelBackend:
@@ -211,7 +234,7 @@ def spec_from_hf_config(hf_config: Any, *, name: str = "custom", family: Family 
         ntk_by_parts=({k: float(global_params[k]) for k in ("factor", "low_freq_factor", "high_freq_factor")
                        if k in global_params} | {"original_context": float(global_params.get(
                            "original_max_position_embeddings", 0))}) if rope_kind == "ntk-by-parts" else None,
-        window=int(window) if "local" in attn_types else None, attn_types=attn_types, extra=extra,
+        window=int(window) if window and "local" in attn_types else None, attn_types=attn_types, extra=extra,
     )
     fields.update({k: v for k, v in overrides.items() if k != "extra"})
     fields["extra"] = {**extra, **overrides.get("extra", {})}
@@ -245,37 +268,20 @@ def spec_from_config(model: Any, *, name: str = "custom", family: Family = "cust
     return ModelSpec(**fields)
 
 
-# Bare models wrapped so far: model -> (weights version, tokenizer, LoadedModel). Hashing the
-# weights costs a pass over them, so it is done once per model and redone only when a parameter
-# has been written to since (torch counts in-place writes in ``tensor._version``).
-_BARE: "weakref.WeakKeyDictionary[Any, tuple[tuple[int, ...], Any, LoadedModel]]" = \
-    weakref.WeakKeyDictionary()
-
-
-def remember(loaded: LoadedModel) -> LoadedModel:
-    """Make :func:`as_loaded` of ``loaded.model`` alone (the bare model, as the analyses hand it to
-    one another) return ``loaded``, with its spec, instead of hashing the weights again to build a
-    spec of its own (2.4 s for Gemma-3-270M), until a weight is written to. Returns ``loaded``."""
-    _BARE[loaded.model] = (_weights_version(loaded.model), loaded.tokenizer, loaded)
-    return loaded
-
-
-def _weights_version(model: Any) -> tuple[Any, ...]:
-    # in-place writes bump ``_version``; a cast or a ``.data`` swap changes dtype or storage
+def weights_version(model: torch.nn.Module) -> tuple[Any, ...]:
+    """A cheap fingerprint of the weights' identity: in-place writes bump a tensor's ``_version``; a
+    cast or a ``.data`` swap changes its dtype or storage."""
     return tuple((t._version, t.dtype, t.data_ptr()) for t in model.state_dict(keep_vars=True).values())
 
 
 def _current(loaded: LoadedModel) -> LoadedModel:
     """``loaded`` with a spec that states the weights as they are now: when a weight was written
-    to, cast or replaced since the spec was made, its sha256 is taken again (the load-time one is
-    kept as ``extra["weights_sha256_at_load"]``); ``extra["dtype"]`` is the dtype computed in."""
-    version = _weights_version(loaded.model)
-    known = _BARE.get(loaded.model)
+    to, cast or replaced since the spec's hash was taken, its sha256 is taken again (the load-time one
+    is kept as ``extra["weights_sha256_at_load"]``); ``extra["dtype"]`` is the dtype computed in."""
+    version = weights_version(loaded.model)
     dtype = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
     spec = loaded.spec
-    if known is None and spec.weights_sha256 is not None and spec.extra.get("dtype") in (None, dtype):
-        pass  # first sight of a spec built elsewhere: its hash describes these weights
-    elif known is None or known[0] != version or known[2] is not loaded:
+    if loaded.hashed_weights_version != version:
         from lens_position.models.cache import state_dict_sha256
 
         at_load = spec.extra.get("weights_sha256_at_load", spec.weights_sha256)
@@ -284,9 +290,9 @@ def _current(loaded: LoadedModel) -> LoadedModel:
         if fresh != at_load and at_load is not None:
             extra["weights_sha256_at_load"] = at_load
         loaded.spec = dataclasses.replace(spec, weights_sha256=fresh, extra=extra)
+        loaded.hashed_weights_version = version
     if loaded.spec.extra.get("dtype") != dtype:
         loaded.spec = dataclasses.replace(loaded.spec, extra={**loaded.spec.extra, "dtype": dtype})
-    _BARE[loaded.model] = (version, loaded.tokenizer, loaded)
     return loaded
 
 
@@ -302,8 +308,8 @@ def _bare_spec(model: Any, tokenizer: Any) -> ModelSpec:
         prepends_bos = tokenizer_prepends_bos(tokenizer)
     name = getattr(model.cfg, "model_name", None) or "custom"
     cls = f"{type(model).__module__}.{type(model).__qualname__}"
-    common = dict(name=name, source=f"custom:{cls}", tokenizer_prepends_bos=prepends_bos, bos_token_id=bos_id,
-                  weights_sha256=state_dict_sha256(model.state_dict()))
+    common: dict[str, Any] = dict(name=name, source=f"custom:{cls}", tokenizer_prepends_bos=prepends_bos,
+                                  bos_token_id=bos_id, weights_sha256=state_dict_sha256(model.state_dict()))
     bridge = bridge_class()
     if bridge is not None and isinstance(model, bridge):
         from lens_position.models.backends.bridge import prepare_bare_bridge
@@ -323,11 +329,13 @@ def _bare_spec(model: Any, tokenizer: Any) -> ModelSpec:
 
 
 def as_loaded(model: ModelLike, tokenizer: Any = None) -> LoadedModel:
-    """The one door from a user's model into lens_position: a LoadedModel as it is, or a bare
-    ``HookedTransformer`` (or any subclass: ``HookedSAETransformer``, your own) or
-    ``TransformerBridge`` (in compatibility mode) wrapped with a spec read off its config: the
-    weights' sha256, the tokenizer and its BOS policy, the class (cached per model until a weight
-    changes).
+    """The one door from a user's model into lens_position: a LoadedModel as it is (its spec's weight
+    hash taken again only where a weight changed since), or a bare ``HookedTransformer`` (or any
+    subclass: ``HookedSAETransformer``, your own) or ``TransformerBridge`` (in compatibility mode)
+    wrapped with a spec read off its config: the weights' sha256, the tokenizer and its BOS policy,
+    the class. Wrapping hashes the weights (seconds for a 270M model): a public entry point wraps
+    once and hands the LoadedModel down; wrap a model yourself (``as_loaded(model)``) to pay it once
+    over many calls.
 
     A grouped-query model is given ungrouped key/value hooks (the setting ``load_model`` uses: the
     same numbers, one key/value entry per query head at ``hook_k``/``hook_v``), so a head index
@@ -336,21 +344,14 @@ def as_loaded(model: ModelLike, tokenizer: Any = None) -> LoadedModel:
     if isinstance(model, LoadedModel):
         model.backend  # noqa: B018 - wrapping the model ungroups a grouped-query model's K/V hooks
         return _current(model)
-    hooked, bridge = hooked_class(), bridge_class()
-    if not ((hooked is not None and isinstance(model, hooked)) or (bridge is not None and isinstance(model, bridge))):
+    if not is_model(model):
         raise TypeError(f"expected a LoadedModel, a HookedTransformer (or a subclass) or a TransformerBridge, "
                         f"got {type(model).__name__}")
+    hooked = hooked_class()
     if hooked is not None and isinstance(model, hooked):
         backend_for(model)  # ungroups the K/V hooks
     tokenizer = tokenizer if tokenizer is not None else model.tokenizer
-    version = _weights_version(model)
-    known = _BARE.get(model)
-    if known is not None and known[0] == version and known[1] is tokenizer:
-        return known[2]
-    loaded = LoadedModel(model=model, tokenizer=tokenizer, spec=_bare_spec(model, tokenizer))
-    version = _weights_version(model)  # a bare bridge's K/V were ungrouped by its spec
-    _BARE[model] = (version, tokenizer, loaded)
-    return loaded
+    return LoadedModel(model=model, tokenizer=tokenizer, spec=_bare_spec(model, tokenizer))
 
 
 def attach_tokenizer(model: Any, tokenizer: Any, prepends_bos: bool) -> None:

@@ -27,7 +27,7 @@ with an ``UnsupportedArchitectureError`` (the tiny in-code models of ``load_mode
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -130,7 +130,7 @@ def random_model(
         n_layers=n_layers, d_model=d_model, d_head=d_head, n_heads=n_heads, n_ctx=n_ctx,
         d_vocab=d_vocab, d_mlp=2 * d_model, act_fn="silu", gated_mlp=True, normalization_type="RMS",
         positional_embedding_type="rotary", rotary_dim=d_head, n_key_value_heads=n_kv_heads,
-        use_local_attn=local, attn_types=list(attn_types) if local else None,
+        use_local_attn=local, attn_types=list(attn_types) if local and attn_types is not None else None,
         window_size=window if local else None, default_prepend_bos=False,
         init_weights=True, initializer_range=init_range, seed=seed,
     ), what="random_model (a toy model)")

@@ -14,9 +14,34 @@ Modules, each with one job:
 - ``devices``: device and dtype for loading and forward passes; ``measure``: time and memory.
 """
 
-from lens_position.pipeline.config import DEFAULT_MODELS, FULL, QUICK, Compute, DataOptions, RunConfig, Settings
-from lens_position.pipeline.run import CellsFailedError, ReportCheckError, RunResult, StepRecord, run
-from lens_position.pipeline.steps import STEPS, Step, StepContext, StepOutput
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["DEFAULT_MODELS", "FULL", "QUICK", "Compute", "DataOptions", "RunConfig", "Settings", "CellsFailedError",
-           "ReportCheckError", "RunResult", "StepRecord", "run", "STEPS", "Step", "StepContext", "StepOutput"]
+if TYPE_CHECKING:  # what the lazy names are, for type checkers and the API reference
+    from lens_position.pipeline.config import DEFAULT_MODELS, FULL, QUICK, Compute, DataOptions, RunConfig, Settings
+    from lens_position.pipeline.run import CellsFailedError, ReportCheckError, RunResult, StepRecord, run
+    from lens_position.pipeline.steps import STEPS, Step, StepContext, StepOutput
+
+# Each name is imported on first use: the command line's parser reads the step registry
+# (``pipeline.steps``) without importing the run (``pipeline.run``) and what it pulls in.
+_EXPORTS = {
+    **dict.fromkeys(["DEFAULT_MODELS", "FULL", "QUICK", "Compute", "DataOptions", "RunConfig", "Settings"],
+                    "lens_position.pipeline.config"),
+    **dict.fromkeys(["CellsFailedError", "ReportCheckError", "RunResult", "StepRecord", "run"],
+                    "lens_position.pipeline.run"),
+    **dict.fromkeys(["STEPS", "Step", "StepContext", "StepOutput"], "lens_position.pipeline.steps"),
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's module on first use."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

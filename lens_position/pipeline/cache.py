@@ -17,8 +17,9 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import pandas as pd
 
@@ -76,7 +77,7 @@ class StepCache:
         self.removed_leftovers = self._clean_leftovers()
 
     def _clean_leftovers(self) -> list[Path]:
-        removed = []
+        removed: list[Path] = []
         if not self.root.is_dir():
             return removed
         now = time.time()

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lens_position.ground.errors import BadInputError
-from lens_position.ground.paths import checked_path
 from lens_position.core.checks import check_seed
 from lens_position.core.intervals import N_RESAMPLES
 from lens_position.core.stream import BATCH_SIZE
+from lens_position.ground.errors import BadInputError
+from lens_position.ground.paths import checked_path
 from lens_position.models.registry import DEFAULT_MODELS
 
 

@@ -8,13 +8,13 @@ their statistics in float64 whatever the model's dtype (``decompose`` upcasts th
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from lens_position.ground.errors import BadInputError
 from lens_position.models.placement import DTYPES, place, torch_dtype  # noqa: F401 (written once, in the models layer)
-
 
 
 def resolve_device(device: str, *, cuda_available: bool | None = None, cuda_count: int | None = None,

@@ -8,12 +8,13 @@ executor (``lens_position.pipeline.ray_executor``) runs an actor per model.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
+from lens_position.ground.progress import progress
 from lens_position.pipeline.plan import Cell, Plan
 from lens_position.pipeline.steps import Step
 from lens_position.pipeline.worker import CellResult, Loaded, ModelWorker
-from lens_position.ground.progress import progress
 
 
 class Driver(Protocol):

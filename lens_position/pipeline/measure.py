@@ -6,8 +6,8 @@ import os
 import resource
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 
 def _rss_mb() -> float:

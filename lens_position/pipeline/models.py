@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import logging
-
 import json
-from pathlib import Path
-from typing import Any, Sequence
+import logging
+from collections.abc import Sequence
+from typing import Any
 
 from lens_position.ground.errors import BadInputError
 

@@ -25,8 +25,9 @@ import fnmatch
 import json
 import os
 import tempfile
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 import pandas as pd
 
@@ -125,7 +126,7 @@ class OutputFolder:
             self.close()
             raise
 
-    def __enter__(self) -> "OutputFolder":
+    def __enter__(self) -> OutputFolder:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -212,7 +213,7 @@ def prepare_output(out: Path | str) -> Path:
 def load_tables(out: Path) -> dict[str, pd.DataFrame]:
     """Read back the tables the run in ``out`` wrote (Parquet or CSV). Refuses a folder whose
     manifest says its run is incomplete."""
-    from lens_position.report import html as report_module
+    from lens_position.pipeline.steps import TABLES
 
     manifest = read_manifest(out)
     if manifest is not None and manifest.get("complete") is False:
@@ -220,7 +221,7 @@ def load_tables(out: Path) -> dict[str, pd.DataFrame]:
                             "rerun its command")
     listed = set(manifest.get("files", ())) if manifest else None
     tables = {}
-    for name in report_module.TABLES:
+    for name in TABLES:
         for suffix, reader in ((".parquet", pd.read_parquet), (".csv", pd.read_csv)):
             path = Path(out) / f"{name}{suffix}"
             if path.is_file() and (listed is None or path.name in listed):

@@ -18,25 +18,31 @@ a number.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
+import torch
+
+from lens_position.core.data import PromptSet
 from lens_position.core.stream import Reducer, stream
+from lens_position.models.spec import LoadedModel
 
 
 @dataclass(frozen=True)
 class Request:
     """A step's need: the ``result()`` of the reducer ``make()`` builds, streamed over
-    ``prompts`` in batches of ``batch_size``. ``name`` identifies the analysis and its options:
-    two requests with the same name on the same prompt set are the same result."""
+    ``prompts`` in batches of ``batch_size``. ``what`` identifies the analysis and its options (a
+    frozen dataclass; its ``str`` labels the pass): two requests for the same ``what`` on the same
+    prompt set are the same result."""
 
-    name: str
-    prompts: Any
-    make: Callable[[], Reducer]
+    what: Hashable
+    prompts: PromptSet | torch.Tensor
+    make: Callable[[], Any]
     batch_size: int
 
     def key(self) -> tuple[str, int]:
-        tokens = getattr(self.prompts, "tokens", self.prompts)  # a PromptSet or a token tensor
+        tokens = self.prompts.tokens if isinstance(self.prompts, PromptSet) else self.prompts
         digest = hashlib.sha256(tokens.cpu().numpy().tobytes() + str(tuple(tokens.shape)).encode()).hexdigest()
         return digest, min(self.batch_size, int(tokens.shape[0]))
 
@@ -44,31 +50,31 @@ class Request:
 class SharedPasses:
     """The results of the passes made for one model's steps (module docstring)."""
 
-    def __init__(self, loaded: Any, *, progress: bool = False) -> None:
+    def __init__(self, loaded: LoadedModel, *, progress: bool = False) -> None:
         self.loaded = loaded
         self.progress = progress
-        self._expected: dict[tuple[str, int], dict[str, Request]] = {}
-        self._results: dict[tuple[tuple[str, int], str], Any] = {}
+        self._expected: dict[tuple[str, int], dict[Hashable, Request]] = {}
+        self._results: dict[tuple[tuple[str, int], Hashable], Any] = {}
         self.n_passes = 0
 
     def expect(self, requests: Iterable[Request]) -> None:
         """Announce what the steps still to run will ask for."""
         for request in requests:
             key = request.key()
-            if (key, request.name) not in self._results:
-                self._expected.setdefault(key, {}).setdefault(request.name, request)
+            if (key, request.what) not in self._results:
+                self._expected.setdefault(key, {}).setdefault(request.what, request)
 
     def get(self, request: Request) -> Any:
         """The result ``request`` asks for, streaming (once) every reducer expected on its
         prompt set."""
         key = request.key()
-        if (key, request.name) not in self._results:
+        if (key, request.what) not in self._results:
             wanted = self._expected.pop(key, {})
-            wanted.setdefault(request.name, request)
-            reducers = {name: expected.make() for name, expected in wanted.items()}
+            wanted.setdefault(request.what, request)
+            reducers: dict[Hashable, Reducer] = {what: expected.make() for what, expected in wanted.items()}
             stream(self.loaded, request.prompts, list(reducers.values()), batch_size=key[1],
-                   progress=self.progress, desc=" + ".join(reducers))
+                   progress=self.progress, desc=" + ".join(str(what) for what in reducers))
             self.n_passes += 1
-            for name, reducer in reducers.items():
-                self._results[(key, name)] = reducer.result()
-        return self._results[(key, request.name)]
+            for what, reducer in reducers.items():
+                self._results[(key, what)] = reducer.result()  # type: ignore[attr-defined]
+        return self._results[(key, request.what)]

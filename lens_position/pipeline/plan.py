@@ -18,6 +18,7 @@ from lens_position.models.corpus import Corpus, read_corpus
 from lens_position.pipeline import steps as steps_module
 from lens_position.pipeline.cache import step_key
 from lens_position.pipeline.config import Compute, DataOptions, RunConfig, Settings
+from lens_position.pipeline.steps import Sizes
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class Cell:
     model: str
     condition: Condition
     step: str
-    sizes: dict[str, Any]
+    sizes: Sizes
     key: str
 
     def describe(self) -> str:
@@ -87,11 +88,11 @@ class Plan:
         for c, condition in enumerate(self.conditions):
             for s, name in enumerate(self.steps):
                 sizes = steps_module.get_step(name).sizes(self.settings, spec)
-                spec.check_context(sizes["T"])
-                if sizes["T"] < 2:
-                    raise BadInputError(f"T = {sizes['T']} for the {name} step is too short: the analyses need "
+                spec.check_context(sizes.T)
+                if sizes.T < 2:
+                    raise BadInputError(f"T = {sizes.T} for the {name} step is too short: the analyses need "
                                         "at least 2 positions")
-                config = {"data": condition.key_dict(), "sizes": sizes, "compute": self.compute.key_dict()}
+                config = {"data": condition.key_dict(), "sizes": sizes.to_dict(), "compute": self.compute.key_dict()}
                 cells.append(Cell(index=model_index * per_model + c * len(self.steps) + s, model=model,
                                   condition=condition, step=name, sizes=sizes,
                                   key=step_key(name, spec, config)))

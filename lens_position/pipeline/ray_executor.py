@@ -20,7 +20,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from lens_position.ground.errors import BadInputError, MissingPackageError
 from lens_position.pipeline.plan import Cell, Plan

@@ -11,19 +11,21 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import pandas as pd
 
 from lens_position.analyses import claims as claims_module
-from lens_position.ground import provenance as provenance_module
-from lens_position.report import html as report_module
-from lens_position.ground.errors import LensPositionError, MissingPackageError, is_input_error
 from lens_position.core.intervals import annotate_intervals
-from lens_position.pipeline import steps as steps_module
+from lens_position.ground import provenance as provenance_module
+from lens_position.ground.errors import LensPositionError, MissingPackageError, is_input_error
+from lens_position.ground.progress import note, progress
 from lens_position.ground.provenance import jsonable
+from lens_position.pipeline import estimate as estimate_module
+from lens_position.pipeline import steps as steps_module
 from lens_position.pipeline.cache import StepCache
 from lens_position.pipeline.config import RunConfig
 from lens_position.pipeline.executors import make_executor
@@ -32,8 +34,7 @@ from lens_position.pipeline.models import architecture_label
 from lens_position.pipeline.outputs import MANIFEST, OutputFolder
 from lens_position.pipeline.plan import Cell, Plan, plan_run
 from lens_position.pipeline.worker import CellResult, Loaded
-from lens_position.ground.progress import note, progress
-from lens_position.pipeline import estimate as estimate_module
+from lens_position.report import html as report_module
 from lens_position.report import zoo as zoo_c3
 
 log = logging.getLogger(__name__)
@@ -206,7 +207,7 @@ def stack_tables(plan: Plan, collected: Collected, factors: tuple[str, ...] = ()
 def known_output_names() -> set[str]:
     """Every file name a run of this package may write in its output folder."""
     names = {"claims.csv", "report.html", "report.png", *zoo_c3.ZOO_OUTPUTS}
-    for table in set(report_module.TABLES) | set(steps_module.tables_of(steps_module.step_names())):
+    for table in steps_module.TABLES:
         names |= {f"{table}.parquet", f"{table}.csv"}
     return names
 

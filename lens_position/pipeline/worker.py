@@ -7,8 +7,9 @@ actor per model. It returns results; it never writes the cache or the outputs.
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import pandas as pd
 

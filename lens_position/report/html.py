@@ -2,12 +2,13 @@
 
 A reproduction produces a set of tidy tables, stacked over models, each with the columns
 ``model``, ``architecture`` (a display label) and ``role`` (``"standard"``, ``"ntk"`` or
-``"sliding"``, read off the ``ModelSpec``); see ``TABLES`` (from :mod:`lens_position.analyses.tables`). This module renders them; it
-decides nothing. The claims, their criteria, verdicts and the words that explain a
+``"sliding"``, read off the ``ModelSpec``); ``lens_position.pipeline.steps.TABLES`` lists them.
+This module renders them; it decides nothing. The claims, their criteria, verdicts and the words that explain a
 disagreement come from :mod:`lens_position.analyses.claims`.
 
-- ``claims_html``: the claims table (verdict cells styled by :mod:`lens_position.report.markup`) (verdicts with the intervals behind them) and, for
-  every claim that does not hold or is inconclusive, the explanation;
+- ``claims_html``: the claims table (verdicts with the intervals behind them, their cells styled
+  by :mod:`lens_position.report.markup`) and, for every claim that does not hold or is
+  inconclusive, the explanation;
 - ``build_report`` / ``write_report``: one HTML file that opens with that table and then
   shows every figure from ``lens_position.report.plots`` with a caption saying what is measured;
   when the run has controlled-zoo models, a zoo section follows (the C3 answers from paired
@@ -23,32 +24,30 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import re
 import subprocess
 import tempfile
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
 import plotly.offline
 
-from lens_position.report import plots
-from lens_position.report.browser import NETWORK_OFF, find_chromium
-from lens_position.report.markup import verdict_class
-from lens_position.report.plots import ReportFigure
-from lens_position.analyses import tables as table_registry
 from lens_position.analyses import claims as claim_registry
-from lens_position.analyses.claims import FAILS, HOLDS, INCONCLUSIVE, PAPER, Criteria, claims_table
+from lens_position.analyses.claims import FAILS, INCONCLUSIVE, PAPER, Criteria, claims_table
 from lens_position.analyses.sentences import UNTRAINED_NOTE, components_sentence, sinks_sentence
 from lens_position.core.intervals import Estimate
 from lens_position.core.summaries import fmt, is_untrained
 from lens_position.ground.errors import BadInputError
 from lens_position.ground.paths import checked_path
-
-# The tables a reproduction writes, with the experiment that produces each (the registry's).
-TABLES: dict[str, str] = {name: table.meaning for name, table in table_registry.TABLES.items()}
+from lens_position.report import plots
+from lens_position.report.browser import NETWORK_OFF, find_chromium
+from lens_position.report.markup import verdict_class
+from lens_position.report.plots import ReportFigure
 
 # --------------------------------------------------------------------------- figures
 
@@ -73,18 +72,30 @@ def _convergence_sentences(results: Mapping[str, pd.DataFrame]) -> list[str]:
                                  part("bos_overall", arch), arch) for arch in archs]
 
 
-def report_figures(results: Mapping[str, pd.DataFrame]) -> list[ReportFigure]:
-    """The report's figures, in order, for the tables present in ``results``."""
-    figs: list[ReportFigure] = []
+@dataclass(frozen=True)
+class _Figure:
+    """One figure of the report: its key, the tables it draws (the first must be present and
+    non-empty), its title and caption (``more``: sentences built from the run's tables, appended to
+    the caption), and ``make``, the plot of those tables."""
 
-    def add(key: str, tables: tuple[str, ...], title: str, caption: str,
-            make: Callable[..., go.Figure]) -> None:
-        frames = [results.get(t) for t in tables]
+    key: str
+    tables: tuple[str, ...]
+    title: str
+    caption: str
+    make: Callable[..., go.Figure]
+    more: Callable[[Mapping[str, pd.DataFrame]], list[str]] | None = None
+
+    def draw(self, results: Mapping[str, pd.DataFrame]) -> ReportFigure | None:
+        frames = [results.get(t) for t in self.tables]
         if frames[0] is None or len(frames[0]) == 0:
-            return
-        figs.append(ReportFigure(key, title, caption, make(*frames)))
+            return None
+        caption = self.caption + (" ".join(self.more(results)) if self.more is not None else "")
+        return ReportFigure(self.key, self.title, caption.strip(), self.make(*frames))
 
-    add("layer_components", ("decompose_layers",), "C2, C3: mask and residual components per layer",
+
+# The report's figures, in order.
+_FIGURES = (
+    _Figure("layer_components", ("decompose_layers",), "C2, C3: mask and residual components per layer",
         "For every layer, the share of the variance of log-attention Var(log A) that absolute position "
         "explains and that comes from the residual stream or from the causal softmax normalizer (the mask), "
         "averaged over the layer's heads, all queries, all keys, held-out (fitted on half of the sequences, "
@@ -93,29 +104,29 @@ def report_figures(results: Mapping[str, pd.DataFrame]) -> list[ReportFigure]:
         "decided, and the self-referenced one (R, M: scores referenced to s[i, i]). x: relative depth "
         "layer / (n_layers − 1), the axis C3's depth slope is computed on. Error bars: 95% bootstrap "
         "intervals over whole sequences.",
-        lambda f: plots.layer_components(f, components=_available(f, ("R_rf", "M_rf", "R", "M"), "_heldout")))
-    add("layer_components_early", ("decompose_early_layers",),
+        lambda f: plots.layer_components(f, components=_available(f, ("R_rf", "M_rf", "R", "M"), "_heldout"))),
+    _Figure("layer_components_early", ("decompose_early_layers",),
         "C2 at early queries (a labelled analysis, not the criterion)",
         "The same components as above, restricted to early queries (i < the early-query bound, 32 by "
         "default; all keys, the base run of BOS replacement), per layer, held-out, with 95% bootstrap "
         "intervals. The mask component is concentrated at early queries; claim C2 is decided over all "
         "queries, and this figure is shown beside it, never instead of it.",
-        lambda f: plots.layer_components(f, components=_available(f, ("R_rf", "M_rf", "R", "M"), "_heldout")))
-    add("head_heatmaps", ("decompose_heads",), "Per-head R', M' and total (held-out)",
+        lambda f: plots.layer_components(f, components=_available(f, ("R_rf", "M_rf", "R", "M"), "_heldout"))),
+    _Figure("head_heatmaps", ("decompose_heads",), "Per-head R', M' and total (held-out)",
         "Held-out total absolute signal T and the reference-free residual (R') and mask (M') components of "
         "every head, as fractions of Var(log A); hover a cell for its 95% bootstrap interval. A single "
         "head's held-out value is noisy: read the interval before the colour.",
         lambda f: plots.head_heatmaps(f, components=[c + "_heldout" for c in
-                                                     _available(f, ("total", "R_rf", "M_rf"), "_heldout")]))
-    add("probe", ("probe_layers",), "Position probe on the residual stream",
+                                                     _available(f, ("total", "R_rf", "M_rf"), "_heldout")])),
+    _Figure("probe", ("probe_layers",), "Position probe on the residual stream",
         "Held-out R² of a ridge probe from resid_pre at each layer to log(position + 1); dotted: the "
         "same probe fitted to shuffled positions (the axis is clipped at -1 when a value falls below; hover "
         "shows every value). Error bars: 95% intervals that hold which sequences were held out (a bootstrap "
         "over them) and which ones the probe was trained on (a jackknife of the refitted probe); in "
         "SmolLM2's middle layers the spread between independent prompt sets is still about twice as wide. An "
         "independent view of absolute position in the residual stream (C3: accumulation with depth).",
-        lambda f: plots.probe_r2(f))
-    add("bos", ("bos_layers", "bos_overall"), "C4: BOS replacement",
+        lambda f: plots.probe_r2(f)),
+    _Figure("bos", ("bos_layers", "bos_overall"), "C4: BOS replacement",
         "Fraction of the reference-free residual component R' removed at early queries (the number claim C4 "
         "is decided on) when the embedding at position 0 "
         "is replaced before the forward pass by another token's embedding, the mean embedding, or a "
@@ -124,56 +135,61 @@ def report_figures(results: Mapping[str, pd.DataFrame]) -> list[ReportFigure]:
         "R' is an in-sample fit whose replicates overstate it once more; a hatched bar or an open marker: the "
         "estimate lies outside its interval). Dashed: the paper's "
         f"{PAPER.c4_fraction_removed:.0%}.",
-        lambda f, o: plots.bos_fraction_removed(f, o))
-    add("convergence", ("convergence_layers", "bos_layers"), "C4: does the position-0 state forget its token?",
+        lambda f, o: plots.bos_fraction_removed(f, o)),
+    _Figure("convergence", ("convergence_layers", "bos_layers"), "C4: does the position-0 state forget its token?",
         "Left: cosine of the residual state at position 0 after each block, with its embedding replaced (other "
         "tokens, the mean embedding, random vectors of the same norm), to the unreplaced state; mean over "
         "replacements with a 95% bootstrap interval over them; dotted: 1 − tolerance, above which a layer counts "
-        "as converged. Right: the fraction of R' that the same kind of replacement removes per layer (C4). "
-        + " ".join(_convergence_sentences(results)),
-        lambda c, b: plots.convergence_c4(c, b))
-    add("fingerprint", ("fingerprint",), "C5: the position-0 fingerprint",
+        "as converged. Right: the fraction of R' that the same kind of replacement removes per layer (C4). ",
+        lambda c, b: plots.convergence_c4(c, b), more=_convergence_sentences),
+    _Figure("fingerprint", ("fingerprint",), "C5: the position-0 fingerprint",
         "Spread of the residual stream at position 0 across inputs (left, log scale) and its norm "
         "(right), per layer, with the auto-prepended BOS at position 0 (solid) and with a varying "
         "token 0 (dashed). A spread of exactly 0 is marked with a cross on the tick labelled "
         "\"0 (exact)\" at the bottom of the log axis.",
-        lambda f: plots.fingerprint_layers(f))
-    add("sinks", ("sink_heads", "sink_reading"), "Sink heads and sink-reading heads",
+        lambda f: plots.fingerprint_layers(f)),
+    _Figure("sinks", ("sink_heads", "sink_reading"), "Sink heads and sink-reading heads",
         "Mean attention on position 0 per head (sink score); white dots: sink heads (score above ε); "
         "red rings: the five top-ranked sink-reading heads, ranked by how much their residual component R "
         "changes (ties broken by the change of their output) when only their own key/value at position 0 "
         "is patched with the counterfactual fingerprint.",
-        lambda s, r: plots.sink_heads_map(s, r))
-    add("sink_rate", ("sink_rate",), "Sink rate by data condition",
+        lambda s, r: plots.sink_heads_map(s, r)),
+    _Figure("sink_rate", ("sink_rate",), "Sink rate by data condition",
         "Gu et al.'s sink rate as its authors compute it: for every prompt, layer and head, the attention on "
         "position 0 averaged over queries is compared with ε, and the 0/1 outcomes are averaged over "
         "prompts, layers and heads; bars: that percentage with its 95% bootstrap interval over prompts, on "
         "natural text, random tokens and repeated tokens. Hollow diamonds: the pooled rate (scores averaged "
         "over prompts first, thresholded once), which is not the authors' metric.",
-        lambda f: plots.sink_rate_bars(f))
-    add("window_sinks", ("window_sinks_heads",), "Sinks under a sliding window: both metrics",
+        lambda f: plots.sink_rate_bars(f)),
+    _Figure("window_sinks", ("window_sinks_heads",), "Sinks under a sliding window: both metrics",
         "Per layer, the mean over its heads of Gu et al.'s sink score (attention on position 0 averaged over "
         "all queries, solid), of the window-aware score (attention on the first key each query can see: "
         "position 0 while visible, the window's first key past it; normalised over the visible keys; dashed) "
         "and of attention on position 0 over the queries that can see it (dotted). Circles: local "
         "(sliding-window) layers, diamonds: global ones, where the three coincide. In a local layer of W keys "
         "measured at T > W, Gu et al.'s score counts a 0 for every query past the window.",
-        lambda f: plots.window_sink_layers(f))
-    add("rotary_bands", ("bands_layers",), "The residual component by RoPE frequency band",
+        lambda f: plots.window_sink_layers(f)),
+    _Figure("rotary_bands", ("bands_layers",), "The residual component by RoPE frequency band",
         "Left: each band's own term Var(abs t_b)/V of the exact split of the residual component R over RoPE "
         "frequency bands (band 0 the fastest pairs; the cross-band terms, which complete the sum to R, are in "
         "the bands_heads table with the split's error). Right: the attribution of the reference-free R' to "
         "each band, R' minus R' of the scores with that band removed; these attributions do not add up to R' "
         "(R' passes through the softmax normaliser) and their error is in the bands_heads table. Mean over "
         "each layer's heads.",
-        lambda f: plots.rotary_band_layers(f))
-    add("sink_ablation", ("sink_ablation",), "Ablating the sink-reading heads",
+        lambda f: plots.rotary_band_layers(f)),
+    _Figure("sink_ablation", ("sink_ablation",), "Ablating the sink-reading heads",
         "Held-out residual component R per layer before (solid) and after (dashed) zero- and mean-ablating "
         "the sink-reading heads. Error bars on the after values: the 95% paired bootstrap interval of the "
         "change (the ablated and unablated runs resample the same sequences); a bar that reaches the solid "
         "line is a change the interval does not tell from 0.",
-        lambda f: plots.sink_ablation(f, heldout="R_heldout_before" in f.columns))
-    return figs
+        lambda f: plots.sink_ablation(f, heldout="R_heldout_before" in f.columns)),
+)
+
+
+def report_figures(results: Mapping[str, pd.DataFrame]) -> list[ReportFigure]:
+    """The report's figures, in order, for the tables present in ``results``."""
+    drawn = (figure.draw(results) for figure in _FIGURES)
+    return [figure for figure in drawn if figure is not None]
 
 
 def _available(frame: pd.DataFrame, components: tuple[str, ...], suffix: str) -> list[str]:
@@ -191,7 +207,8 @@ h1 { margin-bottom: 0.2em; } h2 { margin-top: 1.6em; }
 table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
 th, td { border: 1px solid #ccc; padding: 0.35em 0.6em; vertical-align: top; text-align: left; }
 th { background: #f3f3f3; }
-td.yes { background: #e5f5e0; } td.no { background: #fde0dd; } td.maybe { background: #fff7bc; } td.na { background: #f7f7f7; color: #777; }
+td.yes { background: #e5f5e0; } td.no { background: #fde0dd; } td.maybe { background: #fff7bc; } td.na { background:
+#f7f7f7; color: #777; }
 .caption { color: #444; max-width: 70em; }
 .plot { width: 100%; }
 details pre { background: #f7f7f7; padding: 1em; overflow-x: auto; font-size: 0.8em; }
@@ -265,7 +282,7 @@ def _estimate_text(row: pd.Series) -> str:
     value = row.get("value")
     if value is None or pd.isna(value):
         return ""
-    estimate = Estimate(float(value), float(row.get("value_lo", float("nan"))), float(row.get("value_hi", float("nan"))))
+    estimate = Estimate(float(value), float(row.get("value_lo", math.nan)), float(row.get("value_hi", math.nan)))
     return fmt(estimate)
 
 
@@ -311,7 +328,7 @@ def claims_html(claims: pd.DataFrame) -> str:
 
 def _disagreements_html(claims: pd.DataFrame) -> str:
     """One list item per (claim, architecture) whose verdict is not ``holds``, with its explanation."""
-    items = []
+    items: list[str] = []
     for row in claims.itertuples():
         text = row.explanation if isinstance(row.explanation, str) else ""
         if row.architecture == "overall" or row.verdict not in (FAILS, INCONCLUSIVE) or not text:
@@ -352,7 +369,10 @@ def answers_html(tables: Mapping[str, pd.DataFrame], provenance: Mapping[str, An
     sources = {str(m.get("name")): str(m.get("source") or "") for m in (provenance or {}).get("models", [])}
     blocks = []
     for k, arch in enumerate(archs):
-        layers = (_part(tables, "decompose_layers", arch) if arch is not None else layers_all).sort_values("layer")
+        part = _part(tables, "decompose_layers", arch) if arch is not None else layers_all
+        if part is None:
+            continue
+        layers = part.sort_values("layer")
         replicates = (_part(tables, "decompose_replicates", arch) if arch is not None
                       else tables.get("decompose_replicates"))
         model = _model_of(layers_all, arch) if arch is not None else None
@@ -481,7 +501,7 @@ def build_report(results: Mapping[str, pd.DataFrame], *, provenance: Mapping[str
         before, figures, after = zoo_c3.report_section(zoo, zoo_claims)
         sections.append(before + "".join(_figure_section(fig, heading="h3") for fig in figures) + after)
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{html.escape(title)}</title><style>{_CSS}</style>"
         f"<script>{_ERROR_TRAP_JS}</script>"
         f"<script>{plotly.offline.get_plotlyjs()}</script></head><body>"

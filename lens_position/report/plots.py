@@ -15,9 +15,9 @@ figure shows exactly the numbers in the results tables.
 from __future__ import annotations
 
 import textwrap
-
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -26,9 +26,9 @@ from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from lens_position.analyses.claims import PAPER
+from lens_position.core.intervals import interval_method, interval_note
 from lens_position.ground.errors import BadInputError
 from lens_position.ground.paths import checked_path
-from lens_position.core.intervals import interval_method, interval_note
 
 _PALETTE = qualitative.Plotly
 _DASHES = ("solid", "dash", "dot", "dashdot", "longdash")
@@ -65,7 +65,7 @@ def _groups(frame: pd.DataFrame, by: str) -> list[tuple[str, pd.DataFrame]]:
 
 def _as_list(values: Sequence) -> list:
     """Plain Python numbers for a trace: NaN becomes None (a gap), numpy scalars become floats."""
-    out = []
+    out: list[Any] = []
     for v in np.asarray(values, dtype=object).tolist():
         if v is None or (isinstance(v, float) and np.isnan(v)):
             out.append(None)
@@ -264,12 +264,20 @@ def head_heatmaps(heads: pd.DataFrame, *, by: str = "architecture",
                              for value, lo, hi in zip(row_value, row_lo, row_hi)]
                             for row_value, row_lo, row_hi in zip(estimates, *bounds)]
                 hover_interval = " [%{customdata[0]:.4f}, %{customdata[1]:.4f}] %{customdata[2]}"
-            fig.add_trace(go.Heatmap(
-                z=[_as_list(row) for row in grid.to_numpy(dtype=float)],
-                x=[int(h) for h in head_ids], y=[int(layer) for layer in layer_ids], customdata=interval,
-                coloraxis="coloraxis", meta={"group": name, "quantity": col},
-                hovertemplate=f"{name}<br>layer %{{y}}, head %{{x}}<br>{col} = %{{z:.4f}}{hover_interval}<extra></extra>",
-            ), row=gi + 1, col=ci + 1)
+            fig.add_trace(
+                go.Heatmap(
+                    z=[_as_list(row) for row in grid.to_numpy(dtype=float)],
+                    x=[int(h) for h in head_ids],
+                    y=[int(layer) for layer in layer_ids],
+                    customdata=interval,
+                    coloraxis="coloraxis",
+                    meta={"group": name, "quantity": col},
+                    hovertemplate=f"{name}<br>layer %{{y}}, head %{{x}}<br>{col} = "
+                                  f"%{{z:.4f}}{hover_interval}<extra></extra>",
+                ),
+                row=gi + 1,
+                col=ci + 1,
+            )
             fig.update_xaxes(title_text="head", row=gi + 1, col=ci + 1, **_integer_ticks(head_ids))
             fig.update_yaxes(title_text="layer" if ci == 0 else None, row=gi + 1, col=ci + 1,
                              **_integer_ticks(layer_ids))
@@ -300,13 +308,21 @@ def probe_r2(probe: pd.DataFrame, *, by: str = "architecture") -> go.Figure:
             error_y=_error_bars(frame, "r2_heldout"), meta={"group": name, "quantity": "r2_heldout"},
         ))
         _, texts = _interval_marks(frame, "r2_shuffled")
-        fig.add_trace(go.Scatter(
-            x=_as_list(frame["layer"]), y=_as_list(frame["r2_shuffled"]), mode="lines",
-            name=f"{name} (shuffled positions)", legendgroup=name, text=texts,
-            hovertemplate=f"{name} (shuffled)<br>layer %{{x}}<br>r2_shuffled = %{{y:.4f}}<br>%{{text}}<extra></extra>",
-            line=dict(color=_color(gi), dash="dot"), error_y=_error_bars(frame, "r2_shuffled"),
-            meta={"group": name, "quantity": "r2_shuffled"},
-        ))
+        fig.add_trace(
+            go.Scatter(
+                x=_as_list(frame["layer"]),
+                y=_as_list(frame["r2_shuffled"]),
+                mode="lines",
+                name=f"{name} (shuffled positions)",
+                legendgroup=name,
+                text=texts,
+                hovertemplate=f"{name} (shuffled)<br>layer %{{x}}<br>r2_shuffled = "
+                              f"%{{y:.4f}}<br>%{{text}}<extra></extra>",
+                line=dict(color=_color(gi), dash="dot"),
+                error_y=_error_bars(frame, "r2_shuffled"),
+                meta={"group": name, "quantity": "r2_shuffled"},
+            )
+        )
     fig.update_xaxes(title_text="layer (residual stream before the layer)")
     fig.update_yaxes(title_text="held-out R² of log(position + 1)")
     values = pd.concat([probe["r2_heldout"], probe["r2_shuffled"]]).astype(float)
@@ -661,15 +677,26 @@ def patching_sweep_intervals(sweep, *, head: int | None = None, token_labels: Se
         hovertemplate=f"layer %{{y}}, position %{{x}}<br>{metric_name} = %{{z:.4f}}<extra></extra>",
     ))
     excludes = frame[(frame["effect_lo"] > 0) | (frame["effect_hi"] < 0)]
-    hover = [f"[{lo:.4f}, {hi:.4f}]" + (f", p = {p:.3g}" if "p_value" in excludes.columns else "")
-             for lo, hi, p in zip(excludes["effect_lo"], excludes["effect_hi"],
-                                  excludes["p_value"] if "p_value" in excludes.columns else [0.0] * len(excludes))]
-    fig.add_trace(go.Scatter(
-        x=[int(p) for p in excludes["position"]], y=[int(l) for l in excludes["layer"]], mode="markers",
-        marker=dict(symbol="circle-open", size=9, color="black", line=dict(width=1.5)), text=hover,
-        name="interval excludes 0", meta={"group": "sweep", "quantity": "interval_excludes_zero"},
-        hovertemplate="layer %{y}, position %{x}<br>interval %{text}<extra></extra>",
-    ))
+    hover = [
+        f"[{lo:.4f}, {hi:.4f}]" + (f", p = {p:.3g}" if "p_value" in excludes.columns else "")
+        for lo, hi, p in zip(
+            excludes["effect_lo"],
+            excludes["effect_hi"],
+            excludes["p_value"] if "p_value" in excludes.columns else [0.0] * len(excludes),
+        )
+    ]
+    fig.add_trace(
+        go.Scatter(
+            x=[int(p) for p in excludes["position"]],
+            y=[int(layer) for layer in excludes["layer"]],
+            mode="markers",
+            marker=dict(symbol="circle-open", size=9, color="black", line=dict(width=1.5)),
+            text=hover,
+            name="interval excludes 0",
+            meta={"group": "sweep", "quantity": "interval_excludes_zero"},
+            hovertemplate="layer %{y}, position %{x}<br>interval %{text}<extra></extra>",
+        )
+    )
     fig.update_xaxes(title_text="patched position", tickvals=positions, ticktext=ticktext, tickangle=-60)
     fig.update_yaxes(title_text="patched layer", tickmode="array", tickvals=layer_ids, autorange="reversed")
     return _base_layout(fig, title, height=max(320, 24 * len(layer_ids) + 200))

@@ -26,13 +26,15 @@ same initial weights (identical shapes draw identical values) and see the same b
 from __future__ import annotations
 
 import html
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from lens_position.analyses.claims import HOLDS, INCONCLUSIVE, NOT_MEASURED
 from lens_position.analyses.claims import slope as depth_slope
+from lens_position.analyses.sentences import zoo_sinks_sentence
 from lens_position.core.intervals import t_interval, t_quantile  # noqa: F401  (t_quantile: part of this module's API)
 from lens_position.ground.errors import BadInputError
 from lens_position.models.zoo.recipe import VARIANTS
@@ -289,27 +291,6 @@ def _summary_html(summary: pd.DataFrame) -> str:
             f'<tbody>{"".join(body)}</tbody></table>')
 
 
-def sinks_sentence(checkpoints_in_run: Sequence[Any], eps: float = 0.3) -> str:
-    """What the zoo models' own sink measurements say (recorded in their JSON by
-    :func:`lens_position.analyses.zoo.measure.measure_sinks`), in words built from the numbers."""
-    measured = [c for c in checkpoints_in_run if c.meta.get("sinks")]
-    if not measured:
-        return "The sink rate of these checkpoints was not measured."
-    top = max(measured, key=lambda c: c.meta["sinks"]["max_sink_score"])
-    score = top.meta["sinks"]["max_sink_score"]
-    with_sinks = [c for c in measured if c.meta["sinks"]["max_sink_score"] > eps]
-    rates = [c.meta["sinks"]["sink_rate"] for c in measured]
-    if with_sinks:
-        return (f"{len(with_sinks)} of {len(measured)} zoo models have a head whose mean attention on position 0 "
-                f"exceeds ε = {eps:g} (the largest, {score:.3f}, in {top.name}); sink rates "
-                f"{min(rates):.3f}–{max(rates):.3f}.")
-    return (f"No zoo model formed an attention sink: no head's mean attention on position 0 reaches ε = {eps:g} "
-            f"in any of the {len(measured)} models (the largest, {score:.3f}, is a head of {top.name}; Gu et al.'s "
-            f"sink rate, per prompt, is {min(rates):.3f}–{max(rates):.3f}). The zoo's training budget is too small "
-            "for sinks to form, so C5's sink part is not applicable on it and the zoo's C3 answers are answers for "
-            "models without sinks; `lens-position zoo sink-sweep` looks for the budget at which they form.")
-
-
 def report_section(tables: Mapping[str, pd.DataFrame], claims: pd.DataFrame) -> tuple[str, list[Any], str]:
     """The zoo section of ``report.html``: ``(html before the figures, figures, html after)``,
     the figures as ``lens_position.report.plots.ReportFigure`` (drawn like the report's others).
@@ -339,7 +320,7 @@ def report_section(tables: Mapping[str, pd.DataFrame], claims: pd.DataFrame) -> 
         '<p class="caption">Verdicts of the claims table above for each zoo model (hover a cell for what it '
         "rests on); the last rows count the seeds on which each claim holds.</p>"
         f"<h3>Per variant: mean ± sd over seeds [95% t-interval]</h3>{_summary_html(summary)}"
-        f'<h3>Attention sinks</h3><p id="zoo-sinks">{html.escape(sinks_sentence(trained))}</p>')
+        f'<h3>Attention sinks</h3><p id="zoo-sinks">{html.escape(zoo_sinks_sentence(trained))}</p>')
     figures = [ReportFigure("zoo_depth", "Zoo: R by layer per variant",
                             "Held-out residual component R (self-referenced split) of each layer, mean over the "
                             "variant's seeds; bars: the seeds' minimum and maximum.", depth_figure(tables))]

@@ -162,10 +162,10 @@ def measure_parity(name: str, *, T: int = 40, N: int = 4, seed: int = 0, n_resam
     from lens_position.analyses.fingerprint import fingerprint
     from lens_position.analyses.patching import resid_pre_sweep
     from lens_position.analyses.sinks import sink_heads, sink_rate
-    from lens_position.analyses.tables import step_frames
     from lens_position.core.data import build_prompts
     from lens_position.core.intervals import Bootstrap
     from lens_position.models import load_model
+    from lens_position.pipeline.steps import STEPS
 
     started = time.perf_counter()
     bootstrap = Bootstrap(n_resamples=n_resamples)
@@ -230,7 +230,7 @@ def measure_parity(name: str, *, T: int = 40, N: int = 4, seed: int = 0, n_resam
         tables: dict[str, pd.DataFrame] = {}
         for step, result_name in (("decompose", "decompose"), ("bos", "bos"), ("fingerprint", "fingerprint"),
                                   ("sink_heads", "sink_heads")):
-            tables.update(_tables(step_frames(step, results[backend][result_name]), label, spec.role))
+            tables.update(_tables(STEPS[step].frames(results[backend][result_name]), label, spec.role))
         claims = claims_table(tables)
         verdicts[backend] = {(r.claim, r.architecture): r.verdict for r in claims.itertuples()}
     assert verdicts["hooked"].keys() == verdicts["bridge"].keys()

@@ -32,7 +32,7 @@ def sink_reading_model(*, bonus: float = BONUS, seed: int = 0) -> LoadedModel:
             param.zero_()
         model.embed.W_E[:, CONTENT] = 1.0
         model.embed.W_E[BOS_TOKEN_ID, BOS_MARKER] = 1.0
-        for layer, block in enumerate(model.blocks):
+        for block in model.blocks:
             for head in range(2):
                 block.attn.W_Q[head, CONTENT, :rotary_dim] = rand(rotary_dim)
                 block.attn.W_K[head, CONTENT, :rotary_dim] = rand(rotary_dim)

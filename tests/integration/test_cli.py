@@ -158,7 +158,8 @@ def test_bad_analysis_options_are_a_one_line_error(capsys, argv, needle):
 
 def test_the_parser_and_help_do_not_import_transformer_lens():
     """`lens-position --help` (and any argument error) must not wait for TransformerLens."""
-    code = ("import sys\nimport lens_position\nfrom lens_position.cli.commands import build_parser\nbuild_parser().format_help()\n"
+    code = ("import sys\nimport lens_position\nfrom lens_position.cli.commands import "
+            "build_parser\nbuild_parser().format_help()\n"
             "from lens_position.models import KNOWN_MODELS\nassert KNOWN_MODELS\n"
             "print(sorted(m for m in ('transformer_lens', 'lens_position.pipeline.run') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -218,10 +219,10 @@ def test_the_instruments_run_on_zoo_models_and_say_what_they_measured(capsys, tm
 def test_no_progress_silences_the_other_libraries_bars_while_it_runs(monkeypatch, capsys, tmp_path):
     """--no-progress reaches transformers' and the hub's bars (those drawn while a GGUF file is
     dequantised or weights load) for the command's duration, and puts every switch back."""
+    import importlib
+
     from huggingface_hub.utils import are_progress_bars_disabled
     from transformers.utils import logging as hf_logging
-
-    import importlib
 
     pipeline_run = importlib.import_module("lens_position.pipeline.run")  # the module, not its run()
 

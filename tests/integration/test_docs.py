@@ -183,7 +183,8 @@ def test_equations_render_offline_in_chromium(site):
     equations, typeset, errors = _typeset_equations(dom)
     assert equations >= 20, "the concepts page lost its equations"
     assert typeset == equations and errors == 0, f"{typeset} of {equations} equations typeset, {errors} errors"
-    assert "https://" not in " ".join(re.findall(r'<script[^>]+src="([^"]+)"', dom)), "a script still loads from the web"
+    sources = " ".join(re.findall(r'<script[^>]+src="([^"]+)"', dom))
+    assert "https://" not in sources, "a script still loads from the web"
 
 
 def test_offline_check_fails_for_math_from_a_cdn(site, tmp_path):
@@ -209,7 +210,8 @@ def test_readme_and_docs_refer_to_nothing_outside_the_repository():
             if re.match(r"[a-z]+:", target):
                 continue  # a web address, not a file
             resolved = (page.parent / target).resolve()
-            assert ROOT in resolved.parents or resolved == ROOT, f"{page.relative_to(ROOT)} links {target} outside the repo"
+            assert ROOT in resolved.parents or resolved == ROOT, \
+                f"{page.relative_to(ROOT)} links {target} outside the repo"
 
 
 def test_concepts_page_carries_the_design(site):

@@ -175,6 +175,7 @@ def test_missing_models_extra_names_it(tmp_path):
     probe = hide + ("from lens_position.models import load_model\n"
                     "from lens_position.ground.errors import MissingPackageError\n"
                     "try:\n    load_model('gemma3-270m')\nexcept MissingPackageError as error:\n    print(error)\n")
-    run = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    run = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=600)
     assert run.returncode == 0, run.stderr
     assert 'pip install "lens_position[models]"' in run.stdout, run.stdout

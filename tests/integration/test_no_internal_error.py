@@ -188,9 +188,9 @@ def test_a_figure_export_sends_no_packet(tmp_path):
 
 def test_kaleidos_chromium_is_started_with_the_network_off():
     """The flags reach the command line kaleido's Chromium is started with (not only our own browser's)."""
-    from lens_position.report.browser import NETWORK_OFF, kaleido_options
-
     from choreographer.channels import Pipe
+
+    from lens_position.report.browser import NETWORK_OFF, kaleido_options
 
     options = kaleido_options()
     channel = Pipe()  # get_cli builds the command line only: no browser is started
@@ -230,7 +230,8 @@ def _assert_benchmarks_send_no_packet(benchmarks: list[list[str]]) -> None:
     assert packets == 0, output[-3000:]
 
 
-@pytest.mark.fault(area="network", given="the benchmarks' tiny invocations (decompose, gpu, patching, backends, probe_intervals, reproduce on tiny-llama)",
+@pytest.mark.fault(area="network", given="the benchmarks' tiny invocations (decompose, gpu, patching, backends, "
+                                         "probe_intervals, reproduce on tiny-llama)",
                    happens="no packet leaves for a non-loopback address")
 def test_the_benchmarks_send_no_packet(tmp_path):
     _assert_benchmarks_send_no_packet(BENCHMARKS)

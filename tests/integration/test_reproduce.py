@@ -5,24 +5,23 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from html import escape
 import math
 import subprocess
 import sys
+from html import escape
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from lens_position.pipeline.outputs import load_tables
-from lens_position.pipeline.steps import step_names
+from lens_position.analyses.claims import claims_table
 from lens_position.cli.commands import EXIT_INTERRUPTED, main
 from lens_position.ground.errors import BadInputError
-from lens_position.analyses.claims import claims_table
-from lens_position.report.html import TABLES, report_figure_specs
+from lens_position.pipeline.outputs import load_tables
 from lens_position.pipeline.steps import STEPS as STEP_REGISTRY
-from lens_position.pipeline.steps import step_names, tables_of
+from lens_position.pipeline.steps import TABLES, step_names, tables_of
+from lens_position.report.html import report_figure_specs
 
 DEFAULT_TABLES = tables_of(step_names())  # a run without opt-in steps writes these
 from lens_position.pipeline.cache import StepCache, step_key
@@ -352,8 +351,8 @@ def test_a_report_that_fails_the_browser_check_fails_the_run(tmp_path, monkeypat
 
 
 def test_without_chromium_the_browser_check_is_skipped_and_recorded(tmp_path, monkeypatch):
-    from lens_position.report import html as report_module
     from lens_position.ground.errors import MissingPackageError
+    from lens_position.report import html as report_module
 
     def no_chromium():
         raise MissingPackageError("no Chromium found")
@@ -378,9 +377,9 @@ def test_a_resumed_run_still_reports_what_each_step_cost(quick_run):
 
 
 def test_prompt_sets_are_opt_in_and_reported_beside_the_claims(tmp_path):
-    from lens_position.pipeline.steps import commands
     from lens_position.analyses.prompt_sets import SET_COLUMNS, SUMMARY_COLUMNS
     from lens_position.core.columns import display_order
+    from lens_position.pipeline.steps import commands
 
     assert "prompt_sets" not in commands()["reproduce"] and "prompt_sets" not in commands()["decompose"]
     out = tmp_path / "sets"

@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lens_position.models.spec import LoadedModel
 from lens_position.analyses.sinks import SINK_EPS, sink_rate
+from lens_position.models.spec import LoadedModel
 from lens_position.models.zoo.store import SHIPPED, Checkpoint, load_zoo_model, update_meta
 
 SINK_T, SINK_N = 64, 32

@@ -42,9 +42,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from lens_position.ground.errors import BadInputError
 from lens_position.models.zoo.recipe import Recipe, recipe_for
@@ -91,16 +92,13 @@ def default_sweep_dir() -> Path:
 def point_recipe(point: str, seed: int = 0) -> Recipe:
     """The recipe of sweep point ``point`` (the ``rope`` recipe with the point's changes;
     evaluations every sixth of the run). BadInputError naming the points otherwise."""
-    for name, _, changes in SINK_SWEEP:
-        if name == point:
-            break
-    else:
-        raise BadInputError(f"unknown sink-sweep point {point!r}; the points are "
-                            + ", ".join(p for p, _, _ in SINK_SWEEP))
+    points = {name: changes for name, _, changes in SINK_SWEEP}
+    if point not in points:
+        raise BadInputError(f"unknown sink-sweep point {point!r}; the points are " + ", ".join(points))
     base = recipe_for("rope", seed)
-    if not changes:
+    if not points[point]:
         return base
-    changes = dict(changes)
+    changes = dict(points[point])
     steps = changes.get("steps", base.steps)
     every = max(1, steps // changes.pop("evaluations", 6))
     return dataclasses.replace(base, variant=f"sink-{point}", eval_every=every, checkpoint_every=every, **changes)
@@ -114,11 +112,11 @@ def sink_sweep(points: Sequence[str] | None = None, *, root: Path | None = None,
     per-head sink score and the largest per layer."""
     import pandas as pd
 
-    from lens_position.analyses.zoo.training import default_work_dir
-    from lens_position.models.zoo.corpus import training_split, unigram_bits_per_byte
     from lens_position.analyses.zoo.measure import measure_sinks
-    from lens_position.models.zoo.store import SHIPPED, checkpoints, model_name, save_checkpoint
+    from lens_position.analyses.zoo.training import default_work_dir
     from lens_position.models.zoo.architecture import require_hooked
+    from lens_position.models.zoo.corpus import training_split, unigram_bits_per_byte
+    from lens_position.models.zoo.store import SHIPPED, checkpoints, model_name, save_checkpoint
     from lens_position.models.zoo.train import train
 
     root = root or default_sweep_dir()
@@ -131,7 +129,7 @@ def sink_sweep(points: Sequence[str] | None = None, *, root: Path | None = None,
         found = {c.name: c for c in [*checkpoints(root), *checkpoints(SHIPPED)]}
         checkpoint = found.get(model_name(recipe.variant, recipe.seed))
         if checkpoint is None or checkpoint.meta["recipe_sha256"] != recipe.sha256():
-            if corpus is None:
+            if corpus is None or unigram is None:
                 require_hooked("training a sink-sweep point")  # before reading the corpus (minutes)
                 corpus = training_split()
                 unigram = unigram_bits_per_byte(corpus)
@@ -157,12 +155,12 @@ def sink_sweep(points: Sequence[str] | None = None, *, root: Path | None = None,
 
 def train_text_bytes(fraction: float) -> int:
     """Bytes of distinct text a recipe with this ``train_fraction`` trains on (this Python's corpus)."""
-    from lens_position.models.zoo.corpus import training_split, train_subset
+    from lens_position.models.zoo.corpus import train_subset, training_split
 
     return len(train_subset(training_split().train, fraction))
 
 
-def sinks_along_training(model: "HookedTransformer", *, recipe: Recipe) -> dict[str, float]:
+def sinks_along_training(model: HookedTransformer, *, recipe: Recipe) -> dict[str, float]:
     """The sink measurement of a model still training (on a copy, in eval mode): its sink
     rate and largest per-head sink score, as :func:`measure.sink_measurement` measures a
     finished checkpoint. ``train``'s ``on_eval`` adds them to each point of the loss curve."""
@@ -175,7 +173,7 @@ def sinks_along_training(model: "HookedTransformer", *, recipe: Recipe) -> dict[
     return {"sink_rate": sinks["sink_rate"], "max_sink_score": sinks["max_sink_score"]}
 
 
-def sink_trajectory(point: str, *, root: Path | None = None, seed: int = 0) -> "pd.DataFrame":
+def sink_trajectory(point: str, *, root: Path | None = None, seed: int = 0) -> pd.DataFrame:
     """How the sink score grew along one sweep point's training with ``seed``: one row per
     evaluation (``seed``, ``step``, ``tokens``, learning rate at that step, held-out bits per
     byte, sink rate, largest per-head sink score), read from the finished checkpoint or, while the point is
@@ -192,7 +190,7 @@ def sink_trajectory(point: str, *, root: Path | None = None, seed: int = 0) -> "
     found = {c.name: c for c in checkpoints(root)}.get(model_name(recipe.variant, recipe.seed))
     curve: list[dict] = []
     finished = found is not None and found.meta["recipe_sha256"] == recipe.sha256()
-    if finished:
+    if found is not None and finished:
         curve = found.meta["curve"]
     else:
         resume = default_work_dir() / f"{recipe.variant}-seed{recipe.seed}.resume.pt"
@@ -223,26 +221,26 @@ def sweep_markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def _with_seeds(table: "pd.DataFrame") -> "pd.DataFrame":
+def _with_seeds(table: pd.DataFrame) -> pd.DataFrame:
     """``table`` with a ``seed`` column (tables written before seeds were recorded are seed 0's)."""
     return table if "seed" in table.columns else table.assign(seed=0)
 
 
-def measured_sweep() -> "pd.DataFrame":
+def measured_sweep() -> pd.DataFrame:
     """The shipped sweep table (``MEASURED``): the columns of :func:`sink_sweep`."""
     import pandas as pd
 
     return pd.read_csv(MEASURED)
 
 
-def measured_trajectory() -> "pd.DataFrame":
+def measured_trajectory() -> pd.DataFrame:
     """The shipped trajectory table (``MEASURED_TRAJECTORY``): the columns of :func:`sink_trajectory`."""
     import pandas as pd
 
     return pd.read_csv(MEASURED_TRAJECTORY)
 
 
-def trajectory_sentence(trajectory: "pd.DataFrame", eps: float = 0.3) -> str:
+def trajectory_sentence(trajectory: pd.DataFrame, eps: float = 0.3) -> str:
     """When, along one long training run (the rows of one point and seed), a head's sink score first exceeded
     ``eps``, in words built from the trajectory's numbers (or how far it got if it never did)."""
     if trajectory.empty:
@@ -280,7 +278,7 @@ def trajectory_sentence(trajectory: "pd.DataFrame", eps: float = 0.3) -> str:
             f"(highest {top['max_sink_score']:.3f}, at {top['tokens'] / 1e6:.1f} M), never above ε = {eps:g}.")
 
 
-def seeds_sentence(trajectory: "pd.DataFrame", eps: float = 0.3) -> str:
+def seeds_sentence(trajectory: pd.DataFrame, eps: float = 0.3) -> str:
     """In how many of one point's seeds a head's sink score exceeded ``eps`` along training, with
     when each one first did and how high the others got, in words built from the trajectories
     (the rows of one point, any number of seeds)."""
@@ -315,7 +313,7 @@ def seeds_sentence(trajectory: "pd.DataFrame", eps: float = 0.3) -> str:
     return text
 
 
-def trajectory_sentences(trajectory: "pd.DataFrame", eps: float = 0.3) -> list[str]:
+def trajectory_sentences(trajectory: pd.DataFrame, eps: float = 0.3) -> list[str]:
     """Every run's :func:`trajectory_sentence` (one per point and seed, in the table's order), then
     :func:`seeds_sentence` for each point measured with more than one seed."""
     trajectory = _with_seeds(trajectory)
@@ -330,7 +328,7 @@ def _in_words(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def trajectory_markdown(trajectory: "pd.DataFrame", every: int = 1) -> str:
+def trajectory_markdown(trajectory: pd.DataFrame, every: int = 1) -> str:
     """The trajectory as a Markdown table (every ``every``-th evaluation of each point, and
     always its last), for the docs."""
     lines = ["| point | seed | step | tokens | learning rate | held-out bits/byte | sink rate | max sink score |",
@@ -343,7 +341,7 @@ def trajectory_markdown(trajectory: "pd.DataFrame", every: int = 1) -> str:
     return "\n".join(lines)
 
 
-def trajectory_figure(trajectory: "pd.DataFrame", eps: float = 0.3) -> Any:
+def trajectory_figure(trajectory: pd.DataFrame, eps: float = 0.3) -> Any:
     """The largest head sink score (solid) and the sink rate (dotted) along training, one
     colour per sweep point and seed (x: tokens seen, millions), with ε drawn: where the score
     crosses it, a sink has formed."""
@@ -365,7 +363,7 @@ def trajectory_figure(trajectory: "pd.DataFrame", eps: float = 0.3) -> Any:
     return figure
 
 
-def sweep_sentence(table: "pd.DataFrame", eps: float = 0.3) -> str:
+def sweep_sentence(table: pd.DataFrame, eps: float = 0.3) -> str:
     """What the sweep found, in words built from its numbers: the cheapest point where a head's
     mean attention on position 0 exceeds ``eps``, or (none) how the largest head score moved
     from the zoo's budget to the largest budget tried."""

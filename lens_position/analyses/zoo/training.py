@@ -1,10 +1,11 @@
-"""The zoo's training runs as functions: train, save and measure each variant (``lens-position zoo train``), and the table of shipped checkpoints (``lens-position zoo list``)."""
+"""The zoo's training runs as functions: train, save and measure each variant (``lens-position zoo
+train``), and the table of shipped checkpoints (``lens-position zoo list``)."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import pandas as pd
 

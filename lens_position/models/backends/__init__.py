@@ -20,20 +20,17 @@ it holds a :class:`~lens_position.models.spec.LoadedModel` and talks to ``loaded
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Literal, Mapping, Protocol, Sequence, Union, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
 BackendName = Literal["hooked", "bridge"]
 BACKENDS: tuple[str, ...] = ("auto", "hooked", "bridge")
 
-# What a public entry point accepts as a model: a ``LoadedModel``, or a bare HookedTransformer /
-# TransformerBridge (wrapped once, at the door, by ``lens_position.models.spec.as_loaded``). Spelled
-# Any: the LoadedModel lives in ``spec``, which imports this module.
-ModelLike = Any
-
-FwdHook = tuple[Union[str, Callable[[str], bool]], Callable]
+FwdHook = tuple[str | Callable[[str], bool], Callable]
 
 
 @dataclass(frozen=True)
@@ -62,9 +59,14 @@ class ModelBackend(Protocol):
     for users who reach for it; lens_position never does outside this package).
     """
 
-    kind: str
-    model: torch.nn.Module
-    kv_hooks_per_query_head: bool
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def model(self) -> Any: ...
+
+    @property
+    def kv_hooks_per_query_head(self) -> bool: ...
 
     @property
     def hook_dict(self) -> Mapping[str, Any]: ...
@@ -87,7 +89,29 @@ class ModelBackend(Protocol):
     @property
     def W_E(self) -> torch.Tensor: ...
 
-    def hooks(self, fwd_hooks: Sequence[FwdHook]) -> ContextManager: ...
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    @property
+    def has_mlp(self) -> bool: ...
+
+    def attention_unsupported(self) -> str | None:
+        """Why the attention is not a plain causal softmax over the scores at ``hook_attn_scores``
+        (None: it is), the form the decomposition's identity ``log A = t - z`` needs."""
+        ...
+
+    def score_scale_and_cap(self) -> tuple[float | None, float | None]:
+        """What turns ``q . k`` into the scores at ``hook_attn_scores``: the divisor (None: the
+        attention's default, ``sqrt(d_head)``) and the soft-cap ``c`` of ``c tanh(s / c)`` (None: no
+        cap)."""
+        ...
+
+    def prefix_reuse_unsupported(self) -> str | None:
+        """Why a patched pass cannot compute only the positions from ``p`` on, the earlier ones taken
+        from the unpatched run (None: it can; :func:`lens_position.analyses.patching.run_patches`)."""
+        ...
+
+    def hooks(self, fwd_hooks: Sequence[FwdHook]) -> AbstractContextManager: ...
 
     def forward(self, inputs: torch.Tensor, *, stop_at_layer: int | None = None,
                 start_at_layer: int | None = None, return_type: str | None = "logits") -> torch.Tensor | None: ...
@@ -103,16 +127,16 @@ def hooked_available() -> bool:
     return hooked_class() is not None
 
 
-def hooked_class() -> type | None:
+def hooked_class() -> type[Any] | None:
     """``HookedTransformer`` where TransformerLens has it (3.x), else None (4.x removed it)."""
     try:
         import transformer_lens
-        return getattr(transformer_lens, "HookedTransformer")
+        return transformer_lens.HookedTransformer
     except (ImportError, AttributeError):
         return None
 
 
-def bridge_class() -> type | None:
+def bridge_class() -> type[Any] | None:
     """``TransformerBridge`` where TransformerLens has it (3.9 and 4.x), else None."""
     try:
         from transformer_lens.model_bridge import TransformerBridge
@@ -152,6 +176,25 @@ def backend_for(model: Any) -> ModelBackend:
         from lens_position.models.backends.bridge import BridgeBackend
         return BridgeBackend(model)
     raise TypeError(f"expected a LoadedModel, a HookedTransformer or a TransformerBridge, got {type(model).__name__}")
+
+
+def config_score_scale_and_cap(cfg: Any) -> tuple[float | None, float | None]:
+    """:meth:`ModelBackend.score_scale_and_cap` from a TransformerLens config (either backend's): a
+    TransformerBridge's config leaves ``attn_scale`` unset (-1), which means the attention's own
+    default."""
+    scale = None
+    if getattr(cfg, "use_attn_scale", True):
+        value = float(getattr(cfg, "attn_scale", -1.0) or -1.0)
+        scale = value if value > 0 else None
+    else:
+        scale = 1.0
+    cap = float(getattr(cfg, "attn_scores_soft_cap", -1.0) or -1.0)
+    return scale, cap if cap > 0 else None
+
+
+def vocabulary_size(model: Any) -> int:
+    """The vocabulary size of a TransformerLens model (either backend), without wrapping it."""
+    return int(model.cfg.d_vocab)
 
 
 def is_model(model: Any) -> bool:

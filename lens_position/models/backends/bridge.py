@@ -31,28 +31,23 @@ import contextlib
 import copy
 import importlib.metadata
 import logging
-import re
 import warnings
-from typing import Any, Callable, ContextManager, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 
 from lens_position.ground.errors import UnsupportedArchitectureError
-from lens_position.models.backends import RotaryLayout
+from lens_position.models.backends import RotaryLayout, config_score_scale_and_cap
+from lens_position.models.hook_names import block_of
 
 log = logging.getLogger(__name__)
 
-_BLOCK = re.compile(r"^blocks\.(\d+)\.")
 # TransformerLens 3.x's TransformerBridge.hooks() resolves its hook table anew for every named hook
 _RESOLVES_EVERY_HOOK = int(importlib.metadata.version("transformer_lens").split(".")[0]) < 4
 _SCORE_CHECK_TOKENS = 6
 _SCORE_CHECK_TOL = 1e-4
 _ROTARY_CHECK_TOL = 1e-4  # relative to the largest |q|: float32 rotation round-off is ~1e-7
-
-
-def _block_of(name: str) -> int:
-    match = _BLOCK.match(name)
-    return int(match.group(1)) if match else -1
 
 
 def _repeat_rows(linear: torch.nn.Linear, blocks: list[tuple[int, int, int]]) -> None:
@@ -83,8 +78,8 @@ def ungroup_kv(hf_model: torch.nn.Module) -> int:
     heads the model had (its own; the spec records it). Raises UnsupportedArchitectureError when
     the model is grouped but has no attention layout this function knows, rather than leave the
     bridge's hooks half-ungrouped."""
-    config = getattr(hf_model, "config", None)
-    n_heads = int(getattr(config, "num_attention_heads"))
+    config: Any = getattr(hf_model, "config", None)
+    n_heads = int(config.num_attention_heads)
     n_kv = int(getattr(config, "num_key_value_heads", None) or n_heads)
     if n_kv == n_heads:
         return n_kv
@@ -101,7 +96,7 @@ def ungroup_kv(hf_model: torch.nn.Module) -> int:
                 _repeat_rows(module.qkv_proj, [(n_heads, d_head, 1), (n_kv, d_head, group), (n_kv, d_head, group)])
             else:
                 continue
-            norm = getattr(module, "k_norm", None)
+            norm: Any = getattr(module, "k_norm", None)
             weight = getattr(norm, "weight", None)
             # one norm over all key heads (OLMo-2), not one per head (Qwen3, Gemma-3): told apart by the
             # query norm, whose size is then every query head's (a single key head leaves the key norm's
@@ -312,6 +307,28 @@ class BridgeBackend:
         return weight if scale is None else weight * torch.as_tensor(scale).to(weight.dtype)
 
     @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def has_mlp(self) -> bool:
+        return any(name.endswith("hook_mlp_out") for name in self.hook_dict)
+
+    def attention_unsupported(self) -> str | None:
+        cfg = self.model.cfg
+        if getattr(cfg, "attention_dir", "causal") != "causal" or getattr(cfg, "use_attention_sinks", False):
+            return (f"attention_dir={getattr(cfg, 'attention_dir', 'causal')!r}, use_attention_sinks="
+                    f"{getattr(cfg, 'use_attention_sinks', False)}")
+        return None
+
+    def score_scale_and_cap(self) -> tuple[float | None, float | None]:
+        return config_score_scale_and_cap(self.model.cfg)
+
+    def prefix_reuse_unsupported(self) -> str | None:
+        return (f"{type(self.model).__name__} is not a HookedTransformer: its attention takes rotary "
+                "positions from the length of the sequence it is given")
+
+    @property
     def kv_hooks_per_query_head(self) -> bool:
         """Whether ``hook_k``/``hook_v`` carry one entry per query head (a model booted by
         :func:`boot_bridge`, or one without grouped-query attention)."""
@@ -330,13 +347,14 @@ class BridgeBackend:
         ``blocks.0.hook_in``), and silent before an emulated ``start_at_layer``."""
         def hook(activation: torch.Tensor, hook: Any) -> Any:
             named = _NamedHook(hook, name) if isinstance(name, str) else hook
-            if self._silent_below is not None and _block_of(named.name) < self._silent_below:
+            block = block_of(named.name)
+            if self._silent_below is not None and (-1 if block is None else block) < self._silent_below:
                 return None
             return fn(activation, hook=named)
 
         return hook
 
-    def hooks(self, fwd_hooks: Sequence[Any]) -> ContextManager:
+    def hooks(self, fwd_hooks: Sequence[Any]) -> contextlib.AbstractContextManager:
         wrapped = [(name, self._wrapped(name, fn)) for name, fn in fwd_hooks]
         if _RESOLVES_EVERY_HOOK and wrapped and all(isinstance(name, str) for name, _ in wrapped):
             return self.model.hooks(fwd_hooks=[self._grouped(wrapped)])
@@ -449,7 +467,7 @@ class BridgeBackend:
             raise UnsupportedArchitectureError(
                 f"layer {layer} has no rotary embedding (its queries are not rotated: per-layer NoPE): there "
                 "are no frequency bands to split; choose layers that use RoPE")
-        cos, sin = cos.reshape(-1, cos.shape[-1])[1].to(torch.float64), sin.reshape(-1, sin.shape[-1])[1].to(torch.float64)
+        cos, sin = (table.reshape(-1, table.shape[-1])[1].to(torch.float64) for table in (cos, sin))
         rotary_dim = int(cos.shape[-1])
         half = rotary_dim // 2
         part = pre[:, :rotary_dim]

@@ -3,12 +3,14 @@ reference path: every adapter, GGUF file, checkpoint folder and zoo model loads 
 
 from __future__ import annotations
 
-from typing import Any, ContextManager, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 
 from lens_position.ground.errors import UnsupportedArchitectureError
-from lens_position.models.backends import RotaryLayout
+from lens_position.models.backends import RotaryLayout, config_score_scale_and_cap
 
 
 class HookedBackend:
@@ -54,7 +56,39 @@ class HookedBackend:
     def W_E(self) -> torch.Tensor:
         return self.model.W_E
 
-    def hooks(self, fwd_hooks: Sequence[Any]) -> ContextManager:
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def has_mlp(self) -> bool:
+        return not self.model.cfg.attn_only
+
+    def attention_unsupported(self) -> str | None:
+        cfg = self.model.cfg
+        if cfg.attention_dir != "causal" or getattr(cfg, "use_attention_sinks", False):
+            return (f"attention_dir={cfg.attention_dir!r}, use_attention_sinks="
+                    f"{getattr(cfg, 'use_attention_sinks', False)}")
+        return None
+
+    def score_scale_and_cap(self) -> tuple[float | None, float | None]:
+        return config_score_scale_and_cap(self.model.cfg)
+
+    def prefix_reuse_unsupported(self) -> str | None:
+        """It needs causal attention whose position information is rotary or already in the residual
+        stream (learned absolute embeddings), and the q/k/v/z hooks of every block: the queries are
+        padded at ``hook_q`` so that TransformerLens applies rotary positions, the causal mask and
+        sliding windows at their absolute positions."""
+        cfg = self.model.cfg
+        if cfg.positional_embedding_type not in ("rotary", "standard"):
+            return f"positional embedding {cfg.positional_embedding_type!r} (supported: rotary, standard)"
+        if cfg.attention_dir != "causal":
+            return f"attention is {cfg.attention_dir}, not causal: every position depends on every other"
+        needed = [f"blocks.{layer}.attn.hook_{part}" for layer in range(cfg.n_layers) for part in "qkvz"]
+        missing = [name for name in needed if name not in self.model.hook_dict]
+        return f"the model has no hooks {missing[:3]}" if missing else None
+
+    def hooks(self, fwd_hooks: Sequence[Any]) -> AbstractContextManager:
         return self.model.hooks(fwd_hooks=list(fwd_hooks))
 
     def forward(self, inputs: torch.Tensor, *, stop_at_layer: int | None = None,

@@ -4,7 +4,8 @@
 (:func:`lens_position.models.corpus.read_corpus`): every docstring (module, class, function;
 at least 40 characters) and every block of consecutive ``#`` comment lines (at least 60
 characters) in the ``.py`` files of the running interpreter's standard library
-(``site-packages`` excluded), files in sorted order. About 4 MB of English technical prose, present on every machine with no download.
+(``site-packages`` excluded), files in sorted order. About 4 MB of English technical prose, present on every machine
+with no download.
 CPython's pydoc topics (``pydoc_data.topics``, the analyses' default text) are **not** in
 it, so the reproduction reads the zoo on text it never trained on.
 
@@ -45,8 +46,8 @@ class TrainingSplit:
     (raw UTF-8 bytes; add ``N_SPECIAL`` for token ids). ``sha256``: hash of the whole text
     (train and held-out documents joined in source order: the corpus's ``Corpus.sha256``)."""
 
-    train: UInt8[torch.Tensor, "n_train"]
-    held_out: UInt8[torch.Tensor, "n_held_out"]
+    train: UInt8[torch.Tensor, n_train]
+    held_out: UInt8[torch.Tensor, n_held_out]
     sha256: str
     n_documents: int
     n_held_out_documents: int
@@ -89,7 +90,7 @@ def corpus_of(documents: list[str]) -> TrainingSplit:
 SUBSET_BLOCK = 64 * 1024
 
 
-def train_subset(stream: UInt8[torch.Tensor, "n"], fraction: float) -> UInt8[torch.Tensor, "m"]:
+def train_subset(stream: UInt8[torch.Tensor, n], fraction: float) -> UInt8[torch.Tensor, m]:
     """The share ``fraction`` of ``stream``: its ``SUBSET_BLOCK``-byte blocks ``i`` for which
     ``floor((i + 1) * fraction) > floor(i * fraction)`` (evenly spaced over the stream, so a
     subset spans every part of the standard library), joined. ``fraction`` = 1: the stream."""
@@ -103,7 +104,7 @@ def train_subset(stream: UInt8[torch.Tensor, "n"], fraction: float) -> UInt8[tor
     return torch.cat([stream[i * SUBSET_BLOCK:(i + 1) * SUBSET_BLOCK] for i in kept])
 
 
-def sample_batch(stream: UInt8[torch.Tensor, "n"], *, batch: int, context: int, bos: bool,
+def sample_batch(stream: UInt8[torch.Tensor, n], *, batch: int, context: int, bos: bool,
                  generator: torch.Generator) -> Int[torch.Tensor, "batch context"]:
     """``batch`` windows of ``context`` tokens at uniformly random offsets of ``stream``
     (byte ids shifted by ``N_SPECIAL``); with ``bos`` the first position is ``<bos>`` and
@@ -116,7 +117,7 @@ def sample_batch(stream: UInt8[torch.Tensor, "n"], *, batch: int, context: int, 
     return tokens
 
 
-def evaluation_batch(stream: UInt8[torch.Tensor, "n"], *, n: int, context: int,
+def evaluation_batch(stream: UInt8[torch.Tensor, n], *, n: int, context: int,
                      bos: bool) -> Int[torch.Tensor, "n context"]:
     """``n`` windows of ``stream`` at evenly spaced offsets (deterministic, no RNG)."""
     length = context - 1 if bos else context

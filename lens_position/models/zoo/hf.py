@@ -127,7 +127,8 @@ def hf_state_dict(recipe: Recipe, parameters: dict[str, torch.Tensor]) -> dict[s
         out[f"{hf}.input_layernorm.weight"] = take(f"{block}.ln1.w", (d,))
         out[f"{hf}.post_attention_layernorm.weight"] = take(f"{block}.ln2.w", (d,))
         for kind in "QKV":
-            out[f"{hf}.self_attn.{kind.lower()}_proj.weight"] = _linear_weight(take(f"{block}.attn.W_{kind}", (n, d, h)))
+            weight = take(f"{block}.attn.W_{kind}", (n, d, h))
+            out[f"{hf}.self_attn.{kind.lower()}_proj.weight"] = _linear_weight(weight)
             out[f"{hf}.self_attn.{kind.lower()}_proj.bias"] = take(f"{block}.attn.b_{kind}", (n, h)).reshape(n * h)
         out[f"{hf}.self_attn.o_proj.weight"] = take(f"{block}.attn.W_O", (n, h, d)).reshape(n * h, d).T
         out[f"{hf}.self_attn.o_proj.bias"] = take(f"{block}.attn.b_O", (d,))
@@ -144,8 +145,9 @@ def hf_state_dict(recipe: Recipe, parameters: dict[str, torch.Tensor]) -> dict[s
     out["lm_head.weight"] = take("unembed.W_U", (d, v)).T
     out["lm_head.bias"] = take("unembed.b_U", (v,))
     if left:
-        raise CorruptFileError(f"zoo:{recipe.variant}: the checkpoint has parameters the recipe's model does "
-                               f"not: {sorted(left)}")
+        raise CorruptFileError(
+            f"zoo:{recipe.variant}: the checkpoint has parameters the recipe's model does not: {sorted(left)}"
+        )
     return {name: tensor.contiguous() for name, tensor in out.items()}
 
 

@@ -141,7 +141,7 @@ class Recipe:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Recipe":
+    def from_dict(cls, d: dict[str, Any]) -> Recipe:
         d = dict(d)
         d["attn_types"] = tuple(d["attn_types"])
         d["betas"] = tuple(d["betas"])
@@ -151,7 +151,7 @@ class Recipe:
         """Hash of the canonical JSON of every field (what a checkpoint records)."""
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
 
-    def with_seed(self, seed: int) -> "Recipe":
+    def with_seed(self, seed: int) -> Recipe:
         return dataclasses.replace(self, seed=seed)
 
 

@@ -21,15 +21,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
+    from transformer_lens import HookedTransformer
 
-import json
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -176,20 +176,8 @@ def _train(recipe: Recipe, *, work_dir: Path, device: str | None, progress: bool
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     work_dir.mkdir(parents=True, exist_ok=True)
     resume_path = work_dir / f"{recipe.variant}-seed{recipe.seed}.resume.pt"
-
-    start, curve, seconds_before = 0, [], 0.0
-    base = recipe.phase(0)[2]
-    model = build_model(recipe, rotary_base=base, device=device)
-    optimizer = _optimizer(model, recipe)
-    if resume_path.is_file():
-        state = read_resume(resume_path, device)
-        if state["recipe_sha256"] == recipe.sha256():
-            start, curve, seconds_before = state["step"], state["curve"], state["seconds"]
-            base = recipe.phase(start)[2]
-            model = build_model(recipe, rotary_base=base, device=device, initialise=False)
-            load_parameters(model, state["parameters"])
-            optimizer = _optimizer(model, recipe)
-            optimizer.load_state_dict(state["optimizer"])
+    model, optimizer, start, curve, seconds_before = _start(recipe, resume_path, device)
+    base = recipe.phase(start)[2]
     resumed_from = start
 
     end = recipe.steps if stop_after is None else min(recipe.steps, stop_after)
@@ -206,13 +194,7 @@ def _train(recipe: Recipe, *, work_dir: Path, device: str | None, progress: bool
                 base = step_base
             tokens = sample_batch(train_text, batch=batch, context=context, bos=recipe.bos,
                                   generator=batch_generator(recipe, step)).to(device)
-            for group in optimizer.param_groups:
-                group["lr"] = recipe.lr_at(step)
-            loss = next_byte_loss(model, tokens)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
-            optimizer.step()
+            loss = _step(model, optimizer, recipe, tokens, step)
             running += float(loss.detach()) / LN2
             running_n += 1
             bar.update(batch)
@@ -249,6 +231,36 @@ def _train(recipe: Recipe, *, work_dir: Path, device: str | None, progress: bool
     if end == recipe.steps and resume_path.exists():
         resume_path.unlink()
     return result
+
+
+def _start(recipe: Recipe, resume_path: Path, device: str
+           ) -> tuple[HookedTransformer, torch.optim.Optimizer, int, list[dict[str, Any]], float]:
+    """The model and optimiser training starts from: a fresh initialisation, or the state a run of
+    the same recipe saved (``resume_path``); with the step, the learning curve and the seconds so far."""
+    if resume_path.is_file():
+        state = read_resume(resume_path, device)
+        if state["recipe_sha256"] == recipe.sha256():
+            start = state["step"]
+            model = build_model(recipe, rotary_base=recipe.phase(start)[2], device=device, initialise=False)
+            load_parameters(model, state["parameters"])
+            optimizer = _optimizer(model, recipe)
+            optimizer.load_state_dict(state["optimizer"])
+            return model, optimizer, start, state["curve"], state["seconds"]
+    model = build_model(recipe, rotary_base=recipe.phase(0)[2], device=device)
+    return model, _optimizer(model, recipe), 0, [], 0.0
+
+
+def _step(model: HookedTransformer, optimizer: torch.optim.Optimizer, recipe: Recipe, tokens: torch.Tensor,
+          step: int) -> torch.Tensor:
+    """One optimiser step on ``tokens`` at the recipe's learning rate for ``step``; the loss (nats)."""
+    for group in optimizer.param_groups:
+        group["lr"] = recipe.lr_at(step)
+    loss = next_byte_loss(model, tokens)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
+    optimizer.step()
+    return loss
 
 
 def _load_average() -> list[float] | None:

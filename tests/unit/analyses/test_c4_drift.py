@@ -8,12 +8,11 @@ decided, holds the truth in its interval at every N."""
 
 import pandas as pd
 import pytest
+from c4_model import c4_model
 
 from lens_position.analyses import claims
 from lens_position.analyses.bos import bos_replacement
 from lens_position.models.toy import toy_tokens
-
-from c4_model import c4_model
 
 SIZES = (8, 16, 32, 64)
 TRUE_FRACTION = 1.0

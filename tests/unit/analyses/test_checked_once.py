@@ -4,6 +4,7 @@ at the door (``lens_position.core.inputs``), its layers and query range into che
 
 import pytest
 import torch
+from sink_model import sink_reading_model
 
 from lens_position.analyses.bos import bos_replacement
 from lens_position.analyses.compare import decompose_conditions
@@ -12,8 +13,7 @@ from lens_position.analyses.sinks import sink_reading_heads
 from lens_position.core import checks, inputs
 from lens_position.core.data import PromptSet
 from lens_position.core.intervals import NO_INTERVALS
-from lens_position.models.toy import offset_only_model, toy_tokens
-from sink_model import sink_reading_model
+from lens_position.models.toy import offset_only_model, random_model, toy_tokens
 
 
 @pytest.fixture
@@ -83,3 +83,91 @@ def test_a_checked_query_range_is_checked_again_for_another_length(counted):
     assert counted["query_range"] == 1
     assert tuple(checks.check_query_range(checked, 8)) == (0, 8)
     assert counted["query_range"] == 2
+
+
+@pytest.fixture
+def counted_models(monkeypatch):
+    """How often a bare model is wrapped (its config read into a spec, its weights hashed) and how
+    often a wrapped model's weights are hashed again."""
+    from lens_position.models import cache, spec
+
+    calls = {"wrapped": 0, "hashed": 0}
+    bare_spec, hashing = spec._bare_spec, cache.state_dict_sha256
+
+    def counting_spec(*args, **kwargs):
+        calls["wrapped"] += 1
+        return bare_spec(*args, **kwargs)
+
+    def counting_hash(*args, **kwargs):
+        calls["hashed"] += 1
+        return hashing(*args, **kwargs)
+
+    monkeypatch.setattr(spec, "_bare_spec", counting_spec)
+    monkeypatch.setattr(cache, "state_dict_sha256", counting_hash)
+    return calls
+
+
+def test_analyze_checks_a_bare_model_and_its_prompts_once(counted, counted_models):
+    """One ``analyze()`` on a bare HookedTransformer and raw token ids: the model is wrapped (and its
+    weights hashed) once, the prompts checked once, although it runs three analyses, each a public
+    entry point of its own."""
+    from lens_position.analyses.analyze import analyze
+
+    bare = offset_only_model(n_layers=2, bos_bonus=2.0).model
+    tokens = toy_tokens(4, 16, bos=True, seed=0)
+    result = analyze(bare, tokens, early_queries=8, bootstrap=NO_INTERVALS, progress=False)
+    assert result.bos is not None  # all three analyses ran
+    assert counted_models == {"wrapped": 1, "hashed": 1}
+    assert counted["prompts"] == 1
+
+
+def test_every_public_analysis_wraps_a_bare_model_once(counted_models):
+    """Each public analysis handed a bare model wraps it once at its door and hands the LoadedModel
+    down: no analysis below the door wraps or hashes it again."""
+    from lens_position.analyses.convergence import position0_convergence
+    from lens_position.analyses.decompose import decompose
+    from lens_position.analyses.probes import position_probe
+    from lens_position.analyses.rotary_bands import rotary_bands
+    from lens_position.analyses.sinks import sink_heads, window_sinks
+    from lens_position.analyses.trajectory import trajectory_patching
+
+    runs = {
+        "decompose": lambda m, t: decompose(m, t, bootstrap=NO_INTERVALS, progress=False),
+        "position_probe": lambda m, t: position_probe(m, t, ridge=1.0, bootstrap=NO_INTERVALS, progress=False),
+        "sink_heads": lambda m, t: sink_heads(m, t, bootstrap=NO_INTERVALS, progress=False),
+        "window_sinks": lambda m, t: window_sinks(m, t, bootstrap=NO_INTERVALS, progress=False),
+        "bos_replacement": lambda m, t: bos_replacement(m, t, query_range=(0, 8), bootstrap=NO_INTERVALS,
+                                                        progress=False),
+        "sink_reading_heads": lambda m, t: sink_reading_heads(m, t, query_range=(0, 8), n_ablate=1,
+                                                              bootstrap=NO_INTERVALS, progress=False),
+        "trajectory_patching": lambda m, t: trajectory_patching(m, t, layers=[1], query_range=(0, 8),
+                                                                progress=False),
+        "rotary_bands": lambda m, t: rotary_bands(m, t, n_bands=2, bootstrap=NO_INTERVALS, progress=False),
+        "position0_convergence": lambda m, t: position0_convergence(m, t, n_tokens=1, n_random=1,
+                                                                    bootstrap=NO_INTERVALS, progress=False),
+    }
+    for name, run in runs.items():
+        # convergence restores the position-0 state through the MLPs: a model that has them
+        bare = random_model().model if name == "position0_convergence" else \
+            offset_only_model(n_layers=2, bos_bonus=2.0).model
+        counted_models.update(wrapped=0, hashed=0)
+        run(bare, toy_tokens(4, 16, bos=True, seed=0))
+        assert counted_models == {"wrapped": 1, "hashed": 1}, name
+
+
+def test_a_model_is_collected_once_the_user_drops_it():
+    """Nothing in the package keeps a model the user let go of: after an analysis of it (a bare model
+    and a LoadedModel, with prompts checked against it), dropping the last reference frees it."""
+    import gc
+    import weakref
+
+    from lens_position.analyses.decompose import decompose
+
+    for wrap in (lambda m: m.model, lambda m: m):
+        model = wrap(offset_only_model(n_layers=2, bos_bonus=2.0))
+        checked = inputs.checked_prompts(model, toy_tokens(2, 8, bos=True, seed=0))
+        decompose(model, checked, bootstrap=NO_INTERVALS, progress=False)
+        alive = weakref.ref(model.model if hasattr(model, "spec") else model)
+        del model
+        gc.collect()
+        assert alive() is None

@@ -4,11 +4,11 @@ in one place, and is 1 when an intervention removes all of R, 0 when it changes 
 import pytest
 import torch
 
-from lens_position.core.columns import display_order
 from lens_position.analyses.compare import compare, decompose_conditions
 from lens_position.analyses.decompose import decompose
-from lens_position.ground.errors import BadInputError
 from lens_position.analyses.patching import Patch
+from lens_position.core.columns import display_order
+from lens_position.ground.errors import BadInputError
 from lens_position.models.toy import offset_only_model, toy_tokens
 
 LENGTH = 24

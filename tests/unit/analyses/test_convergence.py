@@ -5,15 +5,15 @@ leave the state the embedding. Expected values are closed forms of those constru
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from convergence_model import TARGET, convergence_model
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lens_position.analyses.convergence import Position0Convergence, position0_convergence
 from lens_position.analyses.patching import default_replacement_token
 from lens_position.core.results import load_result
 from lens_position.ground.errors import BadInputError
 from lens_position.models.toy import BOS_TOKEN_ID, offset_only_model, toy_tokens
-
-from convergence_model import TARGET, convergence_model
 
 TOKENS = toy_tokens(4, 6, bos=True)
 
@@ -126,7 +126,7 @@ def test_the_batched_restoration_runs_equal_one_patched_run_each(monkeypatch, ro
             activation[:, 0] = value.to(activation.dtype)
             return activation
 
-        def keep(activation, hook):
+        def keep(activation, hook, kept=kept):
             kept.append(activation[:, 0].to(torch.float64))
 
         hooks = [("hook_embed", replace), (name, set_value),

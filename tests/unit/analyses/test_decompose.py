@@ -2,6 +2,7 @@
 tiny models, and the streamed statistics against a dense reference."""
 
 import hashlib
+
 import numpy as np
 import pytest
 import torch
@@ -9,7 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lens_position.analyses.decompose import (
-    PairDesign, PositionBins, check_identity, decompose, decompose_dense, self_referenced_scores,
+    PairDesign,
+    PositionBins,
+    check_identity,
+    decompose,
+    decompose_dense,
+    self_referenced_scores,
 )
 from lens_position.ground.errors import BadInputError, ContextLengthError, UnsupportedArchitectureError
 from lens_position.models.toy import offset_only_model, random_model, toy_tokens
@@ -148,7 +154,8 @@ def test_result_is_independent_of_batch_size():
     tokens = torch.randint(0, 50, (6, 24), generator=torch.Generator().manual_seed(3))
     a = decompose(loaded, tokens, batch_size=1, progress=False).heads
     b = decompose(loaded, tokens, batch_size=6, progress=False).heads
-    np.testing.assert_allclose(a[["total", "R", "M", "C", "total_heldout"]], b[["total", "R", "M", "C", "total_heldout"]], atol=1e-12)
+    columns = ["total", "R", "M", "C", "total_heldout"]
+    np.testing.assert_allclose(a[columns], b[columns], atol=1e-12)
 
 
 def test_layers_frame_and_provenance():
@@ -235,12 +242,12 @@ def test_a_bootstrap_replicate_is_the_decomposition_of_its_resampled_sequences(m
     held-out, reference-free), per head and per layer. The resampled sequences keep their halves
     (even indices half 0, odd half 1), as the stratified draws do. A sliding-window layer (window
     8 < T) and two global ones (refitted together); the replicates refitted a few at a time."""
-    import lens_position.analyses.decompose as decompose_module
     from lens_position.analyses.decompose import COMPONENTS, HEAD_REPLICATE_COMPONENTS, DecompositionReducer
+    from lens_position.analyses.engine import fit as fit_module
     from lens_position.core.intervals import NO_INTERVALS, Bootstrap
     from lens_position.core.stream import stream
 
-    monkeypatch.setattr(decompose_module, "_REFIT_BLOCK_VALUES", 5000)  # several blocks of heads
+    monkeypatch.setattr(fit_module, "REFIT_BLOCK_VALUES", 5000)  # several blocks of heads
     loaded = random_model(n_layers=3, attn_types=("global", "local", "global"))
     tokens = torch.randint(0, 50, (8, 24), generator=torch.Generator().manual_seed(7))
     reducer = DecompositionReducer(loaded, tokens, query_range=(2, 24), bootstrap=Bootstrap(n_resamples=70))
@@ -268,23 +275,30 @@ def test_a_bootstrap_replicate_is_the_decomposition_of_its_resampled_sequences(m
 def eight_sequence_fit():
     """The statistics of 8 sequences (8 groups, halves of 4) on a global and a sliding-window layer,
     refitted side by side as in ``result()``, and the bootstrap's draws."""
-    from lens_position.analyses.decompose import DecompositionReducer, HeadStatistics, _Fitter
+    from lens_position.analyses.decompose import DecompositionReducer, HeadStatistics
+    from lens_position.analyses.engine.fit import Fitter
     from lens_position.core.stream import stream
 
     loaded = random_model(n_layers=2, attn_types=("global", "local"))
     tokens = torch.randint(0, 50, (8, 20), generator=torch.Generator().manual_seed(3))
     reducer = DecompositionReducer(loaded, tokens, query_range=(1, 20))
     stream(loaded, tokens, [reducer], batch_size=8, progress=False)
-    fits = [(_Fitter(design), HeadStatistics.side_by_side([reducer.stats[layer] for layer in reducer.layers
-                                                          if reducer.windows[layer] == window]))
-            for window, design in reducer.designs.items()]
+    fits = [
+        (
+            Fitter(design),
+            HeadStatistics.side_by_side(
+                [reducer.stats[layer] for layer in reducer.layers if reducer.windows[layer] == window]
+            ),
+        )
+        for window, design in reducer.designs.items()
+    ]
     return fits, reducer.resample_weights()
 
 
 def _one_row_at_a_time(fit, stats, weights):
-    from lens_position.analyses.decompose import _components
+    from lens_position.analyses.engine.fit import components
 
-    rows = [_components(fit, stats, weights[i:i + 1]) for i in range(len(weights))]
+    rows = [components(fit, stats, weights[i : i + 1]) for i in range(len(weights))]
     return {name: torch.cat([row[name] for row in rows]) for name in rows[0]}
 
 
@@ -301,8 +315,8 @@ def test_every_bootstrap_replicate_gets_the_refit_of_its_own_weighting(eight_seq
     halves of 4 sequences many repeat. Every replicate must still get the components of its own
     weighting: refitting all 200 together equals refitting each alone, and only the distinct
     weightings (of all groups, and of each half) are refitted."""
-    import lens_position.analyses.decompose as decompose_module
-    from lens_position.analyses.decompose import _components
+    from lens_position.analyses.engine import fit as fit_module
+    from lens_position.analyses.engine.fit import components
 
     fits, weights = eight_sequence_fit
     halves = fits[0][1].halves.to(torch.float64)
@@ -311,11 +325,14 @@ def test_every_bootstrap_replicate_gets_the_refit_of_its_own_weighting(eight_seq
     assert distinct < len(weights) and distinct_halves < len(weights)  # the draws do repeat
     for fit, stats in fits:
         refitted_rows = []
-        variant = decompose_module._variant
-        monkeypatch.setattr(decompose_module, "_variant",
-                            lambda *a: refitted_rows.append(len(a[-1])) or variant(*a))
-        together = _components(fit, stats, weights)
-        monkeypatch.setattr(decompose_module, "_variant", variant)
+        variant = fit_module.fit_variant
+        def counting(*args, refitted_rows=refitted_rows, variant=variant):
+            refitted_rows.append(len(args[-1]))
+            return variant(*args)
+
+        monkeypatch.setattr(fit_module, "fit_variant", counting)
+        together = components(fit, stats, weights)
+        monkeypatch.setattr(fit_module, "fit_variant", variant)
         assert sum(refitted_rows) == distinct + distinct_halves
         _assert_same_components(together, _one_row_at_a_time(fit, stats, weights))
 
@@ -325,14 +342,14 @@ def test_every_bootstrap_replicate_gets_the_refit_of_its_own_weighting(eight_seq
 def test_refitting_weightings_together_equals_refitting_each_alone(eight_sequence_fit, data):
     """Any multiplicities (repeated rows, rows in any order, a half or every group left out): the
     components of a weighting do not depend on which other weightings are refitted with it."""
-    from lens_position.analyses.decompose import _components
+    from lens_position.analyses.engine.fit import components
 
     fits, _ = eight_sequence_fit
     pool = data.draw(st.lists(st.lists(st.integers(0, 3), min_size=8, max_size=8), min_size=1, max_size=4))
     rows = data.draw(st.lists(st.sampled_from(pool), min_size=1, max_size=10))
     weights = torch.tensor(rows, dtype=torch.float64)
     fit, stats = fits[data.draw(st.sampled_from([0, 1]))]
-    _assert_same_components(_components(fit, stats, weights), _one_row_at_a_time(fit, stats, weights))
+    _assert_same_components(components(fit, stats, weights), _one_row_at_a_time(fit, stats, weights))
 
 
 @settings(max_examples=200, deadline=None)
@@ -344,24 +361,24 @@ def test_exp_and_log_equal_torchs_on_any_float64(values, step, numpy_path):
     else torch's) give torch's values to one unit in the last place, and the same infinities, zeros and
     NaNs: over any float64 (subnormal results, overflow, -inf, NaN), on strided views, into a given
     output and in place."""
-    import lens_position.analyses.decompose as decompose_module
+    from lens_position.analyses.engine import kernels
 
     x = torch.tensor(values, dtype=torch.float64)[::step]
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(decompose_module, "_NUMPY_VECTOR_MATH", numpy_path)
-        _check_exp_and_log(decompose_module, x)
+        patch.setattr(kernels, "NUMPY_VECTOR_MATH", numpy_path)
+        _check_exp_and_log(kernels, x)
 
 
-def _check_exp_and_log(decompose_module, x):
+def _check_exp_and_log(kernels, x):
     out = torch.empty_like(x)
-    assert decompose_module._exp(x, out=out) is out
-    for got in (decompose_module._exp(x), out):
+    assert kernels.fast_exp(x, out=out) is out
+    for got in (kernels.fast_exp(x), out):
         torch.testing.assert_close(got, torch.exp(x), rtol=4e-16, atol=0.0, equal_nan=True)
     positive = x.abs()
-    got = decompose_module._log_(positive.clone())
+    got = kernels.fast_log_(positive.clone())
     torch.testing.assert_close(got, positive.log(), rtol=0.0, atol=1e-15, equal_nan=True)
     wide = torch.stack([positive, positive]).T  # a non-contiguous [n, 2] view, logged in place
-    decompose_module._log_(wide)
+    kernels.fast_log_(wide)
     torch.testing.assert_close(wide[:, 0], positive.log(), rtol=0.0, atol=1e-15, equal_nan=True)
 
 
@@ -369,7 +386,7 @@ def test_fast_logcumsumexp_equals_torchs():
     """The refits' cumulative logsumexp (shift by the row's maximum, exp, cumsum, log) against
     torch.logcumsumexp: float64 round-off on ordinary rows, and torch's own values on rows where
     the shifted prefix underflows, that are constant, or that hold NaN or -inf."""
-    from lens_position.analyses.decompose import _logcumsumexp
+    from lens_position.analyses.engine.kernels import fast_logcumsumexp
 
     x = torch.randn(50, 3, 64, generator=torch.Generator().manual_seed(8), dtype=torch.float64) * 20
     x[0, 0, :3] = -2000.0  # the first values underflow after the shift
@@ -377,7 +394,7 @@ def test_fast_logcumsumexp_equals_torchs():
     x[2, 2, 5] = float("nan")
     x[3, 0, :4] = float("-inf")
     x[4, 1] = float("-inf")
-    fast, exact = _logcumsumexp(x), torch.logcumsumexp(x, dim=-1)
+    fast, exact = fast_logcumsumexp(x), torch.logcumsumexp(x, dim=-1)
     assert torch.equal(fast.isnan(), exact.isnan()) and torch.equal(fast.isinf(), exact.isinf())
     finite = exact.isfinite()
     torch.testing.assert_close(fast[finite], exact[finite], rtol=1e-13, atol=1e-13)
@@ -391,8 +408,8 @@ def test_statistics_do_not_depend_on_how_the_queries_are_blocked(monkeypatch, op
     """The reduction works on blocks of query rows, each over the keys its queries see; any
     block size gives the same sums (float64 round-off), on a sliding-window layer and a global
     one, with a query range, and with several sequences per group (intervals off: two halves)."""
-    import lens_position.analyses.decompose as decompose_module
     from lens_position.analyses.decompose import DecompositionReducer
+    from lens_position.analyses.engine import statistics
     from lens_position.core.intervals import NO_INTERVALS, Bootstrap
     from lens_position.core.stream import stream
 
@@ -400,9 +417,10 @@ def test_statistics_do_not_depend_on_how_the_queries_are_blocked(monkeypatch, op
     tokens = torch.randint(0, 50, (7, 40), generator=torch.Generator().manual_seed(9))
     stats = {}
     for block_rows in (5, 1000):
-        monkeypatch.setattr(decompose_module, "_BLOCK_ROWS", block_rows)
-        reducer = DecompositionReducer(loaded, tokens, bootstrap=Bootstrap() if bootstrap_on else NO_INTERVALS,
-                                       **options)
+        monkeypatch.setattr(statistics, "BLOCK_ROWS", block_rows)
+        reducer = DecompositionReducer(
+            loaded, tokens, bootstrap=Bootstrap() if bootstrap_on else NO_INTERVALS, **options
+        )
         stream(loaded, tokens, [reducer], batch_size=3, progress=False)
         stats[block_rows] = reducer.stats
     for layer, blocked in stats[5].items():
@@ -436,10 +454,10 @@ def test_reduced_statistics_equal_explicit_sums(monkeypatch, fill, keys, window,
     falling back to logsumexp) against explicit float64 sums over the analysed pairs, whichever value
     writes the mask (-inf, or finfo.min as a bridge outside compatibility mode does), with a
     visible score 800 above its diagonal (exp(t) overflows) or without."""
-    import lens_position.analyses.decompose as decompose_module
-    from lens_position.analyses.decompose import HeadStatistics, _reduce
+    from lens_position.analyses.engine import statistics
+    from lens_position.analyses.engine.statistics import HeadStatistics, reduce_scores
 
-    monkeypatch.setattr(decompose_module, "_BLOCK_ROWS", 8)
+    monkeypatch.setattr(statistics, "BLOCK_ROWS", 8)
     length = 30
     design = PairDesign.build(length, window, *query_range, keys, PositionBins())
     gen = torch.Generator().manual_seed(3)
@@ -450,7 +468,7 @@ def test_reduced_statistics_equal_explicit_sums(monkeypatch, fill, keys, window,
     if overflow:
         scores[1, 0, 20, 18] = scores[1, 0, 20, 20] + 800.0
     stats = HeadStatistics.zeros(2, design.n_features, query_range[1] - query_range[0], n_groups=2)
-    _reduce(scores, design, torch.zeros(3, dtype=torch.long), stats)
+    reduce_scores(scores, design, torch.zeros(3, dtype=torch.long), stats)
     direct = _direct_statistics(scores, design)
     assert torch.isfinite(stats.sum_y).all()
     for name, value in direct.items():
@@ -462,7 +480,7 @@ def test_shifted_logcumsumexp_equals_torchs():
     """With ``shifted`` (the caller subtracted an upper bound of every row) no maximum is taken:
     float64 round-off against torch.logcumsumexp on ordinary rows, torch's own values where the
     prefix underflows (the first values more than 700 below the bound) or a row holds NaN."""
-    from lens_position.analyses.decompose import _logcumsumexp
+    from lens_position.analyses.engine.kernels import fast_logcumsumexp
 
     gen = torch.Generator().manual_seed(11)
     x = torch.randn(40, 3, 64, generator=gen, dtype=torch.float64) * 20
@@ -470,7 +488,7 @@ def test_shifted_logcumsumexp_equals_torchs():
     x[0, 0, :3] = -2000.0
     x[1, 2] -= 800.0  # the whole row far below the bound
     x[2, 1, 7] = float("nan")
-    fast, exact = _logcumsumexp(x, shifted=True), torch.logcumsumexp(x, dim=-1)
+    fast, exact = fast_logcumsumexp(x, shifted=True), torch.logcumsumexp(x, dim=-1)
     assert torch.equal(fast.isnan(), exact.isnan())
     finite = exact.isfinite()
     torch.testing.assert_close(fast[finite], exact[finite], rtol=1e-13, atol=1e-13)

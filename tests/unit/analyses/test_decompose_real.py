@@ -4,8 +4,8 @@ the model's own pattern, and the sliding-window key sets of Gemma-3 (slow: loads
 import numpy as np
 import pytest
 
-from lens_position.core.data import build_prompts
 from lens_position.analyses.decompose import check_identity, decompose
+from lens_position.core.data import build_prompts
 
 pytestmark = pytest.mark.slow
 

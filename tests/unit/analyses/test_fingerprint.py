@@ -3,8 +3,6 @@
 import pytest
 import torch
 
-from lens_position.core.data import build_prompts
-from lens_position.ground.errors import BadInputError
 from lens_position.analyses.fingerprint import (
     auto_bos_policy,
     counterfactual_token0,
@@ -13,6 +11,8 @@ from lens_position.analyses.fingerprint import (
     residual_names,
 )
 from lens_position.analyses.patching import cache_activations
+from lens_position.core.data import build_prompts
+from lens_position.ground.errors import BadInputError
 
 
 @pytest.mark.parametrize("name", ["tiny_llama", "tiny_gemma3"])

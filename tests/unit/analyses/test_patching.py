@@ -9,8 +9,8 @@ from transformer_lens.patching import get_act_patch_resid_pre
 
 from lens_position.analyses import patching
 from lens_position.core.data import PromptSet
-from lens_position.ground.errors import BadInputError
 from lens_position.core.inputs import checked_prompts
+from lens_position.ground.errors import BadInputError
 from lens_position.models.toy import random_model
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from lens_position.analyses import patching
@@ -64,7 +65,8 @@ def test_cells_carry_per_prompt_values_baseline_and_their_effects():
     row = sweep.frame.set_index("position").loc[2]
     assert row["effect_lo"] <= row["effect"] <= row["effect_hi"]
     assert row["effect"] == pytest.approx(float(expected.mean()), abs=1e-5)
-    assert set(sweep.frame.columns) >= {"metric", "metric_lo", "metric_hi", "effect", "effect_lo", "effect_hi", "p_value"}
+    assert set(sweep.frame.columns) >= {"metric", "metric_lo", "metric_hi", "effect", "effect_lo", "effect_hi",
+                                        "p_value"}
 
 
 def test_interval_coverage_of_the_true_effect_is_near_its_level():

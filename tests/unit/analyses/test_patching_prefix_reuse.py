@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 from transformer_lens import patching as tl_patching
 
@@ -78,7 +79,8 @@ def test_prefix_reuse_computes_fewer_token_layers_and_the_floor_at_batch_one():
     # one condition per pass: every pass computes exactly what its patch can change
     assert reused.provenance["options"]["token_layers"] == floor
     # without reuse each of the n_pos cells of layer l computes all n_pos positions of n_layers - l blocks
-    assert full.provenance["options"]["token_layers"] == n_rows * n_pos * n_pos * sum(n_layers - l for l in range(n_layers))
+    assert full.provenance["options"]["token_layers"] == n_rows * n_pos * n_pos * sum(
+        n_layers - l for l in range(n_layers))
     assert floor < full.provenance["options"]["token_layers"] * 0.6
     assert reused.provenance["options"]["reuse_prefix"] and not full.provenance["options"]["reuse_prefix"]
     torch.testing.assert_close(reused.values, full.values, atol=1e-5, rtol=0)
@@ -103,7 +105,8 @@ def test_a_key_value_patch_at_a_position_matches_the_full_computation():
     target, source = _pair(50)
     store = patching.cache_activations(model, source, ["blocks.1.attn.hook_k", "blocks.1.attn.hook_v",
                                                        "blocks.2.attn.hook_q"])
-    conditions = [patching.head_kv_patches(model, store, layer=1, head=h, position=p) for h in (0, 3) for p in (0, 4, 11)]
+    conditions = [patching.head_kv_patches(model, store, layer=1, head=h, position=p)
+                  for h in (0, 3) for p in (0, 4, 11)]
     conditions += [[patching.Patch("blocks.2.attn.hook_q", store["blocks.2.attn.hook_q"][:, 7, 1], position=7, head=1)]]
     reused = patching.run_patches(model, target, conditions, lambda logits: logits, reuse_prefix=True, progress=False)
     full = patching.run_patches(model, target, conditions, lambda logits: logits, reuse_prefix=False, progress=False)
@@ -124,9 +127,16 @@ def test_models_that_cannot_reuse_fall_back_or_refuse():
     assert not fallback.provenance["options"]["reuse_prefix"]
     rotary = MODELS["gqa-sliding-rotary"]()
     with pytest.raises(BadInputError, match="reads hooks"):
-        patching.run_patches(rotary, target, [[]], lambda acts: acts["blocks.0.hook_resid_post"],
-                             read=["blocks.0.hook_resid_post"], reuse_prefix=True)
-    assert "not a HookedTransformer" in patching.prefix_reuse_unsupported(torch.nn.Linear(2, 2))
+        patching.run_patches(
+            rotary,
+            target,
+            [[]],
+            lambda acts: acts["blocks.0.hook_resid_post"],
+            read=["blocks.0.hook_resid_post"],
+            reuse_prefix=True,
+        )
+    with pytest.raises(TypeError, match="expected a LoadedModel"):
+        patching.prefix_reuse_unsupported(torch.nn.Linear(2, 2))
 
 
 def test_hooks_are_removed_after_a_reusing_pass_fails():

@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
+from lens_position.analyses.probes import position_probe
 from lens_position.core.columns import display_order
 from lens_position.ground.errors import BadInputError
-from lens_position.analyses.probes import position_probe
 from lens_position.models.toy import random_model
 
 
@@ -111,8 +111,8 @@ def _explicit_interval(loaded, tokens, result, layer, ridge, n_resamples=200):
     unit, bootstrapped over those units (widened like every bootstrap here); the jackknife over
     training units, each leaving one unit out and refitting the probe, scored on all held-out
     rows; the bootstrap's spread stretched about the estimate to add the jackknife variance."""
-    from lens_position.core.intervals import percentile_interval, resample_counts, small_sample_widening
     from lens_position.analyses.probes import PROBE_INTERVAL_GROUPS
+    from lens_position.core.intervals import percentile_interval, resample_counts, small_sample_widening
 
     test_rows = sorted(result.provenance["options"]["test_sequences"])
     train_rows = [n for n in range(len(tokens)) if n not in set(test_rows)]
@@ -167,8 +167,8 @@ def test_the_refit_widens_the_heldout_r2_interval():
     """The refit's own variability is part of the interval: on a probe whose weights depend on
     which training sequences it sees (random model, few sequences), the interval is wider than
     the bootstrap of the held-out sequences with the fitted weights kept."""
-    from lens_position.core.intervals import percentile_interval, resample_counts, small_sample_widening
     from lens_position.analyses.probes import ProbeReducer, _fit
+    from lens_position.core.intervals import percentile_interval, resample_counts, small_sample_widening
     from lens_position.core.stream import stream
 
     loaded = random_model(n_layers=1, d_vocab=50)
@@ -203,8 +203,8 @@ def test_probe_of_a_written_position_has_a_tight_interval_near_one_and_provenanc
 
 
 def test_probe_without_intervals_keeps_no_rows_and_reports_nan():
-    from lens_position.core.intervals import NO_INTERVALS
     from lens_position.analyses.probes import ProbeReducer
+    from lens_position.core.intervals import NO_INTERVALS
     from lens_position.core.stream import stream
 
     loaded = random_model(n_layers=1, d_vocab=50)
@@ -221,8 +221,8 @@ def test_probe_fed_only_its_training_rows_refuses_rather_than_report_nan(with_in
     """Rows are handed to the reducer explicitly; if no held-out row ever arrives, the held-out
     R² would be 0/0: result() says so instead (with intervals the units hold the held-out rows,
     without them the held-out moments do)."""
-    from lens_position.core.intervals import NO_INTERVALS, Bootstrap
     from lens_position.analyses.probes import ProbeReducer
+    from lens_position.core.intervals import NO_INTERVALS, Bootstrap
 
     loaded = random_model(n_layers=1, d_vocab=50)
     tokens = torch.randint(0, 50, (8, 20), generator=torch.Generator().manual_seed(7))

@@ -4,14 +4,14 @@ agrees with the bootstrap interval on synthetic scores whose spread is known."""
 import numpy as np
 import pytest
 import torch
+from synthetic_scores import LENGTH, synthetic_scores
 
-from lens_position.core.columns import display_order
 from lens_position.analyses.claims import claims_table
 from lens_position.analyses.decompose import decompose
-from lens_position.core.intervals import Bootstrap
 from lens_position.analyses.prompt_sets import SET_COLUMNS, SUMMARY_COLUMNS, between_sets, disjoint_prompt_sets
+from lens_position.core.columns import display_order
+from lens_position.core.intervals import Bootstrap
 from lens_position.models.toy import offset_only_model, toy_tokens
-from synthetic_scores import LENGTH, synthetic_scores
 
 
 def test_natural_prompt_sets_share_no_corpus_window(tiny_llama):

@@ -15,7 +15,9 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from band_model import D_HEAD, ROTARY_DIM, one_band_model
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lens_position.analyses.decompose import decompose
 from lens_position.analyses.rotary_bands import RotaryBands, frequency_bands, rotary_bands, rotary_frequencies
@@ -23,8 +25,6 @@ from lens_position.core.intervals import NO_INTERVALS
 from lens_position.core.results import load_result
 from lens_position.ground.errors import BadInputError
 from lens_position.models.toy import offset_only_model, random_model, toy_tokens
-
-from band_model import D_HEAD, ROTARY_DIM, one_band_model
 
 TOKENS = toy_tokens(6, 24, bos=True, seed=0)
 

@@ -20,14 +20,13 @@ import math
 
 import pytest
 import torch
+from sink_model import BONUS, sink_reading_model
 
-from lens_position.core.columns import display_order
 from lens_position.analyses import sinks
 from lens_position.analyses.decompose import decompose
+from lens_position.core.columns import display_order
 from lens_position.ground.errors import BadInputError
 from lens_position.models.toy import BOS_TOKEN_ID, toy_tokens
-
-from sink_model import BONUS, sink_reading_model
 
 
 @pytest.fixture(scope="module")

@@ -4,11 +4,11 @@ removing BOS from the position-0 residual before layer 1 silences the sink-readi
 changes nothing, because nothing downstream reads position 0 any more."""
 
 import pytest
+from sink_model import sink_reading_model
 
+from lens_position.analyses.trajectory import trajectory_patching
 from lens_position.ground.errors import BadInputError
 from lens_position.models.toy import toy_tokens
-from lens_position.analyses.trajectory import trajectory_patching
-from sink_model import sink_reading_model
 
 
 @pytest.fixture(scope="module")

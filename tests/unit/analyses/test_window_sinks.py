@@ -7,7 +7,9 @@ import dataclasses
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from window_sink_model import WINDOW, closed_form_pattern, window_sink_model
 
 from lens_position.analyses import sinks
 from lens_position.core.intervals import NO_INTERVALS
@@ -15,8 +17,6 @@ from lens_position.core.results import load_result
 from lens_position.ground.errors import BadInputError
 from lens_position.models.spec import LoadedModel
 from lens_position.models.toy import toy_tokens
-
-from window_sink_model import WINDOW, closed_form_pattern, window_sink_model
 
 T = 32
 

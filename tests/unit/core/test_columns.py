@@ -7,8 +7,8 @@ import dataclasses
 
 import pandas as pd
 import pytest
-
 from all_results import results
+
 from lens_position.core.columns import COLUMNS, PANDAS_NAME_EXCEPTIONS, describe, recommended_first, undocumented
 
 NAMES = list(results())

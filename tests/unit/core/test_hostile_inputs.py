@@ -208,7 +208,8 @@ def test_more_threads_than_the_machine_can_start_are_refused():
 @pytest.mark.fault(area="compute", given="RunConfig(ray_address='') or a ray_address with the serial executor",
                    happens="BadInputError: names no cluster / needs --executor ray (an ActorDiedError, exit 3; "
                            "the address was ignored)")
-@pytest.mark.parametrize("executor, address, match", [("ray", "", "names no cluster"), ("ray", "  ", "names no cluster"),
+@pytest.mark.parametrize("executor, address, match", [("ray", "", "names no cluster"),
+                                                      ("ray", "  ", "names no cluster"),
                                                       ("serial", "localhost:1", "--executor ray"),
                                                       ("threads", None, "unknown executor")])
 def test_a_ray_address_must_name_a_cluster_and_go_with_the_ray_executor(tmp_path, executor, address, match):

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from lens_position.analyses import bos, decompose, patching, probes, sinks, trajectory
+from lens_position.analyses.decompose import PositionBins
 from lens_position.core.checks import check_count, check_layers, check_query_range, check_seed
 from lens_position.core.data import DEFAULT_BOS, build_prompts, prompts_from_texts
-from lens_position.analyses.decompose import PositionBins
-from lens_position.ground.errors import BadInputError, ContextLengthError, PaddedPromptsError
 from lens_position.core.inputs import checked_prompts
+from lens_position.ground.errors import BadInputError, ContextLengthError, PaddedPromptsError
 from lens_position.models.tiny import BOS_ID, PAD_ID, VOCAB_SIZE
 
 TEXTS = ["The cat sat on the mat.", "A much longer sentence about where position comes from.",

@@ -4,15 +4,19 @@ whose answer is known."""
 import math
 
 import numpy as np
-import pytest
 import torch
+from synthetic_scores import LENGTH, synthetic_scores  # noqa: E402
 
 from lens_position.analyses.decompose import decompose
-from lens_position.core.intervals import (NO_INTERVALS, Bootstrap, Estimate, percentile_interval, resample_counts,
-                                    units_to_decide)
+from lens_position.core.intervals import (
+    NO_INTERVALS,
+    Bootstrap,
+    Estimate,
+    percentile_interval,
+    resample_counts,
+    units_to_decide,
+)
 from lens_position.models.toy import offset_only_model, toy_tokens
-
-from synthetic_scores import LENGTH, synthetic_scores  # noqa: E402
 
 
 def test_resampling_keeps_the_strata_and_is_the_same_for_the_same_units():
@@ -40,7 +44,8 @@ def test_percentile_interval_is_numpys_nan_aware_quantile_column_by_column():
         assert lo[column] == np.nanquantile(values, tail) and hi[column] == np.nanquantile(values, 1 - tail)
     one_lo, one_hi = percentile_interval(replicates[:, 2, 2])
     tail = (1 - 0.95) / 2
-    assert (one_lo, one_hi) == (np.nanquantile(replicates[:, 2, 2], tail), np.nanquantile(replicates[:, 2, 2], 1 - tail))
+    column = replicates[:, 2, 2]
+    assert (one_lo, one_hi) == (np.nanquantile(column, tail), np.nanquantile(column, 1 - tail))
 
 
 def test_units_to_decide_scale_as_one_over_root_n():
@@ -128,7 +133,8 @@ def test_tables_say_which_interval_method_made_each_interval_and_where_an_estima
     from lens_position.core.intervals import annotate_intervals
 
     frame = pd.DataFrame({"total": [0.30, 0.10], "total_lo": [0.20, 0.12], "total_hi": [0.28, 0.20],
-                          "total_heldout": [0.2, 0.1], "total_heldout_lo": [0.1, 0.05], "total_heldout_hi": [0.3, 0.09]})
+                          "total_heldout": [0.2, 0.1], "total_heldout_lo": [0.1, 0.05],
+                          "total_heldout_hi": [0.3, 0.09]})
     annotated = annotate_intervals(frame)
     assert annotated["interval_method"].tolist() == ["bias-corrected percentile: total; percentile: the others"] * 2
     assert annotated["outside_interval"].tolist() == ["total", "total, total_heldout"]

@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from lens_position.cli.commands import _layer_list
 from lens_position.core.checks import check_layers, parse_layers

@@ -15,9 +15,9 @@ import torch
 
 import lens_position
 from lens_position.analyses.decompose import Decomposition, decompose
-from lens_position.ground.errors import BadInputError
-from lens_position.core.results import MANIFEST, SavedResult, load_result
 from lens_position.analyses.sinks import SinkHeads
+from lens_position.core.results import MANIFEST, SavedResult, load_result
+from lens_position.ground.errors import BadInputError
 
 
 def _result_classes() -> list[type]:

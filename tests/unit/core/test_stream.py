@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from lens_position.analyses.decompose import DecompositionReducer, decompose
-from lens_position.ground.errors import BadInputError
 from lens_position.analyses.patching import Patch
 from lens_position.core.stream import Reducer, needed_stop, stream
+from lens_position.ground.errors import BadInputError
 from lens_position.models.toy import offset_only_model, random_model, toy_tokens
 
 
@@ -112,7 +112,8 @@ def test_per_prompt_patch_values_follow_the_prompts_across_batches():
 def test_a_patch_with_rows_touches_only_those_prompts():
     loaded = random_model(n_layers=2)
     tokens = torch.randint(0, 50, (5, 8), generator=torch.Generator().manual_seed(0))
-    patch = Patch("blocks.0.hook_resid_pre", torch.tensor([1.0, 2.0])[:, None, None] * torch.ones(2, 8, loaded.model.cfg.d_model),
+    value = torch.tensor([1.0, 2.0])[:, None, None] * torch.ones(2, 8, loaded.model.cfg.d_model)
+    patch = Patch("blocks.0.hook_resid_pre", value,
                   rows=[1, 3])
 
     class Capture:

@@ -8,9 +8,10 @@ import dataclasses
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import given, settings, strategies as st
-
 from all_results import all_results, instrument_results, results
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from lens_position.core.columns import RECOMMENDED
 from lens_position.ground.errors import BadInputError
 

@@ -14,9 +14,19 @@ import re
 import pytest
 import torch
 
-from lens_position.analyses import bos, compare, decompose, fingerprint, patching, probes, prompt_sets, sinks, trajectory
-from lens_position.ground import progress
+from lens_position.analyses import (
+    bos,
+    compare,
+    decompose,
+    fingerprint,
+    patching,
+    probes,
+    prompt_sets,
+    sinks,
+    trajectory,
+)
 from lens_position.cli.commands import main
+from lens_position.ground import progress
 from lens_position.models.tiny import VOCAB_SIZE
 
 N, T = 4, 12

@@ -19,6 +19,7 @@ import transformers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import lens_position.models.backends.bridge as bridge_module
 from lens_position.analyses.decompose import DecompositionReducer, check_identity, decompose, visible_keys
 from lens_position.core.data import build_prompts
 from lens_position.core.intervals import Bootstrap
@@ -27,7 +28,6 @@ from lens_position.core.stream import WholeActivations, stream
 from lens_position.ground.errors import BadInputError, UnsupportedArchitectureError
 from lens_position.models import load_model
 from lens_position.models.backends import ModelBackend, hooked_available, resolve_backend
-import lens_position.models.backends.bridge as bridge_module
 from lens_position.models.backends.bridge import BridgeBackend, check_scores_hook, scores_before_softmax, ungroup_kv
 from lens_position.models.spec import as_loaded
 from lens_position.models.tiny import TINY_CONFIGS, byte_tokenizer, tiny_hf_model

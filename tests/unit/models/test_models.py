@@ -13,9 +13,14 @@ import pytest
 import torch
 import transformers
 
-from lens_position.ground.errors import (BadInputError, ContextLengthError, CorruptFileError,
-                                  MissingPackageError, UnknownModelError,
-                                  UnsupportedArchitectureError)
+from lens_position.ground.errors import (
+    BadInputError,
+    ContextLengthError,
+    CorruptFileError,
+    MissingPackageError,
+    UnknownModelError,
+    UnsupportedArchitectureError,
+)
 from lens_position.models import KNOWN_MODELS, describe, load_model
 from lens_position.models.rope import inverse_frequencies, ntk_aware_base, ntk_by_parts_frequencies
 from lens_position.models.tiny import TINY_CONFIGS, tiny_hf_model

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lens_position.models import load_model
 from lens_position.models import cache as weight_cache
+from lens_position.models import load_model
 from lens_position.models.tiny import tiny_hf_model
 
 ROOT = Path(__file__).resolve().parents[3]

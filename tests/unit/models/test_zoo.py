@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -15,12 +14,12 @@ import torch
 from lens_position.analyses.claims import VERDICTS
 from lens_position.ground.errors import BadInputError, CorruptFileError, UnknownModelError
 from lens_position.models import load_model
-from lens_position.report.html import report_figure_specs
-from lens_position.report import zoo as c3
 from lens_position.models.zoo.corpus import corpus_of, is_held_out, unigram_bits_per_byte
 from lens_position.models.zoo.recipe import DEFAULT_SEEDS, VARIANTS, Recipe, recipe_for
 from lens_position.models.zoo.store import checkpoints, find, load_zoo_model, model_name, parse_name, verify
 from lens_position.models.zoo.train import train
+from lens_position.report import zoo as c3
+from lens_position.report.html import report_figure_specs
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +75,8 @@ def test_measurements_along_training_change_no_weight_and_land_in_the_curve(smal
         assert 0 <= point["sink_rate"] <= 1 and 0 < point["max_sink_score"] <= 1
     assert "max_sink_score" not in plain.curve[0]
     # the last point's score is the finished model's, measured as a checkpoint is measured
-    from lens_position.models.zoo.architecture import build_model, load_parameters
     from lens_position.analyses.zoo.measure import sink_measurement
+    from lens_position.models.zoo.architecture import build_model, load_parameters
     from lens_position.models.zoo.store import as_loaded_model
 
     model = build_model(recipe, initialise=False)
@@ -315,7 +314,8 @@ def test_reproduce_on_zoo_models_writes_the_c3_answer(tmp_path):
     from lens_position.pipeline.config import DataOptions, RunConfig
     from lens_position.pipeline.run import run
 
-    seeds = sorted({c.seed for c in SHIPPED if c.variant == "ntk"} & {c.seed for c in SHIPPED if c.variant == "ntk-control"})[:2]
+    seeds = sorted({c.seed for c in SHIPPED if c.variant == "ntk"}
+                   & {c.seed for c in SHIPPED if c.variant == "ntk-control"})[:2]
     names = [model_name(v, s) for s in seeds for v in ("ntk", "ntk-control")]
     config = RunConfig(out=tmp_path / "out", models=tuple(names), steps=("decompose",), data=DataOptions(),
                        quick=True, browser_check=False, progress=False)
@@ -337,6 +337,7 @@ def _labelled_layers(variant: str, seed: int, per_layer: list[float]) -> pd.Data
 
 def test_report_has_a_zoo_section_only_when_the_run_has_zoo_models():
     from fake_results import fake_results
+
     from lens_position.report.html import build_report
 
     zoo = pd.concat([_labelled_layers(v, seed, [0.05 + 0.01 * seed + (0.02 if v == "ntk" else 0.0)] * 4)
@@ -402,8 +403,8 @@ def test_sink_sweep_trains_measures_and_then_reads_its_points(monkeypatch, tmp_p
 
 
 def test_the_sink_sweep_command_trains_each_point_once_per_seed_and_writes_both_tables(monkeypatch, tmp_path):
-    from lens_position.cli.commands import main
     from lens_position.analyses.zoo import sweep
+    from lens_position.cli.commands import main
 
     monkeypatch.setenv("LENS_POSITION_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(sweep, "SINK_SWEEP", (("tiny", "6 steps", {"steps": 6, "warmup": 2, "evaluations": 3}),))

@@ -67,8 +67,9 @@ def test_the_bridge_computes_what_the_converted_hugging_face_model_computes(vari
         reference = reference_model(prompts.tokens, output_attentions=True)
         logits = loaded.backend.forward(prompts.tokens)
     assert (logits - reference.logits).abs().max() < LOGIT_TOL
-    cache = loaded.backend.run_with_cache(prompts.tokens, [f"blocks.{layer}.attn.hook_{kind}" for layer in
-                                                           range(recipe.n_layers) for kind in ("pattern", "attn_scores")])
+    names = [f"blocks.{layer}.attn.hook_{kind}" for layer in range(recipe.n_layers)
+             for kind in ("pattern", "attn_scores")]
+    cache = loaded.backend.run_with_cache(prompts.tokens, names)
     i, j = torch.meshgrid(torch.arange(T), torch.arange(T), indexing="ij")
     for layer, attention in enumerate(reference.attentions):
         assert (cache[f"blocks.{layer}.attn.hook_pattern"] - attention).abs().max() < PATTERN_TOL

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import argparse
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -57,11 +58,13 @@ COUNTERPARTS: dict[str, tuple[Callable[[Any, RunConfig, Any], Any], list[tuple[C
     "dtype": (lambda a, c, s: c.compute.dtype, [(lp.load_model, "dtype")]),
     "n_devices": (lambda a, c, s: c.compute.n_devices, [(lp.load_model, "n_devices")]),
     "backend": (lambda a, c, s: c.compute.backend, [(lp.load_model, "backend")]),
-    "source": (lambda a, c, s: c.data.source, [(lp.build_prompts, "source")] + [(f, "source") for f in _with("source")]),
+    "source": (lambda a, c, s: c.data.source,
+               [(lp.build_prompts, "source")] + [(f, "source") for f in _with("source")]),
     "bos": (lambda a, c, s: c.data.bos, [(lp.build_prompts, "bos"), (lp.sink_rate, "bos"),
                                          (across_prompt_sets, "bos")]),
     "seed": (lambda a, c, s: c.data.seed, [(f, "seed") for f in _with("seed")] + [(lp.build_prompts, "seed")]),
-    "corpus": (lambda a, c, s: c.data.corpus, [(lp.build_prompts, "corpus")] + [(f, "corpus") for f in _with("corpus")]),
+    "corpus": (lambda a, c, s: c.data.corpus,
+               [(lp.build_prompts, "corpus")] + [(f, "corpus") for f in _with("corpus")]),
     "T": (lambda a, c, s: s.T, [(lp.build_prompts, "T"), (across_prompt_sets, "T")]),
     "N": (lambda a, c, s: s.N, [(lp.build_prompts, "N"), (lp.fingerprint, "N"), (lp.sink_rate, "N"),
                                 (across_prompt_sets, "N")]),
@@ -114,8 +117,10 @@ def test_a_cli_option_and_its_python_parameter_have_the_same_default(dest, funct
         python = _default(function, parameter)
         if isinstance(python, tuple) or isinstance(value, tuple):
             value, python = tuple(value) if value is not None else None, tuple(python) if python is not None else None
-        assert value == python, f"{command} --{dest}: the command line runs with {value!r}, {function.__name__}" \
-                                f"({parameter}=...) defaults to {python!r}"
+        assert value == python, (
+            f"{command} --{dest}: the command line runs with {value!r}, {function.__name__}"
+            f"({parameter}=...) defaults to {python!r}"
+        )
 
 
 @pytest.mark.parametrize("settings_of,function,parameter", QUERY_RANGE,

@@ -71,8 +71,8 @@ def test_a_model_split_over_gpus_uses_transformer_lens_placement_and_keeps_the_d
 
 
 def test_a_bfloat16_model_decomposes_with_float64_statistics_close_to_float32():
-    from lens_position.core.data import build_prompts
     from lens_position.analyses.decompose import decompose
+    from lens_position.core.data import build_prompts
 
     full = load_request("tiny-llama", Compute())
     half = load_request("tiny-llama", Compute(dtype="bfloat16"))

@@ -12,9 +12,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from run_provenance import strip_timing
-
 import ray  # a dev dependency: these tests run in CI, never skipped
+from run_provenance import strip_timing
 
 from lens_position.pipeline import Compute, RunConfig, run
 from lens_position.pipeline.ray_executor import start_local_ray

@@ -38,7 +38,8 @@ def _steps(out: Path) -> dict[str, dict]:
 
 
 @pytest.mark.fault(area='step cache', given='a corpus file edited in place, then the same command into the same --out',
-                   happens="the steps on that text are recomputed: the cache key holds the corpus contents' sha256, not its path")
+                   happens="the steps on that text are recomputed: the cache key holds the corpus contents' sha256, "
+                           "not its path")
 def test_an_edited_corpus_file_is_not_served_from_the_step_cache(tmp_path):
     corpus, out = tmp_path / "corpus.txt", tmp_path / "out"
     corpus.write_text(TEXT_A)
@@ -133,7 +134,8 @@ def test_text_reaches_the_sink_rate_step(tmp_path):
 
 
 @pytest.mark.fault(area='outputs', given='a one-step command (or another --format) into a folder holding another run',
-                   happens="the other run's tables and report files are removed; the manifest lists exactly this run's files")
+                   happens="the other run's tables and report files are removed; the manifest lists exactly this "
+                           "run's files")
 def test_a_one_step_command_into_a_reproduction_folder_leaves_no_other_runs_tables(tmp_path):
     out = tmp_path / "out"
     assert main(["sinks", "tiny-llama", "--out", str(out), *SMALL]) == 0
@@ -223,7 +225,8 @@ def test_concurrent_writers_of_one_step_cache_entry_do_not_crash(tmp_path):
 
 
 @pytest.mark.fault(area='step cache', given="a step-cache entry's temporary folder left by a killed writer",
-                   happens='removed when a run opens the cache (if older than an hour; a younger one may be a live writer and is kept)')
+                   happens='removed when a run opens the cache (if older than an hour; a younger one may be a live '
+                           'writer and is kept)')
 def test_a_killed_writers_leftover_is_removed_and_a_live_one_is_kept(tmp_path):
     out = tmp_path / "out"
     assert main(["probe", "tiny-llama", "--out", str(out), *SMALL]) == 0
@@ -241,11 +244,10 @@ def test_a_killed_writers_leftover_is_removed_and_a_live_one_is_kept(tmp_path):
 
 
 def test_the_step_registry_names_every_table_the_report_reads_and_every_sub_command():
-    from lens_position.report import html as report
     from lens_position.cli.commands import build_parser
-    from lens_position.pipeline.steps import STEPS, commands, tables_of
+    from lens_position.pipeline.steps import STEPS, TABLES, commands, tables_of
 
-    assert set(tables_of(tuple(STEPS))) == set(report.TABLES)
+    assert set(tables_of(tuple(STEPS))) == set(TABLES)
     subs = next(a for a in build_parser()._actions if a.dest == "command").choices
     assert set(commands()) <= set(subs)
     # every step but the opt-in ones, which their option adds (--prompt-sets)

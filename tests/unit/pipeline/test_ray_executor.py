@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from run_provenance import strip_timing
-
 import ray  # noqa: E402  (a dev dependency: these tests run in CI, never skipped)
+from run_provenance import strip_timing
 
 from lens_position.pipeline import Compute, RunConfig, run  # noqa: E402
 from lens_position.pipeline.ray_executor import start_local_ray  # noqa: E402
@@ -75,7 +74,8 @@ def _dies_once(marker: str):
 
 
 @pytest.mark.fault(area='executor', given='a Ray worker process killed while it runs a step',
-                   happens="the actor is restarted (model reloaded) and the step rerun; the run finishes with every table, equal to the serial run's")
+                   happens="the actor is restarted (model reloaded) and the step rerun; the run finishes with every "
+                           "table, equal to the serial run's")
 def test_a_killed_ray_worker_is_restarted_and_nothing_is_lost(serial_run, tmp_path):
     marker = tmp_path / "killed-once"
     result = run(_config(tmp_path / "out", "ray"), steps=_dies_once(str(marker)))
@@ -97,7 +97,9 @@ def _fails_on(model: str):
 
 
 @pytest.mark.fault(area='executor', given='one step of one model raising an error on Ray',
-                   happens='the other steps finish and are cached; CellsFailedError names each failed step with its model and condition; nothing is written to --out; the same command again computes only the failed steps')
+                   happens='the other steps finish and are cached; CellsFailedError names each failed step with its '
+                           'model and condition; nothing is written to --out; the same command again computes only '
+                           'the failed steps')
 def test_a_failing_cell_is_reported_with_its_cell_the_rest_finish_and_a_rerun_resumes(serial_run, tmp_path):
     out = tmp_path / "out"
     with pytest.raises(CellsFailedError) as failed:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import itertools
 
 import pytest
-
 from fake_results import fake_results
+
 from lens_position.report import html as report
 from lens_position.report import plots
 

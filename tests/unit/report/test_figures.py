@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 import torch
 
-from lens_position.report import plots
-from lens_position.ground.errors import BadInputError, MissingPackageError
 from lens_position.analyses.patching import resid_pre_sweep
+from lens_position.ground.errors import BadInputError, MissingPackageError
+from lens_position.report import plots
 
 
 def _sweep_frame(layers, positions) -> pd.DataFrame:
@@ -95,7 +95,8 @@ FIGURES = {
                          {"R_heldout", "M_heldout", "R_rf_heldout", "M_rf_heldout"}),
     "layer_components_heldout": (lambda t: plots.layer_components(t["decompose_layers"], heldout=True),
                                  {"R_heldout", "M_heldout", "R_rf_heldout", "M_rf_heldout"}),
-    "head_heatmaps": (lambda t: plots.head_heatmaps(t["decompose_heads"]), {"total_heldout", "R_rf_heldout", "M_rf_heldout"}),
+    "head_heatmaps": (lambda t: plots.head_heatmaps(t["decompose_heads"]),
+                      {"total_heldout", "R_rf_heldout", "M_rf_heldout"}),
     "probe_r2": (lambda t: plots.probe_r2(t["probe_layers"]), {"r2_heldout", "r2_shuffled"}),
     "bos_fraction_removed": (lambda t: plots.bos_fraction_removed(t["bos_layers"], t["bos_overall"]),
                              {"fraction_removed_rf (overall)", "fraction_removed_rf (token)",
@@ -128,8 +129,9 @@ def test_a_frame_without_an_architecture_column_has_no_all_in_its_legend(name):
     tables = {k: v[v["architecture"] == ARCHS[0][0]].drop(columns="architecture") for k, v in fake_results().items()}
     fig = draw(tables)
     assert {t.meta["quantity"] for t in fig.data} == quantities
-    texts = [t.name or "" for t in fig.data if t.showlegend is not False] + \
-            [a.text or "" for a in fig.layout.annotations]
+    texts = [t.name or "" for t in fig.data if t.showlegend is not False] + [
+        a.text or "" for a in fig.layout.annotations
+    ]
     assert not [x for x in texts if x == "all" or x.startswith(("all:", ": "))], texts
 
 

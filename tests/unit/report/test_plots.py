@@ -8,10 +8,10 @@ import math
 import pandas as pd
 import plotly.graph_objects as go
 import pytest
-
 from fake_results import fake_results
-from lens_position.report import plots
+
 from lens_position.ground.errors import BadInputError
+from lens_position.report import plots
 
 
 @pytest.fixture(scope="module")
@@ -100,10 +100,12 @@ def test_an_interval_that_excludes_its_estimate_is_marked_and_says_its_method_wh
     per_layer = overall.assign(layer=0)
     bars = _traces(plots.bos_fraction_removed(per_layer, overall), "fraction_removed_rf (overall)")["a"]
     assert list(bars["marker"]["pattern"]["shape"]) == ["/", ""]
-    assert list(bars["text"])[0] == "interval [0.920, 0.970] (bias-corrected interval; the in-sample estimate lies below it)"
+    assert list(bars["text"])[0] == \
+        "interval [0.920, 0.970] (bias-corrected interval; the in-sample estimate lies below it)"
 
     probe = pd.DataFrame({"architecture": "a", "layer": [0], "r2_heldout": [0.5], "r2_heldout_lo": [0.55],
-                          "r2_heldout_hi": [0.6], "r2_shuffled": [0.0], "r2_shuffled_lo": [-0.1], "r2_shuffled_hi": [0.1]})
+                          "r2_heldout_hi": [0.6], "r2_shuffled": [0.0], "r2_shuffled_lo": [-0.1],
+                          "r2_shuffled_hi": [0.1]})
     r2 = _traces(plots.probe_r2(probe), "r2_heldout")["a"]  # a percentile interval: the off-centre words
     assert list(r2["text"]) == ["interval [0.5500, 0.6000] (the estimate lies outside its bootstrap interval: an "
                                 "off-centre resampling distribution)"]

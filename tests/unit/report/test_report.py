@@ -8,10 +8,10 @@ import re
 
 import pandas as pd
 import pytest
-
 from fake_results import N_SEQUENCES, fake_results
-from lens_position.report import html as report
+
 from lens_position.analyses.claims import CLAIMS, FAILS, HOLDS, INCONCLUSIVE, NOT_MEASURED, Criteria, claims_table
+from lens_position.report import html as report
 from lens_position.report.html import build_report, check_in_browser, report_figure_specs
 
 

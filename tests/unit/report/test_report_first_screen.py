@@ -6,10 +6,9 @@ from __future__ import annotations
 import html as html_lib
 import re
 
-import pandas as pd
 import pytest
-
 from fake_results import ARCHS, fake_results
+
 from lens_position.analyses.sentences import UNTRAINED_NOTE
 from lens_position.report import html as report
 

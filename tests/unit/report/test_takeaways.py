@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 from fake_results import fake_results
 
-from lens_position.report import takeaways
 from lens_position.analyses.claims import CLAIMS, FAILS, HOLDS, INCONCLUSIVE, PAPER, claims_table
+from lens_position.report import takeaways
 
 
 def _numbers(text: str) -> list[str]:
@@ -157,8 +157,8 @@ def test_result_tables_from_result_objects_feed_the_claims(tiny_llama):
     """On a real (tiny) decomposition and BOS replacement: the tables carry the architecture
     and role, and the claims read the numbers the result objects hold."""
     from lens_position.analyses.bos import bos_replacement
-    from lens_position.core.data import build_prompts
     from lens_position.analyses.decompose import decompose
+    from lens_position.core.data import build_prompts
 
     loaded = tiny_llama
     prompts = build_prompts(loaded, source="natural", T=20, N=4, bos="force")
