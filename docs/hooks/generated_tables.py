@@ -2,7 +2,8 @@
 
 - ``<!-- model-registry -->``: every name in ``lens_position.models.registry.REGISTRY`` with
   its kind, description and default load options.
-- ``<!-- result-tables -->``: the tables a reproduction writes (``lens_position.analyses.tables.TABLES``, also ``lens_position.report.html.TABLES``).
+- ``<!-- result-tables -->``: the tables a reproduction writes (``lens_position.pipeline.steps.TABLES``:
+  each step's result class declares its own).
 - ``<!-- column-reference -->``: every column of every result table with its meaning
   (``lens_position.core.columns.COLUMNS``), the recommended ones first.
 """
@@ -29,11 +30,12 @@ def model_registry() -> str:
 
 
 def result_tables() -> str:
-    from lens_position.report.html import TABLES
+    from lens_position.pipeline.steps import STEPS
 
-    rows = ["| table | produced by |", "|---|---|"]
-    for name, what in TABLES.items():
-        rows.append(f"| `{name}` | {_escape(what)} |")
+    rows = ["| table | step | produced by |", "|---|---|---|"]
+    for step in STEPS.values():
+        for table in step.tables:
+            rows.append(f"| `{table.name}` | `{step.name}` | {_escape(table.meaning)} |")
     return "\n".join(rows)
 
 
