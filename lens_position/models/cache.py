@@ -9,8 +9,9 @@ option is applied (options only change the config, never the weights):
     $LENS_POSITION_CACHE/<key>/tokenizer/            tokenizer.save_pretrained(...)
     $LENS_POSITION_CACHE/<key>/meta.json             source identity, format, versions, sha256
 
-``<key>`` hashes the source's identity (absolute path, size and mtime of its files) and the
-cache format, so a changed source file lands in a new entry.
+``<key>`` hashes the source's identity (its absolute path and the sha256 of its content,
+:mod:`lens_position.models.source_hash`) and the cache format, so a changed source file lands in a
+new entry, even one rewritten with the same size and modification time.
 
 Everything an entry holds is verified on every load: ``meta.json`` records the canonical
 sha256 of the weights (``state_dict_sha256``), of the hooked config (its JSON, canonical)
@@ -18,9 +19,8 @@ and of every tokenizer file, and the tokenizer's BOS id; a load recomputes them 
 entry that fails any check (a missing file, unreadable JSON, safetensors or tokenizer, a
 hash or version mismatch, an edited ``n_heads`` or ``rotary_base``, a changed BOS) is
 removed and rebuilt from the source with a warning, so a damaged entry never gives
-different numbers under the original weights' hash, and never fails every later load.
-(An entry written before the config and tokenizer hashes existed has its weights checked,
-then gets those hashes added.)
+different numbers under the original weights' hash, and never fails every later load. An
+entry that lacks any of these hashes is rebuilt too.
 
 Writes are safe under concurrent loads, threads or processes: one lock file per entry
 (``<key>.lock``, `filelock`) makes a single writer build it while the others wait and then
@@ -55,9 +55,11 @@ from lens_position.ground.provenance import package_versions
 log = logging.getLogger(__name__)
 
 CACHE_ENV = "LENS_POSITION_CACHE"
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: keyed by the source's content sha256
 # Versions whose change can change the converted weights or the config mapping.
 _VERSION_KEYS = ("lens_position", "transformer_lens", "transformers")
+# The hashes every entry's meta.json records; an entry lacking one is rebuilt.
+_HASHED = ("weights_sha256", "config_sha256", "tokenizer_sha256")
 
 
 def default_cache_dir() -> Path:
@@ -69,10 +71,9 @@ def default_cache_dir() -> Path:
     return checked_path(env, f"${CACHE_ENV}").expanduser()
 
 
-def file_identity(path: Path) -> dict[str, Any]:
-    """What identifies a source file without reading it: absolute path, size, mtime (ns)."""
-    stat = path.stat()
-    return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+def cache_root(cache_dir: str | Path | None = None) -> Path:
+    """The cache's folder: ``cache_dir`` when given, else :func:`default_cache_dir`."""
+    return checked_path(cache_dir, "cache_dir").expanduser() if cache_dir is not None else default_cache_dir()
 
 
 def state_dict_sha256(state_dict: dict[str, torch.Tensor]) -> str:
@@ -155,13 +156,14 @@ def read_entry(entry: Path, identity: dict[str, Any], tokenizer_loader: Callable
         raise StaleEntry("written for another source or cache format")
     if meta.get("versions") != _versions():
         raise StaleEntry(f"written by {meta.get('versions')}, now {_versions()}")
-    legacy = "config_sha256" not in meta  # written before config and tokenizer were hashed
-    if not legacy:
-        _check(meta, "config_sha256", _config_sha256(cfg_json), "hooked_config.json")
-        try:
-            _check(meta, "tokenizer_sha256", _folder_sha256(entry / "tokenizer"), "the tokenizer files")
-        except OSError as error:
-            raise StaleEntry(f"unreadable tokenizer files ({error})") from error
+    missing = [key for key in _HASHED if not isinstance(meta.get(key), str)]
+    if missing:
+        raise StaleEntry(f"its meta.json lacks {', '.join(missing)}")
+    _check(meta, "config_sha256", _config_sha256(cfg_json), "hooked_config.json")
+    try:
+        _check(meta, "tokenizer_sha256", _folder_sha256(entry / "tokenizer"), "the tokenizer files")
+    except OSError as error:
+        raise StaleEntry(f"unreadable tokenizer files ({error})") from error
     try:
         state_dict = load_file(entry / "weights.safetensors")
     except Exception as error:  # safetensors raises its own error types for bad headers
@@ -178,19 +180,8 @@ def read_entry(entry: Path, identity: dict[str, Any], tokenizer_loader: Callable
     if sha != meta.get("weights_sha256"):
         raise StaleEntry(f"weights sha256 {sha[:12]}… does not match the recorded "
                          f"{str(meta.get('weights_sha256'))[:12]}…")
-    if legacy:
-        meta.update(config_sha256=_config_sha256(cfg_json), tokenizer_sha256=_folder_sha256(entry / "tokenizer"),
-                    bos_token_id=getattr(tokenizer, "bos_token_id", None))
-        _write_json_atomically(entry / "meta.json", meta)
-        log.info("cache entry %s: recorded the hashes of its config and tokenizer", entry)
     _check(meta, "bos_token_id", getattr(tokenizer, "bos_token_id", None), "the tokenizer's BOS token id")
     return CachedModel(cfg, state_dict, tokenizer, sha, meta, from_cache=True)
-
-
-def _write_json_atomically(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
 
 
 def _temporary_name(entry: Path) -> Path:
@@ -310,7 +301,7 @@ def cached_convert(
     from the cache further (e.g. that its config and weights make a model) and raise
     anything to have it rebuilt.
     """
-    root = checked_path(cache_dir, "cache_dir").expanduser() if cache_dir is not None else default_cache_dir()
+    root = cache_root(cache_dir)
     entry = root / _entry_key(identity)
 
     def read() -> CachedModel:

