@@ -64,6 +64,11 @@ def counterfactual_token0(
         has_bos = getattr(prompts, "has_bos", None)
         bos_id = getattr(prompts, "bos_token_id", None) or loaded.spec.bos_token_id
         starts_with_bos = bool((tokens[:, 0] == bos_id).all()) if bos_id is not None else None
+        if bos_id is None and not has_bos:
+            raise BadInputError(
+                "counterfactual='no-bos' removes the BOS at position 0, but the model's BOS token id is "
+                "unknown (it has no tokenizer); give it one (as_loaded(model, tokenizer)) or pass prompts "
+                "built with build_prompts(model, ..., bos='force')")
         if has_bos is False or starts_with_bos is False:
             raise BadInputError(
                 "counterfactual='no-bos' removes the BOS at position 0, but these prompts do "

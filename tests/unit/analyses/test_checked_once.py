@@ -13,6 +13,7 @@ from lens_position.analyses.sinks import sink_reading_heads
 from lens_position.core import checks, inputs
 from lens_position.core.data import PromptSet
 from lens_position.core.intervals import NO_INTERVALS
+from lens_position.models.tiny import byte_tokenizer
 from lens_position.models.toy import offset_only_model, random_model, toy_tokens
 
 
@@ -107,13 +108,20 @@ def counted_models(monkeypatch):
     return calls
 
 
+def with_tokenizer(bare):
+    """A bare toy model that knows its BOS, as a user's model does through its tokenizer (the byte
+    tokenizer's BOS id is the toy prompts' BOS id)."""
+    bare.tokenizer = byte_tokenizer(prepend_bos=False)
+    return bare
+
+
 def test_analyze_checks_a_bare_model_and_its_prompts_once(counted, counted_models):
     """One ``analyze()`` on a bare HookedTransformer and raw token ids: the model is wrapped (and its
     weights hashed) once, the prompts checked once, although it runs three analyses, each a public
     entry point of its own."""
     from lens_position.analyses.analyze import analyze
 
-    bare = offset_only_model(n_layers=2, bos_bonus=2.0).model
+    bare = with_tokenizer(offset_only_model(n_layers=2, bos_bonus=2.0).model)
     tokens = toy_tokens(4, 16, bos=True, seed=0)
     result = analyze(bare, tokens, early_queries=8, bootstrap=NO_INTERVALS, progress=False)
     assert result.bos is not None  # all three analyses ran
@@ -148,8 +156,8 @@ def test_every_public_analysis_wraps_a_bare_model_once(counted_models):
     }
     for name, run in runs.items():
         # convergence restores the position-0 state through the MLPs: a model that has them
-        bare = random_model().model if name == "position0_convergence" else \
-            offset_only_model(n_layers=2, bos_bonus=2.0).model
+        bare = with_tokenizer(random_model().model if name == "position0_convergence" else
+                              offset_only_model(n_layers=2, bos_bonus=2.0).model)
         counted_models.update(wrapped=0, hashed=0)
         run(bare, toy_tokens(4, 16, bos=True, seed=0))
         assert counted_models == {"wrapped": 1, "hashed": 1}, name
