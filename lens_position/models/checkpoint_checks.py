@@ -79,14 +79,14 @@ def check_hf_sizes(folder: Path, config: Mapping[str, Any]) -> None:
     text = config.get("text_config") or config
     if not isinstance(text, Mapping):
         raise CorruptFileError(f"{source}: text_config is not an object; re-download the checkpoint")
-    sizes = {}
-    for names, maximum in _HF_SIZES:
-        for name in names:
-            if name in text and text[name] is not None:
-                sizes[names[0]] = _bounded(name, text[name], maximum, source)
-    names = safetensors_names(folder)
-    if names and "num_hidden_layers" in sizes:
-        _check_layer_count(sizes["num_hidden_layers"], _layers_present(names, _HF_LAYER), str(folder))
+    sizes: dict[str, int] = {}
+    for aliases, maximum in _HF_SIZES:
+        for alias in aliases:
+            if alias in text and text[alias] is not None:
+                sizes[aliases[0]] = _bounded(alias, text[alias], maximum, source)
+    tensors = safetensors_names(folder)
+    if tensors and "num_hidden_layers" in sizes:
+        _check_layer_count(sizes["num_hidden_layers"], _layers_present(tensors, _HF_LAYER), str(folder))
 
 
 def safetensors_names(folder: Path) -> list[str]:
