@@ -1,5 +1,9 @@
 """The step cache: every step's result on disk, keyed by everything it depends on.
 
+An entry records the sha256 of each of its files (and of its provenance) when written, and every
+read checks them: an entry edited by hand or damaged on disk is recomputed (with a warning), never
+reused.
+
 A key is the sha256 of the step name, the model's ``ModelSpec`` (weights hash included; not
 how the load went), the data condition with the *contents* hash of its corpus, the sizes
 the step runs with, the device and dtype, and the versions of lens_position, torch,
@@ -56,6 +60,14 @@ def step_key(step: str, model_spec: Any, config: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
+def _file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _json_sha256(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+
+
 # A temporary entry folder older than this is a killed writer's leftover, not a live write.
 STALE_AFTER_S = 3600.0
 
@@ -105,11 +117,25 @@ class StepCache:
             record = json.loads(meta.read_text())
             if record.get("key") != key:
                 return None
+            self._verify(folder, record)
             tables = {name: pd.read_parquet(folder / f"{name}.parquet") for name in record["tables"]}
-        except (OSError, ValueError, KeyError) as error:
-            log.warning("ignoring unreadable cached result %s (%s); recomputing", folder, error)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+            log.warning("ignoring the cached result %s (%s); recomputing it", folder, error)
             return None
         return tables, record["provenance"]
+
+    @staticmethod
+    def _verify(folder: Path, record: dict[str, Any]) -> None:
+        """ValueError unless every table file and the provenance are those the entry was written
+        with (their sha256 recorded in ``provenance.json``)."""
+        hashes = record.get("sha256")
+        if not isinstance(hashes, dict):
+            raise ValueError("the entry records no hashes of its files")
+        for name in record["tables"]:
+            if _file_sha256(folder / f"{name}.parquet") != hashes.get(name):
+                raise ValueError(f"{name}.parquet is not the file the entry was written with (edited or damaged)")
+        if _json_sha256(record["provenance"]) != hashes.get("provenance.json"):
+            raise ValueError("its provenance is not the one it was written with (edited)")
 
     def store(self, step: str, model: str, key: str, tables: Mapping[str, pd.DataFrame],
               provenance: Mapping[str, Any]) -> Path:
@@ -120,8 +146,10 @@ class StepCache:
         try:
             for name, frame in tables.items():
                 frame.to_parquet(tmp / f"{name}.parquet", index=False)
+            hashes = {name: _file_sha256(tmp / f"{name}.parquet") for name in tables}
             record = {"key": key, "step": step, "model": model, "tables": list(tables),
                       "provenance": jsonable(provenance)}
+            record["sha256"] = {**hashes, "provenance.json": _json_sha256(record["provenance"])}
             (tmp / "provenance.json").write_text(json.dumps(record, indent=1))
             self._publish(tmp, folder, key)
         finally:
@@ -131,7 +159,8 @@ class StepCache:
 
     def _publish(self, tmp: Path, folder: Path, key: str) -> None:
         """Rename ``tmp`` to ``folder``. A complete entry of the same key already there (another
-        writer won the race) is kept; an incomplete or different one is moved aside first."""
+        writer won the race), whose files are those it recorded, is kept; an incomplete, edited or
+        different one is moved aside first."""
         for _ in range(5):
             try:
                 os.rename(tmp, folder)
@@ -151,6 +180,9 @@ class StepCache:
     def _complete(folder: Path, key: str) -> bool:
         try:
             record = json.loads((folder / "provenance.json").read_text())
-        except (OSError, ValueError):
+            if record.get("key") != key:
+                return False
+            StepCache._verify(folder, record)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return False
-        return record.get("key") == key and all((folder / f"{t}.parquet").is_file() for t in record["tables"])
+        return True

@@ -255,3 +255,37 @@ def test_the_step_registry_names_every_table_the_report_reads_and_every_sub_comm
     assert STEPS["prompt_sets"].opt_in == "--prompt-sets"
     options = {o for a in subs["reproduce"]._actions for o in a.option_strings}
     assert all(step.opt_in in options for step in STEPS.values() if step.opt_in is not None)
+
+
+@pytest.mark.fault(area="step cache", given="a cached step result edited by hand (a table's R' multiplied by 10, "
+                                            "or its provenance changed) in the output folder's cache",
+                   happens="detected by the sha256 the entry recorded when written: recomputed with a warning, "
+                           "the run's tables are the true ones")
+@pytest.mark.parametrize("edit", ["table", "provenance", "hashes removed"])
+def test_an_edited_step_cache_entry_is_recomputed(tmp_path, caplog, edit):
+    out = tmp_path / "out"
+    argv = ["decompose", "tiny-llama", "--out", str(out), *SMALL]
+    assert main(argv) == 0
+    truth = pd.read_parquet(out / "decompose_layers.parquet")
+    (entry,) = (out / "cache" / "decompose").iterdir()
+    record_path = entry / "provenance.json"
+    record = json.loads(record_path.read_text())
+    if edit == "table":
+        table = pd.read_parquet(entry / "decompose_layers.parquet")
+        table["R_rf_heldout"] *= 10
+        table.to_parquet(entry / "decompose_layers.parquet", index=False)
+    elif edit == "provenance":
+        record["provenance"]["seed"] = 12345
+        record_path.write_text(json.dumps(record))
+    else:
+        table = pd.read_parquet(entry / "decompose_layers.parquet")
+        table["R_rf_heldout"] *= 10
+        table.to_parquet(entry / "decompose_layers.parquet", index=False)
+        record.pop("sha256")
+        record_path.write_text(json.dumps(record))
+    with caplog.at_level("WARNING"):
+        assert main(argv) == 0
+    assert "recomputing" in caplog.text
+    assert _steps(out)["decompose"]["cached"] is False
+    pd.testing.assert_frame_equal(pd.read_parquet(out / "decompose_layers.parquet"), truth)
+    assert main(argv) == 0 and _steps(out)["decompose"]["cached"] is True
