@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and the API refe
         CorruptFileError,
         LensPositionError,
         MissingPackageError,
+        ResourceError,
         UnknownModelError,
         UnsupportedArchitectureError,
     )
@@ -56,7 +57,7 @@ _EXPORTS = {
     **dict.fromkeys(["sink_heads", "sink_rate", "sink_reading_heads"], "lens_position.analyses.sinks"),
     **dict.fromkeys(["fingerprint"], "lens_position.analyses.fingerprint"),
     **dict.fromkeys(["BadInputError", "ContextLengthError", "CorruptFileError", "LensPositionError",
-                     "MissingPackageError", "UnknownModelError", "UnsupportedArchitectureError"],
+                     "MissingPackageError", "ResourceError", "UnknownModelError", "UnsupportedArchitectureError"],
                     "lens_position.ground.errors"),
 }
 __all__ = ["__version__", *sorted(_EXPORTS)]

@@ -158,7 +158,7 @@ def analyze(
     in words (module docstring). Every number has its bootstrap interval over sequences (``bootstrap``).
     ``prompts``: anything :func:`lens_position.core.inputs.checked_prompts` accepts."""
     loaded = as_loaded(model)
-    prompts = checked_prompts(loaded, prompts, min_length=2)
+    prompts = checked_prompts(loaded, prompts, min_length=2, distinct=bootstrap.enabled)
     length = prompts.tokens.shape[1]
     early = check_query_range((0, early_queries), length, "early_queries")  # checked whether BOS replacement runs
     name = loaded.spec.name

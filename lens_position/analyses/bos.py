@@ -127,7 +127,7 @@ def bos_replacement(
     counting the sequences of the base and replaced passes.
     """
     loaded = as_loaded(model)
-    prompts = checked_prompts(loaded, prompts, min_length=2)
+    prompts = checked_prompts(loaded, prompts, min_length=2, distinct=bootstrap.enabled)
     seed, batch_size = check_seed(seed), check_count("batch_size", batch_size)
     tokens = as_tokens(loaded, prompts)
     bos_unknown = prompts.spec.source == "tokens" and prompts.bos_token_id is None  # nothing to check against

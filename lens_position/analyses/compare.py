@@ -321,7 +321,8 @@ def decompose_conditions(
     counting the sequences of every condition's pass."""
     out = {}
     loaded = as_loaded(model)
-    prompts = checked_prompts(loaded, prompts, min_length=2)  # what decompose asks of them: checked once here
+    # what decompose asks of them: checked once here
+    prompts = checked_prompts(loaded, prompts, min_length=2, distinct=bootstrap.enabled)
     if query_range is not None:
         query_range = check_query_range(query_range, prompts.tokens.shape[1])
     if layers is not None and not isinstance(layers, Mapping):

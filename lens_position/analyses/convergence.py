@@ -284,7 +284,7 @@ def position0_convergence(
             state lies at or above ``1 - tolerance`` (default 0.02).
     """
     loaded = as_loaded(model)
-    prompts = checked_prompts(loaded, prompts)
+    prompts = checked_prompts(loaded, prompts, distinct=bootstrap.enabled)
     _check_options(loaded, replacements, tolerance)
     n_tokens, n_random = check_count("n_tokens", n_tokens), check_count("n_random", n_random)
     seed = check_seed(seed)

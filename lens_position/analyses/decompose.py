@@ -490,7 +490,7 @@ def decompose(
         a :class:`DecompositionReducer` with them (:func:`lens_position.core.stream.stream`).
     """
     loaded = as_loaded(model)
-    prompts = checked_prompts(loaded, prompts, min_length=2)
+    prompts = checked_prompts(loaded, prompts, min_length=2, distinct=bootstrap.enabled)
     batch_size = check_count("batch_size", batch_size)
     reducer = DecompositionReducer(
         loaded, prompts, layers=layers, query_range=query_range, keys=keys, bins=bins, bootstrap=bootstrap

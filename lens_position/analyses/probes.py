@@ -305,7 +305,7 @@ class ProbeReducer:
                  layers: Sequence[int] | None = None, ridge: float | None = None, seed: int = 0,
                  positions: tuple[int, int | None] = (1, None), bootstrap: Bootstrap = Bootstrap()) -> None:
         self.loaded = as_loaded(model)
-        checked = checked_prompts(self.loaded, prompts, min_length=2)
+        checked = checked_prompts(self.loaded, prompts, min_length=2, distinct=bootstrap.enabled)
         tokens, self.data = checked.tokens, checked.spec
         n_seq, length = tokens.shape
         if n_seq < (2 if ridge is not None else PROBE_MIN_N):
@@ -509,7 +509,7 @@ def position_probe(
     """
     batch_size = check_count("batch_size", batch_size)
     loaded = as_loaded(model)
-    prompts = checked_prompts(loaded, prompts, min_length=2)
+    prompts = checked_prompts(loaded, prompts, min_length=2, distinct=bootstrap.enabled)
     reducer = ProbeReducer(loaded, prompts, layers=layers, ridge=ridge, seed=seed, positions=positions,
                            bootstrap=bootstrap)
     stream(loaded, prompts, [reducer], batch_size=batch_size, progress=progress, desc="position probe")

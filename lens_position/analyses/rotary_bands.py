@@ -410,7 +410,7 @@ def rotary_bands(
     fastest first; at most the number of pairs).
     """
     loaded = as_loaded(model)
-    prompts = checked_prompts(loaded, prompts, min_length=2)
+    prompts = checked_prompts(loaded, prompts, min_length=2, distinct=bootstrap.enabled)
     batch_size = check_count("batch_size", batch_size)
     reducer = BandReducer(loaded, prompts, layers=layers, query_range=query_range, n_bands=n_bands, bins=bins,
                           bootstrap=bootstrap)

@@ -234,7 +234,7 @@ def sink_heads(
     intervals and no Gu et al. rate then); no pass is made."""
     eps = check_fraction("eps", eps)
     loaded = as_loaded(model)
-    prompts = checked_prompts(loaded, prompts)
+    prompts = checked_prompts(loaded, prompts, distinct=bootstrap.enabled)
     if scores is not None:
         scores = _checked_scores(scores, loaded, len(prompts.tokens))
     if scores is None:
@@ -513,7 +513,7 @@ def sink_reading_base(
     ``query_range`` (with ``bootstrap`` intervals) and the activations of
     :func:`base_activation_names`."""
     loaded = as_loaded(model)
-    prompts = checked_prompts(loaded, prompts)
+    prompts = checked_prompts(loaded, prompts, distinct=bootstrap.enabled)
     query_range = check_query_range(query_range, prompts.tokens.shape[1])
     decomposition = DecompositionReducer(loaded, prompts, query_range=query_range, bootstrap=bootstrap)
     activations = WholeActivations(base_activation_names(loaded))
@@ -560,7 +560,7 @@ def sink_reading_scores(
     the base run (:func:`sink_reading_base`). Returns the ranked frame of
     :class:`SinkReading`."""
     loaded = as_loaded(model)
-    prompts = checked_prompts(loaded, prompts)
+    prompts = checked_prompts(loaded, prompts, distinct=bootstrap.enabled)
     query_range = check_query_range(query_range, prompts.tokens.shape[1])
     z_names = [f"blocks.{layer}.attn.hook_z" for layer in range(loaded.spec.n_layers)]
     patched = DecompositionReducer(loaded, prompts, query_range=query_range, bootstrap=bootstrap)
@@ -612,7 +612,7 @@ def head_ablation_effect(
     (or their cached ``hook_z``) the mean ablation averages over. Returns the ``ablation``
     and ``ablation_heads`` frames of :class:`SinkReading`."""
     loaded = as_loaded(model)
-    prompts = checked_prompts(loaded, prompts)
+    prompts = checked_prompts(loaded, prompts, distinct=bootstrap.enabled)
     query_range = check_query_range(query_range, prompts.tokens.shape[1])
     with progress_bar("head ablation", enabled=progress):
         conditions = {kind: head_ablation(loaded, heads, kind, reference=reference) for kind in kinds}
@@ -670,7 +670,7 @@ def sink_reading_heads(
     and ranking) and :func:`head_ablation_effect` (the ablations).
     """
     loaded = as_loaded(model)
-    prompts = checked_prompts(loaded, prompts, min_length=2)
+    prompts = checked_prompts(loaded, prompts, min_length=2, distinct=bootstrap.enabled)
     tokens = as_tokens(loaded, prompts)
     query_range = check_query_range(query_range, tokens.shape[1])
     batch_size, n_ablate = check_count("batch_size", batch_size), check_count("n_ablate", n_ablate, minimum=0)
@@ -881,7 +881,7 @@ def window_sinks(
 
     ``scores``: :meth:`WindowSinkReducer.result` of these prompts when already streamed."""
     loaded = as_loaded(model)
-    prompts = checked_prompts(loaded, prompts)
+    prompts = checked_prompts(loaded, prompts, distinct=bootstrap.enabled)
     batch_size = check_count("batch_size", batch_size)
     if scores is None:
         reducer = WindowSinkReducer(loaded, prompts, query_range=query_range)

@@ -53,7 +53,7 @@ from lens_position.core.checks import check_count, check_seed
 from lens_position.ground.errors import BadInputError
 from lens_position.models.backends import is_model, vocabulary_size
 from lens_position.models.corpus import read_corpus
-from lens_position.models.spec import LoadedModel, ModelLike, tokenizer_prepends_bos
+from lens_position.models.spec import LoadedModel, ModelLike, tokenizer_prepends_bos, tokenizer_sha256
 
 Source = Literal["natural", "random", "repeated"]
 DEFAULT_BOS = "force"
@@ -87,6 +87,9 @@ class PromptSpec:
     corpus_tokens: int | None = None
     window_starts: tuple[int, ...] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: sha256 of the tokenizer that made the ids (``models.spec.tokenizer_sha256``); the input door
+    #: refuses the set for a model whose tokenizer hashes otherwise. None: no tokenizer was used.
+    tokenizer_sha256: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -127,6 +130,29 @@ def _unpack(model_or_tokenizer: Any) -> tuple[Any, int | None, int | None]:
     if is_model(model_or_tokenizer):
         return model_or_tokenizer.tokenizer, vocabulary_size(model_or_tokenizer), None
     return model_or_tokenizer, None, None
+
+
+def _distinct_picks(n: int, N: int, generator: torch.Generator) -> torch.Tensor:
+    """``N`` draws from ``range(n)``, with any repeat replaced by an unused value (drawn in order
+    from a permutation), so sequences made of one token each are distinct where ``N <= n``."""
+    picks = torch.randint(n, (N,), generator=generator)
+    if N > n or len(picks.unique()) == N:
+        return picks
+    used = set(picks.tolist())
+    spare = [v for v in torch.randperm(n, generator=generator).tolist() if v not in used]
+    seen: set[int] = set()
+    for i, value in enumerate(picks.tolist()):
+        if value in seen:
+            picks[i] = spare.pop(0)
+        seen.add(int(picks[i]))
+    return picks
+
+
+def _tokenizer_hash(model_or_tokenizer: Any, tokenizer: Any) -> str | None:
+    """The sha256 of the tokenizer that makes a prompt set's ids (None without one)."""
+    if isinstance(model_or_tokenizer, LoadedModel):
+        return model_or_tokenizer.tokenizer_sha256
+    return tokenizer_sha256(tokenizer)
 
 
 def _encode(tokenizer: Any, text: str, special: bool = False) -> list[int]:
@@ -290,7 +316,7 @@ def build_prompts(
         if source == "random":
             body = allowed[torch.randint(len(allowed), (N, length), generator=generator)]
         else:
-            body = allowed[torch.randint(len(allowed), (N, 1), generator=generator)].expand(N, length).clone()
+            body = allowed[_distinct_picks(len(allowed), N, generator)][:, None].expand(N, length).clone()
 
     tokens = body if first_token is None else torch.cat([torch.full((N, 1), first_token), body], dim=1)
     if isinstance(model_or_tokenizer, LoadedModel):
@@ -301,7 +327,8 @@ def build_prompts(
         tokenizer_name = "none"
     spec = PromptSpec(source=source, T=T, N=N, bos=bos, seed=seed, position0=position0,
                       first_token_id=first_token, tokenizer=tokenizer_name, vocab_size=vocab, **corpus_fields,
-                      extra=_bos_note(bos))
+                      extra=_bos_note(bos),
+                      tokenizer_sha256=_tokenizer_hash(model_or_tokenizer, tokenizer) if source == "natural" else None)
     return PromptSet(tokens=tokens.to(torch.int64).contiguous(), spec=spec, bos_token_id=bos_id)
 
 
@@ -358,7 +385,8 @@ def prompts_from_texts(
                       first_token_id=first_token, tokenizer=tokenizer_name, vocab_size=vocab,
                       corpus="texts", corpus_sha256=digest,
                       extra={"lengths": lengths, "cut_to": T, "cut_tokens": sum(n - T for n in lengths),
-                             **_bos_note(bos)})
+                             **_bos_note(bos)},
+                      tokenizer_sha256=_tokenizer_hash(model_or_tokenizer, tokenizer))
     return PromptSet(tokens=tokens, spec=spec, bos_token_id=bos_id)
 
 
@@ -414,5 +442,6 @@ def build_document_prompts(
                       position0="bos" if has_bos else "content", first_token_id=bos_id if has_bos else None,
                       tokenizer=f"{model.spec.name} ({model.spec.source})", vocab_size=model.backend.d_vocab,
                       corpus=description, extra={"protocol": "documents: the first T tokens of each document",
-                                                 "documents": [long_enough[i][0] for i in chosen]})
+                                                 "documents": [long_enough[i][0] for i in chosen]},
+                      tokenizer_sha256=model.tokenizer_sha256)
     return PromptSet(tokens=tokens, spec=spec, bos_token_id=bos_id)

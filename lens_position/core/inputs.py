@@ -64,6 +64,8 @@ class CheckedPrompts(PromptSet):
     d_vocab: int = field(default=0, repr=False, compare=False)
     n_ctx: int = field(default=0, repr=False, compare=False)
     tokens_identity: tuple[int, int] = field(default=(0, -1), repr=False, compare=False)
+    #: whether the door also found every sequence distinct (:func:`check_distinct`)
+    distinct: bool = field(default=False, repr=False, compare=False)
 
     def fits(self, loaded: LoadedModel) -> bool:
         """Whether the checks made on these prompts hold for ``loaded`` as they stand."""
@@ -75,10 +77,10 @@ def _identity(tokens: torch.Tensor) -> tuple[int, int]:
     return id(tokens), tokens._version
 
 
-def _mark_checked(prompts: PromptSet, loaded: LoadedModel) -> CheckedPrompts:
+def _mark_checked(prompts: PromptSet, loaded: LoadedModel, distinct: bool) -> CheckedPrompts:
     fields = {f.name: getattr(prompts, f.name) for f in dataclasses.fields(PromptSet)}
     return CheckedPrompts(**fields, d_vocab=loaded.backend.d_vocab, n_ctx=loaded.spec.n_ctx,
-                          tokens_identity=_identity(prompts.tokens))
+                          tokens_identity=_identity(prompts.tokens), distinct=distinct)
 
 
 _WIDE_UNSIGNED = tuple(getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name))
@@ -137,6 +139,52 @@ def _check_length(tokens: torch.Tensor, min_length: int, what: str) -> None:
         raise BadInputError(f"{what} hold no sequences (shape {tuple(tokens.shape)}); pass at least one")
     if length < min_length:
         raise BadInputError(f"{what} have T={length} positions; this analysis needs T >= {min_length}")
+
+
+def _check_origin(loaded: LoadedModel, prompts: PromptSet, what: str) -> None:
+    """BadInputError unless ``prompts`` were made with this model's tokenizer (its BOS id and, where
+    recorded, its hash) and position 0 still holds the token their spec says it does."""
+    model_bos = loaded.spec.bos_token_id
+    if loaded.tokenizer is not None and getattr(loaded.tokenizer, "bos_token_id", None) is not None:
+        model_bos = loaded.tokenizer.bos_token_id
+    if prompts.bos_token_id is not None and model_bos is not None and prompts.bos_token_id != model_bos:
+        raise BadInputError(
+            f"{what} were built with a tokenizer whose BOS id is {prompts.bos_token_id}, but this model's is "
+            f"{model_bos}: they come from another model's tokenizer; build them with this model "
+            "(build_prompts(model, ...))")
+    recorded = prompts.spec.tokenizer_sha256
+    if recorded is not None and loaded.tokenizer is not None and recorded != loaded.tokenizer_sha256:
+        raise BadInputError(
+            f"{what} were built with another tokenizer ({prompts.spec.tokenizer}) than this model's: the same "
+            "ids would be other text; build them with this model (build_prompts(model, ...))")
+    first = prompts.spec.first_token_id
+    if prompts.spec.position0 in ("bos", "token") and first is not None:
+        wrong = (prompts.tokens[:, 0] != first).nonzero().flatten().tolist()
+        if wrong:
+            held = sorted({int(prompts.tokens[i, 0]) for i in wrong})[:5]
+            raise BadInputError(
+                f"{what}: position 0 of sequences {wrong[:5]}{' ...' if len(wrong) > 5 else ''} holds token(s) "
+                f"{held}, but the prompt set says every sequence starts with token {first} ({prompts.spec.position0}); "
+                "its tokens were edited after it was built: build it again, or pass the token tensor itself "
+                "(then position 0 is read as it is)")
+
+
+def check_distinct(tokens: torch.Tensor, what: str = "prompts") -> None:
+    """BadInputError when a sequence repeats another: every interval treats the sequences as
+    independent samples, and copies would narrow them without adding evidence (8 copies of one
+    sequence give intervals of width 0)."""
+    if tokens.shape[0] < 2 or tokens.shape[1] < 2:
+        return
+    unique, inverse = torch.unique(tokens, dim=0, return_inverse=True)
+    if len(unique) == len(tokens):
+        return
+    counts = torch.bincount(inverse)
+    repeated = int((counts > 1).nonzero()[0, 0])
+    rows = (inverse == repeated).nonzero().flatten().tolist()
+    raise BadInputError(
+        f"{what} hold {len(tokens)} sequences but only {len(unique)} distinct ones (sequences {rows[:5]} are the "
+        "same): the intervals take each sequence as an independent sample, and copies would make them falsely "
+        "narrow; pass distinct sequences (build_prompts draws distinct windows; a repetitive text gives few)")
 
 
 def _run_lengths(tokens: torch.Tensor, token: int, *, from_end: bool) -> torch.Tensor:
@@ -198,6 +246,7 @@ def checked_prompts(
     bos: str | None = None,
     T: int | None = None,
     what: str = "prompts",
+    distinct: bool = False,
 ) -> CheckedPrompts:
     """Turn ``prompts`` (module docstring: what is accepted) into a :class:`CheckedPrompts` whose
     tokens are checked against ``model``.
@@ -210,9 +259,15 @@ def checked_prompts(
         bos: BOS policy for a list of strings (default ``DEFAULT_BOS``); only strings take it.
         T: positions to cut a list of strings to (default: the shortest prompt's length).
         what: how the error messages name these prompts (``"source prompts"``, ...).
+        distinct: refuse sequences that repeat another (:func:`check_distinct`): every analysis
+            that computes intervals asks for it (``distinct=bootstrap.enabled``), as the intervals
+            take the sequences as independent samples; without intervals a repeated sequence only
+            weighs twice in a mean.
 
     Raises:
-        BadInputError: ids outside the vocabulary, no sequences, too short, not integers.
+        BadInputError: ids outside the vocabulary, no sequences, too short, not integers; a
+            PromptSet made with another tokenizer (another BOS id or vocabulary) or whose position 0
+            no longer holds the token its spec says; a sequence repeated.
         PaddedPromptsError: a padded batch (a ``BadInputError``).
         ContextLengthError: ``T`` longer than the model's context.
     """
@@ -224,17 +279,22 @@ def checked_prompts(
         if not isinstance(tokens, torch.Tensor) or tokens.ndim != 2:
             raise BadInputError(f"a PromptSet's tokens must be a tensor [N, T], got {type(tokens).__name__} "
                                 f"{tuple(getattr(tokens, 'shape', ()))}")
-        if isinstance(prompts, CheckedPrompts) and prompts.fits(loaded):
+        if isinstance(prompts, CheckedPrompts) and prompts.fits(loaded) and (prompts.distinct or not distinct):
             _check_length(tokens, min_length, what)
             return prompts
         _check_tokens(loaded, _check_dtype_and_shape(tokens), min_length, what)
-        return _mark_checked(prompts, loaded)
+        _check_origin(loaded, prompts, what)
+        if distinct:
+            check_distinct(tokens, what)
+        return _mark_checked(prompts, loaded, distinct)
     if isinstance(prompts, str):
         raise BadInputError(f"{what} is one string; pass a list of strings (or build_prompts(model, text=...))")
     if isinstance(prompts, Sequence) and prompts and all(isinstance(p, str) for p in prompts):
         built = prompts_from_texts(loaded, list(prompts), bos=bos, T=T)
         _check_tokens(loaded, built.tokens, min_length, what)
-        return _mark_checked(built, loaded)
+        if distinct:
+            check_distinct(built.tokens, what)
+        return _mark_checked(built, loaded, distinct)
     if bos is not None or T is not None:
         raise BadInputError("bos= and T= apply to a list of strings; token ids are taken as given")
     if isinstance(prompts, Sequence) and not isinstance(prompts, torch.Tensor):
@@ -251,6 +311,8 @@ def checked_prompts(
         mask = mask[None]
     _check_tokens(loaded, tokens, min_length, what)
     _check_not_padded(loaded, tokens, mask)
+    if distinct:
+        check_distinct(tokens, what)
     bos_id = getattr(loaded.tokenizer, "bos_token_id", None) if loaded.tokenizer is not None else None
     checked = _tensor_prompt_set(loaded, tokens, bos_id if bos_id is not None else loaded.spec.bos_token_id)
-    return _mark_checked(checked, loaded)
+    return _mark_checked(checked, loaded, distinct)

@@ -15,8 +15,11 @@ before reading it, so an edited table (a column scaled by hand, a re-encoded fil
 instead of read; any file that cannot be read (truncated, empty, not JSON / Parquet /
 safetensors, not a lens_position result) raises :class:`~lens_position.ground.errors.CorruptFileError`
 naming the file.
-A folder is written next to its final place and renamed into it, so a reader never sees half a
-result; an existing folder is replaced only if it holds a saved result.
+A folder is written next to its final place and swapped into it by renames
+(:mod:`lens_position.core.folder_swap`), so a reader never sees half a result and a save killed at
+any moment leaves the old result or the new one (the next save or load completes it). An existing
+folder is replaced only if it holds a saved result and nothing else: a folder that also holds
+files lens_position did not write (notes, figures) is refused, never deleted.
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ import importlib
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -39,8 +41,10 @@ from safetensors.torch import load_file, save_file
 
 from lens_position.core import summaries
 from lens_position.core.columns import recommended_first
+from lens_position.core.folder_swap import NEW, recover, swap_in, temporary
 from lens_position.core.summaries import Headline
-from lens_position.ground.errors import BadInputError, CorruptFileError
+from lens_position.ground.errors import BadInputError, CorruptFileError, LensPositionError, ResourceError
+from lens_position.ground.files import read_json, resource_error
 from lens_position.ground.paths import checked_path
 from lens_position.ground.provenance import jsonable, package_versions
 
@@ -112,17 +116,16 @@ class SavedResult:
 
     def save(self, path: str | Path) -> Path:
         """Write this result to the folder ``path`` (created; a previous saved result there is
-        replaced). Returns the folder."""
+        replaced, atomically). Returns the folder. A folder that holds anything else is refused."""
         if not dataclasses.is_dataclass(self):
             raise TypeError(f"{type(self).__name__} is not a dataclass")
         folder = checked_path(path, "the folder to save the result in")
-        if folder.exists() and not (folder / MANIFEST).is_file():
-            raise BadInputError(f"{folder} exists and does not hold a saved result: choose an empty or new path")
         try:
+            recover(folder, _complete)
+            _check_replaceable(folder)
             return self._save(folder)
         except OSError as error:  # a read-only, full or foreign folder: the user's to fix, not a bug
-            raise BadInputError(f"cannot save the result in {folder}: {error.strerror or error}; choose a folder "
-                                "you can write to") from error
+            raise resource_error(error, folder, "saving the result") from error
 
     def _save(self, folder: Path) -> Path:
         folder.parent.mkdir(parents=True, exist_ok=True)
@@ -133,8 +136,8 @@ class SavedResult:
             "frames": [], "tensors": [], "fields": {},
         }
         tensors: dict[str, torch.Tensor] = {}
-        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-        os.chmod(staging, 0o777 & ~current_umask())  # mkdtemp makes it 0700 whatever the umask
+        staging = temporary(folder, NEW)
+        staging.mkdir(mode=0o777)  # the umask applies, as to any folder the user makes
         try:
             for f in dataclasses.fields(self):  # type: ignore[arg-type]  # every subclass is a dataclass
                 value = getattr(self, f.name)
@@ -150,9 +153,7 @@ class SavedResult:
                 save_file(tensors, str(staging / TENSORS))
             manifest["files"] = {entry.name: _file_sha256(entry) for entry in sorted(staging.iterdir())}
             (staging / MANIFEST).write_text(json.dumps(manifest, indent=1, allow_nan=True))
-            if folder.exists():
-                shutil.rmtree(folder)
-            staging.rename(folder)
+            swap_in(staging, folder)
         finally:
             if staging.exists():
                 shutil.rmtree(staging)
@@ -182,6 +183,39 @@ def current_umask() -> int:
     return mask
 
 
+def _check_replaceable(folder: Path) -> None:
+    """BadInputError unless ``folder`` is absent, or holds a saved result and only its files."""
+    if not folder.exists():
+        return
+    if not folder.is_dir():
+        raise BadInputError(f"{folder} is a file, not a folder: choose a new path for the result")
+    if not (folder / MANIFEST).is_file():
+        raise BadInputError(f"{folder} exists and does not hold a saved result: choose an empty or new path")
+    try:
+        own = set(_read_manifest(folder)["files"]) | {MANIFEST}
+    except (CorruptFileError, BadInputError) as error:
+        raise BadInputError(f"{folder} holds a saved result lens_position cannot read ({error}); it is not "
+                            "replaced: remove it yourself, or choose another path") from error
+    foreign = sorted(entry.name for entry in folder.iterdir() if entry.name not in own)
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f", ... ({len(foreign)} in all)" if len(foreign) > 5 else "")
+        raise BadInputError(f"{folder} holds a saved result and files lens_position did not write ({shown}); "
+                            "replacing the folder would delete them: save into another folder (e.g. "
+                            f"{folder / 'result'}), or move them out")
+
+
+def _complete(folder: Path) -> bool:
+    """Whether ``folder`` holds a whole saved result: its manifest, and every file it lists with
+    its hash (a temporary left by a killed save is put in place only then)."""
+    try:
+        manifest = _read_manifest(folder)
+        for name in manifest["files"]:
+            _verified(folder, manifest, name)
+    except (LensPositionError, OSError):
+        return False
+    return True
+
+
 def _file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
@@ -193,10 +227,10 @@ def _file_sha256(path: Path) -> str:
 def _read_manifest(folder: Path) -> dict[str, Any]:
     manifest_path = folder / MANIFEST
     try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise CorruptFileError(f"{manifest_path} cannot be read as a saved result's manifest "
-                               f"({type(error).__name__}: {error}); save the result again") from error
+        manifest = read_json(manifest_path, "saved result's manifest")
+    except (CorruptFileError, BadInputError, ResourceError) as error:
+        raise CorruptFileError(f"{manifest_path} cannot be read as a saved result's manifest ({error}); "
+                               "save the result again") from error
     if not isinstance(manifest, dict) or not isinstance(manifest.get("type"), str):
         raise CorruptFileError(f"{manifest_path} is not a lens_position result manifest (no 'type'); "
                                "save the result again")
@@ -224,6 +258,8 @@ def _verified(folder: Path, manifest: dict[str, Any], name: str) -> Path:
     """``folder / name`` after checking it against the hash the manifest lists for it."""
     path = folder / name
     expected = manifest["files"].get(name)
+    if path.exists() and not path.is_file():
+        raise CorruptFileError(f"{path} is not a regular file (a FIFO, device or folder); save the result again")
     if expected is None:
         raise CorruptFileError(f"{path}: the manifest {folder / MANIFEST} lists no hash for it; save the result again")
     try:
@@ -242,6 +278,8 @@ def load_result(path: str | Path) -> SavedResult:
     file against the sha256 its manifest lists (module docstring)."""
     folder = checked_path(path, "the saved result's folder")
     manifest_path = folder / MANIFEST
+    if not folder.exists():
+        recover(folder, _complete)  # a save killed between its two renames
     if not manifest_path.is_file():
         raise BadInputError(f"{folder} holds no saved result (no {MANIFEST}); save one with result.save(path)")
     manifest = _read_manifest(folder)

@@ -32,6 +32,12 @@ class CorruptFileError(LensPositionError, OSError):
     """A model or cache file that exists but cannot be read (truncated, wrong format)."""
 
 
+class ResourceError(LensPositionError, OSError):
+    """What the machine refused: no space left, a read-only or foreign folder, a path that is not a
+    folder, too many open files, not enough memory. The message names the path and what to do
+    (:func:`lens_position.ground.files.resource_error` writes it)."""
+
+
 class BadInputError(LensPositionError, ValueError):
     """An argument or input that is invalid as given: a bad option, shape, range or file."""
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias, Union
 
@@ -144,6 +145,15 @@ class LoadedModel:
         if self.spec.weights_sha256 is not None and self.spec.extra.get("dtype") in (None, dtype):
             self.hashed_weights_version = weights_version(self.model)  # the spec was made for these weights
 
+    @property
+    def tokenizer_sha256(self) -> str | None:
+        """:func:`tokenizer_sha256` of the model's tokenizer (taken once per tokenizer object)."""
+        known = self.__dict__.get("_tokenizer_hash")
+        if known is None or known[0] is not self.tokenizer:
+            known = (self.tokenizer, tokenizer_sha256(self.tokenizer))
+            self.__dict__["_tokenizer_hash"] = known
+        return known[1]
+
     def adopt_weights(self) -> LoadedModel:
         """Let the spec's weight hash stand for the weights as they are now (after a cast or a move
         to devices at load, which changes no value that matters to provenance); returns ``self``."""
@@ -173,6 +183,18 @@ def check_length(n_ctx: int, T: int, name: str = "the model") -> None:
             f"a sequence of {T} positions is longer than the context of {name} (n_ctx = {n_ctx}); "
             f"use T <= {n_ctx}, or load the model with load_model(..., n_ctx={T}) to extend it "
             "(positions beyond the trained context are extrapolation)")
+
+
+def tokenizer_sha256(tokenizer: Any) -> str | None:
+    """sha256 of what a tokenizer maps text to: its vocabulary (every token and its id) and its
+    special tokens' ids; None without a tokenizer. Two tokenizers with the same hash give the same
+    ids for the same text (about 0.3 s for a 262k vocabulary)."""
+    if tokenizer is None or not hasattr(tokenizer, "get_vocab"):
+        return None
+    vocabulary = sorted(tokenizer.get_vocab().items(), key=lambda item: (item[1], item[0]))
+    specials = {name: getattr(tokenizer, f"{name}_token_id", None) for name in ("bos", "eos", "pad", "unk")}
+    blob = json.dumps({"vocabulary": vocabulary, "specials": specials}, ensure_ascii=False)
+    return hashlib.sha256(blob.encode("utf-8", errors="surrogatepass")).hexdigest()
 
 
 def tokenizer_prepends_bos(tokenizer: Any) -> bool:

@@ -186,7 +186,7 @@ def test_identity_log_a_equals_t_minus_z_on_a_random_model():
 
 def test_bad_options_raise_actionable_errors():
     loaded = random_model(n_ctx=32)
-    tokens = torch.zeros(2, 16, dtype=torch.long)
+    tokens = torch.arange(32).view(2, 16) % 50
     with pytest.raises(ContextLengthError, match="n_ctx"):
         decompose(loaded, torch.zeros(1, 40, dtype=torch.long), progress=False)
     with pytest.raises(BadInputError, match="query_range"):

@@ -65,11 +65,11 @@ def test_streamed_probe_equals_explicit_ridge():
 def test_probe_errors():
     loaded = random_model()
     with pytest.raises(BadInputError, match="3 when"):
-        position_probe(loaded, torch.zeros(2, 16, dtype=torch.long), progress=False)
+        position_probe(loaded, torch.arange(2 * 16).view(2, 16) % 50, progress=False)
     with pytest.raises(BadInputError, match="at least 2"):
-        position_probe(loaded, torch.zeros(1, 16, dtype=torch.long), ridge=1.0, progress=False)
+        position_probe(loaded, torch.arange(1 * 16).view(1, 16) % 50, ridge=1.0, progress=False)
     with pytest.raises(BadInputError, match="layers"):
-        position_probe(loaded, torch.zeros(4, 16, dtype=torch.long), layers=[7], progress=False)
+        position_probe(loaded, torch.arange(4 * 16).view(4, 16) % 50, layers=[7], progress=False)
 
 
 def test_penalty_is_chosen_within_the_training_sequences():

@@ -188,7 +188,9 @@ def test_a_raw_tensor_gets_a_content_hash_in_its_provenance(tiny_llama):
     with_bos = checked_prompts(tiny_llama, tokens.index_fill(1, torch.tensor([0]), BOS_ID))
     assert with_bos.has_bos
     prompt_set = build_prompts(tiny_llama, source="random", T=8, N=2)
-    assert checked_prompts(tiny_llama, prompt_set) is prompt_set
+    checked_set = checked_prompts(tiny_llama, prompt_set)
+    assert torch.equal(checked_set.tokens, prompt_set.tokens) and checked_set.spec == prompt_set.spec
+    assert checked_prompts(tiny_llama, checked_set) is checked_set
 
 
 @pytest.mark.fault(area="prompts", given="prompts longer than the model's context n_ctx",
