@@ -136,6 +136,14 @@ def bos_replacement(
             "BOS replacement needs BOS at position 0, but these prompts have none; build "
             "them with build_prompts(..., bos='force') (or the tokenizer's own BOS on Gemma-3)"
         )
+    if isinstance(replacements, str):
+        replacements = [replacements]
+    replacements = list(replacements)
+    if not replacements:
+        raise BadInputError(f"replacements is empty: there is nothing to replace BOS with; choose one or more of "
+                            f"{list(REPLACEMENTS)}")
+    if len(set(replacements)) != len(replacements):
+        raise BadInputError(f"replacements {replacements} names one twice; name each once")
     unknown = [r for r in replacements if r not in REPLACEMENTS]
     if unknown:
         raise BadInputError(f"unknown replacements {unknown}; choose from {list(REPLACEMENTS)}")

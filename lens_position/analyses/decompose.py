@@ -78,7 +78,7 @@ from lens_position.core.intervals import (
 )
 from lens_position.core.patch import Patch
 from lens_position.core.results import SavedResult, Table
-from lens_position.core.stream import BATCH_SIZE, check_finite_activation, stream
+from lens_position.core.stream import BATCH_SIZE, check_finite_activation, checked_fwd_hooks, stream
 from lens_position.core.summaries import Headline, layer_mean
 from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError, UnsupportedArchitectureError
@@ -492,6 +492,7 @@ def decompose(
     loaded = as_loaded(model)
     prompts = checked_prompts(loaded, prompts, min_length=2, distinct=bootstrap.enabled)
     batch_size = check_count("batch_size", batch_size)
+    fwd_hooks = checked_fwd_hooks(fwd_hooks, loaded.backend.hook_dict)
     reducer = DecompositionReducer(
         loaded, prompts, layers=layers, query_range=query_range, keys=keys, bins=bins, bootstrap=bootstrap
     )

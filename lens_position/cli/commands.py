@@ -474,7 +474,7 @@ def _main(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
 
             print(run_zoo(args))
             return 0
-        from lens_position.pipeline.run import run
+        from lens_position.pipeline.runner import run
 
         preflight(args)
         result = run(_config(args, sys.argv[1:] if argv is None else argv))

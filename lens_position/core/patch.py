@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from jaxtyping import Int
 
-from lens_position.core.checks import check_position
+from lens_position.core.checks import check_int, check_position
 from lens_position.ground.errors import BadInputError, NonFiniteError
 from lens_position.models.backends import ModelBackend
 from lens_position.models.hook_names import BLOCK_HOOK, HEAD_AXIS_HOOK, KEY_VALUE_HOOK, POSITION_AXIS_HOOK
@@ -106,6 +106,14 @@ class Patch:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hook_name", act_name(self.hook_name))
+        for name in ("position", "head"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, check_int(f"Patch {name}", getattr(self, name)))
+        if not isinstance(self.label, str):
+            raise BadInputError(f"Patch label must be a string, got {type(self.label).__name__}")
+        if isinstance(self.value, torch.Tensor) and self.value.device.type == "meta":
+            raise BadInputError(f"patch {self.label or self.hook_name}: its value is on the meta device (a shape "
+                                "without numbers); patch with a tensor that holds values")
         _check_finite_value(self.value, self.label or self.hook_name)
         if self.rows is not None:
             object.__setattr__(self, "rows", torch.as_tensor(self.rows, dtype=torch.int64).reshape(-1).cpu())

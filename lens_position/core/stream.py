@@ -168,6 +168,51 @@ def stream(
     return reducers
 
 
+def checked_fwd_hooks(fwd_hooks: Sequence[tuple[str | Callable, Callable]],
+                      hook_dict: Mapping[str, Any]) -> list[tuple[str | Callable, Callable]]:
+    """A user's ``(hook name or name filter, function)`` pairs, checked (each a pair, each name one the
+    model has, each function callable: BadInputError) and each function guarded so that an
+    activation it returns has the shape, dtype and device of the one it was given (a hook returning
+    ``a[:, :5]`` would otherwise have the rest of the pass run on 5 positions). The public entry
+    points that take ``fwd_hooks`` call it; the package's own hooks (which may reshape on purpose)
+    go to :func:`stream` as they are."""
+    checked: list[tuple[str | Callable, Callable]] = []
+    for entry in fwd_hooks:
+        if not (isinstance(entry, tuple) and len(entry) == 2):
+            raise BadInputError(f"fwd_hooks holds {entry!r}; each entry is a (hook name, function) pair")
+        name, function = entry
+        if not callable(function):
+            raise BadInputError(f"the fwd_hooks function for {name!r} is a {type(function).__name__}, not callable")
+        if isinstance(name, str) and name not in hook_dict:
+            close = sorted(hook for hook in hook_dict if hook.rsplit(".", 1)[-1] == name.rsplit(".", 1)[-1])[:3]
+            raise BadInputError(f"fwd_hooks names {name!r}, a hook this model does not have"
+                                + (f" (the model has e.g. {', '.join(close)})" if close else "")
+                                + "; the names are those of model.hook_dict")
+        if not (isinstance(name, str) or callable(name)):
+            raise BadInputError(f"fwd_hooks names {name!r}; a hook is named by a string or a name filter function")
+        checked.append((name, _shape_guarded(function)))
+    return checked
+
+
+def _shape_guarded(function: Callable) -> Callable:
+    def guarded(activation: torch.Tensor, hook: Any) -> Any:
+        returned = function(activation, hook)
+        if returned is None or returned is activation:
+            return returned
+        if not isinstance(returned, torch.Tensor):
+            raise BadInputError(f"the fwd_hooks function at {hook.name} returned a {type(returned).__name__}; a "
+                                "hook returns None or a tensor shaped like the activation it was given")
+        if returned.shape != activation.shape or returned.dtype != activation.dtype \
+                or returned.device != activation.device:
+            raise BadInputError(
+                f"the fwd_hooks function at {hook.name} returned a tensor of shape {tuple(returned.shape)} "
+                f"({returned.dtype}, {returned.device}) for an activation of shape {tuple(activation.shape)} "
+                f"({activation.dtype}, {activation.device}); return one of the same shape, dtype and device "
+                "(edit it in place, or return None)")
+        return returned
+    return guarded
+
+
 class _PassHooks:
     """The hooks of one streamed pass, over its batches: the patches (each applied to the prompts it
     names), the caller's hooks, the reducers' reads (checked finite first), a finiteness guard on

@@ -10,8 +10,11 @@ option is applied (options only change the config, never the weights):
     $LENS_POSITION_CACHE/<key>/meta.json             source identity, format, versions, sha256
 
 ``<key>`` hashes the source's identity (its absolute path and the sha256 of its content,
-:mod:`lens_position.models.source_hash`) and the cache format, so a changed source file lands in a
-new entry, even one rewritten with the same size and modification time.
+:mod:`lens_position.models.source_hash`), the cache format and the versions of lens_position,
+TransformerLens and transformers, so a changed source file lands in a new entry, even one rewritten
+with the same size and modification time, and two environments with other versions sharing a cache
+keep an entry each. A new entry replaces the older one of the same source (same versions); entries
+of other versions stay until you delete them (each a folder of ``$LENS_POSITION_CACHE``).
 
 Everything an entry holds is verified on every load: ``meta.json`` records the canonical
 sha256 of the weights (``state_dict_sha256``), of the hooked config (its JSON, canonical)
@@ -102,7 +105,10 @@ class CachedModel:
 
 
 def _entry_key(identity: dict[str, Any]) -> str:
-    blob = json.dumps({"identity": identity, "format": CACHE_FORMAT}, sort_keys=True)
+    """The entry's folder name: the source's identity, the cache format and the versions that make
+    the conversion (two environments with other versions keep an entry each, never rebuilding each
+    other's)."""
+    blob = json.dumps({"identity": identity, "format": CACHE_FORMAT, "versions": _versions()}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
@@ -274,16 +280,20 @@ def write_entry(entry: Path, identity: dict[str, Any], cfg: dict[str, Any],
 
 
 def _remove_superseded(cache_dir: Path, identity: dict[str, Any], keep: Path) -> None:
-    """Delete entries for the same source path with an older identity (the file changed)."""
+    """Delete this format's and these versions' entries for the same source path with another
+    content (the file changed); entries other versions wrote are left to them."""
     if identity.get("path") is None:
         return
     for meta_path in cache_dir.glob("*/meta.json"):
         if meta_path.parent == keep:
             continue
         try:
-            old = json.loads(meta_path.read_text()).get("identity", {})
+            meta = json.loads(meta_path.read_text())
+            old = meta.get("identity", {})
         except (OSError, ValueError, AttributeError):
             continue
+        if not (meta.get("format") == CACHE_FORMAT and meta.get("versions") == _versions()):
+            continue  # another version's entry: its environment may still use it
         if old.get("path") == identity.get("path"):
             log.info("removing superseded cache entry %s", meta_path.parent)
             _discard(meta_path.parent)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias, Union
 import torch
 
 from lens_position.ground.errors import BadInputError, ContextLengthError
-from lens_position.models.backends import ModelBackend, backend_for, bridge_class, hooked_class, is_model
+from lens_position.models.backends import ModelBackend, backend_for, bridge_class, is_model
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -375,7 +375,7 @@ def _bare_spec(model: Any, tokenizer: Any) -> ModelSpec:
         model, **common,
         extra={"tokenizer": tokenizer_name, "class": cls, "backend": "hooked",
                "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-               "ungrouped_kv_hooks": bool(model.cfg.ungroup_grouped_query_attention)},
+               "ungrouped_kv_hooks": True},  # during lens_position's passes (HookedBackend)
     )
 
 
@@ -388,19 +388,16 @@ def as_loaded(model: ModelLike, tokenizer: Any = None) -> LoadedModel:
     once and hands the LoadedModel down; wrap a model yourself (``as_loaded(model)``) to pay it once
     over many calls.
 
-    A grouped-query model is given ungrouped key/value hooks (the setting ``load_model`` uses: the
-    same numbers, one key/value entry per query head at ``hook_k``/``hook_v``), so a head index
-    means the same query head for every model and backend, whoever built it.
+    A grouped-query model runs lens_position's passes with ungrouped key/value hooks (the setting
+    ``load_model`` uses: the same numbers, one key/value entry per query head at ``hook_k``/
+    ``hook_v``), so a head index means the same query head for every model and backend, whoever
+    built it; the model's own setting is switched for those passes only and put back after them.
     """
     if isinstance(model, LoadedModel):
-        model.backend  # noqa: B018 - wrapping the model ungroups a grouped-query model's K/V hooks
         return _current(model)
     if not is_model(model):
         raise TypeError(f"expected a LoadedModel, a HookedTransformer (or a subclass) or a TransformerBridge, "
                         f"got {type(model).__name__}")
-    hooked = hooked_class()
-    if hooked is not None and isinstance(model, hooked):
-        backend_for(model)  # ungroups the K/V hooks
     tokenizer = tokenizer if tokenizer is not None else model.tokenizer
     return LoadedModel(model=model, tokenizer=tokenizer, spec=_bare_spec(model, tokenizer))
 

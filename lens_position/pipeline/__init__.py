@@ -10,7 +10,7 @@ Modules, each with one job:
 - ``worker``: a loaded model running its cells (in this process or in a Ray actor);
 - ``executors``: serial; ``ray_executor``: Ray (an actor per model, cells as tasks);
 - ``outputs``: the output folder, written whole with its manifest last;
-- ``run``: ``run(config)`` tying them together; ``sweep``: a TOML sweep spec into a run;
+- ``runner``: ``run(config)`` tying them together; ``sweep``: a TOML sweep spec into a run;
 - ``devices``: device and dtype for loading and forward passes; ``measure``: time and memory.
 """
 
@@ -19,19 +19,21 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and the API reference
     from lens_position.pipeline.config import DEFAULT_MODELS, FULL, QUICK, Compute, DataOptions, RunConfig, Settings
-    from lens_position.pipeline.run import CellsFailedError, ReportCheckError, RunResult, StepRecord, run
+    from lens_position.pipeline.runner import CellsFailedError, ReportCheckError, RunResult, StepRecord, run
     from lens_position.pipeline.steps import STEPS, Step, StepContext, StepOutput
 
 # Each name is imported on first use: the command line's parser reads the step registry
-# (``pipeline.steps``) without importing the run (``pipeline.run``) and what it pulls in.
+# (``pipeline.steps``) without importing the run (``pipeline.runner``) and what it pulls in.
 _EXPORTS = {
     **dict.fromkeys(["DEFAULT_MODELS", "FULL", "QUICK", "Compute", "DataOptions", "RunConfig", "Settings"],
                     "lens_position.pipeline.config"),
     **dict.fromkeys(["CellsFailedError", "ReportCheckError", "RunResult", "StepRecord", "run"],
-                    "lens_position.pipeline.run"),
+                    "lens_position.pipeline.runner"),
     **dict.fromkeys(["STEPS", "Step", "StepContext", "StepOutput"], "lens_position.pipeline.steps"),
 }
-__all__ = sorted(_EXPORTS)
+# A literal list: the API reference reads it without running the module.
+__all__ = ["DEFAULT_MODELS", "FULL", "QUICK", "CellsFailedError", "Compute", "DataOptions", "ReportCheckError",
+           "RunConfig", "RunResult", "STEPS", "Settings", "Step", "StepContext", "StepOutput", "StepRecord", "run"]
 
 
 def __getattr__(name: str) -> Any:

@@ -18,7 +18,7 @@ from lens_position.pipeline.worker import CellResult, Loaded, ModelWorker
 
 
 class Driver(Protocol):
-    """What an executor reports to (implemented by ``lens_position.pipeline.run``)."""
+    """What an executor reports to (implemented by ``lens_position.pipeline.runner``)."""
 
     def on_loaded(self, model: str, model_index: int, loaded: Loaded) -> list[Cell]:
         """A model is loaded: returns its cells that are not in the cache."""

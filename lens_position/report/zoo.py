@@ -43,6 +43,9 @@ from lens_position.report import plots
 from lens_position.report.markup import verdict_class
 from lens_position.report.plots import ReportFigure
 
+#: The zoo's attention-sink sentence, under the name this module has always given it.
+sinks_sentence = zoo_sinks_sentence
+
 LOWER, HIGHER = "lower", "higher"  # the resolved answers: the interval of a - b lies below / above 0
 METRICS = ("R", "M", "total", "R_slope", "R_self", "M_self", "probe_r2_last", "sink_rate", "bos_removed")
 #: (question, variant a, variant b, metric): each answered by the paired difference a - b.

@@ -161,7 +161,7 @@ def test_the_parser_and_help_do_not_import_transformer_lens():
     code = ("import sys\nimport lens_position\nfrom lens_position.cli.commands import "
             "build_parser\nbuild_parser().format_help()\n"
             "from lens_position.models import KNOWN_MODELS\nassert KNOWN_MODELS\n"
-            "print(sorted(m for m in ('transformer_lens', 'lens_position.pipeline.run') if m in sys.modules))")
+            "print(sorted(m for m in ('transformer_lens', 'lens_position.pipeline.runner') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
     # the lazy names still resolve, and only to what they named before
@@ -224,7 +224,7 @@ def test_no_progress_silences_the_other_libraries_bars_while_it_runs(monkeypatch
     from huggingface_hub.utils import are_progress_bars_disabled
     from transformers.utils import logging as hf_logging
 
-    pipeline_run = importlib.import_module("lens_position.pipeline.run")  # the module, not its run()
+    pipeline_run = importlib.import_module("lens_position.pipeline.runner")  # the module, not its run()
 
     monkeypatch.delenv("TQDM_DISABLE", raising=False)
     seen = []

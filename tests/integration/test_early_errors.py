@@ -16,7 +16,7 @@ from lens_position.ground.errors import BadInputError, CorruptFileError, Unsuppo
 from lens_position.models import load_model
 from lens_position.models.tiny import tiny_hf_model
 
-pipeline_run = importlib.import_module("lens_position.pipeline.run")  # the package exports a function of that name
+pipeline_run = importlib.import_module("lens_position.pipeline.runner")  # the package exports a function of that name
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ share a pass; :func:`token_layers` counts what a plan computes. The named patche
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import re
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 
 from lens_position.core.inputs import Prompts, checked_prompts
 from lens_position.core.patch import Condition, Patch, act_name
-from lens_position.core.stream import LOGITS, WholeActivations, stream
+from lens_position.core.stream import LOGITS, WholeActivations, checked_fwd_hooks, stream
 from lens_position.ground.errors import BadInputError
 from lens_position.ground.progress import progress as progress_bar
 from lens_position.models.spec import LoadedModel, ModelLike, as_loaded
@@ -90,7 +91,8 @@ def cache_activations(
     tokens = as_tokens(loaded, prompts)
     names = [act_name(name) for name in names]
     cache = WholeActivations(names)
-    stream(loaded, tokens, [cache], fwd_hooks=fwd_hooks, batch_size=max(1, len(tokens)), progress=False,
+    hooks = checked_fwd_hooks(fwd_hooks, loaded.backend.hook_dict)
+    stream(loaded, tokens, [cache], fwd_hooks=hooks, batch_size=max(1, len(tokens)), progress=False,
            desc="cache activations")
     from transformer_lens.ActivationCache import ActivationCache
 
@@ -309,16 +311,30 @@ def run_patches(
         for step in passes:
             if step.position >= n_pos:  # unpatched: the target run itself
                 for index in step.conditions:
-                    results[index] = torch.as_tensor(metric(target[LOGITS])).detach()
+                    results[index] = metric_value(metric(target[LOGITS]))
             else:
                 acts = _run_pass(loaded, step, [conditions[index] for index in step.conditions], tokens, resid_pre,
                                  target, read)
                 for k, index in enumerate(step.conditions):
                     rows = slice(k * n_rows, (k + 1) * n_rows)
                     view = {name: act[rows] for name, act in acts.items()} if read else acts[LOGITS][rows]
-                    results[index] = torch.as_tensor(metric(view)).detach()
+                    results[index] = metric_value(metric(view))
             bar.update(len(step.conditions) * n_rows)
     return torch.stack(results) if results else torch.empty(0)
+
+
+def metric_value(returned: Any) -> torch.Tensor:
+    """What a metric returned, as a detached tensor; BadInputError for anything but a tensor, an
+    array or a number (a string, a dict, None: a metric that forgot its ``return``)."""
+    if isinstance(returned, torch.Tensor):
+        return returned.detach()
+    if isinstance(returned, (numbers.Real, np.ndarray, np.generic)) and not isinstance(returned, bool):
+        try:
+            return torch.as_tensor(np.asarray(returned, dtype=np.float64))
+        except (TypeError, ValueError) as error:
+            raise BadInputError(f"the metric returned an array that is not numbers ({error})") from error
+    raise BadInputError(f"the metric returned {type(returned).__name__} {returned!r:.80}; it must return a tensor "
+                        "or a number (e.g. logits[:, -1, answer].mean()); did it forget its return?")
 
 
 def _checked_conditions(loaded: LoadedModel, conditions: Sequence[Condition | Patch], n_pos: int) -> list[list[Patch]]:

@@ -23,6 +23,7 @@ from lens_position.analyses.patching.engine import (
     as_tokens,
     cache_activations,
     check_same_layout,
+    metric_value,
     run_patches,
     token_layers,
 )
@@ -191,7 +192,7 @@ def activation_sweep(
                       for layer, name in zip(swept_layers, names) for p in swept_positions for head in swept_heads]
         plan: list[PatchPass] = []
         flat = run_patches(loaded, target_tokens, conditions + [[]], lambda logits: checked(
-            torch.as_tensor(metric(logits))), batch_size=batch_size, reuse_prefix=reuse_prefix, plan=plan,
+            metric_value(metric(logits))), batch_size=batch_size, reuse_prefix=reuse_prefix, plan=plan,
             progress=progress)
     baseline, flat = flat[-1], flat[:-1]
     shape = (len(swept_layers), len(swept_positions)) + ((len(swept_heads),) if per_head else ())

@@ -3,7 +3,8 @@ reference path: every adapter, GGUF file, checkpoint folder and zoo model loads 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -16,15 +17,27 @@ from lens_position.models.backends import RotaryLayout, config_score_scale_and_c
 class HookedBackend:
     """The seam (:class:`~lens_position.models.backends.ModelBackend`) over a HookedTransformer.
 
-    Grouped-query models are switched to ungrouped key/value hooks (one ``hook_k``/``hook_v``
-    entry per query head, the same numbers) when wrapped."""
+    A grouped-query model runs with ungrouped key/value hooks (one ``hook_k``/``hook_v`` entry per
+    query head, the same numbers) during the backend's own runs only: the flag is set for the run
+    and put back in ``finally``, so the user's model keeps its own setting (and the meaning of its
+    own ``hook_v`` patches) after any analysis, interrupted or not."""
 
     kind = "hooked"
 
     def __init__(self, model: Any) -> None:
         self.model = model
-        if model.cfg.n_key_value_heads and not model.cfg.ungroup_grouped_query_attention:
-            model.set_ungroup_grouped_query_attention(True)
+
+    @contextlib.contextmanager
+    def _kv_per_query_head(self) -> Iterator[None]:
+        cfg = self.model.cfg
+        if not cfg.n_key_value_heads or cfg.ungroup_grouped_query_attention:
+            yield
+            return
+        cfg.ungroup_grouped_query_attention = True
+        try:
+            yield
+        finally:
+            cfg.ungroup_grouped_query_attention = False
 
     @property
     def hook_dict(self) -> Mapping[str, Any]:
@@ -50,7 +63,7 @@ class HookedBackend:
     def device(self) -> torch.device:
         return torch.device(self.model.cfg.device) if self.model.cfg.device else next(self.model.parameters()).device
 
-    kv_hooks_per_query_head = True  # ungrouped when wrapped
+    kv_hooks_per_query_head = True  # ungrouped during the backend's runs
 
     @property
     def W_E(self) -> torch.Tensor:
@@ -93,14 +106,16 @@ class HookedBackend:
 
     def forward(self, inputs: torch.Tensor, *, stop_at_layer: int | None = None,
                 start_at_layer: int | None = None, return_type: str | None = "logits") -> torch.Tensor | None:
-        return self.model(inputs, stop_at_layer=stop_at_layer, start_at_layer=start_at_layer,
-                          return_type=return_type)
+        with self._kv_per_query_head():
+            return self.model(inputs, stop_at_layer=stop_at_layer, start_at_layer=start_at_layer,
+                              return_type=return_type)
 
     def run_with_cache(self, tokens: torch.Tensor, names: Sequence[str], *,
                        stop_at_layer: int | None = None) -> dict[str, torch.Tensor]:
         wanted = set(names)
-        _, cache = self.model.run_with_cache(tokens, names_filter=lambda name: name in wanted, return_type=None,
-                                         stop_at_layer=stop_at_layer)
+        with self._kv_per_query_head():
+            _, cache = self.model.run_with_cache(tokens, names_filter=lambda name: name in wanted, return_type=None,
+                                                 stop_at_layer=stop_at_layer)
         return {name: cache[name] for name in names if name in cache.cache_dict}
 
     def rotary_layout(self, layer: int) -> RotaryLayout:

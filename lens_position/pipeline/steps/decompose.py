@@ -20,11 +20,13 @@ from lens_position.pipeline.steps.base import (
 
 
 def sizes(s: Settings, spec: ModelSpec) -> Sizes:
+    """The sizes this step runs with under the run's settings, for this model (T within its context)."""
     return Sizes(T=model_T(s, spec), N=s.N, batch_size=s.batch_size, n_resamples=s.n_resamples,
                  **restrictions(s, "layers", "query_range", "keys"))
 
 
 def requests(ctx: StepContext, sizes: Sizes) -> list[Request]:
+    """The streamed passes this step reads, as requests (steps reading the same pass share it)."""
     prompts = ctx.prompts(sizes.T, sizes.N)
     keys = sizes.keys or "all"
     what = DecompositionRequest(layers=sizes.layers, query_range=sizes.query_range, keys=keys,
@@ -35,12 +37,14 @@ def requests(ctx: StepContext, sizes: Sizes) -> list[Request]:
 
 
 def run(ctx: StepContext, sizes: Sizes) -> StepOutput:
+    """Run this step on the context's model and prompts: its result tables and provenance."""
     prompts = ctx.prompts(sizes.T, sizes.N)
     result, = [ctx.passes.get(request) for request in requests(ctx, sizes)]
     return STEP.output(result, {"prompts": prompts.spec, **sizes.to_dict()})
 
 
 def work(sizes: Sizes, cost: ModelCost) -> Work:
+    """What this step costs (forward passes, positions, replicates), for the run's estimate."""
     return decomposition_passes(sizes, cost)
 
 

@@ -20,6 +20,7 @@ from lens_position.pipeline.steps.base import Position0Request, Sizes, Step, Ste
 
 
 def sizes(s: Settings, spec: ModelSpec) -> Sizes:
+    """The sizes this step runs with under the run's settings, for this model (T within its context)."""
     return Sizes(T=s.sink_T, N=s.N)
 
 
@@ -30,6 +31,7 @@ def _prompts(ctx: StepContext, sizes: Sizes) -> dict[str, Any]:
 
 
 def requests(ctx: StepContext, sizes: Sizes) -> list[Request]:
+    """The streamed passes this step reads, as requests (steps reading the same pass share it)."""
     # each prompt set in one batch, as fingerprint() runs it, over the positions it runs
     return [Request(Position0Request(), fingerprint_tokens(condition, prompts), lambda: position0_reducer(ctx.loaded),
                     len(prompts.tokens))
@@ -37,6 +39,7 @@ def requests(ctx: StepContext, sizes: Sizes) -> list[Request]:
 
 
 def run(ctx: StepContext, sizes: Sizes) -> StepOutput:
+    """Run this step on the context's model and prompts: its result tables and provenance."""
     conditions = list(_prompts(ctx, sizes))
     position0 = dict(zip(conditions, (ctx.passes.get(request) for request in requests(ctx, sizes))))
     result = fingerprint(ctx.loaded, T=sizes.T, N=sizes.N, seed=ctx.data.seed, source=ctx.data.source,

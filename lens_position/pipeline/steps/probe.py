@@ -11,6 +11,7 @@ from lens_position.pipeline.steps.base import ProbeRequest, Sizes, Step, StepCon
 
 
 def sizes(s: Settings, spec: ModelSpec) -> Sizes:
+    """The sizes this step runs with under the run's settings, for this model (T within its context)."""
     T = model_T(s, spec)
     # enough sequences for probe_positions positions in all (at least N)
     return Sizes(T=T, N=max(s.N, -(-s.probe_positions // T)), batch_size=s.batch_size, n_resamples=s.n_resamples,
@@ -18,6 +19,7 @@ def sizes(s: Settings, spec: ModelSpec) -> Sizes:
 
 
 def requests(ctx: StepContext, sizes: Sizes) -> list[Request]:
+    """The streamed passes this step reads, as requests (steps reading the same pass share it)."""
     prompts = ctx.prompts(sizes.T, sizes.N)
     seed = ctx.data.seed
     return [Request(ProbeRequest(layers=sizes.layers, seed=seed, n_resamples=sizes.n_resamples), prompts,
@@ -26,12 +28,14 @@ def requests(ctx: StepContext, sizes: Sizes) -> list[Request]:
 
 
 def run(ctx: StepContext, sizes: Sizes) -> StepOutput:
+    """Run this step on the context's model and prompts: its result tables and provenance."""
     prompts = ctx.prompts(sizes.T, sizes.N)
     result, = [ctx.passes.get(request) for request in requests(ctx, sizes)]
     return STEP.output(result, {"prompts": prompts.spec, **sizes.to_dict()})
 
 
 def work(sizes: Sizes, cost: ModelCost) -> Work:
+    """What this step costs (forward passes, positions, replicates), for the run's estimate."""
     layers = len(sizes.layers) if sizes.layers else cost.n_layers
     return probe_work(cost, sequences=sizes.N, positions=sizes.T, batch_size=sizes.batch,
                       replicates=sizes.n_resamples or 0, layers=layers)

@@ -12,10 +12,12 @@ from lens_position.pipeline.steps.base import Sizes, Step, StepContext, StepOutp
 
 
 def sizes(s: Settings, spec: ModelSpec) -> Sizes:
+    """The sizes this step runs with under the run's settings, for this model (T within its context)."""
     return Sizes(T=model_T(s, spec), N=s.N, K=s.prompt_sets, batch_size=s.batch_size, n_resamples=s.n_resamples)
 
 
 def run(ctx: StepContext, sizes: Sizes) -> StepOutput:
+    """Run this step on the context's model and prompts: its result tables and provenance."""
     ctx.spec.check_context(sizes.T)
     sets = disjoint_prompt_sets(ctx.loaded, sizes.K or 2, T=sizes.T, N=sizes.N, source=ctx.data.source,
                                 bos=ctx.data.bos, seed=ctx.data.seed, text=ctx.text())

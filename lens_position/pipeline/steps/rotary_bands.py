@@ -14,11 +14,13 @@ N_BANDS = 4
 
 
 def sizes(s: Settings, spec: ModelSpec) -> Sizes:
+    """The sizes this step runs with under the run's settings, for this model (T within its context)."""
     return Sizes(T=min(s.sink_T, model_T(s, spec)), N=s.early_N, n_bands=N_BANDS, batch_size=s.batch_size,
                  n_resamples=s.n_resamples)
 
 
 def run(ctx: StepContext, sizes: Sizes) -> StepOutput:
+    """Run this step on the context's model and prompts: its result tables and provenance."""
     prompts = ctx.prompts(sizes.T, sizes.N)
     if ctx.spec.rope_kind == "none":  # NoPE, learned positions: no rotary frequencies to split by
         empty = pd.DataFrame({"layer": pd.Series(dtype="int64")})

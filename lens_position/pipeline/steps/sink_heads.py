@@ -19,16 +19,19 @@ from lens_position.pipeline.steps.base import (
 
 
 def sizes(s: Settings, spec: ModelSpec) -> Sizes:
+    """The sizes this step runs with under the run's settings, for this model (T within its context)."""
     return Sizes(T=min(s.sink_T, model_T(s, spec)), N=s.N, eps=s.eps, batch_size=s.batch_size,
                  n_resamples=s.n_resamples)
 
 
 def requests(ctx: StepContext, sizes: Sizes) -> list[Request]:
+    """The streamed passes this step reads, as requests (steps reading the same pass share it)."""
     prompts = ctx.prompts(sizes.T, sizes.N)
     return [Request(SinkScoresRequest(), prompts, lambda: SinkScoreReducer(ctx.loaded, prompts), sizes.batch)]
 
 
 def run(ctx: StepContext, sizes: Sizes) -> StepOutput:
+    """Run this step on the context's model and prompts: its result tables and provenance."""
     prompts = ctx.prompts(sizes.T, sizes.N)
     scores, = [ctx.passes.get(request) for request in requests(ctx, sizes)]
     result = sink_heads(ctx.loaded, prompts, eps=sizes.threshold, scores=scores, batch_size=sizes.batch,
@@ -37,6 +40,7 @@ def run(ctx: StepContext, sizes: Sizes) -> StepOutput:
 
 
 def work(sizes: Sizes, cost: ModelCost) -> Work:
+    """What this step costs (forward passes, positions, replicates), for the run's estimate."""
     return forward_passes(sizes, cost)
 
 

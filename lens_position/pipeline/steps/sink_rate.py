@@ -14,6 +14,7 @@ from lens_position.pipeline.steps.base import SinkScoresRequest, Sizes, Step, St
 
 
 def sizes(s: Settings, spec: ModelSpec) -> Sizes:
+    """The sizes this step runs with under the run's settings, for this model (T within its context)."""
     return Sizes(T=s.sink_T, N=s.N, eps=s.eps, batch_size=s.batch_size, n_resamples=s.n_resamples)
 
 
@@ -32,11 +33,13 @@ def _prompts(ctx: StepContext, sizes: Sizes) -> dict[str, Any]:
 
 
 def requests(ctx: StepContext, sizes: Sizes) -> list[Request]:
+    """The streamed passes this step reads, as requests (steps reading the same pass share it)."""
     return [Request(SinkScoresRequest(), prompts, partial(SinkScoreReducer, ctx.loaded, prompts), sizes.batch)
             for prompts in _prompts(ctx, sizes).values()]
 
 
 def run(ctx: StepContext, sizes: Sizes) -> StepOutput:
+    """Run this step on the context's model and prompts: its result tables and provenance."""
     conditions = list(_prompts(ctx, sizes))
     scores = dict(zip(conditions, (ctx.passes.get(request) for request in requests(ctx, sizes))))
     protocol = _protocol(ctx)

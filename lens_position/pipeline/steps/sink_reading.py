@@ -20,10 +20,12 @@ NEEDS_BOS = "finding sink-reading heads (position 0 with and without BOS)"
 
 
 def requests(ctx: StepContext, sizes: Sizes) -> list[Request]:
+    """The streamed passes this step reads, as requests (steps reading the same pass share it)."""
     return early_decomposition_requests(ctx, sizes, activations=True)
 
 
 def run(ctx: StepContext, sizes: Sizes) -> StepOutput:
+    """Run this step on the context's model and prompts: its result tables and provenance."""
     prompts = ctx.prompts(sizes.T, sizes.N)
     ctx.need_bos(prompts, NEEDS_BOS)
     base = tuple(ctx.passes.get(request) for request in requests(ctx, sizes))

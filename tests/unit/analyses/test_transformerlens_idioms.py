@@ -45,16 +45,25 @@ def test_subclass_of_hooked_transformer_is_accepted():
     assert as_loaded(model).spec.extra["class"].endswith("MyHooked")
 
 
-def test_grouped_query_model_is_run_ungrouped_with_the_same_numbers():
+@pytest.mark.fault(area="your model", given="a grouped-query HookedTransformer (ungroup_grouped_query_attention "
+                                            "False) analysed, then used again by its owner",
+                   happens="its flag is False again after the analysis (its own hook_v patches keep their meaning); "
+                           "lens_position's passes see one key/value per query head, with the same numbers")
+def test_a_grouped_model_keeps_its_setting_and_the_passes_see_one_key_per_query_head():
     model = _grouped_model()
     tokens = torch.randint(1, 60, (2, 10), generator=torch.Generator().manual_seed(2))
     grouped_logits, grouped = model.run_with_cache(tokens)
     assert grouped["blocks.0.attn.hook_k"].shape[2] == 2
-    as_loaded(model)
-    logits, cache = model.run_with_cache(tokens)
-    assert cache["blocks.0.attn.hook_k"].shape[2] == 4  # one key per query head, as load_model's
-    torch.testing.assert_close(logits, grouped_logits, rtol=0, atol=1e-5)
-    torch.testing.assert_close(cache["blocks.1.attn.hook_pattern"], grouped["blocks.1.attn.hook_pattern"])
+    loaded = as_loaded(model)
+    decompose(loaded, tokens, progress=False)
+    assert model.cfg.ungroup_grouped_query_attention is False
+    _, again = model.run_with_cache(tokens)
+    assert again["blocks.0.attn.hook_k"].shape[2] == 2  # the owner's layout, as before
+    names = ["blocks.0.attn.hook_k", "blocks.1.attn.hook_pattern"]
+    ours = loaded.backend.run_with_cache(tokens, names)
+    assert ours["blocks.0.attn.hook_k"].shape[2] == 4 and model.cfg.ungroup_grouped_query_attention is False
+    torch.testing.assert_close(ours["blocks.1.attn.hook_pattern"], grouped["blocks.1.attn.hook_pattern"])
+    torch.testing.assert_close(loaded.backend.forward(tokens), grouped_logits, rtol=0, atol=1e-5)
 
 
 def _metric(logits):
@@ -109,7 +118,8 @@ def test_a_grouped_cache_taken_before_ungrouping_patches_the_same_query_head():
     _, grouped = model.run_with_cache(clean)  # hook_k: 2 key/value heads
     assert grouped["blocks.1.attn.hook_k"].shape[2] == 2
     from_grouped = patching.head_kv_patches(model, grouped, layer=1, head=3, position=4)
-    _, ungrouped = model.run_with_cache(clean)  # lens_position has ungrouped it: 4 heads
+    model.set_ungroup_grouped_query_attention(True)  # the owner's choice: 4 heads at hook_k
+    _, ungrouped = model.run_with_cache(clean)
     from_ungrouped = patching.head_kv_patches(model, ungrouped, layer=1, head=3, position=4)
     for a, b in zip(from_grouped, from_ungrouped):
         assert a.head == b.head == 3

@@ -260,7 +260,7 @@ def test_written_tables_and_the_readme_cells_say_how_each_interval_was_made(tmp_
     import pandas as pd
 
     from lens_position.pipeline.outputs import OutputFolder
-    from lens_position.pipeline.run import write_outputs
+    from lens_position.pipeline.runner import write_outputs
 
     layers = pd.DataFrame({"layer": [0, 1], "R_rf": [0.10, 0.20], "R_rf_lo": [0.11, 0.15], "R_rf_hi": [0.13, 0.25],
                            "R_rf_heldout": [0.1, 0.2], "R_rf_heldout_lo": [0.05, 0.1], "R_rf_heldout_hi": [0.15, 0.3]})

@@ -305,7 +305,8 @@ def test_a_bare_bridge_is_wrapped_once_at_the_door():
         as_loaded(bridge)
     bridge.enable_compatibility_mode(no_processing=True)
     loaded = as_loaded(bridge)
-    assert as_loaded(bridge) is loaded
+    assert as_loaded(loaded) is loaded  # a wrapped model passes the door as it is
+    assert as_loaded(bridge).spec == loaded.spec  # wrapping again reads the same facts (no memo kept)
     assert loaded.spec.n_kv_heads == 2 and loaded.spec.extra["backend"] == "bridge"
     prompts = torch.randint(3, 259, (2, 20), generator=torch.Generator().manual_seed(5))
     assert len(decompose(bridge, prompts).heads) == 3 * 4

@@ -19,7 +19,7 @@ from run_provenance import strip_timing
 
 from lens_position.pipeline import Compute, RunConfig, run  # noqa: E402
 from lens_position.pipeline.ray_executor import start_local_ray  # noqa: E402
-from lens_position.pipeline.run import CellsFailedError  # noqa: E402
+from lens_position.pipeline.runner import CellsFailedError  # noqa: E402
 from lens_position.pipeline.steps import STEPS, step_names  # noqa: E402
 
 # Test-defined steps travel to the workers by value (the tests folder is not importable there).
