@@ -312,7 +312,7 @@ def test_t_interval_uses_student_t_quantiles():
 
 def test_reproduce_on_zoo_models_writes_the_c3_answer(tmp_path):
     from lens_position.pipeline.config import DataOptions, RunConfig
-    from lens_position.pipeline.run import run
+    from lens_position.pipeline.runner import run
 
     seeds = sorted({c.seed for c in SHIPPED if c.variant == "ntk"}
                    & {c.seed for c in SHIPPED if c.variant == "ntk-control"})[:2]
@@ -448,7 +448,7 @@ def test_sweep_sentence_names_where_sinks_form_or_the_trend_without():
 
 def test_a_run_with_other_models_keeps_the_zoo_out_of_the_papers_claims(tmp_path):
     from lens_position.pipeline.config import DataOptions, RunConfig
-    from lens_position.pipeline.run import run
+    from lens_position.pipeline.runner import run
 
     zoo = [model_name(v, s) for s in (0, 1) for v in ("ntk", "ntk-control")]
     config = RunConfig(out=tmp_path / "out", models=("tiny-llama", *zoo), steps=("decompose",), data=DataOptions(),
