@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from lens_position.core.intervals import LEVEL, Estimate, from_replicates, interval_method, units_to_decide
+from lens_position.core.summaries import missing_layers_note
 
 Tables = Mapping[str, pd.DataFrame]
 
@@ -240,8 +241,16 @@ class _ModelSummary:
 
     def mean(self, column: str) -> tuple[float, np.ndarray | None]:
         """(mean over layers, its replicates) of a per-layer column."""
+        values = self.layers[column].to_numpy(dtype=float)
+        keep = np.isfinite(values)  # a layer without a value is left out, and named (gaps)
+        if not keep.any():
+            return math.nan, None
         reps = self.layer_replicates(column)
-        return float(self.layers[column].mean()), (None if reps is None else reps.mean(1))
+        return float(values[keep].mean()), (None if reps is None else reps[:, keep].mean(1))
+
+    def gaps(self, *columns: str) -> str:
+        """The note naming the layers a mean over ``columns`` leaves out ("" when none)."""
+        return missing_layers_note(self.layers, *columns)
 
     def estimate(self, column: str) -> tuple[Estimate, np.ndarray | None]:
         value, reps = self.mean(column)
@@ -289,7 +298,8 @@ def _evaluate_c1(results: Tables, criteria: Criteria) -> list[Evaluation]:
             continue
         total, _ = summary.estimate("total_heldout")
         verdict = at_least(total, criteria.min_signal)
-        measured = f"held-out total = {total.format()} (mean over layers and heads, all queries)"
+        measured = (f"held-out total = {total.format()} (mean over layers and heads, all queries"
+                    f"{summary.gaps('total_heldout')})")
         n_needed, explanation = math.nan, ""
         if verdict == FAILS:
             explanation = (f"{arch}: the absolute-position share of Var(log A) is {total.format()}, below our "
@@ -313,7 +323,7 @@ def _evaluate_c2(results: Tables, criteria: Criteria) -> list[Evaluation]:
         mask, _ = summary.estimate(m_col)
         verdicts = {"residual": at_least(residual, criteria.min_signal), "mask": at_least(mask, criteria.min_signal)}
         verdict = combine(list(verdicts.values()))
-        measured = (f"all queries: R' = {residual.format()}, M' = {mask.format()}"
+        measured = (f"all queries: R' = {residual.format()}, M' = {mask.format()}{summary.gaps(r_col, m_col)}"
                     f"{_other_split_text(summary)}{_early_text(results, arch)}")
         explanation, n_needed = [], math.nan
         for name, estimate in (("residual", residual), ("mask", mask)):

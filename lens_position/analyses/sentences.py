@@ -25,7 +25,7 @@ import pandas as pd
 
 from lens_position.analyses.claims import PAPER
 from lens_position.core.intervals import Estimate, from_replicates
-from lens_position.core.summaries import fmt, layer_mean, row_estimate
+from lens_position.core.summaries import fmt, layer_mean, missing_layers_note, row_estimate
 
 UNTRAINED_NOTE = ("These numbers come from a small model with random weights, built in code: they exercise the "
                   "code, and its verdicts say nothing about the paper's claims, which are about trained models.")
@@ -33,11 +33,14 @@ UNTRAINED_NOTE = ("These numbers come from a small model with random weights, bu
 
 def _share(layers: pd.DataFrame, replicates: pd.DataFrame | None, part: str, whole: str) -> Estimate:
     """mean(part) / mean(whole) over layers, with the ratio's interval replicate by replicate."""
-    value = float(layers[part].astype(float).mean()) / float(layers[whole].astype(float).mean())
+    keep = np.isfinite(layers[part].to_numpy(dtype=float)) & np.isfinite(layers[whole].to_numpy(dtype=float))
+    value = float(layers[part].to_numpy(dtype=float)[keep].mean() / layers[whole].to_numpy(dtype=float)[keep].mean()) \
+        if keep.any() else math.nan
     reps = None
-    if replicates is not None and {part, whole} <= set(replicates.columns):
+    if replicates is not None and {part, whole} <= set(replicates.columns) and keep.any():
         grid = {c: replicates.pivot(index="replicate", columns="layer", values=c)
-                .reindex(columns=layers["layer"].tolist()).to_numpy(dtype=float).mean(1) for c in (part, whole)}
+                .reindex(columns=layers["layer"].tolist()).to_numpy(dtype=float)[:, keep].mean(1)
+                for c in (part, whole)}
         with np.errstate(divide="ignore", invalid="ignore"):
             reps = grid[part] / grid[whole]
     return from_replicates(value, reps)
@@ -68,8 +71,9 @@ def components_sentence(layers: pd.DataFrame, architecture: str | None = None,
     total = layer_mean(layers, replicates, "total_heldout")
     residual = layer_mean(layers, replicates, "R_rf_heldout")
     mask = layer_mean(layers, replicates, "M_rf_heldout")
+    gaps = missing_layers_note(layers, "total_heldout", "R_rf_heldout", "M_rf_heldout")
     head = (f"{who}, absolute position accounts for {fmt(total)} of the variance of log-attention "
-            f"(held out, mean over layers and heads)")
+            f"(held out, mean over layers and heads{gaps})")
     if total.has_interval and total.lo <= 0:
         text = (head + ": not distinguishable from zero, so there is no share to split "
                 f"(R' = {fmt(residual)}, M' = {fmt(mask)}).")
@@ -77,9 +81,11 @@ def components_sentence(layers: pd.DataFrame, architecture: str | None = None,
         r_share = _share(layers, replicates, "R_rf_heldout", "total_heldout")
         m_share = _share(layers, replicates, "M_rf_heldout", "total_heldout")
         rr, mm = layers["R_rf_heldout"].astype(float), layers["M_rf_heldout"].astype(float)
+        measured = int((rr.notna() & mm.notna()).sum())
         text = (head + f": {fmt(m_share, percent=True)} of it is the causal mask's (M' = {fmt(mask)}) and "
                 f"{fmt(r_share, percent=True)} the residual stream's (R' = {fmt(residual)}), on the reference-free "
-                f"split the claims use; R' exceeds M' in {int((rr > mm).sum())} of {len(layers)} layers.")
+                f"split the claims use; R' exceeds M' in {int((rr > mm).sum())} of {measured} layers"
+                + (f" with both values ({len(layers) - measured} without)." if measured < len(layers) else "."))
     return f"{text} {in_sample_text}".rstrip() if in_sample else text
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from lens_position.cli.argtypes import path_option, positive_int, seed_option
 from lens_position.core.stream import BATCH_SIZE
 from lens_position.ground.errors import BadInputError, LensPositionError, is_input_error
+from lens_position.ground.files import resource_error
 
 # Exit statuses: 1 = a problem with the input or environment, 2 = bad options (argparse's),
 # 3 = an internal error (a bug: please report it), 130 = interrupted.
@@ -481,6 +482,8 @@ def _main(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     except (LensPositionError, OSError) as error:
         if args.debug:
             raise
+        if isinstance(error, OSError) and not isinstance(error, LensPositionError):
+            error = resource_error(error, doing=f"running `{args.command}`")  # no raw [Errno ...] text
         if not getattr(error, "all_input_errors", True):  # a failed step hit a bug, not bad input
             print(f"lens-position: internal error: {_one_line(error)} (rerun with --debug for the traceback "
                   "and please report it)", file=sys.stderr)

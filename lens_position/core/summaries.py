@@ -42,13 +42,36 @@ def layer_mean(layers: pd.DataFrame, replicates: pd.DataFrame | None, column: st
                level: float = LEVEL) -> Estimate:
     """Mean over the rows of ``layers`` of a per-layer column, with the interval of the same
     mean taken replicate by replicate (``replicates``: one row per (replicate, layer))."""
-    value = float(layers[column].astype(float).mean())
+    values = layers[column].to_numpy(dtype=float)
+    keep = np.isfinite(values)
+    value = float(values[keep].mean()) if keep.any() else math.nan
     n = int(layers["n_sequences"].iloc[0]) if "n_sequences" in layers.columns and len(layers) else None
     reps = None
-    if replicates is not None and column in replicates.columns and len(replicates):
+    if replicates is not None and column in replicates.columns and len(replicates) and keep.any():
         grid = replicates.pivot(index="replicate", columns="layer", values=column)
-        reps = grid.reindex(columns=layers["layer"].tolist()).to_numpy(dtype=float).mean(1)
+        reps = grid.reindex(columns=layers["layer"].tolist()).to_numpy(dtype=float)[:, keep].mean(1)
     return from_replicates(value, reps, level=level, n=n, method=interval_method(column))
+
+
+def missing_layers(layers: pd.DataFrame, *columns: str) -> list[int]:
+    """The layers (``layers["layer"]``) where any of ``columns`` has no finite value: a mean over
+    layers (:func:`layer_mean`) leaves them out, and says so (:func:`missing_layers_note`)."""
+    bad: np.ndarray = np.zeros(len(layers), dtype=bool)
+    for column in columns:
+        if column in layers.columns:
+            bad |= ~np.isfinite(layers[column].to_numpy(dtype=float))
+    return [int(layer) for layer in layers["layer"].to_numpy()[bad]] if "layer" in layers.columns else []
+
+
+def missing_layers_note(layers: pd.DataFrame, *columns: str) -> str:
+    """`` (layer 3 has no value ...; the mean is over the other 11 layers)``, or "" when every layer
+    has one: a layer without a value is named wherever a mean over layers leaves it out."""
+    missing = missing_layers(layers, *columns)
+    if not missing:
+        return ""
+    which = f"layer {missing[0]} has" if len(missing) == 1 else f"layers {', '.join(map(str, missing))} have"
+    return (f" ({which} no value of {'/'.join(columns)}: nothing to measure there, e.g. a window of one key; "
+            f"the mean is over the other {len(layers) - len(missing)} layers)")
 
 
 def row_estimate(row: pd.Series | dict, column: str, level: float = LEVEL) -> Estimate:

@@ -35,8 +35,9 @@ _SENTENCES: dict[int, tuple[str, str]] = {
     errno.EEXIST: ("{path} already exists", "choose another path, or remove it"),
     errno.ENAMETOOLONG: ("the path {path} is too long", "choose a shorter path"),
     errno.ELOOP: ("{path} is a loop of symbolic links", "fix the links, or choose another path"),
-    errno.EMFILE: ("too many files are open", "raise the limit (`ulimit -n`) or run fewer things at once"),
-    errno.ENFILE: ("too many files are open on this machine", "run fewer things at once"),
+    errno.EMFILE: ("too many files are open (opening {path})", "raise the limit (`ulimit -n`) or run fewer things "
+                   "at once"),
+    errno.ENFILE: ("too many files are open on this machine (opening {path})", "run fewer things at once"),
     errno.EIO: ("the disk failed to read or write {path}", "check the disk; copy the data elsewhere"),
     errno.ENOTEMPTY: ("{path} is not empty", "choose another path"),
     errno.EXDEV: ("{path} is on another file system than its temporary copy", "choose a folder on one disk"),

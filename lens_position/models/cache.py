@@ -52,6 +52,7 @@ import torch
 from filelock import FileLock
 from safetensors.torch import load_file, save_file
 
+from lens_position.ground.files import resource_error
 from lens_position.ground.paths import checked_path
 from lens_position.ground.provenance import package_versions
 
@@ -329,8 +330,13 @@ def cached_convert(
             return read()
         except StaleEntry:
             pass  # decided again below, under the lock: another process may be rewriting it
-    root.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(root / f"{entry.name}.lock")):
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(root / f"{entry.name}.lock"))
+        lock.acquire()
+    except OSError as error:  # a read-only or foreign folder, a file in its place, a full disk
+        return _uncached(build, error, root)
+    try:
         if entry.exists():
             try:
                 return read()  # another process built it while this one waited
@@ -338,7 +344,24 @@ def cached_convert(
                 log.warning("cache entry %s is corrupt or stale (%s); rebuilding it", entry, why)
                 _discard(entry)
         cfg, state_dict, tokenizer, extra_meta = build()
-        sha = write_entry(entry, identity, cfg, state_dict, tokenizer, extra_meta)
+        try:
+            sha = write_entry(entry, identity, cfg, state_dict, tokenizer, extra_meta)
+        except OSError as error:
+            log.warning("%s; the model is loaded without it", resource_error(error, entry, "writing the weight cache"))
+            return CachedModel(cfg, state_dict, tokenizer, state_dict_sha256(state_dict), dict(extra_meta), False)
         _remove_superseded(root, identity, keep=entry)
         meta = json.loads((entry / "meta.json").read_text())
+    finally:
+        lock.release()
     return CachedModel(cfg, state_dict, tokenizer, sha, meta, from_cache=False)
+
+
+def _uncached(build: Callable[[], tuple[dict[str, Any], dict[str, torch.Tensor], Any, dict[str, Any]]],
+              error: OSError, root: Path) -> CachedModel:
+    """The conversion without the cache, when its folder cannot be written: the model loads (a
+    cache only saves time), with a warning naming the folder and how to have one."""
+    log.warning("%s; the model is converted without caching it (the next load converts it again): set "
+                "$%s or pass cache_dir= to a folder you can write to", resource_error(error, root, "opening the "
+                "weight cache"), CACHE_ENV)
+    cfg, state_dict, tokenizer, extra_meta = build()
+    return CachedModel(cfg, state_dict, tokenizer, state_dict_sha256(state_dict), dict(extra_meta), False)

@@ -29,6 +29,7 @@ from functools import cached_property
 from pathlib import Path
 
 from lens_position.ground.errors import BadInputError, MissingPackageError
+from lens_position.ground.files import read_bytes
 from lens_position.ground.paths import checked_path
 from lens_position.models.sources import hub_offline
 
@@ -77,12 +78,14 @@ def read_corpus(source: str | os.PathLike | None = None) -> Corpus:
         return Corpus(f"file:{path.resolve()}", (_read_text_file(path),), "text")
     if path.is_dir():
         return Corpus(f"folder:{path.resolve()}", tuple(_read_folder(path)), "file")
+    if path.exists():
+        read_bytes(path, "corpus")  # a FIFO, socket or device: refused, naming what it is
     raise BadInputError(f"corpus {str(source)!r} is neither a file, a folder nor 'hf:<name>:<split>'")
 
 
 def _read_text_file(path: Path) -> str:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_bytes(path, "corpus").decode("utf-8")
     except UnicodeDecodeError as error:
         raise BadInputError(f"{path} is not UTF-8 text ({error}); convert it or pass another file") from error
     if not text.strip():
@@ -97,7 +100,7 @@ def _read_folder(path: Path) -> list[str]:
     texts, unreadable = [], []
     for file in files:
         try:
-            texts.append(file.read_text(encoding="utf-8"))
+            texts.append(read_bytes(file, "corpus file").decode("utf-8"))
         except UnicodeDecodeError:
             unreadable.append(str(file.relative_to(path)))
     if unreadable:

@@ -28,6 +28,7 @@ from typing import Any
 import pandas as pd
 
 from lens_position.core.results import current_umask
+from lens_position.ground.errors import BadInputError
 from lens_position.ground.provenance import jsonable, package_versions
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,42 @@ def _json_sha256(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
 
 
+# The Cache Directory Tagging standard's tag (https://bford.info/cachedir/): it marks the folder as
+# lens_position's step cache (a run uses and cleans only a folder that has it) and tells backup
+# tools they may skip it.
+TAG = "CACHEDIR.TAG"
+TAG_TEXT = ("Signature: 8a477f597d28d172789f06886806bc55\n"
+            "# This file is a cache directory tag created by lens_position (its step cache).\n")
+
+
+def is_step_cache(folder: Path) -> bool:
+    """Whether ``folder`` is a lens_position step cache: it holds the tag this package writes (or,
+    written before the tag, only step folders of this package's entries)."""
+    tag = folder / TAG
+    if tag.is_file():
+        try:
+            return tag.read_bytes().startswith(TAG_TEXT.split("\n")[0].encode())
+        except OSError:
+            return False
+    return _untagged_step_cache(folder)
+
+
+def _untagged_step_cache(folder: Path) -> bool:
+    """A step cache from before the tag: every entry a folder named for a step, holding entries with
+    a ``provenance.json`` (or nothing at all)."""
+    from lens_position.pipeline.steps import STEPS
+
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return False
+    def step_folder(entry: Path) -> bool:
+        items = [item for item in entry.iterdir() if not item.name.startswith(".")]
+        return all((item / "provenance.json").is_file() for item in items)
+
+    return all(entry.is_dir() and entry.name in STEPS and step_folder(entry) for entry in entries)
+
+
 # A temporary entry folder older than this is a killed writer's leftover, not a live write.
 STALE_AFTER_S = 3600.0
 
@@ -86,6 +123,13 @@ class StepCache:
     def __init__(self, root: Path, *, stale_after_s: float = STALE_AFTER_S):
         self.root = Path(root)
         self.stale_after_s = stale_after_s
+        if self.root.exists() and not is_step_cache(self.root):
+            raise BadInputError(f"{self.root} is not a lens_position step cache (it has no {TAG}): it is not "
+                                "used, and nothing in it is touched; move it, or choose another --out")
+        self.root.mkdir(parents=True, exist_ok=True)
+        tag = self.root / TAG
+        if not tag.is_file():
+            tag.write_text(TAG_TEXT)
         self.removed_leftovers = self._clean_leftovers()
 
     def _clean_leftovers(self) -> list[Path]:
@@ -93,7 +137,7 @@ class StepCache:
         if not self.root.is_dir():
             return removed
         now = time.time()
-        for tmp in self.root.glob("*/.*"):  # entries never start with ".": these are temporaries
+        for tmp in self.root.glob("*/.*-tmp*"):  # the temporaries this class names (store, _publish)
             try:
                 if tmp.is_dir() and now - tmp.stat().st_mtime > self.stale_after_s:
                     shutil.rmtree(tmp, ignore_errors=True)

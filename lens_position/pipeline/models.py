@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from lens_position.ground.errors import BadInputError
@@ -20,9 +21,11 @@ def parse_model_request(request: str) -> tuple[str, dict[str, Any]]:
 
     Options: ``ntk_alpha=<float>``, ``ntk_by_parts`` (Llama-3 defaults) or
     ``ntk_by_parts=<json object>``, ``window=<int>``, ``n_ctx=<int>``; e.g.
-    ``tiny-llama@ntk_alpha=8`` or ``smollm2-135m@ntk_by_parts={"factor":4}``.
+    ``tiny-llama@ntk_alpha=8`` or ``smollm2-135m@ntk_by_parts={"factor":4}``. A path that holds an
+    ``@`` of its own (``runs/v2@final/model.gguf``) is read as a path: options are peeled off the
+    end only where they name a load option.
     """
-    name, *parts = request.split("@")
+    name, parts = _split_request(request)
     options: dict[str, Any] = {}
     for part in parts:
         key, _, value = part.partition("=")
@@ -42,6 +45,25 @@ def parse_model_request(request: str) -> tuple[str, dict[str, Any]]:
     if not name:
         raise BadInputError(f"model request {request!r} has no model name")
     return name, options
+
+
+def _split_request(request: str) -> tuple[str, list[str]]:
+    """(name, option parts): ``@option=value`` parts peeled off the end while they name a load
+    option; an existing path is a name whole."""
+    if Path(request).expanduser().exists():
+        return request, []
+    name: str = request
+    parts: list[str] = []
+    while "@" in name:
+        head, _, tail = name.rpartition("@")
+        if tail.partition("=")[0] not in _LOAD_OPTIONS:
+            break
+        parts.insert(0, tail)
+        name = head
+    if "@" in name and not Path(name).expanduser().exists():
+        first, _, rest = name.partition("@")  # an unknown option (a typo) after a name that is no path
+        return first, [rest.split("@")[0], *parts]
+    return name, parts
 
 
 def load_request(request: str, compute: Any = None) -> Any:

@@ -32,9 +32,11 @@ from typing import Any
 import pandas as pd
 
 from lens_position.core.results import current_umask
-from lens_position.ground.errors import BadInputError
+from lens_position.ground.errors import BadInputError, LensPositionError
+from lens_position.ground.files import read_json
 from lens_position.ground.paths import checked_path
 from lens_position.ground.provenance import jsonable
+from lens_position.pipeline.cache import is_step_cache
 
 MANIFEST = "provenance.json"
 OWN_ENTRIES = frozenset({MANIFEST, "cache"})  # what a run puts in its folder besides its outputs
@@ -78,8 +80,8 @@ def read_manifest(out: Path) -> dict[str, Any] | None:
     """The manifest of the run in ``out`` (None when there is none, it is unreadable, or it is
     not a run's manifest: a JSON object with ``complete``)."""
     try:
-        manifest = json.loads((Path(out) / MANIFEST).read_text())
-    except (OSError, ValueError):
+        manifest = read_json(Path(out) / MANIFEST, "run manifest")  # a FIFO is refused, never waited on
+    except (LensPositionError, OSError):
         return None
     return manifest if isinstance(manifest, dict) and "complete" in manifest else None
 
@@ -110,6 +112,12 @@ class OutputFolder:
             foreign = sorted(entry.name for entry in self.out.iterdir()
                              if entry.name not in OWN_ENTRIES and _TMP_MARK not in entry.name
                              and not entry.name.startswith(".write-test-"))
+            cache = self.out / "cache"
+            if cache.exists() and not is_step_cache(cache):  # the user's own folder named cache: never ours
+                raise BadInputError(
+                    f"the output folder {self.out} holds a folder 'cache' that is not lens_position's step cache "
+                    "(no CACHEDIR.TAG): a run keeps its step cache there, so it does not write into this folder, "
+                    "--force or not, and touches nothing in it; choose another --out")
             if self.previous is None and foreign and not force:
                 raise BadInputError(
                     f"the output folder {self.out} is not empty ({', '.join(foreign[:3])}"

@@ -32,7 +32,9 @@ from typing import Any
 import pandas as pd
 
 from lens_position.ground.errors import BadInputError
+from lens_position.ground.files import read_text
 from lens_position.ground.paths import checked_path
+from lens_position.models.registry import REGISTRY
 from lens_position.pipeline.config import Compute, DataOptions, RunConfig
 
 FACTORS: tuple[str, ...] = ("source", "bos", "seed")
@@ -54,14 +56,15 @@ def read_spec(path: Path) -> dict[str, Any]:
     path = checked_path(path, "the sweep spec")
     if path.is_dir():
         raise BadInputError(f"sweep spec {path} is a folder; pass the spec's .toml file")
+    if not path.exists():
+        raise BadInputError(f"sweep spec {path} does not exist")
+    text = read_text(path, "sweep spec")  # a FIFO or device is refused, never waited on
     try:
-        spec = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise BadInputError(f"sweep spec {path} does not exist") from None
-    except OSError as error:
-        raise BadInputError(f"sweep spec {path} cannot be read ({error.strerror or error})") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        spec = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
         raise BadInputError(f"sweep spec {path} is not valid TOML: {error}") from None
+    except RecursionError:
+        raise BadInputError(f"sweep spec {path} nests its tables too deep to read; write a plain spec") from None
     unknown = set(spec) - _KEYS
     if unknown:
         raise BadInputError(f"sweep spec {path}: unknown keys {sorted(unknown)}; use {sorted(_KEYS)}")
@@ -90,7 +93,24 @@ def read_spec(path: Path) -> dict[str, Any]:
             checked_path(checked["text"], "sweep spec: text")  # "" would be the spec's own folder
         if not checked["text"].startswith("hf:") and not Path(checked["text"]).is_absolute():
             checked["text"] = str((path.parent / checked["text"]).resolve())  # relative to the spec
+    checked["models"] = [_model_from_spec(name, path.parent) for name in checked["models"]]
     return checked
+
+
+def _model_from_spec(name: str, folder: Path) -> str:
+    """A model entry of a spec in ``folder``: a relative path is read from the spec's folder (as its
+    ``text`` is), whatever the working folder; registry names, ``zoo:`` names and hub ids are kept."""
+    if name in REGISTRY or name.startswith("zoo:") or Path(name).expanduser().is_absolute() or name.startswith("~"):
+        return name
+    beside = folder / name
+    looks_like_path = name.startswith(("./", "../")) or name.lower().endswith(".gguf") or Path(name).exists()
+    if beside.exists() or looks_like_path:
+        if not beside.exists():
+            raise BadInputError(f"sweep spec: model {name!r} is read from the spec's folder, {beside.resolve()}, "
+                                "which does not exist; write the path relative to the spec's folder (as text is), "
+                                "or an absolute one")
+        return str(beside.resolve())
+    return name
 
 
 def sweep_config(spec: Mapping[str, Any], *, out: Path, compute: Compute = Compute(), executor: str = "serial",

@@ -29,6 +29,7 @@ from typing import Any
 from safetensors.torch import load_file, save_file
 
 from lens_position.ground.errors import BadInputError, CorruptFileError, UnknownModelError
+from lens_position.ground.files import read_json
 from lens_position.models.backends import resolve_backend
 from lens_position.models.spec import LoadedModel, attach_tokenizer, spec_from_config, tokenizer_prepends_bos
 from lens_position.models.tiny import byte_tokenizer
@@ -123,7 +124,7 @@ def checkpoints(root: Path = SHIPPED) -> list[Checkpoint]:
         seed = int(meta_path.stem.removeprefix("seed"))
         variant = meta_path.parent.name
         weights = meta_path.with_suffix(".safetensors")
-        found.append(Checkpoint(variant, seed, weights, json.loads(meta_path.read_text())))
+        found.append(Checkpoint(variant, seed, weights, _read_meta(meta_path)))
     order = {v: i for i, v in enumerate(VARIANTS)}
     return sorted(found, key=lambda c: (order.get(c.variant, len(order)), c.variant, c.seed))
 
@@ -137,7 +138,20 @@ def find(name: str, root: Path = SHIPPED) -> Checkpoint:
         raise UnknownModelError(
             f"no zoo checkpoint {name!r} in {root} (there: {there}); train it with "
             f"`lens-position zoo train {variant} --seed {seed}`")
-    return Checkpoint(variant, seed, weights, json.loads(meta_path.read_text()))
+    return Checkpoint(variant, seed, weights, _read_meta(meta_path))
+
+
+_META_KEYS = ("recipe", "recipe_sha256", "weights_sha256")
+
+
+def _read_meta(meta_path: Path) -> dict[str, Any]:
+    """A checkpoint's JSON (CorruptFileError naming it when it is not a checkpoint's record)."""
+    meta = read_json(meta_path, "zoo checkpoint record")
+    if not isinstance(meta, dict) or any(key not in meta for key in _META_KEYS):
+        raise CorruptFileError(f"{meta_path} is not a zoo checkpoint record (it needs {', '.join(_META_KEYS)}); "
+                               f"restore it, or retrain the checkpoint (`lens-position zoo train "
+                               f"{meta_path.parent.name} --retrain`)")
+    return meta
 
 
 def verify(checkpoint: Checkpoint) -> Recipe:
@@ -145,15 +159,25 @@ def verify(checkpoint: Checkpoint) -> Recipe:
     recorded hash, the safetensors metadata names the same hash, the weights' sha256 is the
     recorded one, and the recipe is the current code's recipe for that variant and seed.
     Returns the recipe; raises CorruptFileError otherwise."""
-    recipe = checkpoint.recipe
+    try:
+        recipe = checkpoint.recipe
+    except (KeyError, TypeError, ValueError) as error:
+        raise CorruptFileError(f"{checkpoint.name}: the recipe in its JSON cannot be read ({error}); restore "
+                               f"it, or retrain it (`lens-position zoo train {checkpoint.variant} --seed "
+                               f"{checkpoint.seed} --retrain`)") from error
     digest = recipe.sha256()
     if digest != checkpoint.meta["recipe_sha256"]:
         raise CorruptFileError(f"{checkpoint.name}: its JSON's recipe hashes to {digest[:12]}, "
                                f"not the recorded {checkpoint.meta['recipe_sha256'][:12]}")
     from safetensors import safe_open
 
-    with safe_open(str(checkpoint.weights), framework="pt") as handle:
-        stored = (handle.metadata() or {}).get("recipe_sha256")
+    try:
+        with safe_open(str(checkpoint.weights), framework="pt") as handle:
+            stored = (handle.metadata() or {}).get("recipe_sha256")
+    except Exception as error:  # safetensors raises its own types for a truncated or damaged file
+        raise CorruptFileError(f"{checkpoint.weights} cannot be read ({type(error).__name__}: {error}); it is "
+                               f"truncated or damaged: restore it, or retrain it (`lens-position zoo train "
+                               f"{checkpoint.variant} --seed {checkpoint.seed} --retrain`)") from error
     if stored != digest:
         raise CorruptFileError(f"{checkpoint.weights} was made by recipe {str(stored)[:12]}, its JSON "
                                f"says {digest[:12]}")

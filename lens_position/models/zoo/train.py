@@ -37,6 +37,7 @@ from jaxtyping import Int
 
 from lens_position.ground.errors import BadInputError, CorruptFileError
 from lens_position.ground.progress import progress as progress_bar
+from lens_position.models.placement import check_device
 from lens_position.models.zoo.architecture import build_model, load_parameters, parameters_of, require_hooked
 from lens_position.models.zoo.corpus import TrainingSplit, evaluation_batch, sample_batch, train_subset, training_split
 from lens_position.models.zoo.recipe import Recipe
@@ -150,6 +151,8 @@ def train(recipe: Recipe, *, work_dir: Path, device: str | None = None, progress
     (training builds a HookedTransformer, which 4.x removed).
     """
     require_hooked("zoo training")
+    if device is not None:
+        check_device(device)  # cuda on a machine without it: a sentence, before anything is built
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
