@@ -25,6 +25,7 @@ from lens_position.ground.errors import CorruptFileError
 MAX_LAYERS = 4096
 MAX_HEADS = 4096
 MAX_WIDTH = 1 << 20
+MAX_VOCAB = 1 << 24
 # Where a layer's index sits in a tensor name: Hugging Face (model.layers.3., transformer.h.3.,
 # gpt_neox.layers.3., ...) and GGUF (blk.3.).
 _HF_LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks|layer)\.(\d+)\.")
@@ -67,14 +68,17 @@ _HF_SIZES = (
     (("num_key_value_heads",), MAX_HEADS),
     (("hidden_size", "n_embd", "d_model"), MAX_WIDTH),
     (("head_dim",), MAX_WIDTH),
+    (("intermediate_size", "n_inner"), MAX_WIDTH * 8),
+    (("vocab_size",), MAX_VOCAB),
 )
+_PER_LAYER = ("intermediate_size",)
 
 
 def check_hf_sizes(folder: Path, config: Mapping[str, Any]) -> None:
     """CorruptFileError unless each size in ``config.json`` (``config``, the parsed JSON; those it
-    gives) is that of a model, and its layer count is that of the layers whose tensors the folder's
-    safetensors files hold (their headers only are read; pickled ``.bin`` weights are checked after
-    loading)."""
+    gives) is that of a model, its layer count is that of the layers whose tensors the folder's
+    safetensors files hold, and its widths (hidden, vocabulary, MLP) those of their embedding and MLP
+    tensors (their headers only are read; pickled ``.bin`` weights are checked after loading)."""
     source = str(folder / "config.json")
     text = config.get("text_config") or config
     if not isinstance(text, Mapping):
@@ -82,28 +86,66 @@ def check_hf_sizes(folder: Path, config: Mapping[str, Any]) -> None:
     sizes: dict[str, int] = {}
     for aliases, maximum in _HF_SIZES:
         for alias in aliases:
-            if alias in text and text[alias] is not None:
-                sizes[aliases[0]] = _bounded(alias, text[alias], maximum, source)
-    tensors = safetensors_names(folder)
-    if tensors and "num_hidden_layers" in sizes:
-        _check_layer_count(sizes["num_hidden_layers"], _layers_present(tensors, _HF_LAYER), str(folder))
+            value = text.get(alias)
+            if value is None or (aliases[0] in _PER_LAYER and isinstance(value, list)):
+                continue  # absent, or one value per layer (Gemma-3n's MLP widths): not checked here
+            sizes[aliases[0]] = _bounded(alias, value, maximum, source)
+    # an embedding narrower than the model, projected up (OPT-350m's word_embed_proj_dim)
+    for alias in ("word_embed_proj_dim", "embedding_size"):
+        if isinstance(text.get(alias), int) and not isinstance(text.get(alias), bool):
+            sizes["embedding_width"] = text[alias]
+    shapes = safetensors_shapes(folder)
+    if shapes and "num_hidden_layers" in sizes:
+        _check_layer_count(sizes["num_hidden_layers"], _layers_present(shapes, _HF_LAYER), str(folder))
+    _check_widths(sizes, shapes, source)
 
 
-def safetensors_names(folder: Path) -> list[str]:
-    """The tensor names of every ``*.safetensors`` file in ``folder``, read from their headers."""
+def safetensors_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+    """The name and shape of every tensor in the ``*.safetensors`` files of ``folder``, read from
+    their headers (nothing is loaded)."""
     from safetensors import safe_open
 
-    names: list[str] = []
+    shapes: dict[str, tuple[int, ...]] = {}
     for file in sorted(folder.glob("*.safetensors")):
         if not file.is_file():
             continue
         try:
             with safe_open(str(file), framework="pt") as handle:
-                names += list(handle.keys())
+                for name in handle.keys():
+                    shapes[name] = tuple(handle.get_slice(name).get_shape())
         except Exception as error:  # safetensors raises its own error types for a damaged header
             raise CorruptFileError(f"{file}: not a readable safetensors file ({type(error).__name__}: {error}); "
                                    "re-download it") from error
-    return names
+    return shapes
+
+
+def _check_widths(sizes: Mapping[str, int], shapes: Mapping[str, tuple[int, ...]], source: str) -> None:
+    """CorruptFileError when the embedding's or an MLP's tensor is not as wide as the header says
+    (a model of that width would be built, its weights then found not to fit)."""
+    embedding = next((shape for name, shape in shapes.items()
+                      if name.endswith(("embed_tokens.weight", "wte.weight", "token_embd.weight"))), None)
+    width_field = "embedding_width" if "embedding_width" in sizes else "hidden_size"
+    checks = [(width_field, embedding), ("vocab_size", embedding)]
+    mlp = next((shape for name, shape in shapes.items() if name.endswith(("mlp.up_proj.weight", "ffn_up.weight"))),
+               None)
+    checks.append(("intermediate_size", mlp))
+    heads, width = sizes.get("num_attention_heads"), sizes.get("hidden_size")
+    head_dim = sizes.get("head_dim") or (width // heads if heads and width else None)
+    if head_dim:
+        for name_end, count_field in (("self_attn.q_proj.weight", "num_attention_heads"),
+                                      ("self_attn.k_proj.weight", "num_key_value_heads")):
+            shape = next((shape for name, shape in shapes.items() if name.endswith(name_end)), None)
+            count = sizes.get(count_field, heads if count_field == "num_key_value_heads" else None)
+            if shape is not None and count and shape[0] != count * head_dim:
+                raise CorruptFileError(
+                    f"{source}: the header gives {count_field} = {count} of {head_dim} dimensions "
+                    f"({count * head_dim} rows), but the file's {name_end} has shape {list(shape)}; the header and "
+                    "the weights are of different models: re-download the checkpoint, or fix its config")
+    for field, shape in checks:
+        if field in sizes and shape is not None and sizes[field] not in shape:
+            raise CorruptFileError(f"{source}: the header gives {field} = {sizes[field]}, but the file's tensors "
+                                   f"have shape {list(shape)}; the header and the weights are of different models: "
+                                   "re-download the checkpoint, or fix its config")
 
 
 def _gguf_value(reader: Any, name: str) -> Any:
@@ -136,6 +178,9 @@ def check_gguf_sizes(path: Path) -> None:
              source)
     _bounded(f"{arch}.embedding_length", _gguf_value(reader, f"{arch}.embedding_length"), MAX_WIDTH, source)
     names = [tensor.name for tensor in reader.tensors]
+    width = _gguf_value(reader, f"{arch}.embedding_length")
+    shapes = {tensor.name: tuple(int(n) for n in tensor.shape) for tensor in reader.tensors}
+    _check_widths({"hidden_size": width}, shapes, source)
     if "token_embd.weight" not in names:
         raise CorruptFileError(f"{source}: the GGUF file holds no token embedding (token_embd.weight)")
     _check_layer_count(blocks, _layers_present(names, _GGUF_LAYER), source)

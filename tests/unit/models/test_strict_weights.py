@@ -194,3 +194,27 @@ def test_a_real_gguf_lacking_a_tensor_is_refused(two_block_smollm2, tmp_path):
     cut = rewrite_gguf(two_block_smollm2, tmp_path / "cut.gguf", keep=lambda name: name != "blk.1.attn_k.weight")
     with pytest.raises(CorruptFileError, match=r"model\.layers\.1\.self_attn\.k_proj\.weight"):
         load(cut, tmp_path)
+
+
+TRUE_SIZES = {"num_hidden_layers": 3, "hidden_size": 64, "intermediate_size": 128, "vocab_size": 259,
+              "num_key_value_heads": 2, "head_dim": 16}
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(field=st.sampled_from(sorted(TRUE_SIZES)), value=st.one_of(st.integers(-3, 10**12), st.just(0)))
+def test_any_header_size_other_than_the_files_is_refused_before_the_build(tiny_folder, tmp_path_factory, field,
+                                                                         value):
+    """Property: a config size that is not the tensors' (layers, width, MLP width, vocabulary,
+    key/value heads, head width), from -3 to 10^12, is refused from the headers, in well under a
+    second: never built, never loaded."""
+    config = json.loads((tiny_folder / "config.json").read_text())
+    assert {k: config[k] for k in TRUE_SIZES} == TRUE_SIZES
+    if value == TRUE_SIZES[field]:
+        return
+    tmp = tmp_path_factory.mktemp("header")
+    folder = edited_copy(tiny_folder, tmp / "ckpt", dict)
+    (folder / "config.json").write_text(json.dumps({**config, field: value}))
+    started = time.perf_counter()
+    with pytest.raises(CorruptFileError, match="config.json|layers"):
+        load(folder, tmp)
+    assert time.perf_counter() - started < 10
