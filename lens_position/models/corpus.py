@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import io
+import logging
 import os
 import platform
 import sysconfig
@@ -29,9 +30,11 @@ from functools import cached_property
 from pathlib import Path
 
 from lens_position.ground.errors import BadInputError, MissingPackageError
-from lens_position.ground.files import read_bytes
+from lens_position.ground.files import read_bytes, resource_error
 from lens_position.ground.paths import checked_path
 from lens_position.models.sources import hub_offline
+
+log = logging.getLogger(__name__)
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst")
 DEFAULT_CORPUS = "pydoc_data.topics"
@@ -206,8 +209,13 @@ def _cached_stdlib_documents() -> list[str]:
     if cache.is_file():
         return cache.read_text(encoding="utf-8").split("\x00")
     documents = stdlib_documents()
-    cache.parent.mkdir(parents=True, exist_ok=True)
     partial = cache.with_suffix(f".{os.getpid()}.partial")
-    partial.write_text("\x00".join(documents), encoding="utf-8")
-    partial.replace(cache)
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text("\x00".join(documents), encoding="utf-8")
+        partial.replace(cache)
+    except OSError as error:  # a read-only home or cache: the documents are built again next time
+        if partial.parent.is_dir():
+            partial.unlink(missing_ok=True)
+        log.warning("%s; the corpus is used without caching it", resource_error(error, cache, "caching the corpus"))
     return documents
