@@ -86,6 +86,7 @@ def test_reference_free_split_equals_an_explicit_least_squares_reference():
     tokens = torch.randint(0, 50, (5, 24), generator=torch.Generator().manual_seed(2))
     query_range = (3, 24)
     heads = decompose(loaded, tokens, query_range=query_range, progress=False).heads
+    loaded.model.cfg.ungroup_grouped_query_attention = True  # the scores exactly as lens_position's own passes
     _, cache = loaded.model.run_with_cache(tokens, names_filter="blocks.0.attn.hook_attn_scores")
     scores64 = cache["blocks.0.attn.hook_attn_scores"].to(torch.float64)
     scores, row_lse = scores64.numpy(), torch.logsumexp(scores64, dim=-1).numpy()  # -inf outside K(i)
