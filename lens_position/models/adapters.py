@@ -83,7 +83,7 @@ _LINEAR_LAYOUTS = (
 
 def lay_out_for_linear(model: Any) -> None:
     """Store the weights TransformerLens copies into another layout on every forward pass (the gated
-    MLP's three matrices, ``W_Q`` and ``W_O``) in that layout already, so each copy is a no-op view.
+    MLP's three matrices, ``W_Q``, ``W_O`` and the unembedding) in that layout already, so each copy is a no-op view.
     The values, shapes and the matrices F.linear receives are the same (so is every activation, bit
     for bit); only the strides change. On SmolLM2-135M these copies took about a tenth of the CPU
     time of a short forward pass. A weight another module type uses differently is left alone."""
@@ -99,6 +99,11 @@ def lay_out_for_linear(model: Any) -> None:
                         (module_name == "mlp" and not isinstance(module, GatedMLP)):
                     continue
                 param.data = param.data.permute(*permutation).contiguous().permute(*inverse)
+        # Unembed: F.linear(residual, W_U.T.contiguous(), b_U) on TransformerLens 3.9, a copy of the
+        # whole unembedding (671 MB for Gemma-3's vocabulary) on every forward pass
+        unembed = getattr(getattr(model, "unembed", None), "W_U", None)
+        if isinstance(unembed, torch.nn.Parameter) and unembed.ndim == 2:
+            unembed.data = unembed.data.T.contiguous().T
 
 
 def rotate_without_copies(model: Any) -> None:

@@ -166,16 +166,23 @@ def test_prefix_reuse_gives_transformerlens_numbers_on_smollm2(smollm2, activati
     reused = patching.activation_sweep(smollm2, target, cache, late_and_early_logits, activation, layers=layers,
                                        reuse_prefix=True, progress=False)
     assert reused.provenance["options"]["reuse_prefix"]
-    # TransformerLens's functions sweep every layer (960 forward passes for z): the swept layers'
-    # cells are computed here as they compute them, one full forward pass with one hook each
-    full = torch.stack([torch.stack([_tl_cell(hooked, target, cache, name, p, h, late_and_early_logits)
-                                     for p in range(target.shape[1]) for h in _heads(hooked, activation)])
-                        for name in names]).reshape(reused.values.shape)
-    torch.testing.assert_close(reused.values, full, atol=2e-4, rtol=0)
+    # TransformerLens's functions sweep every layer (960 forward passes for z): cells of the swept
+    # layers are computed here as they compute them, one full forward pass with one hook each; for z,
+    # every position of one head per layer (a different head each layer) and every head at the
+    # changed position and the last one
+    per_head = activation == "z"
+    assert reused.values.shape == (len(layers), target.shape[1], *([hooked.cfg.n_heads] if per_head else []))
+    for i, name in enumerate(names):
+        for p, h in _cells(hooked, activation, target.shape[1], i):
+            tl = _tl_cell(hooked, target, cache, name, p, h, late_and_early_logits)
+            torch.testing.assert_close(reused.values[(i, p, h) if per_head else (i, p)], tl, atol=2e-4, rtol=0)
 
 
-def _heads(hooked, activation):
-    return range(hooked.cfg.n_heads) if activation == "z" else [None]
+def _cells(hooked, activation, T, layer_index):
+    if activation != "z":
+        return [(p, None) for p in range(T)]
+    head = (4 * layer_index) % hooked.cfg.n_heads
+    return sorted({(p, head) for p in range(T)} | {(p, h) for p in (5, T - 1) for h in range(hooked.cfg.n_heads)})
 
 
 def _tl_cell(hooked, target, cache, name, position, head, metric):

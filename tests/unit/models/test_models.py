@@ -466,3 +466,24 @@ def test_rotary_without_copies_gives_transformerlens_bits(name):
             block.attn.apply_rotary = MethodType(_apply_rotary, block.attn)
     assert torch.equal(logits, plain_logits)
     assert all(torch.equal(cache[key], plain_cache[key]) for key in plain_cache.keys())
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gemma3"])
+def test_weights_laid_out_for_linear_give_the_same_bits_without_a_copy_per_pass(name):
+    """The weights TransformerLens transposes and copies on every forward pass (gated MLP, W_Q, W_O,
+    the unembedding) are stored in that layout already: its copies are no-ops, and the logits and
+    every activation equal those of the same weights stored contiguously, bit for bit."""
+    model = load_model(name).model
+    assert model.unembed.W_U.T.is_contiguous() and model.blocks[0].mlp.W_in.T.is_contiguous()
+    tokens = torch.randint(0, model.cfg.d_vocab, (2, 24), generator=torch.Generator().manual_seed(1))
+    logits, cache = model.run_with_cache(tokens)
+    laid_out = {name: p.data for name, p in model.named_parameters()}
+    try:
+        for p in model.parameters():
+            p.data = p.data.contiguous()
+        plain_logits, plain_cache = model.run_with_cache(tokens)
+    finally:
+        for name, p in model.named_parameters():
+            p.data = laid_out[name]
+    assert torch.equal(logits, plain_logits)
+    assert all(torch.equal(cache[key], plain_cache[key]) for key in plain_cache.keys())
