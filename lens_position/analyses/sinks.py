@@ -57,7 +57,14 @@ from lens_position.ground.progress import progress as progress_bar
 from lens_position.models.spec import LoadedModel, ModelLike, as_loaded
 
 SINK_EPS = 0.3
-SINK_CONDITIONS = ("natural", "random", "repeated")
+GU_CONDITIONS = ("natural", "random", "repeated")
+SINK_CONDITIONS = (*GU_CONDITIONS, "repeated_bos")
+# What each condition is made of: its token source, and the BOS policy of position 0 (None: the
+# run's; "none": no BOS, as Gu et al. feed repeated tokens, one token repeated from position 0;
+# "force": the tokenizer's BOS whatever the run's policy, so that repeated_bos always has one)
+CONDITION_SOURCES: dict[str, tuple[str, str | None]] = {
+    "natural": ("natural", None), "random": ("random", None), "repeated": ("repeated", "none"),
+    "repeated_bos": ("repeated", "force")}
 
 
 def _data_spec(prompts: Any) -> Any:
@@ -317,16 +324,27 @@ def sink_rate_prompts(
 
     if protocol not in SINK_PROTOCOLS:
         raise BadInputError(f"unknown sink-rate protocol {protocol!r}; use {' or '.join(SINK_PROTOCOLS)}")
+    if isinstance(conditions, str) or not len(conditions):
+        raise BadInputError(f"conditions must be a non-empty sequence of names out of {list(CONDITION_SOURCES)}, "
+                            f"got {conditions!r}")
+    unknown = [c for c in conditions if c not in CONDITION_SOURCES]
+    if unknown:
+        raise BadInputError(f"unknown sink-rate condition(s) {unknown}; use {', '.join(CONDITION_SOURCES)} "
+                            "('repeated' is Gu et al.'s: one token repeated without BOS; 'repeated_bos' puts the "
+                            "BOS policy's token first)")
+    if len(set(conditions)) != len(conditions):
+        raise BadInputError(f"conditions {list(conditions)} name a condition twice")
     # protocol='documents' always uses the tokenizer's own BOS, as Gu et al. do; bos applies to 'windows'
     bos = "tokenizer" if protocol == "documents" else (DEFAULT_BOS if bos is None else bos)
     loaded = as_loaded(model)
     out = {}
     for condition in conditions:
+        source, own_bos = CONDITION_SOURCES[condition]
         if protocol == "documents" and condition == "natural":
             out[condition] = build_document_prompts(loaded, T=T, N=N, seed=seed, corpus=corpus, text=text)
         else:
-            out[condition] = build_prompts(loaded, source=condition, T=T, N=N, bos=bos, seed=seed, text=text,
-                                           corpus=corpus if condition == "natural" else None)
+            out[condition] = build_prompts(loaded, source=source, T=T, N=N, bos=own_bos or bos,
+                                           seed=seed, text=text, corpus=corpus if condition == "natural" else None)
     return out
 
 
@@ -348,12 +366,17 @@ def sink_rate(
     progress: bool = True,
 ) -> SinkRate:
     """Gu et al. 2025's sink rate, as their code computes it (module docstring), per data
-    condition (``"natural"``, ``"random"``, ``"repeated"``), with its interval over prompts.
+    condition, with its interval over prompts. Conditions (:data:`CONDITION_SOURCES`):
+    ``"natural"`` text, ``"random"`` tokens, ``"repeated"``: one random token repeated from
+    position 0 *without* BOS, as Gu et al. define it (their table gives 0.00 on the Llama and
+    Mistral models); ``"repeated_bos"``: the same repeated token after the tokenizer's BOS
+    (``bos="force"``; not one of their conditions: how much of a sink the BOS alone makes).
+    ``bos`` (below) applies to natural text and random tokens.
 
     ``protocol="documents"`` (the authors' inputs, the reproduction's sink-rate step): natural
     text is the first ``T`` tokens of each of ``N`` documents
-    (:func:`lens_position.core.data.build_document_prompts`), every condition with the tokenizer's
-    own BOS. ``protocol="windows"`` (default): windows of the corpus token stream
+    (:func:`lens_position.core.data.build_document_prompts`), natural text and random tokens
+    with the tokenizer's own BOS. ``protocol="windows"`` (default): windows of the corpus token stream
     (:func:`lens_position.core.data.build_prompts`) under the BOS policy ``bos`` (default
     ``lens_position.core.data.DEFAULT_BOS``). ``scores``: the per-prompt scores
     (:class:`SinkScoreReducer`) of some conditions' prompts when already streamed.
@@ -380,7 +403,7 @@ def sink_rate(
         rate, lo, hi = bootstrap_mean(per_prompt, bootstrap)
         rows.append({"condition": condition, "sink_rate": float(rate), "sink_rate_lo": float(lo),
                      "sink_rate_hi": float(hi), "sink_rate_pooled": result.sink_rate_pooled, "eps": eps, "seq_len": T,
-                     "N": N, "bos": bos, "protocol": protocol, "position0": prompts.spec.position0,
+                     "N": N, "bos": prompts.spec.bos, "protocol": protocol, "position0": prompts.spec.position0,
                      "n_sink_heads": int(result.frame["is_sink"].sum()), "n_heads": len(result.frame)})
         frames.append(result.frame.assign(condition=condition))
         specs[condition] = prompts.spec.to_dict()

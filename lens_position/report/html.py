@@ -158,7 +158,9 @@ _FIGURES = (
         "Gu et al.'s sink rate as its authors compute it: for every prompt, layer and head, the attention on "
         "position 0 averaged over queries is compared with ε, and the 0/1 outcomes are averaged over "
         "prompts, layers and heads; bars: that percentage with its 95% bootstrap interval over prompts, on "
-        "natural text, random tokens and repeated tokens. Hollow diamonds: the pooled rate (scores averaged "
+        "natural text, random tokens, repeated tokens as Gu et al. define them (one token repeated from "
+        "position 0, no BOS) and the same repeated tokens after a BOS (repeated_bos, not one of their "
+        "conditions). Hollow diamonds: the pooled rate (scores averaged "
         "over prompts first, thresholded once), which is not the authors' metric.",
         lambda f: plots.sink_rate_bars(f)),
     _Figure("window_sinks", ("window_sinks_heads",), "Sinks under a sliding window: both metrics",

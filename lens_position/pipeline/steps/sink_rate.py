@@ -1,11 +1,12 @@
-"""Gu et al.'s sink rate under their three data conditions, with intervals over prompts."""
+"""Gu et al.'s sink rate under their three data conditions (and repeated tokens after a BOS), with
+intervals over prompts."""
 
 from __future__ import annotations
 
 from functools import partial
 from typing import Any
 
-from lens_position.analyses.sinks import SinkRate, SinkScoreReducer, sink_rate, sink_rate_prompts
+from lens_position.analyses.sinks import SINK_CONDITIONS, SinkRate, SinkScoreReducer, sink_rate, sink_rate_prompts
 from lens_position.core.estimate import ModelCost, Work
 from lens_position.models.spec import ModelSpec
 from lens_position.pipeline.config import Settings
@@ -51,7 +52,7 @@ def run(ctx: StepContext, sizes: Sizes) -> StepOutput:
 
 def work(sizes: Sizes, cost: ModelCost) -> Work:
     """One pass per data condition."""
-    return forward_passes(sizes, cost, passes=3)
+    return forward_passes(sizes, cost, passes=len(SINK_CONDITIONS))
 
 
 STEP = Step("sink_rate", "sinks", sizes=sizes, run=run, work=work, result=SinkRate, requests=requests)

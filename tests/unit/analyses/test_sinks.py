@@ -134,7 +134,7 @@ def test_counterfactuals_are_checked(model, tokens):
 def test_sink_rate_reports_every_condition(tiny_gemma3):
     result = sinks.sink_rate(tiny_gemma3, T=16, N=4, seed=0, protocol="documents")
     frame = result.frame
-    assert list(frame["condition"]) == ["natural", "random", "repeated"]
+    assert list(frame["condition"]) == ["natural", "random", "repeated", "repeated_bos"]
     assert list(frame.columns[:5]) == ["condition", "sink_rate", "sink_rate_lo", "sink_rate_hi", "sink_rate_pooled"]
     n_heads = tiny_gemma3.model.cfg.n_layers * tiny_gemma3.model.cfg.n_heads
     assert (frame["n_heads"] == n_heads).all()
@@ -143,10 +143,43 @@ def test_sink_rate_reports_every_condition(tiny_gemma3):
     assert per_condition["random"] == pytest.approx(frame.set_index("condition").loc["random", "sink_rate_pooled"])
     assert (frame["sink_rate_lo"] <= frame["sink_rate"] + 1e-12).all()
     assert (frame["sink_rate"] <= frame["sink_rate_hi"] + 1e-12).all()
-    assert set(result.provenance["data"]) == {"natural", "random", "repeated"}
+    assert set(result.provenance["data"]) == {"natural", "random", "repeated", "repeated_bos"}
     # Gu et al.'s inputs: the first T tokens of whole documents, with the tokenizer's own BOS (Gemma-3 prepends it)
     natural = result.provenance["data"]["natural"]
     assert natural["position0"] == "bos" and "documents" in natural["extra"]["protocol"]
+    # their repeated condition: one token repeated from position 0, no BOS; the BOS-first variant under its own name
+    by_condition = frame.set_index("condition")
+    assert (by_condition.loc["repeated", "position0"], by_condition.loc["repeated", "bos"]) == ("content", "none")
+    assert by_condition.loc["repeated_bos", "position0"] == "bos"
+
+
+@pytest.mark.parametrize("protocol", ["documents", "windows"])
+def test_gu_repeated_condition_is_one_token_repeated_without_bos(tiny_llama, protocol):
+    sets = sinks.sink_rate_prompts(tiny_llama, T=12, N=5, seed=3, protocol=protocol)
+    repeated, after_bos = sets["repeated"].tokens, sets["repeated_bos"].tokens
+    assert (repeated == repeated[:, :1]).all()  # every position holds the row's one token, position 0 too
+    assert (after_bos[:, 0] == tiny_llama.spec.bos_token_id).all() and (after_bos[:, 1:] == after_bos[:, 1:2]).all()
+    assert (repeated[:, 0] != tiny_llama.spec.bos_token_id).all()
+
+
+@pytest.mark.parametrize("conditions", ["repeated", (), ("natural", "natural"), ("natural", "shuffled"),
+                                        ("repeated-bos",)])
+def test_sink_rate_conditions_are_checked(tiny_llama, conditions):
+    with pytest.raises(BadInputError, match="condition"):
+        sinks.sink_rate(tiny_llama, conditions=conditions, T=8, N=2, progress=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_gu_repeated_condition_gives_gu_et_als_zero_on_the_embedded_models(name, request):
+    """Gu et al. report a sink rate of 0.00 for repeated tokens on Mistral-7B, Llama-2-7B and
+    Llama-3-8B; their input (one token repeated, no BOS) gives exactly 0 here too, while the same
+    tokens after a BOS sink."""
+    loaded = request.getfixturevalue(name)
+    frame = sinks.sink_rate(loaded, conditions=("repeated", "repeated_bos"), T=64, N=16, protocol="documents",
+                            progress=False).frame.set_index("condition")
+    assert frame.loc["repeated", "sink_rate"] == 0.0
+    assert frame.loc["repeated_bos", "sink_rate"] > 0.2
 
 
 def test_sink_rate_thresholds_each_prompt_then_averages_as_gu_et_al(model):
