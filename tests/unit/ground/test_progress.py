@@ -98,8 +98,8 @@ def test_every_slow_function_shows_one_labelled_bar_counting_sequences(tiny_llam
 
 def test_sink_rate_fingerprint_and_prompt_sets_count_the_sequences_of_every_condition(tiny_llama, capsys):
     capsys.readouterr()
-    sinks.sink_rate(tiny_llama, T=T, N=N)  # natural, random, repeated
-    assert _one_bar(capsys, "sink rate") == 3 * N
+    sinks.sink_rate(tiny_llama, T=T, N=N)  # natural, random, repeated, repeated_bos
+    assert _one_bar(capsys, "sink rate") == len(sinks.SINK_CONDITIONS) * N == 4 * N
     fingerprint.fingerprint(tiny_llama, T=T, N=N)  # auto-bos and varying-token0
     assert _one_bar(capsys, "fingerprint") == 2 * N
     prompt_sets.across_prompt_sets(tiny_llama, 3, T=T, N=N, source="random")  # one decomposition per set
