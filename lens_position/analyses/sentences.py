@@ -80,11 +80,16 @@ def components_sentence(layers: pd.DataFrame, architecture: str | None = None,
     else:
         r_share = _share(layers, replicates, "R_rf_heldout", "total_heldout")
         m_share = _share(layers, replicates, "M_rf_heldout", "total_heldout")
+        interaction = ""
+        if "C_rf_heldout" in layers.columns:  # total' = R' + M' + C': the three shares add up to 100%
+            c_share = _share(layers, replicates, "C_rf_heldout", "total_heldout")
+            interaction = (f" and {fmt(c_share, percent=True)} their interaction (C' = "
+                           f"{fmt(layer_mean(layers, replicates, 'C_rf_heldout'))}; the three add up to 100%)")
         rr, mm = layers["R_rf_heldout"].astype(float), layers["M_rf_heldout"].astype(float)
         measured = int((rr.notna() & mm.notna()).sum())
-        text = (head + f": {fmt(m_share, percent=True)} of it is the causal mask's (M' = {fmt(mask)}) and "
-                f"{fmt(r_share, percent=True)} the residual stream's (R' = {fmt(residual)}), on the reference-free "
-                f"split the claims use; R' exceeds M' in {int((rr > mm).sum())} of {measured} layers"
+        text = (head + f": {fmt(m_share, percent=True)} of it is the causal mask's (M' = {fmt(mask)}), "
+                f"{fmt(r_share, percent=True)} the residual stream's (R' = {fmt(residual)}){interaction}, on the "
+                f"reference-free split the claims use; R' exceeds M' in {int((rr > mm).sum())} of {measured} layers"
                 + (f" with both values ({len(layers) - measured} without)." if measured < len(layers) else "."))
     return f"{text} {in_sample_text}".rstrip() if in_sample else text
 

@@ -176,7 +176,7 @@ def test_reproduce_in_a_log_writes_one_labelled_line_per_model_and_step(capsys, 
     counted = {m["label"].split(" / ")[1]: int(m["n"]) for m in map(FINAL.match, lines) if m}
     n = 4  # --quick: N = early_N = 4
     assert counted["bos"] == 4 * n  # its base decomposition and three replacements
-    assert counted["sink_rate"] == 3 * n
+    assert counted["sink_rate"] == 4 * n  # natural, random, repeated, repeated_bos
 
 
 def test_a_notebook_keeps_the_finished_line_and_no_widget(tmp_path, monkeypatch):

@@ -8,6 +8,8 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 from fake_results import fake_results
 
 from lens_position.analyses.claims import CLAIMS, FAILS, HOLDS, INCONCLUSIVE, PAPER, claims_table
@@ -116,6 +118,21 @@ def test_components_sentence_leads_with_the_mask_and_residual_shares_of_the_held
     assert "40% [" in text.split("the residual stream's")[0].split("and")[-1] and "R' = 0.2 [" in text
     assert "R' exceeds M' in 0 of 2 layers" in text
     assert text.index("R' =") < text.index("In-sample, self-referenced")
+
+
+@given(st.lists(st.tuples(st.floats(0.0, 0.5), st.floats(0.0, 0.5), st.floats(-0.1, 0.1)), min_size=1, max_size=6))
+@settings(max_examples=40, deadline=None)
+def test_the_printed_shares_of_mask_residual_and_interaction_add_up_to_100_percent(parts):
+    r, m, c = (list(column) for column in zip(*parts))
+    total = [a + b + d for a, b, d in parts]
+    assume(np.mean(total) > 0.05)
+    layers = _layers(total, r, m, c).assign(R_rf_heldout=r, M_rf_heldout=m, C_rf_heldout=c, total_heldout=total,
+                                            n_sequences=8)
+    text = takeaways.components_sentence(layers, "model A", in_sample=False)
+    shares = [float(re.search(rf"(-?[0-9.]+(?:e[-+]?[0-9]+)?)% {words}", text).group(1))
+              for words in ("of it is the causal mask's", "the residual stream's", "their interaction")]
+    assert "their interaction (C' = " in text and "the three add up to 100%" in text
+    assert len(shares) == 3 and abs(sum(shares) - 100) <= 1.5, (shares, text)  # three figures each, rounded
 
 
 def test_components_sentence_splits_nothing_when_the_total_is_not_distinguishable_from_zero():
