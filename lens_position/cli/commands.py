@@ -384,9 +384,13 @@ def _headlines(tables) -> list[str]:
 
 def _summary(result) -> str:
     from lens_position.analyses.claims import NOT_MEASURED
+    from lens_position.report import takeaways
 
     overall = result.claims[result.claims["architecture"] == "overall"]
     lines = [f"wrote {len(result.files)} files to {result.files['report'].parent}"]
+    banner = takeaways.small_run_banner(result.provenance)
+    if banner:
+        lines.insert(0, banner)
     sweep = "seed" in overall.columns
     if not sweep:  # a sweep's tables hold many conditions per model: its numbers are in the tables
         lines += _headlines(result.tables)

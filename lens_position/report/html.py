@@ -48,6 +48,7 @@ from lens_position.report import plots
 from lens_position.report.browser import NETWORK_OFF, find_chromium
 from lens_position.report.markup import verdict_class
 from lens_position.report.plots import ReportFigure
+from lens_position.report.takeaways import small_run_banner
 
 # --------------------------------------------------------------------------- figures
 
@@ -220,6 +221,7 @@ details pre { background: #f7f7f7; padding: 1em; overflow-x: auto; font-size: 0.
 .untrained { background: #fde0dd; border: 1px solid #d33; padding: 0.3em 0.6em; margin: 0.3em 0; font-weight: bold; }
 #claims td, #claims th { max-width: 22em; }
 #claims details summary { color: #555; cursor: pointer; font-size: 0.9em; }
+.banner { background: #fff3cd; border: 1px solid #e0c36c; padding: 0.5em 0.8em; }
 #claims details div { font-size: 0.9em; color: #333; }
 table.compact td, table.compact th { padding: 0.15em 0.5em; font-size: 0.85em; }
 """
@@ -426,6 +428,12 @@ def _provenance_html(provenance: Mapping[str, Any] | None) -> str:
             f"<pre>{full}</pre></details>")
 
 
+def _small_run_html(provenance: Mapping[str, Any] | None) -> str:
+    """The quick- or small-run banner above everything else (empty for a run at full size)."""
+    banner = small_run_banner(provenance)
+    return f'<p id="small-run" class="banner">{html.escape(banner)}</p>' if banner else ""
+
+
 def _run_summary_html(provenance: Mapping[str, Any] | None) -> str:
     """One paragraph saying what was run: models, data, BOS policy, sizes, seed."""
     if not provenance:
@@ -508,6 +516,7 @@ def build_report(results: Mapping[str, pd.DataFrame], *, provenance: Mapping[str
         f"<script>{_ERROR_TRAP_JS}</script>"
         f"<script>{plotly.offline.get_plotlyjs()}</script></head><body>"
         f"<h1>{html.escape(title)}</h1>"
+        f"{_small_run_html(provenance)}"
         f"{answers_html(main, provenance)}"
         "<h2>Claims</h2><p>A reproduction of arXiv 2606.06160's claims C1–C5 with lens_position. Every number "
         "below is measured by this run; open a cell for what was measured, a claim for the paper's statement and "

@@ -157,3 +157,25 @@ def verdicts(tables: Tables, keys: Sequence[str], criteria: Criteria = Criteria(
 # --------------------------------------------------------------------------- what the claims do not say
 
 
+
+
+SMALL_N = 8  # fewer sequences than this: intervals and verdicts are indicative only
+
+
+def small_run_banner(provenance: Mapping[str, Any] | None) -> str | None:
+    """One sentence saying that a run is quick or small, from its provenance (``quick`` and the
+    ``settings`` sizes), so that its green verdicts are not read as a full reproduction; None for
+    a run at full size."""
+    if not provenance:
+        return None
+    sizes = provenance.get("settings") or {}
+    n, t, reps = sizes.get("N"), sizes.get("T"), sizes.get("n_resamples")
+    quick = bool(provenance.get("quick"))
+    if not quick and not (isinstance(n, int) and n < SMALL_N):
+        return None
+    what = "Quick run" if quick else "Small run"
+    size = ", ".join(part for part in (f"N = {n}" if n is not None else "", f"T = {t}" if t is not None else "",
+                                       f"{reps} bootstrap replicates" if reps is not None else "") if part)
+    route = "run without --quick for the reproduction's sizes" if quick else \
+        f"use N ≥ {SMALL_N} sequences for verdicts to rely on"
+    return f"{what} ({size}): the verdicts are indicative, not a reproduction; {route}."

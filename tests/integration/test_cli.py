@@ -194,6 +194,7 @@ def test_each_subcommand_prints_its_own_headline_numbers(capsys, tmp_path, comma
     for text in printed:
         assert text in flat, stdout
     assert "not measured" not in stdout and "random weights" in flat
+    assert stdout.splitlines()[0].startswith("Quick run (N = 4, T = 24, ")  # a quick run says so first
     if command == "decompose":  # the printed R' is the table's, to 3 significant figures
         layers = pd.read_parquet(out / "decompose_layers.parquet")
         assert f"R' = {layers['R_rf_heldout'].mean():.3g}" in flat

@@ -251,3 +251,19 @@ def test_zoo_models_without_rope_get_their_own_role():
 
     roles = {v: load_model(f"zoo:{v}").spec.role for v in ("rope", "ntk", "window", "nope", "learned")}
     assert roles == {"rope": "standard", "ntk": "ntk", "window": "sliding", "nope": "no-rope", "learned": "no-rope"}
+
+
+@pytest.mark.parametrize(("provenance", "banner"), [
+    ({"quick": True, "settings": {"N": 4, "T": 40, "n_resamples": 50}},
+     "Quick run (N = 4, T = 40, 50 bootstrap replicates): the verdicts are indicative"),
+    ({"quick": False, "settings": {"N": 6, "T": 128, "n_resamples": 1000}}, "Small run (N = 6, T = 128"),
+    ({"quick": False, "settings": {"N": 16, "T": 128, "n_resamples": 1000}}, None),
+    (None, None),
+])
+def test_a_quick_or_small_run_says_so_above_everything_else(provenance, banner):
+    text = build_report(fake_results(), provenance=provenance)
+    if banner is None:
+        assert 'id="small-run"' not in text
+    else:
+        assert banner in html.unescape(text)
+        assert text.index('id="small-run"') < text.index("<h2>Claims</h2>") < text.index('id="claims"')

@@ -8,9 +8,9 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
+from fake_results import fake_results
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from fake_results import fake_results
 
 from lens_position.analyses.claims import CLAIMS, FAILS, HOLDS, INCONCLUSIVE, PAPER, claims_table
 from lens_position.report import takeaways
