@@ -47,7 +47,7 @@ from lens_position.analyses.patching import Ablation, Patch, as_tokens, cache_ac
 from lens_position.core.checks import check_count, check_fraction, check_heads, check_query_range
 from lens_position.core.data import DEFAULT_BOS
 from lens_position.core.inputs import Prompts, checked_prompts
-from lens_position.core.intervals import Bootstrap, Estimate, bootstrap_mean
+from lens_position.core.intervals import PROBABILITY, Bootstrap, Estimate, bootstrap_mean
 from lens_position.core.results import SavedResult, Table
 from lens_position.core.stream import BATCH_SIZE, WholeActivations, stream
 from lens_position.core.summaries import Headline, headlines_from_rows, row_estimate
@@ -250,7 +250,7 @@ def sink_heads(
     prompt_scores = scores if scores.dim() == 3 else None
     if prompt_scores is not None:
         scores = prompt_scores.mean(0)
-        _, lo, hi = bootstrap_mean(prompt_scores.reshape(len(prompt_scores), -1).numpy(), bootstrap)
+        _, lo, hi = bootstrap_mean(prompt_scores.reshape(len(prompt_scores), -1).numpy(), bootstrap, PROBABILITY)
     else:
         lo = hi = np.full(scores.numel(), np.nan)
     n_layers, n_heads = scores.shape
@@ -400,7 +400,7 @@ def sink_rate(
             raise BadInputError(f"sink_rate thresholds each prompt's scores: scores[{condition!r}] must be per prompt, "
                                 "[prompt, layer, head] (SinkScoreReducer.result), not pooled [layer, head]")
         per_prompt = (result.prompt_scores > eps).to(torch.float64).mean((1, 2)).numpy()
-        rate, lo, hi = bootstrap_mean(per_prompt, bootstrap)
+        rate, lo, hi = bootstrap_mean(per_prompt, bootstrap, PROBABILITY)
         rows.append({"condition": condition, "sink_rate": float(rate), "sink_rate_lo": float(lo),
                      "sink_rate_hi": float(hi), "sink_rate_pooled": result.sink_rate_pooled, "eps": eps, "seq_len": T,
                      "N": N, "bos": prompts.spec.bos, "protocol": protocol, "position0": prompts.spec.position0,
@@ -924,7 +924,7 @@ def window_sinks(
         }
     )
     for metric, values in (("gu", gu), ("window", aware)):
-        mean, lo, hi = bootstrap_mean(values.reshape(n_prompts, -1).numpy(), bootstrap)
+        mean, lo, hi = bootstrap_mean(values.reshape(n_prompts, -1).numpy(), bootstrap, PROBABILITY)
         heads[f"{metric}_score"], heads[f"{metric}_score_lo"], heads[f"{metric}_score_hi"] = mean, lo, hi
     heads["visible_score"] = scores["visible"].mean(0).reshape(-1).numpy()
     heads["past_score"] = scores["past"].mean(0).reshape(-1).numpy()
@@ -939,8 +939,9 @@ def window_sinks(
         layers = [layer for layer in range(n_layers) if layer_types[layer] == kind]
         for metric, values in (("gu", gu), ("window_aware", aware), ("visible", scores["visible"])):
             part = values[:, layers]
-            rate, rate_lo, rate_hi = bootstrap_mean((part > eps).to(torch.float64).mean((1, 2)).numpy(), bootstrap)
-            score, score_lo, score_hi = bootstrap_mean(part.mean((1, 2)).numpy(), bootstrap)
+            rate, rate_lo, rate_hi = bootstrap_mean((part > eps).to(torch.float64).mean((1, 2)).numpy(), bootstrap,
+                                                     PROBABILITY)
+            score, score_lo, score_hi = bootstrap_mean(part.mean((1, 2)).numpy(), bootstrap, PROBABILITY)
             rows.append({"layer_type": kind, "metric": metric, "n_layers": len(layers),
                          "n_heads": len(layers) * n_heads, "n_sink_heads": int((part.mean(0) > eps).sum()),
                          "sink_rate": float(rate), "sink_rate_lo": float(rate_lo), "sink_rate_hi": float(rate_hi),

@@ -327,10 +327,15 @@ def from_replicates(value: float, replicates: np.ndarray | None, level: float = 
     return Estimate(float(value), float(lo), float(hi), level, n, method)
 
 
-def bootstrap_mean(values: Float[np.ndarray, "unit ..."], bootstrap: Bootstrap = Bootstrap()
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+PROBABILITY = (0.0, 1.0)
+
+
+def bootstrap_mean(values: Float[np.ndarray, "unit ..."], bootstrap: Bootstrap = Bootstrap(),
+                   bounds: tuple[float, float] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Mean over units (axis 0) of per-unit ``values`` and its percentile interval, from
-    ``bootstrap.n_resamples`` resamples of the units: ``(mean, lo, hi)``."""
+    ``bootstrap.n_resamples`` resamples of the units: ``(mean, lo, hi)``. ``bounds``: the range
+    the quantity cannot leave (:data:`PROBABILITY` for a probability or a rate): the small-sample
+    widening can push an end past it, and the end is then put back on the bound."""
     values = np.asarray(values, dtype=float)
     mean = values.mean(0)
     if not bootstrap.enabled or len(values) < MIN_INTERVAL_UNITS:
@@ -339,6 +344,8 @@ def bootstrap_mean(values: Float[np.ndarray, "unit ..."], bootstrap: Bootstrap =
     counts = resample_counts(len(values), bootstrap.n_resamples, bootstrap.seed).numpy().astype(float)
     replicates = small_sample_widening(mean, np.tensordot(counts, values, axes=(1, 0)) / len(values), len(values))
     lo, hi = percentile_interval(replicates, bootstrap.level)
+    if bounds is not None:
+        lo, hi = np.clip(lo, *bounds), np.clip(hi, *bounds)
     return mean, lo, hi
 
 

@@ -52,7 +52,7 @@ import torch
 from filelock import FileLock
 from safetensors.torch import load_file, save_file
 
-from lens_position.ground.files import resource_error
+from lens_position.ground.files import pid_alive, resource_error
 from lens_position.ground.paths import checked_path
 from lens_position.ground.provenance import package_versions
 
@@ -196,16 +196,6 @@ def _temporary_name(entry: Path) -> Path:
     return entry.parent / f".{entry.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, owned by someone else
-        return True
-    return True
-
-
 LEFTOVER_AGE_S = 3600  # a temporary folder without a readable pid counts as abandoned after this
 
 
@@ -217,7 +207,7 @@ def remove_leftovers(entry: Path) -> list[Path]:
     for tmp in entry.parent.glob(f".{entry.name}.tmp-*"):
         fields = tmp.name.rsplit(".tmp-", 1)[1].split("-")
         if len(fields) == 2 and fields[0].isdigit():
-            abandoned = not _pid_alive(int(fields[0]))
+            abandoned = not pid_alive(int(fields[0]))
         else:
             try:
                 abandoned = time.time() - tmp.stat().st_mtime > LEFTOVER_AGE_S

@@ -18,8 +18,11 @@ The ground-truth model (three attention-only layers, two heads each, float64):
 
 import math
 
+import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sink_model import BONUS, sink_reading_model
 
 from lens_position.analyses import sinks
@@ -225,3 +228,24 @@ def test_decompose_analyses_the_forward_pass_without_changing_it(model, tokens):
     with torch.no_grad():
         _, cache = model.model.run_with_cache(tokens, names_filter=name)
     torch.testing.assert_close(seen[name], cache[name], atol=1e-12, rtol=0)
+
+
+@given(st.lists(st.floats(0.0, 1.0), min_size=4, max_size=9), st.integers(0, 2**16))
+@settings(max_examples=30, deadline=None)
+def test_a_probability_interval_stays_inside_0_and_1(values, seed):
+    """The small-sample widening stretches an interval; a probability's interval is put back on [0, 1]."""
+    from lens_position.core.intervals import PROBABILITY, Bootstrap, bootstrap_mean
+
+    mean, lo, hi = bootstrap_mean(np.array(values), Bootstrap(n_resamples=200, seed=seed), PROBABILITY)
+    assert 0.0 <= lo <= mean + 1e-12 and mean - 1e-12 <= hi <= 1.0
+
+
+def test_sink_score_and_sink_rate_intervals_are_probabilities(tiny_llama):
+    layers, heads = tiny_llama.spec.n_layers, tiny_llama.spec.n_heads
+    tokens = torch.randint(3, 200, (4, 8), generator=torch.Generator().manual_seed(0))
+    tokens[:, 0] = tiny_llama.spec.bos_token_id
+    scores = torch.full((4, layers, heads), 0.999, dtype=torch.float64)
+    scores[0] = 0.6  # one prompt far below the others: the widened interval would pass 1
+    frame = sinks.sink_heads(tiny_llama, tokens, scores=scores, progress=False).frame
+    assert (frame["sink_score_hi"] <= 1.0).all() and (frame["sink_score_lo"] >= 0.0).all()
+    assert (frame["sink_score_hi"] == 1.0).any()
