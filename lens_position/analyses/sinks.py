@@ -331,7 +331,7 @@ def sink_rate_prompts(
     if unknown:
         raise BadInputError(f"unknown sink-rate condition(s) {unknown}; use {', '.join(CONDITION_SOURCES)} "
                             "('repeated' is Gu et al.'s: one token repeated without BOS; 'repeated_bos' puts the "
-                            "BOS policy's token first)")
+                            "tokenizer's BOS first)")
     if len(set(conditions)) != len(conditions):
         raise BadInputError(f"conditions {list(conditions)} name a condition twice")
     # protocol='documents' always uses the tokenizer's own BOS, as Gu et al. do; bos applies to 'windows'
