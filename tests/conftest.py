@@ -10,6 +10,11 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# `make test` runs the suite on one pytest-xdist worker per core: each worker (and every process it
+# starts) computes on one thread, so the workers do not compete for the cores.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_variable, "1")
 
 import pytest  # noqa: E402
 
