@@ -14,6 +14,7 @@ import functools
 import json
 import logging
 import os
+import re
 import shlex
 import sys
 from collections.abc import Iterator, Sequence
@@ -417,7 +418,23 @@ def _json_summary(command: str, result) -> str:
 
 
 def _one_line(error: BaseException) -> str:
-    return " ".join(str(error).split())
+    return command_line_wording(" ".join(str(error).split()))
+
+
+# The library's errors name Python arguments; on the command line they name its options.
+_PYTHON_TO_COMMAND_LINE = (
+    (re.compile(r"(?:lens_position\.)?load_model\(\.\.\., backend='(\w+)'(?:, [^)]*)?\)"), r"--backend \1"),
+    (re.compile(r"backend='(\w+)'"), r"--backend \1"),
+    (re.compile(r"\bn_devices\b"), "--n-devices"),
+)
+
+
+def command_line_wording(text: str) -> str:
+    """``text`` with the Python arguments it names as the command line's options
+    (``load_model(..., backend='bridge')`` and ``backend='bridge'`` become ``--backend bridge``)."""
+    for pattern, replacement in _PYTHON_TO_COMMAND_LINE:
+        text = pattern.sub(replacement, text)
+    return text
 
 
 @contextlib.contextmanager

@@ -238,6 +238,11 @@ class Patch:
                     "booted outside lens_position cannot be ungrouped); a patch of one query head's key or value "
                     "needs one entry per query head: load the model with load_model(..., backend='bridge'), "
                     "or patch without head=")
+            if KEY_VALUE_HOOK.search(self.hook_name):
+                reason = backend.single_head_kv_unsupported("k" if self.hook_name.endswith("hook_k") else "v")
+                if reason is not None:
+                    raise BadInputError(f"head={self.head} at {self.hook_name}: {reason}; patch without head= (every "
+                                        "head at that position), or one head's output at hook_z")
             # every head axis holds the query heads, hook_k / hook_v included: both backends carry
             # one key/value entry per query head
             if not 0 <= self.head < backend.n_heads:

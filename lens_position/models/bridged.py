@@ -9,13 +9,34 @@ import dataclasses
 import time
 from typing import Any
 
-from lens_position.ground.errors import BadInputError
+from lens_position.ground.errors import BadInputError, UnsupportedArchitectureError
 from lens_position.models import sources
 from lens_position.models.cache import state_dict_sha256
 from lens_position.models.placement import torch_dtype
 from lens_position.models.rope import normalise_ntk_by_parts, ntk_aware_base
-from lens_position.models.spec import Family, LoadedModel, attach_tokenizer, spec_from_hf_config, tokenizer_prepends_bos
+from lens_position.models.routes import working_routes
+from lens_position.models.spec import (
+    Family,
+    LoadedModel,
+    attach_tokenizer,
+    check_has_attention,
+    context_length,
+    spec_from_hf_config,
+    tokenizer_prepends_bos,
+)
 from lens_position.models.tiny import tiny_hf_model
+from lens_position.models.verdicts import read_verdict, verdict_key, write_verdict
+from lens_position.models.verify import (
+    Reference,
+    check_key_sets,
+    check_kv_layout,
+    check_ntk_tables,
+    check_tokens,
+    compare_with_reference,
+    family_name,
+    reference_of,
+    rotary_tables,
+)
 
 _FAMILIES: dict[str | None, Family] = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2",
                                        "gemma3_text": "gemma3", "gemma3": "gemma3"}
@@ -30,11 +51,12 @@ def apply_hf_position_options(hf_model: Any, *, ntk_alpha: float | None = None,
     the local layers of a model that has them; ``n_ctx``. The rotary tables are rebuilt from the
     edited config. Returns the spec fields they imply."""
     config = hf_model.config
+    tables_before = rotary_tables(hf_model)
     facts: dict[str, Any] = {}
     wants_parts = ntk_by_parts is not None and ntk_by_parts is not False
     if ntk_alpha is not None and wants_parts:
         raise BadInputError("choose one of ntk_alpha and ntk_by_parts, not both")
-    trained_context = int(config.max_position_embeddings)
+    trained_context = context_length(config)
     params = getattr(config, "rope_parameters", None)
     scaled = sorted({entry.get("rope_type", "default") for entry in _rope_entries(params)} - {"default"})
     if scaled and (ntk_alpha is not None or wants_parts):
@@ -49,12 +71,12 @@ def apply_hf_position_options(hf_model: Any, *, ntk_alpha: float | None = None,
     if n_ctx is not None:
         if int(n_ctx) < 1:
             raise BadInputError(f"n_ctx must be a positive number of positions, got {n_ctx}")
-        config.max_position_embeddings = int(n_ctx)
+        config.max_position_embeddings = int(n_ctx)  # read back by context_length
     if (ntk_alpha is not None or wants_parts) and not params:
         raise BadInputError("NTK options need a RoPE model; this one has no rope_parameters")
     entries = _rope_entries(params)
     d_head = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
-    rotary_dim = int(d_head * float(getattr(config, "partial_rotary_factor", 1.0) or 1.0))
+    rotary_dim = int(d_head * partial_rotary_factor(config))
     if ntk_alpha is not None:
         if not ntk_alpha > 0:
             raise BadInputError(f"ntk_alpha must be > 0 (1 is plain RoPE), got {ntk_alpha}")
@@ -74,12 +96,30 @@ def apply_hf_position_options(hf_model: Any, *, ntk_alpha: float | None = None,
         if int(window) != window or window < 1:
             raise BadInputError(f"window must be a positive whole number of keys, got {window}")
         if not getattr(config, "sliding_window", None):
-            raise BadInputError("window= on a model without sliding-window layers is applied by the hooked "
-                                "backend only (it makes every layer local); use backend='hooked'")
+            from lens_position.models.routes import has_adapter, model_type_of
+
+            route = ("; the hooked backend makes every layer local (load_model(..., backend='hooked', window=W))"
+                     if has_adapter(model_type_of(config)) else "; load it without window=")
+            raise BadInputError(
+                f"window={window}: model_type {model_type_of(config)!r} has no sliding-window layers, and the bridge "
+                f"runs the Hugging Face model's own masks, which have no window to set{route}")
         config.sliding_window = int(window)
     if ntk_alpha is not None or wants_parts:
         _rebuild_rotary(hf_model)
+    if ntk_alpha is not None:
+        check_ntk_tables(tables_before, rotary_tables(hf_model), ntk_alpha=float(ntk_alpha),
+                         family=family_name(config))
+        facts["ntk_verified"] = True
     return facts
+
+
+def partial_rotary_factor(config: Any) -> float:
+    """The share of each head's dimensions RoPE rotates: ``rope_parameters["partial_rotary_factor"]``
+    (where transformers 5 keeps it), else the config's own attribute (older configs), else 1."""
+    for entry in _rope_entries(getattr(config, "rope_parameters", None)):
+        if entry.get("partial_rotary_factor") is not None:
+            return float(entry["partial_rotary_factor"])
+    return float(getattr(config, "partial_rotary_factor", None) or 1.0)
 
 
 def _rope_entries(params: Any) -> list[dict[str, Any]]:
@@ -102,9 +142,10 @@ def _rebuild_rotary(hf_model: Any) -> None:
 
 
 def load_bridged(name: str, source: str, kind: str, target: Any, options: dict[str, Any], *, device: str,
-                 dtype: str, started: float) -> LoadedModel:
+                 dtype: str, started: float, cache_dir: str | None = None) -> LoadedModel:
     """A LoadedModel on the bridge backend, with the position options applied to the Hugging Face
-    model (:func:`apply_hf_position_options`)."""
+    model (:func:`apply_hf_position_options`), verified at load (:func:`verify_bridge`)."""
+    from lens_position.models.backends import COUPLED_KV
     from lens_position.models.backends.bridge import boot_bridge
 
     if kind == "tiny":
@@ -113,19 +154,92 @@ def load_bridged(name: str, source: str, kind: str, target: Any, options: dict[s
         hf_model, tokenizer = sources.read_gguf(target, check=None)
     else:
         hf_model, tokenizer = sources.read_hf_folder(target, check=None)
+    check_has_attention(hf_model.config)
     facts = apply_hf_position_options(hf_model, **{k: v for k, v in options.items() if v is not None})
+    ntk_verified = facts.pop("ntk_verified", False)
     weights_sha256 = state_dict_sha256(hf_model.state_dict())
     prepends_bos = tokenizer_prepends_bos(tokenizer)
     model_type = getattr(hf_model.config, "model_type", None)
     spec = spec_from_hf_config(
         hf_model.config, name=name, family=_FAMILIES.get(model_type, "custom"), source=source,
-        tokenizer_prepends_bos=prepends_bos, bos_token_id=tokenizer.bos_token_id, weights_sha256=weights_sha256,
-        **facts,
+        tokenizer_prepends_bos=prepends_bos, bos_token_id=tokenizer.bos_token_id,
+        weights_sha256=weights_sha256, **facts,
         extra={"file": str(target) if kind != "tiny" else None, "from_cache": False, "ungrouped_kv_hooks": True,
                "backend": "bridge"})
-    bridge = boot_bridge(hf_model, tokenizer, name=name, device=device, dtype=torch_dtype(dtype),
-                         prepends_bos=prepends_bos)
-    bridge.cfg.model_name = name
-    attach_tokenizer(bridge, tokenizer, prepends_bos)
-    extra = {**spec.extra, "load_seconds": round(time.perf_counter() - started, 3)}
+    family = family_name(hf_model.config)
+    routes = working_routes(model_type, refused_by="bridge")
+    refuse_learned_sinks(hf_model, family)
+    key = verdict_key(weights_sha256, options, "bridge", dtype)
+    verified = read_verdict(key, cache_dir)
+    if verified is not None:
+        verified.pop("key", None)
+    try:
+        reference = None
+        if verified is None and dtype == "float32":
+            tokens = check_tokens(int(spec.extra["d_vocab"]), spec.layer_windows, spec.n_ctx)
+            reference = reference_of(hf_model, tokens, spec.n_layers)
+            check_key_sets(reference, spec.layer_windows, family=family)
+        bridge = boot_bridge(hf_model, tokenizer, name=name, device=device, dtype=torch_dtype(dtype),
+                             prepends_bos=prepends_bos)
+        bridge.cfg.model_name = name
+        attach_tokenizer(bridge, tokenizer, prepends_bos)
+        if verified is None:
+            verified = verify_bridge(bridge, reference, spec, family=family)
+            if ntk_verified:  # checked on the model's rotary tables when the option was applied
+                verified["ntk_alpha"] = "lowest frequency divided by ntk_alpha in every rotary table"
+            if reference is not None:
+                write_verdict(key, verified, cache_dir)
+    except UnsupportedArchitectureError as refusal:
+        text = str(refusal)
+        if not text.startswith(family):
+            text = f"{family} on the bridge: {text}"
+        raise type(refusal)(text if "Routes that work" in text or "No backend" in text else f"{text} {routes}") \
+            from refusal
+    except (RuntimeError, AttributeError, TypeError, IndexError, ValueError, KeyError, NotImplementedError) as crash:
+        raise UnsupportedArchitectureError(
+            f"TransformerLens {_transformer_lens_version()}'s TransformerBridge failed on {family} "
+            f"({type(crash).__name__}: {str(crash)[:200]}): an error inside TransformerLens (or the family's Hugging "
+            f"Face code), not in your checkpoint. {routes}") from crash
+    bridge.__dict__[COUPLED_KV] = dict(verified.get("kv_single_head", {}))
+    extra = {**spec.extra, "verified": verified, "load_seconds": round(time.perf_counter() - started, 3)}
     return LoadedModel(model=bridge, tokenizer=tokenizer, spec=dataclasses.replace(spec, extra=extra))
+
+
+def refuse_learned_sinks(hf_model: Any, family: str) -> None:
+    """UnsupportedArchitectureError for attention with a learned sink logit per head (GPT-OSS's
+    ``sinks``: an extra column in every softmax that no key owns): the pattern is then not the softmax
+    of the scores over the keys, so the decomposition's identity ``log A = t - z`` and every sink score
+    read off the keys would be wrong."""
+    for name, parameter in hf_model.named_parameters():
+        if name.rsplit(".", 1)[-1] == "sinks":
+            raise UnsupportedArchitectureError(
+                f"{family}: its attention adds a learned sink logit per head to every softmax ({name}, "
+                f"{tuple(parameter.shape)}): part of each query's attention goes to no key, so the pattern is not "
+                "the softmax of the scores over the keys, and the decomposition (log A = t - z) and the sink scores "
+                "lens_position reads off the keys do not describe it. Refused rather than analysed without its "
+                "sink; no backend of lens_position models a learned sink yet")
+
+
+def _transformer_lens_version() -> str:
+    import importlib.metadata
+
+    return importlib.metadata.version("transformer_lens")
+
+
+def verify_bridge(bridge: Any, reference: Reference | None, spec: Any, *, family: str) -> dict[str, Any]:
+    """The booted bridge against its source's ``reference`` (None: a dtype other than float32, whose
+    round-off the float32 tolerances do not cover: the equivalence is not checked, and the verdict says
+    so), its K/V hook layout and, with ``ntk_alpha``, its rotary tables
+    (:mod:`lens_position.models.verify`). Returns the verdict recorded in the spec."""
+    from lens_position.models.backends.bridge import BridgeBackend
+
+    backend = BridgeBackend(bridge)
+    routes = working_routes(spec.extra.get("hf_model_type"), refused_by="bridge")
+    verdict: dict[str, Any] = {"equivalence": "not checked (not float32)"}
+    if reference is not None:
+        verdict = {"equivalence": compare_with_reference(backend, reference, family=family, routes=routes).to_dict()}
+    coupled = check_kv_layout(backend, int(spec.extra["d_vocab"]), family=family)
+    verdict["kv_layout"] = "[batch, pos, head, d_head], one entry per query head"
+    if coupled:
+        verdict["kv_single_head"] = coupled
+    return verdict

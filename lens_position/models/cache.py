@@ -163,6 +163,8 @@ def read_entry(entry: Path, identity: dict[str, Any], tokenizer_loader: Callable
         raise StaleEntry("written for another source or cache format")
     if meta.get("versions") != _versions():
         raise StaleEntry(f"written by {meta.get('versions')}, now {_versions()}")
+    if not isinstance(meta.get("verified"), dict):
+        raise StaleEntry("it records no load-time verification of the conversion")
     missing = [key for key in _HASHED if not isinstance(meta.get(key), str)]
     if missing:
         raise StaleEntry(f"its meta.json lacks {', '.join(missing)}")

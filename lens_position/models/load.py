@@ -3,7 +3,15 @@
 Two backends (:mod:`lens_position.models.backends`): ``hooked`` builds a TransformerLens 3.x
 ``HookedTransformer`` through lens_position's adapters (the path described below); ``bridge``
 boots a ``TransformerBridge`` (TransformerLens 3.9 and 4.x) on the Hugging Face model read from the
-same sources. ``backend="auto"`` takes hooked where this TransformerLens has it, else the bridge.
+same sources. ``backend="auto"`` means whatever works: hooked where this TransformerLens has it and an
+adapter converts the family exactly, else the bridge.
+
+Every load is verified (:mod:`lens_position.models.verify`): the booted model against the Hugging
+Face model it came from (logits and every layer's pattern on a few fixed tokens, once per weight-cache
+entry or verdict), the key sets the spec reads against the model's own attention, the K/V hook layout
+against a one-head patch, and ``ntk_alpha`` against the model's rotary tables; ``spec.extra["verified"]``
+records what was found. A model that fails is refused with the family, the size of the difference and
+the routes that work.
 
 The path of a load, top to bottom:
 
@@ -18,6 +26,7 @@ The path of a load, top to bottom:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import warnings
@@ -26,7 +35,7 @@ from typing import Any, cast
 
 import torch
 
-from lens_position.ground.errors import BadInputError, UnknownModelError
+from lens_position.ground.errors import BadInputError, UnknownModelError, UnsupportedArchitectureError
 from lens_position.ground.paths import checked_path
 from lens_position.models import sources
 from lens_position.models.adapters import (
@@ -35,11 +44,13 @@ from lens_position.models.adapters import (
     convert_state_dict,
     hooked_config,
 )
-from lens_position.models.backends import resolve_backend
+from lens_position.models.backends import COUPLED_KV, bridge_class, resolve_backend
+from lens_position.models.backends.hooked import HookedBackend
 from lens_position.models.cache import CachedModel, cache_root, cached_convert, state_dict_sha256
 from lens_position.models.placement import check_device
 from lens_position.models.registry import REGISTRY, is_zoo_name, lookup, unknown_model_message
 from lens_position.models.rope import apply_position_options, check_position_options
+from lens_position.models.routes import model_type_of, working_routes
 from lens_position.models.source_hash import source_identity
 from lens_position.models.spec import (
     Family,
@@ -49,6 +60,15 @@ from lens_position.models.spec import (
     tokenizer_prepends_bos,
 )
 from lens_position.models.tiny import tiny_hf_model
+from lens_position.models.verify import (
+    check_key_sets,
+    check_kv_layout,
+    check_ntk_scaling,
+    check_tokens,
+    compare_with_reference,
+    family_name,
+    reference_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +104,11 @@ def load_model(
     the whole zoo), ``"bridge"`` (TransformerBridge booted on the Hugging Face model, TransformerLens 3.9
     and 4.x; also the decoder families the adapters do not convert, e.g. Qwen3, SmolLM3, and the zoo's
     checkpoints but ``learned``, converted by :mod:`lens_position.models.zoo.hf`) or
-    ``"auto"`` (hooked where TransformerLens has it, else bridge); ``spec.extra["backend"]`` says
-    which ran. ``dtype`` (``float32``, ``bfloat16``, ``float16``) casts the weights after loading;
-    ``n_devices > 1`` splits the layers over that many GPUs (hooked backend).
+    ``"auto"`` (whatever works: hooked where TransformerLens has it and the family has an adapter that
+    converts it exactly, else the bridge); ``spec.extra["backend"]`` says which ran (and
+    ``spec.extra["auto"]`` why the bridge, when auto fell back to it). ``dtype`` (``float32``,
+    ``bfloat16``, ``float16``) casts the weights after loading; ``n_devices > 1`` splits the layers over
+    that many GPUs (hooked backend).
     """
     started = time.perf_counter()
     checked_path(name_or_path, "the model name or path")
@@ -106,17 +128,33 @@ def load_model(
     options = {**defaults, **{k: v for k, v in given.items() if v is not None}}
     local = not source.startswith(("registry:", "hub:"))
     name = Path(str(name_or_path)).name if local else str(name_or_path)
-    if chosen == "bridge":
+    def bridged() -> LoadedModel:
         from lens_position.models.bridged import load_bridged
 
-        loaded = load_bridged(name, source, loader_kind, target, options, device=device, dtype=dtype,
-                              started=started)
         if n_devices > 1:
             raise BadInputError("n_devices > 1 is supported on the hooked backend only; use backend='hooked' "
                                 "or one device")
-        return loaded
+        return load_bridged(name, source, loader_kind, target, options, device=device, dtype=dtype,
+                            started=started, cache_dir=cache_dir)
 
-    loaded = _load_hooked(name, source, loader_kind, target, options, cache_dir, device, started)
+    if chosen == "bridge":
+        return bridged()
+    try:
+        loaded = _load_hooked(name, source, loader_kind, target, options, cache_dir, device, started)
+    except UnsupportedArchitectureError as hooked_refusal:
+        if backend != "auto" or bridge_class() is None:
+            raise
+        # auto means whatever works: the bridge hosts the families the adapters do not convert
+        try:
+            loaded = bridged()
+        except UnsupportedArchitectureError as bridge_refusal:
+            raise UnsupportedArchitectureError(
+                f"neither backend hosts {name}. The hooked backend: {str(hooked_refusal).split(';')[0]}. The bridge: "
+                f"{bridge_refusal}") from bridge_refusal
+        reason = str(hooked_refusal).split(";")[0]
+        loaded.spec = dataclasses.replace(loaded.spec, extra={**loaded.spec.extra,
+                                                             "auto": f"the bridge (the hooked backend: {reason})"})
+        return loaded
     return _placed(loaded, device, dtype, n_devices)
 
 
@@ -141,9 +179,13 @@ def _load_hooked(name: str, source: str, loader_kind: str, target: Any, options:
         weights_sha256=base.weights_sha256,
         extra={"hf_model_type": base.meta.get("model_type"), "file": base.meta.get("file"),
                "from_cache": base.from_cache, "ungrouped_kv_hooks": True, "d_vocab": cfg["d_vocab"],
-               "backend": "hooked", "load_seconds": round(time.perf_counter() - started, 3)},
+               "backend": "hooked",
+               **({"unscaled_rotary_base": facts["unscaled_rotary_base"]} if "unscaled_rotary_base" in facts else {})},
     )
-    return LoadedModel(model=model, tokenizer=tokenizer, spec=spec)
+    family_text = f"{family} (model_type {base.meta.get('model_type')!r})"
+    verified = {**base.meta.get("verified", {}), **verify_hooked(model, spec, family_text)}
+    extra = {**spec.extra, "verified": verified, "load_seconds": round(time.perf_counter() - started, 3)}
+    return LoadedModel(model=model, tokenizer=tokenizer, spec=dataclasses.replace(spec, extra=extra))
 
 
 def _placed(loaded: LoadedModel, device: str, dtype: str, n_devices: int) -> LoadedModel:
@@ -219,7 +261,8 @@ def _base_model(kind: str, target: Any, cache_dir: str | None) -> CachedModel:
         hf_model, tokenizer = tiny_hf_model(target)
         cfg = hooked_config(hf_model.config)
         state_dict = convert_state_dict(hf_model, cfg)
-        meta = {"model_type": hf_model.config.model_type, "file": None}
+        meta = {"model_type": hf_model.config.model_type, "file": None,
+                "verified": verify_conversion(hf_model, cfg, state_dict)}
         return CachedModel(cfg, state_dict, tokenizer, state_dict_sha256(state_dict), meta, False)
     reader = sources.read_gguf if kind == "gguf" else sources.read_hf_folder
     identity = source_identity(target, cache_root(cache_dir))
@@ -229,9 +272,48 @@ def _base_model(kind: str, target: Any, cache_dir: str | None) -> CachedModel:
         hf_model, tokenizer = reader(target)
         cfg = hooked_config(hf_model.config)
         state_dict = convert_state_dict(hf_model, cfg)
-        return cfg, state_dict, tokenizer, {"model_type": hf_model.config.model_type, "file": str(target)}
+        verified = verify_conversion(hf_model, cfg, state_dict)
+        return cfg, state_dict, tokenizer, {"model_type": hf_model.config.model_type, "file": str(target),
+                                            "verified": verified}
 
     return cached_convert(identity, build, _load_tokenizer, cache_dir, verify=check_structure)
+
+
+def verify_conversion(hf_model: Any, cfg: dict[str, Any], state_dict: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """The converted weights, built as a HookedTransformer, against the Hugging Face model they came
+    from (eager attention), before any position option: logits and every layer's pattern on the check
+    tokens, and the source's key sets against the ones the hooked config gives
+    (:mod:`lens_position.models.verify`). EquivalenceError naming the family and the route that works
+    when they differ; else the verdict recorded with the weight-cache entry (checked once per entry)."""
+    family = family_name(hf_model.config)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module="transformer_lens")
+        model = build_hooked(cfg, state_dict, "cpu")
+    windows = [int(cfg["window_size"]) if getattr(block.attn, "attn_type", "global") == "local" else None
+               for block in model.blocks]
+    tokens = check_tokens(int(cfg["d_vocab"]), windows, int(cfg["n_ctx"]))
+    reference = reference_of(hf_model, tokens, int(cfg["n_layers"]))
+    check_key_sets(reference, windows, family=family)
+    routes = working_routes(model_type_of(hf_model.config), refused_by="hooked")
+    agreement = compare_with_reference(HookedBackend(model), reference, family=family, routes=routes)
+    return {"equivalence": agreement.to_dict()}
+
+
+def verify_hooked(model: Any, spec: Any, family: str) -> dict[str, Any]:
+    """What every hooked load checks on the model it built (cheap): the K/V hook layout and, with
+    ``ntk_alpha``, the rotary tables (:mod:`lens_position.models.verify`)."""
+    backend = HookedBackend(model)
+    coupled = check_kv_layout(backend, int(model.cfg.d_vocab), family=family)
+    verdict: dict[str, Any] = {"kv_layout": "[batch, pos, head, d_head], one entry per query head"}
+    if coupled:
+        verdict["kv_single_head"] = coupled
+    model.__dict__[COUPLED_KV] = coupled
+    if spec.ntk_alpha is not None and spec.rotary_base is not None:
+        unscaled = float(spec.extra["unscaled_rotary_base"])
+        layers = [layer for layer in range(spec.n_layers) if spec.rotary_base_local is None or not spec.is_local(layer)]
+        check_ntk_scaling(backend, ntk_alpha=spec.ntk_alpha, rotary_base=unscaled, layers=layers[:1], family=family)
+        verdict["ntk_alpha"] = "lowest frequency divided by ntk_alpha"
+    return verdict
 
 
 def check_structure(cached: CachedModel) -> None:

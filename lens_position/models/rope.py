@@ -198,6 +198,7 @@ def apply_position_options(
         if not ntk_alpha > 0:
             raise BadInputError(f"ntk_alpha must be > 0 (1 is plain RoPE), got {ntk_alpha}")
         d = cfg["rotary_dim"]
+        facts["unscaled_rotary_base"] = float(cfg["rotary_base"])
         cfg["rotary_base"] = ntk_aware_base(cfg["rotary_base"], float(ntk_alpha), d)
         if cfg.get("rotary_base_local") is not None:
             cfg["rotary_base_local"] = ntk_aware_base(cfg["rotary_base_local"], float(ntk_alpha), d)

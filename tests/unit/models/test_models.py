@@ -348,8 +348,8 @@ def test_missing_paths_are_reported(tmp_path):
 def test_unsupported_architecture_names_the_supported_ones(tmp_path):
     config = transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=300)
     transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
-    with pytest.raises(UnsupportedArchitectureError, match="gpt2.*llama"):
-        load_model(str(tmp_path / "gpt2"), cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(UnsupportedArchitectureError, match="gpt2.*llama"):  # auto takes the bridge instead
+        load_model(str(tmp_path / "gpt2"), cache_dir=str(tmp_path / "cache"), backend="hooked")
 
 
 def test_corrupt_gguf_is_reported(tmp_path):
