@@ -12,7 +12,7 @@ case "$version" in
 esac
 start=$(date +%s)
 rc=0
-"$py" -m pytest -m tl4 "$@" || rc=$?
+"$py" -m pytest -m tl4 -n 2 --dist loadfile "$@" || rc=$?
 if [ "$rc" = 5 ]; then
   echo "test-tl4: no test is marked tl4 (pytest collected none): nothing was tested on TransformerLens $version" >&2
   exit 1
@@ -23,21 +23,27 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 start=$(date +%s)
 # Every analysis sub-command end to end (tables, claims, report, browser check) on a tiny Llama and a
-# tiny Gemma-3 (window layers), through the bridge, then the quick reproduction on the default models.
-# A cache of its own: weights converted under TransformerLens 3.9 in ~/.cache are not reused.
-for command in decompose bos sinks probe fingerprint; do
-  for model in tiny-llama tiny-gemma3; do
-    LENS_POSITION_CACHE="$out/cache" .venv-tl4/bin/lens-position "$command" "$model" --quick --no-progress \
-      --out "$out/$command-$model"
-    test -s "$out/$command-$model/claims.csv" ||
-      { echo "test-tl4: $command on $model wrote no claims.csv" >&2; exit 1; }
+# tiny Gemma-3 (window layers), through the bridge, while the quick reproduction on the default models
+# runs beside them (one core each). A cache of its own: weights converted under TransformerLens 3.9 in
+# ~/.cache are not reused.
+sub_commands() {
+  for command in decompose bos sinks probe fingerprint; do
+    for model in tiny-llama tiny-gemma3; do
+      LENS_POSITION_CACHE="$out/cache" OMP_NUM_THREADS=1 .venv-tl4/bin/lens-position "$command" "$model" --quick \
+        --no-progress --out "$out/$command-$model" > "$out/$command-$model.log" 2>&1 ||
+        { cat "$out/$command-$model.log" >&2; echo "test-tl4: $command on $model failed" >&2; return 1; }
+      test -s "$out/$command-$model/claims.csv" ||
+        { echo "test-tl4: $command on $model wrote no claims.csv" >&2; return 1; }
+    done
   done
-done
-echo "test-tl4: the analysis sub-commands passed on TransformerLens $version in $(( $(date +%s) - start )) s"
-start=$(date +%s)
+}
+sub_commands &
+sub_pid=$!
 # The quick reproduction on the embedded default models (SmolLM2-135M, Gemma-3-270M), every step,
 # through the bridge: what a researcher with TransformerLens 4.x runs first.
 LENS_POSITION_CACHE="$out/cache" .venv-tl4/bin/lens-position reproduce --quick --no-progress --out "$out/reproduce"
+wait "$sub_pid" || { echo "test-tl4: the analysis sub-commands failed on TransformerLens $version" >&2; exit 1; }
+echo "test-tl4: the analysis sub-commands passed on TransformerLens $version"
 for file in claims.csv report.html; do
   test -s "$out/reproduce/$file" || { echo "test-tl4: reproduce --quick wrote no $file" >&2; exit 1; }
 done

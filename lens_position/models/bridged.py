@@ -12,6 +12,7 @@ from typing import Any
 from lens_position.ground.errors import BadInputError, UnsupportedArchitectureError
 from lens_position.models import sources
 from lens_position.models.cache import state_dict_sha256
+from lens_position.models.hf_cache import read_gguf_cached
 from lens_position.models.placement import torch_dtype
 from lens_position.models.rope import normalise_ntk_by_parts, ntk_aware_base
 from lens_position.models.routes import working_routes
@@ -151,7 +152,7 @@ def load_bridged(name: str, source: str, kind: str, target: Any, options: dict[s
     if kind == "tiny":
         hf_model, tokenizer = tiny_hf_model(target)
     elif kind == "gguf":
-        hf_model, tokenizer = sources.read_gguf(target, check=None)
+        hf_model, tokenizer = read_gguf_cached(target, cache_dir)
     else:
         hf_model, tokenizer = sources.read_hf_folder(target, check=None)
     check_has_attention(hf_model.config)

@@ -193,7 +193,7 @@ def read_entry(entry: Path, identity: dict[str, Any], tokenizer_loader: Callable
     return CachedModel(cfg, state_dict, tokenizer, sha, meta, from_cache=True)
 
 
-def _temporary_name(entry: Path) -> Path:
+def temporary_name(entry: Path) -> Path:
     """``.<key>.tmp-<pid>-<random>``: the pid tells a later load whether the writer still runs."""
     return entry.parent / f".{entry.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
@@ -222,7 +222,7 @@ def remove_leftovers(entry: Path) -> list[Path]:
     return removed
 
 
-def _discard(entry: Path) -> None:
+def discard_entry(entry: Path) -> None:
     """Remove an entry: renamed aside first, so no reader ever sees it half deleted."""
     if not entry.exists():
         return
@@ -243,7 +243,7 @@ def write_entry(entry: Path, identity: dict[str, Any], cfg: dict[str, Any],
     does not lock, e.g. an older lens_position) rename its complete entry in first, this
     one is discarded and theirs kept."""
     entry.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _temporary_name(entry)
+    tmp = temporary_name(entry)
     tmp.mkdir()
     try:
         # safetensors refuses tensors that share memory (tied embeddings): store copies.
@@ -258,7 +258,7 @@ def write_entry(entry: Path, identity: dict[str, Any], cfg: dict[str, Any],
                 "tokenizer_sha256": _folder_sha256(tmp / "tokenizer"),
                 "bos_token_id": getattr(tokenizer, "bos_token_id", None), **extra_meta}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-        _discard(entry)
+        discard_entry(entry)
         try:
             os.replace(tmp, entry)
         except OSError:  # "Directory not empty": another writer's entry won the rename
@@ -289,7 +289,7 @@ def _remove_superseded(cache_dir: Path, identity: dict[str, Any], keep: Path) ->
             continue  # another version's entry: its environment may still use it
         if old.get("path") == identity.get("path"):
             log.info("removing superseded cache entry %s", meta_path.parent)
-            _discard(meta_path.parent)
+            discard_entry(meta_path.parent)
 
 
 def cached_convert(
@@ -334,7 +334,7 @@ def cached_convert(
                 return read()  # another process built it while this one waited
             except StaleEntry as why:
                 log.warning("cache entry %s is corrupt or stale (%s); rebuilding it", entry, why)
-                _discard(entry)
+                discard_entry(entry)
         cfg, state_dict, tokenizer, extra_meta = build()
         try:
             sha = write_entry(entry, identity, cfg, state_dict, tokenizer, extra_meta)

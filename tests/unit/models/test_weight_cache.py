@@ -203,7 +203,7 @@ def test_a_write_that_loses_the_rename_keeps_the_winners_entry(checkpoint, tmp_p
     entry = only_entry(cache_dir)
     winner = json.loads((entry / "meta.json").read_text())
     cached = weight_cache.read_entry(entry, winner["identity"], lambda folder: tiny_hf_model("tiny-qwen2")[1])
-    monkeypatch.setattr(weight_cache, "_discard", lambda entry: None)  # the winner appears after the check
+    monkeypatch.setattr(weight_cache, "discard_entry", lambda entry: None)  # the winner appears after the check
     weight_cache.write_entry(entry, winner["identity"], cached.cfg, cached.state_dict, cached.tokenizer,
                              {"model_type": "qwen2"})
     assert json.loads((entry / "meta.json").read_text()) == winner
