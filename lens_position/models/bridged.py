@@ -183,6 +183,8 @@ def load_bridged(name: str, source: str, kind: str, target: Any, options: dict[s
         bridge = boot_bridge(hf_model, tokenizer, name=name, device=device, dtype=torch_dtype(dtype),
                              prepends_bos=prepends_bos)
         bridge.cfg.model_name = name
+        if spec.rotary_base is not None:  # the bridge's config keeps TransformerLens's default (10000)
+            bridge.cfg.rotary_base = spec.rotary_base
         attach_tokenizer(bridge, tokenizer, prepends_bos)
         if verified is None:
             verified = verify_bridge(bridge, reference, spec, family=family)

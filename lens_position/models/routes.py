@@ -16,7 +16,7 @@ from lens_position.models.backends import bridge_class, hooked_available
 
 # Families whose TransformerBridge in TransformerLens 3.x gives logits far from Hugging Face's, and
 # whose 4.x bridge gives them within float round-off.
-FIXED_IN_TRANSFORMER_LENS_4 = frozenset({"cohere", "cohere2"})
+FIXED_IN_TRANSFORMER_LENS_4 = frozenset({"cohere", "cohere2", "hunyuan_v1_dense"})
 
 
 def _transformer_lens_major() -> int:

@@ -49,6 +49,7 @@ _REASONS = (  # the kind of a refusal, from its sentence (first match)
     ("grouped-query attention", "K/V hooks not per query head"),
     ("softmax(hook_attn_scores) is not hook_pattern", "scores hook not before the softmax"),
     ("TransformerBridge does not support", "no TransformerBridge adapter"),
+    ("attention bridge has no", "no scores hook on the bridge"),
     ("TransformerBridge failed on", "TransformerLens error"),
     ("RoPE scaling of type", "RoPE scaling not described"),
     ("already scaled", "RoPE already scaled"),

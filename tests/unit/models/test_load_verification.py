@@ -252,3 +252,9 @@ def test_the_command_line_names_its_options_in_refusals(folders, capsys):
     assert main(["decompose", folder, "--quick", "--no-progress", "--out", folder + "-out"]) != 0
     error = capsys.readouterr().err
     assert "learned sink logit" in error and "backend='" not in error and "load_model(" not in error
+
+
+def test_the_bridges_config_states_the_models_rotary_base(folders):
+    loaded = load_model(str(folders("qwen3", rope_parameters={"rope_type": "default", "rope_theta": 100000.0})),
+                        backend="bridge")
+    assert loaded.spec.rotary_base == 100000.0 and loaded.model.cfg.rotary_base == 100000.0
