@@ -9,7 +9,7 @@ import dataclasses
 import time
 from typing import Any
 
-from lens_position.ground.errors import BadInputError, UnsupportedArchitectureError
+from lens_position.ground.errors import BadInputError, LensPositionError, UnsupportedArchitectureError
 from lens_position.models import sources
 from lens_position.models.cache import state_dict_sha256
 from lens_position.models.hf_cache import read_gguf_cached
@@ -198,6 +198,8 @@ def load_bridged(name: str, source: str, kind: str, target: Any, options: dict[s
             text = f"{family} on the bridge: {text}"
         raise type(refusal)(text if "Routes that work" in text or "No backend" in text else f"{text} {routes}") \
             from refusal
+    except LensPositionError:  # a refusal of lens_position's own (bad input, a resource fault): as it is
+        raise
     except (RuntimeError, AttributeError, TypeError, IndexError, ValueError, KeyError, NotImplementedError) as crash:
         raise UnsupportedArchitectureError(
             f"TransformerLens {_transformer_lens_version()}'s TransformerBridge failed on {family} "

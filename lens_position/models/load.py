@@ -30,6 +30,7 @@ import dataclasses
 import logging
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -128,6 +129,7 @@ def load_model(
     options = {**defaults, **{k: v for k, v in given.items() if v is not None}}
     local = not source.startswith(("registry:", "hub:"))
     name = Path(str(name_or_path)).name if local else str(name_or_path)
+
     def bridged() -> LoadedModel:
         from lens_position.models.bridged import load_bridged
 
@@ -144,18 +146,24 @@ def load_model(
     except UnsupportedArchitectureError as hooked_refusal:
         if backend != "auto" or bridge_class() is None:
             raise
-        # auto means whatever works: the bridge hosts the families the adapters do not convert
-        try:
-            loaded = bridged()
-        except UnsupportedArchitectureError as bridge_refusal:
-            raise UnsupportedArchitectureError(
-                f"neither backend hosts {name}. The hooked backend: {str(hooked_refusal).split(';')[0]}. The bridge: "
-                f"{bridge_refusal}") from bridge_refusal
-        reason = str(hooked_refusal).split(";")[0]
-        loaded.spec = dataclasses.replace(loaded.spec, extra={**loaded.spec.extra,
-                                                             "auto": f"the bridge (the hooked backend: {reason})"})
-        return loaded
+        return _bridge_instead(name, hooked_refusal, bridged)
     return _placed(loaded, device, dtype, n_devices)
+
+
+def _bridge_instead(name: str, hooked_refusal: UnsupportedArchitectureError,
+                    bridged: Callable[[], LoadedModel]) -> LoadedModel:
+    """``auto`` after the hooked backend refused ``name``: the bridge, which hosts the families the
+    adapters do not convert; a refusal naming both reasons when it refuses too."""
+    reason = str(hooked_refusal).split(";")[0]
+    try:
+        loaded = bridged()
+    except UnsupportedArchitectureError as bridge_refusal:
+        raise UnsupportedArchitectureError(
+            f"neither backend hosts {name}. The hooked backend: {reason}. The bridge: {bridge_refusal}") \
+            from bridge_refusal
+    loaded.spec = dataclasses.replace(loaded.spec, extra={**loaded.spec.extra,
+                                                         "auto": f"the bridge (the hooked backend: {reason})"})
+    return loaded
 
 
 def _load_hooked(name: str, source: str, loader_kind: str, target: Any, options: dict[str, Any],

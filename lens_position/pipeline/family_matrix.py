@@ -175,6 +175,8 @@ def all_model_types() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m lens_position.pipeline.family_matrix [--out FILE] [MODEL_TYPE ...]``: run the rows
+    (every family, or the ones named) on this TransformerLens line and write them into ``FILE``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=MATRIX_FILE)
     parser.add_argument("model_types", nargs="*")

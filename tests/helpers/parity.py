@@ -239,3 +239,18 @@ def measure_parity(name: str, *, T: int = 40, N: int = 4, seed: int = 0, n_resam
     assert set(differences) == set(TOLERANCES), set(differences) ^ set(TOLERANCES)
     return Parity(model=name, T=T, N=N, differences={q: differences[q] for q in TOLERANCES}, verdicts=verdicts,
                   spec_mismatches=mismatches, seconds=time.perf_counter() - started)
+
+
+def check_real_model_parity(name: str, table: Any, page: Any) -> None:
+    """A real model on both backends at the T of the docs table (beyond Gemma-3's window of 512): the
+    same specs, logits, visible scores, patterns and masks within the real-model tolerances, and the
+    docs (``page``, its table parsed by ``table``, scripts/parity_table.py) record this model's forward
+    pass at the same T and N within a factor of ten."""
+    parity = measure_parity(name, **table.REAL_MODELS[name], analyses=False)
+    assert parity.spec_mismatches == []
+    assert set(parity.differences) == set(FORWARD) == set(REAL_TOLERANCES)
+    assert parity.over_tolerance(REAL_TOLERANCES) == {}, parity.over_tolerance(REAL_TOLERANCES)
+    _, _, recorded = table.parse_block(page.read_text(encoding="utf-8"))
+    row = recorded[name]
+    assert (row["T"], row["N"]) == (parity.T, parity.N)
+    assert all(table.within_a_factor_of_ten(row["values"][q], d) for q, d in parity.differences.items())

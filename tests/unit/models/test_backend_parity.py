@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from parity import FORWARD, REAL_TOLERANCES, TOLERANCES, Parity, measure_parity
+from parity import TOLERANCES, Parity, check_real_model_parity, measure_parity
 
 from lens_position.models.tiny import TINY_CONFIGS
 
@@ -84,16 +84,7 @@ def test_the_order_of_magnitude_check_tells_a_drift():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(TABLE.REAL_MODELS))
-def test_the_backends_agree_on_a_real_model_beyond_its_window(name):
-    """SmolLM2-135M and Gemma-3-270M at T = 600 (beyond Gemma-3's window of 512): the same specs,
-    logits, visible scores, patterns and masks within the real-model tolerances, and the docs
-    record this model's forward pass at the same T and N within a factor of ten."""
-    parity = measure_parity(name, **TABLE.REAL_MODELS[name], analyses=False)
-    assert parity.spec_mismatches == []
-    assert set(parity.differences) == set(FORWARD) == set(REAL_TOLERANCES)
-    assert parity.over_tolerance(REAL_TOLERANCES) == {}, parity.over_tolerance(REAL_TOLERANCES)
-    _, _, recorded = TABLE.parse_block(PAGE.read_text(encoding="utf-8"))
-    row = recorded[name]
-    assert (row["T"], row["N"]) == (parity.T, parity.N)
-    assert all(TABLE.within_a_factor_of_ten(row["values"][q], d) for q, d in parity.differences.items())
+def test_the_backends_agree_on_smollm2_beyond_gemma3s_window():
+    """SmolLM2-135M at T = 600 (Gemma-3-270M, the other real model, is in
+    test_backend_parity_real.py: each takes minutes, and a file runs on one test worker)."""
+    check_real_model_parity("smollm2-135m", TABLE, PAGE)
