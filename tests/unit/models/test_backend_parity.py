@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from parity import TOLERANCES, Parity, check_real_model_parity, measure_parity
+from parity import REAL_TOLERANCES, TOLERANCES, Parity, check_real_model_parity, measure_parity
 
 from lens_position.models.tiny import TINY_CONFIGS
 
