@@ -230,20 +230,6 @@ def _assert_benchmarks_send_no_packet(benchmarks: list[list[str]]) -> None:
     assert packets == 0, output[-3000:]
 
 
-@pytest.mark.fault(area="network", given="the benchmarks' tiny invocations (decompose, gpu, patching, backends, "
-                                         "probe_intervals, reproduce on tiny-llama)",
-                   happens="no packet leaves for a non-loopback address")
-def test_the_benchmarks_send_no_packet(tmp_path):
-    _assert_benchmarks_send_no_packet(BENCHMARKS)
-
-
-@pytest.mark.slow
-@pytest.mark.fault(area="network", given="the benchmarks that load SmolLM2-135M (load, decompose_real)",
-                   happens="no packet leaves for a non-loopback address")
-def test_the_real_model_benchmarks_send_no_packet(tmp_path):
-    _assert_benchmarks_send_no_packet(REAL_MODEL_BENCHMARKS)
-
-
 READ_ONLY = """
 import sys
 import plotly.graph_objects as go
