@@ -174,6 +174,22 @@ def adopt_config_bos(tokenizer: Any, config: Any) -> None:
         tokenizer.bos_token = tokenizer.convert_ids_to_tokens(bos)
 
 
+@contextlib.contextmanager
+def weight_bars_off() -> Iterator[None]:
+    """transformers' per-tensor "Loading weights" bar off while a folder is read (a load of a cached or
+    local checkpoint takes seconds; the bar printed a block of lines in notebooks), and back as it was
+    after. The GGUF dequantisation keeps its bar: it is the long part of a first load."""
+    from transformers.utils import logging as transformers_logging
+
+    was_on = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            transformers_logging.enable_progress_bar()
+
+
 def read_hf_folder(path: Path, check: Callable[[Any], Any] | None = adapter_for) -> tuple[Any, Any]:
     """HF model (fp32) and tokenizer from a local checkpoint folder (never the network)."""
     from transformers import AutoConfig, AutoTokenizer
@@ -216,8 +232,9 @@ def read_hf_folder(path: Path, check: Callable[[Any], Any] | None = adapter_for)
         if not any(p.suffix in HF_WEIGHT_SUFFIXES for p in path.iterdir()):
             raise BadInputError(f"{path} has no weights (*.safetensors or *.bin); add them or pass another folder")
         try:
-            model, loading = _hf_model_class().from_pretrained(path, dtype=torch.float32, **STRICT_LOADING,
-                                                                **EAGER, **NO_REMOTE_CODE)
+            with weight_bars_off():
+                model, loading = _hf_model_class().from_pretrained(path, dtype=torch.float32, **STRICT_LOADING,
+                                                                    **EAGER, **NO_REMOTE_CODE)
         except Exception as error:  # e.g. a pickled .bin that torch.load(weights_only=True) refuses
             raise CorruptFileError(
                 f"could not read the weights in {path} ({type(error).__name__}: {error}); re-download them, or "

@@ -47,3 +47,16 @@ def test_a_gguf_is_dequantised_once_and_read_from_the_cache_after(small_gguf, tm
     weights.write_bytes(bytes(data))
     third = load_model(str(small_gguf), backend="bridge", cache_dir=cache)
     assert calls == [small_gguf] and third.spec.weights_sha256 == first.spec.weights_sha256
+
+
+def test_reading_a_folder_draws_no_weight_bar_and_leaves_the_setting_as_it_was(tmp_path, capfd):
+    from transformers.utils import logging as transformers_logging
+
+    from lens_position.models.family_checkpoints import write_family_checkpoint
+
+    folder = write_family_checkpoint("llama", tmp_path / "llama")
+    capfd.readouterr()
+    assert transformers_logging.is_progress_bar_enabled()
+    sources.read_hf_folder(folder, check=None)
+    assert "Loading weights" not in capfd.readouterr().err
+    assert transformers_logging.is_progress_bar_enabled()
