@@ -52,6 +52,7 @@ from lens_position.core.stream import BATCH_SIZE, stream
 from lens_position.core.summaries import Headline
 from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError, UnsupportedArchitectureError
+from lens_position.models.backends import RotaryLayout, rotate
 from lens_position.models.spec import ModelLike, as_loaded
 
 DEFAULT_BANDS = 4
@@ -135,7 +136,9 @@ def band_scores(rot_q: Float[torch.Tensor, "batch query head d_head"],
 
 class BandReducer:
     """The statistics of :func:`rotary_bands` as a reducer for :func:`lens_position.core.stream.stream`:
-    per analysed layer it reads ``hook_rot_q``, ``hook_rot_k`` and ``hook_attn_scores``, feeds the
+    per analysed layer it reads ``hook_rot_q``, ``hook_rot_k`` (or, where the model fires no hook after
+    its rotation, ``hook_q``, ``hook_k``, ``hook_cos`` and ``hook_sin``, and turns them itself) and
+    ``hook_attn_scores``, feeds the
     real scores to a :class:`~lens_position.analyses.decompose.DecompositionReducer`, and reduces,
     with the same code and groups, every band's scores (for the exact split of ``R``) and the
     scores with each band removed (for the attribution of ``R'``). It also keeps the largest
@@ -166,9 +169,15 @@ class BandReducer:
         self.score_error = {layer: 0.0 for layer in self.layers}
         self.score_size = {layer: 0.0 for layer in self.layers}
         self.hook_names = tuple(f"blocks.{layer}.attn.{name}" for layer in self.layers
-                                for name in ("hook_rot_q", "hook_rot_k", "hook_attn_scores"))
+                                for name in self._layer_hooks(self.layouts[layer]))
         self._pending: dict[str, torch.Tensor] = {}
         self._workspace = Workspace()
+
+    @staticmethod
+    def _layer_hooks(layout: RotaryLayout) -> tuple[str, ...]:
+        """The attention hooks one layer's split reads, the scores last (they fire after the rest)."""
+        tables = ("hook_cos", "hook_sin") if layout.rotated_here else ()
+        return (*layout.query_hooks, *tables, "hook_attn_scores")
 
     def check_scores(self) -> None:
         """Refuse (UnsupportedArchitectureError) a run where the bands' scores do not add up to the
@@ -191,8 +200,13 @@ class BandReducer:
         scores = activation
         self.full.update(hook_name, scores, rows)
         bands = self.bands[layer]
-        parts = band_scores(self._pending.pop("hook_rot_q"), self._pending.pop("hook_rot_k"), bands,
-                            self.layouts[layer].scale)
+        layout = self.layouts[layer]
+        rot_q, rot_k = (self._pending.pop(name) for name in layout.query_hooks)
+        if layout.rotated_here:  # no hook after the model's rotation: turned here by its own tables
+            cos, sin = self._pending.pop("hook_cos"), self._pending.pop("hook_sin")
+            rot_q, rot_k = (rotate(x.to(torch.float64), cos.to(torch.float64), sin.to(torch.float64), layout)
+                            for x in (rot_q, rot_k))
+        parts = band_scores(rot_q, rot_k, bands, layout.scale)
         visible = visible_keys(scores)
         total = parts.sum(0)
         error = float((total - scores.to(torch.float64)).abs().masked_fill(~visible, 0.0).amax())

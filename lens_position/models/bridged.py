@@ -149,16 +149,18 @@ def load_bridged(name: str, source: str, kind: str, target: Any, options: dict[s
     from lens_position.models.backends import COUPLED_KV
     from lens_position.models.backends.bridge import boot_bridge
 
+    checked_sha256 = None  # the weights' hash the weight cache has just checked them against
     if kind == "tiny":
         hf_model, tokenizer = tiny_hf_model(target)
     elif kind == "gguf":
-        hf_model, tokenizer = read_gguf_cached(target, cache_dir)
+        hf_model, tokenizer, checked_sha256 = read_gguf_cached(target, cache_dir)
     else:
         hf_model, tokenizer = sources.read_hf_folder(target, check=None)
     check_has_attention(hf_model.config)
     facts = apply_hf_position_options(hf_model, **{k: v for k, v in options.items() if v is not None})
     ntk_verified = facts.pop("ntk_verified", False)
-    weights_sha256 = state_dict_sha256(hf_model.state_dict())
+    unchanged = all(value is None for value in options.values())  # no option touched the model after the check
+    weights_sha256 = checked_sha256 if checked_sha256 and unchanged else state_dict_sha256(hf_model.state_dict())
     prepends_bos = tokenizer_prepends_bos(tokenizer)
     model_type = getattr(hf_model.config, "model_type", None)
     spec = spec_from_hf_config(

@@ -45,6 +45,14 @@ FAMILY_SETTINGS: dict[str, dict[str, Any]] = {
     "gemma2": {"sliding_window": 6},
     "gemma3_text": {"sliding_window": 6},
     "cohere2": {"sliding_window": 6},
+    # one global and one local layer (the default pattern is 24 layers long)
+    "gpt_neo": {"attention_types": [[["global", "local"], 1]], "window_size": 6},
+    # multi-head latent attention as the real models have it: one key head per query head, the rotated
+    # and unrotated query/key parts and the values of the shared head size
+    "deepseek_v2": {"num_key_value_heads": 4, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16,
+                    "kv_lora_rank": 32, "q_lora_rank": 32},
+    "deepseek_v3": {"num_key_value_heads": 4, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16,
+                    "kv_lora_rank": 32, "q_lora_rank": 32},
 }
 
 

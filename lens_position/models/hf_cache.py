@@ -45,22 +45,23 @@ def _entry(path: Path, cache_dir: str | None) -> tuple[Path, dict[str, Any]]:
     return root / "hf" / key, identity
 
 
-def _read(entry: Path, identity: dict[str, Any]) -> tuple[Any, Any] | None:
-    """The model and tokenizer of a complete entry whose weights are the ones it recorded, else None
-    (the entry is then removed)."""
+def _read(entry: Path, identity: dict[str, Any]) -> tuple[Any, Any, str] | None:
+    """The model, tokenizer and weights' sha256 of a complete entry whose weights are the ones it
+    recorded, else None (the entry is then removed)."""
     try:
         record = json.loads((entry / "entry.json").read_text(encoding="utf-8"))
         if record.get("identity") != identity:
             raise ValueError("another source or versions")
         model, tokenizer = sources.read_hf_folder(entry, check=None)
-        if state_dict_sha256(model.state_dict()) != record.get("weights_sha256"):
+        weights_sha256 = state_dict_sha256(model.state_dict())
+        if weights_sha256 != record.get("weights_sha256"):
             raise ValueError("weights that differ from the ones recorded")
     except Exception as error:  # a damaged entry of any kind is rebuilt, never used
         log.warning("rebuilding the cached Hugging Face model %s (%s)", entry, error)
         discard_entry(entry)
         return None
     sources.adopt_config_bos(tokenizer, model.config)
-    return model, tokenizer
+    return model, tokenizer, weights_sha256
 
 
 def _save_dequantised(model: Any, folder: Path) -> None:
@@ -79,9 +80,11 @@ def _save_dequantised(model: Any, folder: Path) -> None:
             config.quantization_config = quantization
 
 
-def read_gguf_cached(path: Path, cache_dir: str | None = None) -> tuple[Any, Any]:
-    """The Hugging Face model (float32, eager attention) and tokenizer of the GGUF file ``path``, from
-    the cache when an entry is there, else dequantised from the file and saved to the cache."""
+def read_gguf_cached(path: Path, cache_dir: str | None = None) -> tuple[Any, Any, str]:
+    """The Hugging Face model (float32, eager attention), tokenizer and weights' sha256
+    (:func:`~lens_position.models.cache.state_dict_sha256`) of the GGUF file ``path``, from the cache
+    when an entry is there (its weights checked against the sha256 it recorded), else dequantised
+    from the file and saved to the cache."""
     entry, identity = _entry(path, cache_dir)
     if entry.is_dir():
         found = _read(entry, identity)
@@ -105,12 +108,13 @@ def read_gguf_cached(path: Path, cache_dir: str | None = None) -> tuple[Any, Any
         try:
             _save_dequantised(model, temporary)
             tokenizer.save_pretrained(temporary)
-            record = {"identity": identity, "weights_sha256": state_dict_sha256(model.state_dict())}
+            weights_sha256 = state_dict_sha256(model.state_dict())
+            record = {"identity": identity, "weights_sha256": weights_sha256}
             (temporary / "entry.json").write_text(json.dumps(record, indent=1), encoding="utf-8")
             temporary.rename(entry)
         except OSError as error:  # a cache that cannot be written costs the next load its time only
             log.warning("could not cache the dequantised %s (%s)", path.name, error)
             discard_entry(temporary)
-        return model, tokenizer
+        return model, tokenizer, weights_sha256
     finally:
         lock.release()

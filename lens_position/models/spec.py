@@ -257,8 +257,13 @@ def spec_from_hf_config(hf_config: Any, *, name: str = "custom", family: Family 
     n_layers = int(config.num_hidden_layers)
     kinds = list(getattr(config, "layer_types", None) or [])
     window = getattr(config, "sliding_window", None)
+    neo_kinds = list(getattr(config, "attention_layers", None) or [])
     if kinds:
         attn_types = tuple("local" if kind == "sliding_attention" and window else "global" for kind in kinds)
+    elif neo_kinds and getattr(config, "window_size", None):
+        # GPT-Neo's own names: `attention_layers` of "global" and "local", local layers of `window_size` keys
+        window = int(config.window_size)
+        attn_types = tuple("local" if kind == "local" else "global" for kind in neo_kinds)
     elif window and getattr(config, "use_sliding_window", True) is not False:
         # a window declared by `sliding_window` alone (Mistral, Mixtral, StarCoder2, Phi-3): every layer
         # (the load-time check compares these key sets with the model's own attention)

@@ -259,7 +259,7 @@ def check_kv_layout(backend: Any, vocab: int, *, family: str) -> dict[str, str]:
             raise EquivalenceError(
                 f"{family}: {name} has shape {shape}, not [batch, pos, head, d_head] = [1, {length}, {n_heads}, "
                 "d_head] with one entry per query head: its keys, values or queries would be read with the wrong "
-                "axes or heads, so the model is refused")
+                "axes or heads, so the model is refused.")
     coupled: dict[str, str] = {}
     for part, observe in (("k", "attn_scores"), ("v", "z")):
         moved = _patched_moves(backend, tokens, base, part, observe, head, position)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
+from jaxtyping import Float
 
 BackendName = Literal["hooked", "bridge"]
 BACKENDS: tuple[str, ...] = ("auto", "hooked", "bridge")
@@ -45,13 +46,53 @@ class RotaryLayout:
     are what the model uses). ``adjacent_pairs``: pairs are dimensions ``2k, 2k+1`` (else ``k`` and
     ``k + rotary_dim/2``). ``rotary_dim``: the rotated dimensions (the first ones of ``d_head``).
     ``scale``: what the scores are divided by (``q . k / scale``). ``soft_cap``: the score
-    soft-cap (None where the scores are not capped)."""
+    soft-cap (None where the scores are not capped).
+
+    ``query_hooks``: the hooks (query, key) the analyses read the rotated queries and keys from,
+    ``[batch, pos, head, d_head]``. Where the model fires no hook after its rotation (the fused-QKV
+    attention bridges of GPT-NeoX and Phi-3), they are the hooks before it and ``rotated_here`` is
+    True: :func:`rotate` turns them with the layer's own ``hook_cos``/``hook_sin``, a rotation the
+    backend checked against the layer's ``hook_attn_scores`` when it read the layout.
+    ``interleaved_table``: the cos/sin tables repeat each frequency in adjacent entries (Cohere's)
+    rather than in two halves (Hugging Face's usual layout)."""
 
     frequencies: torch.Tensor
     adjacent_pairs: bool
     rotary_dim: int
     scale: float
     soft_cap: float | None = None
+    query_hooks: tuple[str, str] = ("hook_rot_q", "hook_rot_k")
+    rotated_here: bool = False
+    interleaved_table: bool = False
+
+
+def per_dimension(table: Float[torch.Tensor, "*lead rot"], pairs_adjacent: bool, interleaved_table: bool
+                  ) -> Float[torch.Tensor, "*lead rot"]:
+    """A cos or sin table as one entry per rotated dimension in the pair layout: each frequency's
+    entry on both dimensions of its pair (``2k, 2k+1`` when ``pairs_adjacent``, else ``k, k + rot/2``),
+    whichever of the two table layouts (``interleaved_table`` or halves) it came in."""
+    per_frequency = table[..., 0::2] if interleaved_table else table[..., : table.shape[-1] // 2]
+    if pairs_adjacent:
+        return per_frequency.repeat_interleave(2, dim=-1)
+    return torch.cat([per_frequency, per_frequency], dim=-1)
+
+
+def rotate(x: Float[torch.Tensor, "batch pos head d_head"], cos: Float[torch.Tensor, "*lead pos rot"],
+           sin: Float[torch.Tensor, "*lead pos rot"], layout: RotaryLayout
+           ) -> Float[torch.Tensor, "batch pos head d_head"]:
+    """``x`` turned by RoPE as the layer turns it: its first ``layout.rotary_dim`` dimensions by the
+    tables ``cos``/``sin`` (``[pos, rot]`` with any leading batch axes of size 1 or ``batch``, as
+    ``hook_cos``/``hook_sin`` fire them), in the layout's pairs; the other dimensions unchanged."""
+    size = layout.rotary_dim
+    cos, sin = (per_dimension(table.reshape(-1, *table.shape[-2:]), layout.adjacent_pairs,
+                              layout.interleaved_table)[:, :, None, :].to(x.dtype) for table in (cos, sin))
+    part = x[..., :size]
+    if layout.adjacent_pairs:
+        partner = torch.stack([-part[..., 1::2], part[..., 0::2]], dim=-1).flatten(-2)
+    else:
+        half = size // 2
+        partner = torch.cat([-part[..., half:], part[..., :half]], dim=-1)
+    return torch.cat([part * cos + partner * sin, x[..., size:]], dim=-1)
 
 
 @runtime_checkable

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from lens_position.ground.errors import UnsupportedArchitectureError
-from lens_position.models.backends import COUPLED_KV, RotaryLayout, config_score_scale_and_cap
+from lens_position.models.backends import COUPLED_KV, RotaryLayout, config_score_scale_and_cap, rotate
 from lens_position.models.hook_names import block_of
 
 log = logging.getLogger(__name__)
@@ -443,62 +443,69 @@ class BridgeBackend:
 
     def rotary_layout(self, layer: int) -> RotaryLayout:
         """Layer ``layer``'s RoPE as the Hugging Face module applies it: the ``cos``/``sin`` tables the
-        bridge passes to that layer (``hook_cos``/``hook_sin``, position 1 of a two-token run), in
-        Hugging Face's layout (pairs ``k`` and ``k + rotary_dim/2``), checked against the layer's own
-        rotation: ``hook_rot_q`` must equal ``q cos + rotate_half(q) sin`` (``q`` after any query
-        norm), else UnsupportedArchitectureError; a layer that leaves ``q`` unrotated (per-layer
+        bridge passes to that layer (``hook_cos``/``hook_sin``, position 1 of a short run), in either
+        table layout (halves, or each frequency twice in a row), with the pairs (``k, k + rotary_dim/2``
+        or ``2k, 2k+1``) found by checking against the layer's own rotation: ``hook_rot_q`` must equal
+        the rotated ``q`` (after any query norm); where the bridge fires no ``hook_rot_q`` (fused QKV),
+        ``q`` and ``k`` rotated here must give the layer's ``hook_attn_scores``. Neither pair layout
+        matching is an UnsupportedArchitectureError; a layer that leaves ``q`` unrotated (per-layer
         NoPE) has no rotary embedding. ``scale`` is ``1 / scaling`` of the HF attention module."""
         prefix = f"blocks.{layer}.attn."
         hook_dict = self.hook_dict  # once: the bridge resolves its hook aliases on every access
-        pre_name = prefix + ("hook_q_normed" if prefix + "hook_q_normed" in hook_dict else "hook_q")
-        names = [prefix + "hook_cos", prefix + "hook_sin", pre_name, prefix + "hook_rot_q"]
-        if any(name not in hook_dict for name in names):
+        needed = [prefix + "hook_cos", prefix + "hook_sin", prefix + "hook_q", prefix + "hook_k"]
+        if any(name not in hook_dict for name in needed):
             raise UnsupportedArchitectureError(
-                f"layer {layer}: this model's attention bridge has no hook_cos/hook_sin/hook_rot_q, so its rotary "
-                "tables cannot be read, and the rotary-band split needs them")
-        # two ordinary tokens (id 0 is often padding, with a zero embedding and so zero queries)
-        # (a length other than the head count, so a query norm's [batch, head, pos, d_head] is told apart)
-        length = 3 if self.n_heads == 2 else 2
+                f"layer {layer}: this model's attention bridge has no hook_cos/hook_sin/hook_q/hook_k, so its "
+                "rotary tables and queries cannot be read, and the rotary-band split needs them")
+        optional = [prefix + name for name in ("hook_q_normed", "hook_k_normed", "hook_rot_q", "hook_rot_k",
+                                               "hook_attn_scores") if prefix + name in hook_dict]
+        # ordinary tokens (id 0 is often padding, with a zero embedding and so zero queries), a length
+        # other than the head count, so a query norm's [batch, head, pos, d_head] is told apart
+        length = 3 if self.n_heads != 3 else 4
         tokens = (torch.arange(1, length + 1, device=self.device) % max(2, self.d_vocab)).unsqueeze(0)
-        cache = self.run_with_cache(tokens, names, stop_at_layer=layer + 1)
-        pre, rot = cache.get(pre_name), cache.get(prefix + "hook_rot_q")
+        cache = self.run_with_cache(tokens, needed + optional, stop_at_layer=layer + 1)
+        names = {kind: prefix + (f"{kind}_normed" if prefix + f"{kind}_normed" in cache else kind)
+                 for kind in ("hook_q", "hook_k")}
+        pre_q, pre_k = cache.get(names["hook_q"]), cache.get(names["hook_k"])
+        rot_q, rot_k = cache.get(prefix + "hook_rot_q"), cache.get(prefix + "hook_rot_k")
         cos, sin = cache.get(prefix + "hook_cos"), cache.get(prefix + "hook_sin")
-        if pre is None or rot is None:
-            raise UnsupportedArchitectureError(f"layer {layer}: the attention bridge did not fire hook_q/hook_rot_q")
-        pre, rot = _as_batch_pos_head(pre, length, self.n_heads), _as_batch_pos_head(rot, length, self.n_heads)
-        if pre is None or rot is None or pre.shape != rot.shape:
+        scores = cache.get(prefix + "hook_attn_scores")
+        if pre_q is None or pre_k is None:
+            raise UnsupportedArchitectureError(f"layer {layer}: the attention bridge did not fire hook_q/hook_k")
+        rotated_here = rot_q is None or rot_k is None
+        pre_q, pre_k = (_as_batch_pos_head(x, length, self.n_heads) for x in (pre_q, pre_k))
+        if not rotated_here:
+            rot_q, rot_k = (_as_batch_pos_head(x, length, self.n_heads) for x in (rot_q, rot_k))
+        if (pre_q is None or pre_k is None or pre_q.shape != pre_k.shape
+                or (not rotated_here and (rot_q is None or rot_q.shape != pre_q.shape))):
             raise UnsupportedArchitectureError(
-                f"layer {layer}: the queries before and after the rotation come in layouts lens_position cannot line "
-                "up ([batch, pos, head, d_head] expected), so the frequency bands cannot be read")
-        pre, rot = pre[0, 1].to(torch.float64), rot[0, 1].to(torch.float64)  # [head, d_head]
-        size = float(pre.abs().max())
+                f"layer {layer}: the queries and keys before and after the rotation come in layouts lens_position "
+                "cannot line up ([batch, pos, head, d_head] expected), so the frequency bands cannot be read")
+        fired_as_read = all(tuple(cache[names[kind]].shape) == tuple(pre_q.shape) for kind in ("hook_q", "hook_k"))
+        if rotated_here and (scores is None or not fired_as_read):
+            raise UnsupportedArchitectureError(
+                f"layer {layer}: the attention bridge fires no hook_rot_q/hook_rot_k, and its hook_q/hook_k are not "
+                "[batch, pos, head, d_head] with hook_attn_scores beside them, so the rotation lens_position would "
+                "apply itself cannot be checked against the layer's scores")
+        size = float(pre_q.abs().max())
         if not size > 0:
             raise UnsupportedArchitectureError(
-                f"layer {layer}: the queries at position 1 of a two-token run are zero, so the rotary tables cannot "
-                "be checked against the layer's rotation")
-        if cos is None or sin is None or float((rot - pre).abs().max()) <= _ROTARY_CHECK_TOL * size:
+                f"layer {layer}: the queries of a {length}-token run are zero, so the rotary tables cannot be "
+                "checked against the layer's rotation")
+        if cos is None or sin is None or (
+                not rotated_here and float((rot_q - pre_q).abs().max()) <= _ROTARY_CHECK_TOL * size):
             raise UnsupportedArchitectureError(
                 f"layer {layer} has no rotary embedding (its queries are not rotated: per-layer NoPE): there "
                 "are no frequency bands to split; choose layers that use RoPE")
-        cos, sin = (table.reshape(-1, table.shape[-1])[1].to(torch.float64) for table in (cos, sin))
+        row = cos.reshape(-1, cos.shape[-1])[1].to(torch.float64), sin.reshape(-1, sin.shape[-1])[1].to(torch.float64)
         rotary_dim = int(cos.shape[-1])
         half = rotary_dim // 2
-        part = pre[:, :rotary_dim]
-        rotated = torch.cat([-part[:, half:], part[:, :half]], dim=-1)
-        expected = torch.cat([part * cos + rotated * sin, pre[:, rotary_dim:]], dim=-1)
-        adjacent = False
-        if float((expected - rot).abs().max()) > _ROTARY_CHECK_TOL * size:
-            # interleaved rotary (GLM, ERNIE-4.5): pairs 2k, 2k+1 turned by the table's frequency k
-            cos_pairs, sin_pairs = cos[:half].repeat_interleave(2), sin[:half].repeat_interleave(2)
-            rotated = torch.stack([-part[:, 1::2], part[:, 0::2]], dim=-1).flatten(-2)
-            expected = torch.cat([part * cos_pairs + rotated * sin_pairs, pre[:, rotary_dim:]], dim=-1)
-            adjacent = True
-        if float((expected - rot).abs().max()) > _ROTARY_CHECK_TOL * size:
+        halves = all(bool(torch.allclose(t[:half], t[half:], rtol=1e-5, atol=1e-7)) for t in row)
+        interleaved = all(bool(torch.allclose(t[0::2], t[1::2], rtol=1e-5, atol=1e-7)) for t in row)
+        if not (halves or interleaved) or rotary_dim % 2:
             raise UnsupportedArchitectureError(
-                f"layer {layer}: hook_rot_q is not the query rotated by the layer's cos/sin tables, neither in "
-                "Hugging Face's layout (pairs k, k + rotary_dim/2) nor interleaved (pairs 2k, 2k+1), so the "
-                "frequency bands cannot be read reliably; the rotary-band split refuses it rather than split it "
-                "wrongly")
+                f"layer {layer}: the rotary tables hook_cos/hook_sin are in neither known layout (each frequency "
+                "in two halves, or twice in a row), so the frequency bands cannot be read")
         module = self.model.blocks[layer].attn
         module = getattr(module, "original_component", None) or getattr(module, "_original_component", None)
         scaling = getattr(module, "scaling", None)
@@ -508,6 +515,36 @@ class BridgeBackend:
         config = self.model.original_model.config
         config = getattr(config, "text_config", None) or config
         cap = getattr(config, "attn_logit_softcapping", None)
-        return RotaryLayout(frequencies=torch.atan2(sin[:half], cos[:half]), adjacent_pairs=adjacent,
-                            rotary_dim=rotary_dim, scale=1.0 / float(scaling),
-                            soft_cap=float(cap) if cap else None)
+        per_frequency = [t[0::2] if not halves else t[:half] for t in row]
+        pre_q64, pre_k64 = pre_q.to(torch.float64), pre_k.to(torch.float64)
+        cos64, sin64 = cos.to(torch.float64), sin.to(torch.float64)
+        for adjacent in (False, True):
+            layout = RotaryLayout(
+                frequencies=torch.atan2(per_frequency[1], per_frequency[0]), adjacent_pairs=adjacent,
+                rotary_dim=rotary_dim, scale=1.0 / float(scaling), soft_cap=float(cap) if cap else None,
+                query_hooks=(names["hook_q"].removeprefix(prefix), names["hook_k"].removeprefix(prefix))
+                if rotated_here else ("hook_rot_q", "hook_rot_k"),
+                rotated_here=rotated_here, interleaved_table=not halves)
+            turned_q = rotate(pre_q64, cos64, sin64, layout)
+            if rot_q is not None and not rotated_here:
+                if float((turned_q - rot_q.to(torch.float64)).abs().max()) <= _ROTARY_CHECK_TOL * size:
+                    return layout
+                continue
+            if scores is None:
+                continue
+            turned_k = rotate(pre_k64, cos64, sin64, layout)
+            mine = torch.einsum("bqhd,bkhd->bhqk", turned_q, turned_k) / layout.scale
+            if cap:
+                mine = cap * torch.tanh(mine / cap)
+            theirs = scores.to(torch.float64)
+            visible = torch.isfinite(theirs) & (theirs > torch.finfo(scores.dtype).min / 2)
+            if bool(visible.any()) and float((mine - theirs).abs()[visible].max()) <= _ROTARY_CHECK_TOL * max(
+                    1.0, float(theirs.abs()[visible].max())):
+                return layout
+        what = ("hook_rot_q is not the query rotated by the layer's cos/sin tables" if not rotated_here else
+                "the queries and keys rotated by the layer's cos/sin tables do not give its hook_attn_scores")
+        raise UnsupportedArchitectureError(
+            f"layer {layer}: {what}, neither in Hugging Face's layout (pairs k, k + rotary_dim/2) nor interleaved "
+            "(pairs 2k, 2k+1): the model does more between its rotation and its scores (a norm after the "
+            "rotation, a bias), so the frequency bands cannot be read reliably; the rotary-band split refuses "
+            "it rather than split it wrongly")

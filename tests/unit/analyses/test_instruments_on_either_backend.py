@@ -9,6 +9,9 @@ test_instruments_backend_parity.py (TransformerLens 3.x, where both exist).
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.metadata
+
 import numpy as np
 import pytest
 import torch
@@ -20,6 +23,7 @@ from lens_position.core.data import build_prompts
 from lens_position.core.intervals import Bootstrap
 from lens_position.ground.errors import UnsupportedArchitectureError
 from lens_position.models import load_model
+from lens_position.models.family_checkpoints import write_family_checkpoint
 from lens_position.models.tiny import byte_tokenizer
 
 pytestmark = pytest.mark.tl4
@@ -98,3 +102,57 @@ def test_bridge_convergence_cosines_are_the_hf_models_own_hidden_states(bridged)
                 a, b = replaced[layer + 1][:, 0].double(), base[layer + 1][:, 0].double()
                 cosine = float(torch.nn.functional.cosine_similarity(a, b, dim=-1).mean())
                 assert rows["cosine"].iloc[layer] == pytest.approx(cosine, abs=1e-5), (label, layer)
+
+
+# TransformerLens 3.x's bridge does not compute Cohere's or HunYuan's attention exactly (refused at load
+# there, in the family matrix's test): their rotations are checked on the 4.x line.
+ON_4 = int(importlib.metadata.version("transformer_lens").split(".")[0]) >= 4
+
+
+@pytest.fixture(scope="module", params=["phi3", "gpt_neox", *(["cohere"] if ON_4 else [])])
+def fused_or_interleaved(request, tmp_path_factory):
+    """Families whose rotation the bridge hides (fused QKV: Phi-3; fused and partial rotary: GPT-NeoX)
+    or tables in the interleaved layout (Cohere)."""
+    folder = write_family_checkpoint(request.param, tmp_path_factory.mktemp(request.param) / "model")
+    model = load_model(folder, backend="bridge")
+    return request.param, model, build_prompts(model, T=12, N=4, source="random")
+
+
+def test_bands_of_hidden_or_interleaved_rotations_add_up_to_the_models_scores(fused_or_interleaved):
+    family, model, prompts = fused_or_interleaved
+    layout = model.backend.rotary_layout(0)
+    assert layout.rotated_here == (family in ("phi3", "gpt_neox"))
+    assert layout.interleaved_table == (family == "cohere")
+    assert layout.rotary_dim == (4 if family == "gpt_neox" else model.spec.d_head)  # partial_rotary_factor 0.25
+    result = rotary_bands(model, prompts, n_bands=2, bootstrap=FEW, progress=False)
+    heads = result.heads
+    assert (heads["R_split_error"].abs() <= 1e-6 * heads["R"].abs().clip(lower=1e-3)).all()
+    assert heads["score_error"].max() < 1e-4
+    assert (family == "gpt_neox") == ("unrotated" in set(result.bands["band"]))
+
+
+@pytest.mark.parametrize("fused_or_interleaved", ["phi3", "gpt_neox"], indirect=True)
+def test_a_hidden_rotation_in_the_wrong_pairs_is_refused_not_split(fused_or_interleaved, monkeypatch):
+    """Where lens_position turns q and k itself, the split's check against the model's scores is
+    what catches a wrong pair layout."""
+    family, model, prompts = fused_or_interleaved
+    backend = model.backend
+    real = type(backend).rotary_layout
+
+    def other_pairs(self, layer):
+        layout = real(self, layer)
+        return dataclasses.replace(layout, adjacent_pairs=not layout.adjacent_pairs)
+
+    monkeypatch.setattr(type(backend), "rotary_layout", other_pairs)
+    with pytest.raises(UnsupportedArchitectureError, match="hook_attn_scores"):
+        rotary_bands(model, prompts, n_bands=2, bootstrap=FEW, progress=False)
+
+
+def test_a_norm_after_the_rotation_is_refused_by_name(tmp_path):
+    folder = write_family_checkpoint("hunyuan_v1_dense", tmp_path / "hunyuan")
+    if not ON_4:
+        with pytest.raises(UnsupportedArchitectureError, match="does not compute what its Hugging Face source"):
+            load_model(folder, backend="bridge")
+        return
+    with pytest.raises(UnsupportedArchitectureError, match="a norm after the rotation"):
+        frequency_bands(load_model(folder, backend="bridge"), 0)
