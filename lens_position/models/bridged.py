@@ -172,7 +172,7 @@ def load_bridged(name: str, source: str, kind: str, target: Any, options: dict[s
     family = family_name(hf_model.config)
     routes = working_routes(model_type, refused_by="bridge")
     refuse_learned_sinks(hf_model, family)
-    key = verdict_key(weights_sha256, options, "bridge", dtype)
+    key = verdict_key(weights_sha256, options, "bridge", dtype, config=hf_model.config.to_dict())
     verified = read_verdict(key, cache_dir)
     if verified is not None:
         verified.pop("key", None)
@@ -182,8 +182,9 @@ def load_bridged(name: str, source: str, kind: str, target: Any, options: dict[s
             tokens = check_tokens(int(spec.extra["d_vocab"]), spec.layer_windows, spec.n_ctx)
             reference = reference_of(hf_model, tokens, spec.n_layers)
             check_key_sets(reference, spec.layer_windows, family=family)
+        # a verdict for these weights, options and versions was written after every check passed
         bridge = boot_bridge(hf_model, tokenizer, name=name, device=device, dtype=torch_dtype(dtype),
-                             prepends_bos=prepends_bos)
+                             prepends_bos=prepends_bos, check_scores=verified is None)
         bridge.cfg.model_name = name
         if spec.rotary_base is not None:  # the bridge's config keeps TransformerLens's default (10000)
             bridge.cfg.rotary_base = spec.rotary_base

@@ -73,7 +73,8 @@ def _save_dequantised(model: Any, folder: Path) -> None:
     quantization = config.__dict__.pop("quantization_config", None)
     model.hf_quantizer = None
     try:
-        model.save_pretrained(folder)
+        with sources.weight_bars_off():
+            model.save_pretrained(folder)
     finally:
         model.hf_quantizer = quantizer
         if quantization is not None:

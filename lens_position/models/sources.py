@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from lens_position.ground.errors import BadInputError, CorruptFileError, UnsupportedArchitectureError
+from lens_position.ground.progress import progress
 from lens_position.models.adapters import adapter_for
 from lens_position.models.checkpoint_checks import check_gguf_sizes, check_hf_sizes, check_loading_info
 
@@ -148,8 +149,9 @@ def _read_gguf(path: Path, check: Callable[[Any], Any] | None) -> tuple[Any, Any
     try:
         with hub_offline():
             tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, **NO_REMOTE_CODE)
-            model, loading = _hf_model_class().from_pretrained(folder, gguf_file=name, dtype=torch.float32,
-                                                                **STRICT_LOADING, **EAGER, **NO_REMOTE_CODE)
+            with weight_bars_off(), gguf_bar_as_ours(f"dequantising {name}"):
+                model, loading = _hf_model_class().from_pretrained(folder, gguf_file=name, dtype=torch.float32,
+                                                                    **STRICT_LOADING, **EAGER, **NO_REMOTE_CODE)
     except Exception as error:
         raise CorruptFileError(
             f"could not read the tensors of {path} ({type(error).__name__}: {error}); the file is "
@@ -176,9 +178,10 @@ def adopt_config_bos(tokenizer: Any, config: Any) -> None:
 
 @contextlib.contextmanager
 def weight_bars_off() -> Iterator[None]:
-    """transformers' per-tensor "Loading weights" bar off while a folder is read (a load of a cached or
-    local checkpoint takes seconds; the bar printed a block of lines in notebooks), and back as it was
-    after. The GGUF dequantisation keeps its bar: it is the long part of a first load."""
+    """transformers' own progress bars ("Loading weights", "Writing model shards") off while a
+    checkpoint is read or written (they printed a block of lines in notebooks), and back as they were
+    after. The long part of a first load, a GGUF's dequantisation, shows lens_position's own line
+    instead (:func:`gguf_bar_as_ours`)."""
     from transformers.utils import logging as transformers_logging
 
     was_on = transformers_logging.is_progress_bar_enabled()
@@ -188,6 +191,36 @@ def weight_bars_off() -> Iterator[None]:
     finally:
         if was_on:
             transformers_logging.enable_progress_bar()
+
+
+@contextlib.contextmanager
+def gguf_bar_as_ours(label: str) -> Iterator[None]:
+    """While a GGUF file is read, transformers' per-tensor dequantisation bar (a ``tqdm.auto`` bar of its
+    own: a red block of lines, and "IProgress not found" in a notebook without ipywidgets) counts the
+    same tensors on lens_position's progress line instead (:func:`lens_position.ground.progress.progress`:
+    a terminal bar, one redrawn notebook line, or plain log lines; ``TQDM_DISABLE=1`` silences it)."""
+    try:
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # another transformers layout: its bar is left as it is
+        yield
+        return
+    original = getattr(gguf_utils, "tqdm", None)
+    if original is None:
+        yield
+        return
+
+    def counted(iterable: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        total = len(iterable) if hasattr(iterable, "__len__") else None
+        with progress(label, total=total, unit="tensors") as bar:
+            for item in iterable:
+                yield item
+                bar.update(1)
+
+    gguf_utils.tqdm = counted
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = original
 
 
 def read_hf_folder(path: Path, check: Callable[[Any], Any] | None = adapter_for) -> tuple[Any, Any]:

@@ -21,11 +21,19 @@ from lens_position.models.cache import cache_root
 _FORMAT = 1
 
 
-def verdict_key(weights_sha256: str, options: dict[str, Any], backend: str, dtype: str) -> str:
-    """The key of one model's verdict: what it computes depends on nothing else."""
+def verdict_key(weights_sha256: str, options: dict[str, Any], backend: str, dtype: str,
+                config: dict[str, Any] | None = None) -> str:
+    """The key of one model's verdict: what it computes depends on nothing else (its weights, its
+    config as loaded, the load's options, backend, dtype and the package versions)."""
+    settings = {name: value for name, value in (config or {}).items() if name not in _NOT_COMPUTATION}
     blob = json.dumps({"weights": weights_sha256, "options": jsonable(options), "backend": backend, "dtype": dtype,
-                       "versions": package_versions(numbers_only=True), "format": _FORMAT}, sort_keys=True)
+                       "config": jsonable(settings), "versions": package_versions(numbers_only=True),
+                       "format": _FORMAT}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+# config entries that name where a model came from, not what it computes
+_NOT_COMPUTATION = frozenset({"_name_or_path", "name_or_path", "transformers_version", "_commit_hash"})
 
 
 def _path(key: str, cache_dir: str | None) -> Path:

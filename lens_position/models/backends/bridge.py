@@ -127,10 +127,12 @@ def ungroup_kv(hf_model: torch.nn.Module) -> int:
 
 
 def boot_bridge(hf_model: torch.nn.Module, tokenizer: Any, *, name: str, device: str = "cpu",
-                dtype: torch.dtype = torch.float32, prepends_bos: bool = False) -> Any:
+                dtype: torch.dtype = torch.float32, prepends_bos: bool = False, check_scores: bool = True) -> Any:
     """A ``TransformerBridge`` over ``hf_model`` (K/V ungrouped, compatibility mode without weight
-    processing, so activations equal the HF model's), with ``tokenizer`` as its own. The HF model
-    is modified in place (:func:`ungroup_kv`): pass one you own."""
+    processing, so activations equal the HF model's), with ``tokenizer`` as its own, its scores hook
+    checked (:func:`check_scores_hook`) unless ``check_scores`` is False (a model whose verdict, for
+    these weights, options and versions, recorded that check passing). The HF model is modified in
+    place (:func:`ungroup_kv`): pass one you own."""
     from transformer_lens.model_bridge import TransformerBridge
 
     if not getattr(hf_model.config, "architectures", None):  # a config built in code names none
@@ -164,7 +166,8 @@ def boot_bridge(hf_model: torch.nn.Module, tokenizer: Any, *, name: str, device:
     bridge.cfg.default_prepend_bos = prepends_bos
     bridge.cfg.tokenizer_prepends_bos = prepends_bos
     bridge.__dict__["_lens_position_n_kv"] = n_kv
-    check_scores_hook(bridge)
+    if check_scores:
+        check_scores_hook(bridge)
     return bridge
 
 

@@ -24,9 +24,15 @@ def small_gguf(tmp_path_factory) -> Path:
                         keep=lambda name: first_blocks(name, 2), values={"llama.block_count": 2})
 
 
-def test_a_gguf_is_dequantised_once_and_read_from_the_cache_after(small_gguf, tmp_path, monkeypatch):
+def test_a_gguf_is_dequantised_once_and_read_from_the_cache_after(small_gguf, tmp_path, monkeypatch, capfd):
     cache = str(tmp_path / "cache")
+    capfd.readouterr()
     first = load_model(str(small_gguf), backend="bridge", cache_dir=cache)
+    # quiet: one lens_position line for the dequantisation, nothing from transformers or tqdm
+    printed = capfd.readouterr()
+    lines = [line for line in (printed.out + printed.err).replace("\r", "\n").splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("dequantising two-blocks.gguf:"), lines
+    assert "tensors in" in lines[0]
     entries = [entry for entry in (tmp_path / "cache" / "hf").iterdir() if entry.is_dir()]
     assert len(entries) == 1 and (entries[0] / "entry.json").is_file()
 
@@ -35,6 +41,8 @@ def test_a_gguf_is_dequantised_once_and_read_from_the_cache_after(small_gguf, tm
     monkeypatch.setattr(sources, "read_gguf", lambda path, check=None: calls.append(path) or read(path, check))
     second = load_model(str(small_gguf), backend="bridge", cache_dir=cache)
     assert calls == []  # the folder, not the GGUF
+    printed = capfd.readouterr()
+    assert not (printed.out + printed.err).strip()  # a cached load prints nothing
     assert second.spec.weights_sha256 == first.spec.weights_sha256
     tokens = torch.tensor([second.tokenizer("the cache keeps the weights")["input_ids"]])
     assert torch.equal(first.backend.forward(tokens), second.backend.forward(tokens))

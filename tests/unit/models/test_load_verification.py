@@ -6,7 +6,9 @@ exact load with the verdict in their spec. Marked ``tl4``: the same on Transform
 from __future__ import annotations
 
 import hashlib
+import json
 import math
+import shutil
 from typing import Any
 
 import pytest
@@ -14,6 +16,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import lens_position.models.backends.bridge as bridge_backend
 import lens_position.models.bridged as bridged_module
 from lens_position.core.patch import Patch
 from lens_position.ground.errors import BadInputError, UnsupportedArchitectureError
@@ -204,10 +207,19 @@ def test_a_verdict_is_kept_by_content_and_a_second_load_does_not_run_the_referen
         raise AssertionError("the reference ran again")
 
     monkeypatch.setattr(bridged_module, "reference_of", no_reference)
+    monkeypatch.setattr(bridge_backend, "check_scores_hook", no_reference)  # recorded in the verdict too
     second = load_model(folder, backend="bridge", cache_dir=str(tmp_path))
     assert second.spec.extra["verified"] == first.spec.extra["verified"]
     with pytest.raises(AssertionError, match="ran again"):  # other options: another verdict
         load_model(folder, backend="bridge", cache_dir=str(tmp_path), ntk_alpha=2)
+    # the same weights under an edited config (another RoPE base) compute something else: verified anew
+    edited = tmp_path / "edited"
+    shutil.copytree(folder, edited)
+    config = json.loads((edited / "config.json").read_text(encoding="utf-8"))
+    config["rope_parameters"] = {**(config.get("rope_parameters") or {}), "rope_theta": 123.0}
+    (edited / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    with pytest.raises(AssertionError, match="ran again"):
+        load_model(str(edited), backend="bridge", cache_dir=str(tmp_path))
 
 
 def test_auto_means_whatever_works(folders):
