@@ -45,10 +45,10 @@ from lens_position.models.adapters import (
     convert_state_dict,
     hooked_config,
 )
-from lens_position.models.backends import COUPLED_KV, bridge_class, resolve_backend
+from lens_position.models.backends import COUPLED_KV, bridge_class, hooked_available, resolve_backend
 from lens_position.models.backends.hooked import HookedBackend
 from lens_position.models.cache import CachedModel, cache_root, cached_convert, state_dict_sha256
-from lens_position.models.placement import check_device
+from lens_position.models.placement import check_device, check_n_devices
 from lens_position.models.registry import REGISTRY, is_zoo_name, lookup, unknown_model_message
 from lens_position.models.rope import apply_position_options, check_position_options
 from lens_position.models.routes import model_type_of, working_routes
@@ -116,6 +116,7 @@ def load_model(
     if cache_dir is not None:
         checked_path(cache_dir, "cache_dir")
     check_device(device)
+    n_devices = check_n_devices(n_devices, device)
     check_position_options(ntk_alpha=ntk_alpha, ntk_by_parts=ntk_by_parts, window=window, n_ctx=n_ctx)
     chosen = resolve_backend(backend)
     if is_zoo_name(name_or_path):
@@ -134,8 +135,11 @@ def load_model(
         from lens_position.models.bridged import load_bridged
 
         if n_devices > 1:
-            raise BadInputError("n_devices > 1 is supported on the hooked backend only; use backend='hooked' "
-                                "or one device")
+            route = ("backend='hooked' (TransformerLens 3.x, installed here), or one device" if hooked_available()
+                     else "one device (device='cuda:0'), or the hooked backend of TransformerLens 3.x "
+                          "(pip install 'transformer-lens>=3,<4')")
+            raise BadInputError(f"n_devices={n_devices}: a model split over devices is supported on the hooked "
+                                f"backend only, not on the bridge; use {route}")
         return load_bridged(name, source, loader_kind, target, options, device=device, dtype=dtype,
                             started=started, cache_dir=cache_dir)
 

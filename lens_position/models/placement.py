@@ -40,6 +40,24 @@ def place(model: Any, *, device: str, dtype: str, n_devices: int = 1) -> Any:
     return model
 
 
+def check_n_devices(n_devices: Any, device: str) -> int:
+    """``n_devices`` as an int when this machine can split a model over that many devices: 1
+    anywhere; more only over CUDA GPUs it has (``device`` a CUDA device, at least ``n_devices`` GPUs
+    seen by torch). BadInputError naming ``n_devices`` otherwise, before any weights are read: a
+    split that cannot happen is refused, never ignored."""
+    if isinstance(n_devices, bool) or not isinstance(n_devices, int) or n_devices < 1:
+        raise BadInputError(f"n_devices must be a whole number of at least 1, got {n_devices!r}")
+    if n_devices == 1:
+        return 1
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if torch.device(device).type != "cuda" or count < n_devices:
+        raise BadInputError(
+            f"n_devices={n_devices} splits a model over {n_devices} CUDA GPUs, but the device is {device!r} and "
+            f"torch sees {count} GPU(s) here; use n_devices=1" + (f" or at most {count}" if count > 1 else "")
+            + (", with device='cuda'" if count > 1 and torch.device(device).type != "cuda" else ""))
+    return n_devices
+
+
 def check_device(device: Any) -> str:
     """A device torch can place a model on here (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``),
     returned as given; BadInputError for a name torch does not know, or for a GPU this machine

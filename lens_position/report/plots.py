@@ -26,7 +26,7 @@ from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from lens_position.analyses.claims import PAPER
-from lens_position.core.intervals import interval_method, interval_note
+from lens_position.core.intervals import benjamini_hochberg, interval_method, interval_note
 from lens_position.ground.errors import BadInputError
 from lens_position.ground.paths import checked_path
 
@@ -636,20 +636,30 @@ def patching_sweep(sweep, *, token_labels: Sequence[str] | None = None,
     return _base_layout(fig, title, height=max(320, 24 * len(layer_ids) + 200))
 
 
+#: The false discovery rate at which :func:`patching_sweep_intervals` marks cells.
+DISCOVERY_RATE = 0.05
+
+
 def patching_sweep_intervals(sweep, *, head: int | None = None, token_labels: Sequence[str] | None = None,
                              metric_name: str = "effect", title: str = "Activation patching sweep: effect per cell"
                              ) -> go.Figure:
     """Heatmap of a sweep's mean effect per cell (the patched run's metric minus the unpatched
-    target run's, averaged over target prompts), with a mark on every cell whose bootstrap
-    interval (``effect_lo``, ``effect_hi``) excludes zero.
+    target run's, averaged over target prompts), with a mark on every cell that is a discovery at
+    a false discovery rate of 5%: its Benjamini-Hochberg q-value among all the cells of the sweep
+    (``q_value``; from ``p_value`` where a saved frame has no ``q_value``) below
+    :data:`DISCOVERY_RATE`. A cell-by-cell mark from each interval alone would flag about 5% of
+    the cells that have no effect, a dozen or more in a sweep of hundreds.
 
     ``sweep`` is a ``PatchSweep`` run with ``reduce="none"`` (or its ``frame``: columns ``layer``,
-    ``position``, ``effect``, ``effect_lo``, ``effect_hi``, and ``p_value`` shown on hover when
-    present). A per-head sweep (a ``head`` column) is drawn one ``head`` at a time. Layers keep
-    their real indices; diverging colours centred on 0.
+    ``position``, ``effect``, ``effect_lo``, ``effect_hi``, ``p_value``; the interval, p and q are
+    shown on hover). A per-head sweep (a ``head`` column) is drawn one ``head`` at a time (its
+    q-values stay those among all heads). Layers keep their real indices; diverging colours
+    centred on 0.
     """
     frame = getattr(sweep, "frame", sweep)
-    _require(frame, ["layer", "position", "effect", "effect_lo", "effect_hi"], "patching_sweep_intervals")
+    _require(frame, ["layer", "position", "effect", "effect_lo", "effect_hi", "p_value"], "patching_sweep_intervals")
+    if "q_value" not in frame.columns:  # a frame saved before the q-values: among the whole sweep, as they are
+        frame = frame.assign(q_value=benjamini_hochberg(frame["p_value"].to_numpy(dtype=float)))
     if "head" in frame.columns:
         if head is None:
             raise BadInputError("this sweep has one cell per head: pass head= to draw one head")
@@ -676,24 +686,18 @@ def patching_sweep_intervals(sweep, *, head: int | None = None, token_labels: Se
         meta={"group": "sweep", "quantity": "effect"},
         hovertemplate=f"layer %{{y}}, position %{{x}}<br>{metric_name} = %{{z:.4f}}<extra></extra>",
     ))
-    excludes = frame[(frame["effect_lo"] > 0) | (frame["effect_hi"] < 0)]
-    hover = [
-        f"[{lo:.4f}, {hi:.4f}]" + (f", p = {p:.3g}" if "p_value" in excludes.columns else "")
-        for lo, hi, p in zip(
-            excludes["effect_lo"],
-            excludes["effect_hi"],
-            excludes["p_value"] if "p_value" in excludes.columns else [0.0] * len(excludes),
-        )
-    ]
+    marked = frame[frame["q_value"] < DISCOVERY_RATE]
+    hover = [f"[{lo:.4f}, {hi:.4f}], p = {p:.3g}, q = {q:.3g}"
+             for lo, hi, p, q in zip(marked["effect_lo"], marked["effect_hi"], marked["p_value"], marked["q_value"])]
     fig.add_trace(
         go.Scatter(
-            x=[int(p) for p in excludes["position"]],
-            y=[int(layer) for layer in excludes["layer"]],
+            x=[int(p) for p in marked["position"]],
+            y=[int(layer) for layer in marked["layer"]],
             mode="markers",
             marker=dict(symbol="circle-open", size=9, color="black", line=dict(width=1.5)),
             text=hover,
-            name="interval excludes 0",
-            meta={"group": "sweep", "quantity": "interval_excludes_zero"},
+            name=f"BH q < {DISCOVERY_RATE:g}",
+            meta={"group": "sweep", "quantity": "bh_discovery"},
             hovertemplate="layer %{y}, position %{x}<br>interval %{text}<extra></extra>",
         )
     )

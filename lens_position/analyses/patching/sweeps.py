@@ -33,6 +33,7 @@ from lens_position.core.inputs import Prompts
 from lens_position.core.intervals import (
     Bootstrap,
     Estimate,
+    benjamini_hochberg,
     bootstrap_mean,
     sign_flip_pvalue,
 )
@@ -71,7 +72,11 @@ class PatchSweep(SavedResult):
       ``metric_hi`` and ``effect`` (mean of ``values - baseline``), ``effect_lo`` / ``effect_hi``
       (bootstrap intervals resampling whole prompts, :func:`lens_position.core.intervals.bootstrap_mean`)
       and ``p_value`` (sign-flip permutation test of "no effect",
-      :func:`lens_position.core.intervals.sign_flip_pvalue`). What
+      :func:`lens_position.core.intervals.sign_flip_pvalue`), and ``q_value``: the Benjamini-Hochberg
+      q-value of that p-value among all the cells of this sweep
+      (:func:`lens_position.core.intervals.benjamini_hochberg`): the cells with ``q_value < 0.05``
+      are discoveries at a false discovery rate of 5%, where ``p_value < 0.05`` alone would flag
+      about 5% of the null cells of a sweep of hundreds. What
       :func:`lens_position.report.plots.patching_sweep` and ``patching_sweep_intervals`` draw.
     """
 
@@ -266,6 +271,7 @@ def _add_intervals(sweep: PatchSweep, frame: pd.DataFrame, bootstrap: Bootstrap)
     frame["effect"] = sweep.effect().mean(-1).reshape(-1).double().cpu().numpy()
     frame["effect_lo"], frame["effect_hi"] = effect_lo.reshape(-1).numpy(), effect_hi.reshape(-1).numpy()
     frame["p_value"] = sweep.permutation_pvalue(seed=bootstrap.seed).reshape(-1).numpy()
+    frame["q_value"] = benjamini_hochberg(frame["p_value"].to_numpy())
 
 
 def resid_pre_sweep(

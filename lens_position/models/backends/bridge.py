@@ -234,10 +234,13 @@ def check_scores_hook(bridge: Any) -> None:
 
 def scores_before_softmax(scores: torch.Tensor, pattern: torch.Tensor) -> bool:
     """Whether ``scores`` are the scores the softmax turned into ``pattern`` (``softmax(scores) ==
-    pattern`` within float32 round-off, masked cells at ``-inf`` or ``finfo.min`` included), rather
-    than the weights after it: weights ``w`` give ``softmax(w) != w`` unless a row is uniform."""
+    pattern`` within the round-off of the pattern's dtype: 1e-4 in float32, two units of the last
+    place in bfloat16 or float16; masked cells at ``-inf`` or ``finfo.min`` included), rather than
+    the weights after it: weights ``w`` give ``softmax(w) != w`` unless a row is uniform."""
     expected = torch.softmax(scores.to(torch.float64), dim=-1)
-    return bool(torch.allclose(expected, pattern.to(torch.float64), atol=_SCORE_CHECK_TOL, rtol=0))
+    tolerance = max(_SCORE_CHECK_TOL, 2 * torch.finfo(pattern.dtype).eps) if pattern.is_floating_point() \
+        else _SCORE_CHECK_TOL
+    return bool(torch.allclose(expected, pattern.to(torch.float64), atol=tolerance, rtol=0))
 
 
 def _device(bridge: Any) -> torch.device:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from lens_position.analyses import patching
-from lens_position.core.intervals import Bootstrap, sign_flip_pvalue
+from lens_position.core.intervals import Bootstrap, benjamini_hochberg, sign_flip_pvalue
 from lens_position.ground.errors import BadInputError
 
 READ_LOGIT = 3
@@ -144,7 +144,7 @@ def test_intervals_need_per_prompt_values_and_a_metric_of_the_right_shape():
         patching.resid_pre_sweep(model, target[:1], source[:1], last_logit, reduce="none", progress=False)
 
 
-def test_the_interval_figure_marks_exactly_the_cells_whose_interval_excludes_zero():
+def test_the_interval_figure_marks_exactly_the_cells_with_bh_q_below_five_percent():
     from lens_position.report import plots
 
     model = _residual_only_model()
@@ -153,8 +153,13 @@ def test_the_interval_figure_marks_exactly_the_cells_whose_interval_excludes_zer
     fig = plots.patching_sweep_intervals(sweep)
     marks = {(x, y) for x, y in zip(fig.data[1].x, fig.data[1].y)}
     frame = sweep.frame
-    expected = {(int(r.position), int(r.layer)) for r in frame.itertuples() if r.effect_lo > 0 or r.effect_hi < 0}
+    assert np.allclose(frame["q_value"], benjamini_hochberg(frame["p_value"].to_numpy()))
+    expected = {(int(r.position), int(r.layer)) for r in frame.itertuples() if r.q_value < 0.05}
     assert marks == expected and len(expected) == 1  # position 2 moves the last logit, 0 and 1 cannot
+    assert fig.data[1].meta["quantity"] == "bh_discovery"
+    # a frame saved without q-values: computed from its p-values, among the whole sweep
+    assert {(x, y) for x, y in zip(*(plots.patching_sweep_intervals(frame.drop(columns=["q_value"])).data[1][axis]
+                                     for axis in ("x", "y")))} == expected
     assert fig.data[0].meta["quantity"] == "effect"
     assert [v for row in fig.data[0].z for v in row] == pytest.approx(frame.sort_values(["layer", "position"])
                                                                        ["effect"].tolist())
