@@ -21,8 +21,11 @@ replacement also changes ``Var(log A)``, the table also gives the raw version on
 unnormalised variance: ``var_abs_t`` (squared nats) summed over heads, and
 ``fraction_removed_raw = 1 - sum var_abs_t_replaced / sum var_abs_t_base``.
 ``fraction_removed_rf`` is the same fraction for the reference-free residual component
-``R'`` (``R_rf``), the one claim C4 is decided on. The paper reports about 40%; we report
-what we measure.
+``R'`` (``R_rf``), in-sample, and ``fraction_removed_rf_heldout`` for its held-out value, the
+one claim C4 is decided on. Each fraction is reported only where its base is resolved from 0
+(its interval excludes 0, at least :data:`~lens_position.core.intervals.RATIO_FLOOR`): elsewhere
+it is NaN ("not defined") and ``<fraction>_resolved`` is False. The paper reports about 40%; we
+report what we measure.
 
 **Intervals.** The base and the replaced runs decompose the same prompts, so their bootstrap
 replicates resample the same sequences: each fraction's interval (``*_lo``/``*_hi``) comes
@@ -97,9 +100,14 @@ class BosReplacement(SavedResult):
     INTERVALS = "95% paired bootstrap over sequences"
 
     def headline(self) -> list[Headline]:
-        """Per replacement, the fraction of R' removed over all layers, with its paired interval."""
+        """Per replacement, the fraction of the held-out R' removed over all layers (the estimator
+        claim C4 is decided on), with its paired interval; "not defined" where R'_base is not
+        resolved from 0."""
+        column = "fraction_removed_rf_heldout" if "fraction_removed_rf_heldout" in self.overall.columns \
+            else "fraction_removed_rf"
         return headlines_from_rows(self.overall, "replacement", [
-            ("fraction_removed_rf", "R' removed", "1 - R'_replaced / R'_base (negative: added)")])
+            (column, "R' removed (held-out)" if column.endswith("heldout") else "R' removed",
+             "1 - R'_replaced / R'_base (negative: added; not defined where R'_base's interval contains 0)")])
 
 
 def bos_replacement(

@@ -39,7 +39,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from lens_position.core.intervals import LEVEL, Estimate, from_replicates, interval_method, units_to_decide
+from lens_position.core.intervals import (
+    LEVEL,
+    RATIO_FLOOR,
+    Estimate,
+    from_replicates,
+    interval_method,
+    units_to_decide,
+)
 from lens_position.core.summaries import missing_layers_note
 
 Tables = Mapping[str, pd.DataFrame]
@@ -516,8 +523,20 @@ def _evaluate_c4(results: Tables, criteria: Criteria) -> list[Evaluation]:
                            float(row.get(f"{column}_hi", math.nan)), method=interval_method(column))
             per.append(f"{row['replacement']} {est.format('.0f', percent=True)}")
         measured = f"fraction of {label} removed: " + ", ".join(per) + f"; mean {mean.format('.0f', percent=True)}"
-        verdict = within(mean, lo, hi)
         explanation, n_needed = "", math.nan
+        if not math.isfinite(mean.value):
+            # a fraction whose denominator is not resolved from 0 is not defined (NaN in the table): no
+            # verdict rests on it
+            base_column = {"fraction_removed_rf_heldout": "R_rf_heldout_base", "fraction_removed_rf": "R_rf_base"}.get(
+                column, "R_base")
+            base = float(overall[base_column].astype(float).mean()) if base_column in overall.columns else math.nan
+            rows.append(Evaluation(
+                "C4", arch, INCONCLUSIVE, f"fraction of {label} removed (mean over replacements)", mean, measured, n,
+                math.nan, f"{arch}: the fraction of {label} removed is not defined: {label} of the unreplaced run "
+                f"({base:.4f}) is not resolved from 0 (its interval contains 0, or it is below "
+                f"{RATIO_FLOOR:g}), so a ratio to it would be noise; no verdict."))
+            continue
+        verdict = within(mean, lo, hi)
         if verdict == FAILS:
             gap = (mean.value - target) * 100
             explanation = (f"{arch}: BOS replacement removes {mean.format('.0f', percent=True)} of {label} at early "

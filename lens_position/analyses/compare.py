@@ -18,7 +18,12 @@ summary every experiment reports in one place:
   unnormalised variance, ``fraction_removed_raw = 1 - sum var_abs_t_condition /
   sum var_abs_t_base`` (squared nats summed over heads), since an intervention also changes
   ``Var(log A)``; and ``fraction_removed_rf``, the same fraction for the reference-free
-  residual component ``R'`` (``R_rf``).
+  residual component ``R'`` (``R_rf``). Each fraction is a ratio of means (pooled over heads,
+  then divided), and it is reported only where its denominator is resolved from 0 (its interval
+  excludes 0 and it is at least
+  :data:`~lens_position.core.intervals.RATIO_FLOOR`): elsewhere it is NaN, its interval too, and
+  ``<fraction>_resolved`` is False, since a ratio of a denominator that may be 0 is noise
+  (``-165%`` and ``+2100%`` were printed so).
 
 **Intervals.** When base and condition carry bootstrap replicates (``Decomposition.replicates``)
 they resample the same sequences in each replicate (the prompts are the same), so every
@@ -48,7 +53,13 @@ from lens_position.analyses.decompose import Decomposition, decompose
 from lens_position.analyses.patching import Patch
 from lens_position.core.checks import check_layers, check_query_range, check_same_origin
 from lens_position.core.inputs import Prompts, checked_prompts
-from lens_position.core.intervals import BIAS_CORRECTED_QUANTITIES, Bootstrap, bootstrap_interval, interval_method
+from lens_position.core.intervals import (
+    BIAS_CORRECTED_QUANTITIES,
+    Bootstrap,
+    bootstrap_interval,
+    denominator_resolved,
+    interval_method,
+)
 from lens_position.core.results import SavedResult
 from lens_position.core.stream import BATCH_SIZE
 from lens_position.core.summaries import Headline, headlines_from_rows
@@ -90,7 +101,8 @@ class Comparison(SavedResult):
     def headline(self) -> list[Headline]:
         """Per condition, the fraction of R' removed over all compared heads, with its paired interval."""
         return headlines_from_rows(self.overall, "condition", [
-            ("fraction_removed_rf", "R' removed", "1 - R'_condition / R'_base (negative: added)")])
+            ("fraction_removed_rf_heldout", "R' removed (held-out)",
+             "1 - R'_condition / R'_base (negative: added; not defined where R'_base's interval contains 0)")])
 
 
 def fraction_removed(base: float, condition: float) -> float:
@@ -103,6 +115,8 @@ PAIRED = {"fraction_removed": ("R", "fraction"), "fraction_removed_rf": ("R_rf",
           "fraction_removed_rf_heldout": ("R_rf_heldout", "fraction"),
           "R_change": ("R", "change"), "R_heldout_change": ("R_heldout", "change"), "R_rf_change": ("R_rf", "change")}
 HEAD_CHANGES = ("R_change", "R_heldout_change")
+# the summary's column holding each decomposed quantity's base value
+_BASE_VALUE = {"R": "R_base", "R_rf": "R_rf_base", "R_rf_heldout": "R_rf_heldout_base"}
 
 
 def _summary(base: pd.DataFrame, condition: pd.DataFrame) -> dict[str, float]:
@@ -142,6 +156,7 @@ def _replicate_fractions(base: Decomposition, condition: Decomposition,
             return None
         with np.errstate(divide="ignore", invalid="ignore"):
             out[name] = 1.0 - means[1] / means[0] if kind == "fraction" else means[1] - means[0]
+        out[f"{column}:base"] = means[0]
     return out
 
 
@@ -165,13 +180,23 @@ def _replicate_layer_fractions(base: Decomposition, condition: Decomposition
             before, after = (grid[layer].to_numpy() for grid in grids[column])
             with np.errstate(divide="ignore", invalid="ignore"):
                 out[int(layer)][name] = 1.0 - after / before if kind == "fraction" else after - before
+            out[int(layer)][f"{column}:base"] = before
     return out
 
 
 def _with_intervals(row: dict[str, Any], fractions: dict[str, np.ndarray] | None, level: float) -> dict[str, Any]:
-    for name in PAIRED:
+    """``row`` with every paired quantity's interval, and each fraction kept only where its
+    denominator is resolved (:func:`denominator_resolved`; else NaN, interval too, and
+    ``<fraction>_resolved`` False)."""
+    for name, (column, kind) in PAIRED.items():
         lo, hi = (np.nan, np.nan) if fractions is None else bootstrap_interval(row[name], fractions[name], level,
                                                                                interval_method(name))
+        if kind == "fraction":
+            base = None if fractions is None else fractions[f"{column}:base"]
+            resolved = denominator_resolved(row[_BASE_VALUE[column]], base, level, interval_method(column))
+            row[f"{name}_resolved"] = resolved
+            if not resolved:
+                row[name], lo, hi = np.nan, np.nan, np.nan
         row[f"{name}_lo"], row[f"{name}_hi"] = float(lo), float(hi)
     return row
 
@@ -278,7 +303,7 @@ def compare(base: Decomposition, conditions: Mapping[Name, Decomposition]) -> Co
         if fractions is not None:
             replicate_frames.append(pd.DataFrame({"condition": name,
                                                   "replicate": np.arange(len(fractions["fraction_removed"])),
-                                                  **fractions}))
+                                                  **{key: fractions[key] for key in PAIRED}}))
     return Comparison(
         heads=pd.concat(head_frames, ignore_index=True) if head_frames else pd.DataFrame(),
         layers=pd.DataFrame(layer_rows), overall=pd.DataFrame(overall_rows),

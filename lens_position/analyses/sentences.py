@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from lens_position.analyses.claims import PAPER
-from lens_position.core.intervals import Estimate, from_replicates
+from lens_position.core.intervals import RATIO_FLOOR, Estimate, from_replicates
 from lens_position.core.summaries import fmt, layer_mean, missing_layers_note, row_estimate
 
 UNTRAINED_NOTE = ("These numbers come from a small model with random weights, built in code: they exercise the "
@@ -262,23 +262,38 @@ def convergence_sentence(convergence: pd.DataFrame, bos_layers: pd.DataFrame | N
     column = ([c for c in ("fraction_removed_rf_heldout", "fraction_removed_rf") if c in bos_layers.columns]
               or ["fraction_removed"])[0]
     label = {"fraction_removed_rf_heldout": "held-out R'", "fraction_removed_rf": "R'"}.get(column, "R")
-    per_layer = bos_layers.groupby("layer")[column].mean()
-    in_converged = per_layer.reindex(layers.loc[converged, "layer"]).dropna()
-    in_other = per_layer.reindex(layers.loc[~converged, "layer"]).dropna()
+
+    def pooled(group_layers: Any) -> float:
+        """The fraction removed over a group of layers, pooled (1 - mean replaced / mean base over the
+        group's layers and the replacements); NaN where that base is not resolved from 0."""
+        part = bos_layers[bos_layers["layer"].isin(list(group_layers))]
+        sides = _fraction_sides(part, column)
+        if sides is None:  # a table without the R' columns: the per-layer fractions' mean, as stored
+            return float(part[column].astype(float).mean())
+        base, replaced = (float(part[side].astype(float).mean()) for side in sides)
+        return 1 - replaced / base if abs(base) >= RATIO_FLOOR else math.nan
+
+    def said(value: float) -> str:
+        return f"{value:+.0%}" if math.isfinite(value) else f"a fraction not defined ({label} not resolved from 0)"
+
     if bos_overall is not None and column in bos_overall.columns and len(bos_overall):
         overall = float(bos_overall[column].astype(float).mean())
         holds_zero = all(float(r.get(f"{column}_lo", math.nan)) <= 0 <= float(r.get(f"{column}_hi", math.nan))
                          for _, r in bos_overall.iterrows())
     else:
-        overall, holds_zero = float(per_layer.mean()), False
-    little = abs(overall) < 0.1 or holds_zero
-    if len(in_converged):
-        split = f"per layer it removes {in_converged.mean():+.0%} on average where the state has converged"
-        if len(in_other):
-            split += f" and {in_other.mean():+.0%} where it has not"
+        overall, holds_zero = pooled(layers["layer"]), False
+    converged_layers, other_layers = layers.loc[converged, "layer"], layers.loc[~converged, "layer"]
+    if len(converged_layers):
+        split = f"pooled over the layers where the state has converged it removes {said(pooled(converged_layers))}"
+        if len(other_layers):
+            split += f", over those where it has not {said(pooled(other_layers))}"
     else:
-        split = f"per layer {in_other.mean():+.0%} on average, at layers none of which has converged"
+        split = f"pooled over the layers, none of which has converged, {said(pooled(other_layers))}"
     reformed = n_converged >= n_layers / 2
+    if not math.isfinite(overall):
+        return (state + f"; the fraction of {label} BOS replacement removes is not defined: {label} of the unreplaced "
+                f"run is not resolved from 0 ({split}), so whether convergence accounts for C4 is not said.")
+    little = abs(overall) < 0.1 or holds_zero
     numbers = f"; BOS replacement removes {overall:+.0%} of {label} (mean over replacements; {split})"
     if reformed and little:
         verdict = (": convergence accounts for the C4 result. Whatever vector sits at position 0, the state that "
@@ -295,6 +310,15 @@ def convergence_sentence(convergence: pd.DataFrame, bos_layers: pd.DataFrame | N
         verdict = (": the state does not re-form, yet the replacement removes little: R' here does not depend on the "
                    "position-0 state, and convergence does not account for the C4 result.")
     return state + numbers + verdict
+
+
+def _fraction_sides(frame: pd.DataFrame, column: str) -> tuple[str, str] | None:
+    """The (base, replaced) columns of BOS replacement's ``frame`` that ``column``'s fraction divides."""
+    stem = {"fraction_removed_rf_heldout": "R_rf_heldout", "fraction_removed_rf": "R_rf"}.get(column, "R")
+    for replaced in (f"{stem}_replaced", f"{stem}_condition"):
+        if f"{stem}_base" in frame.columns and replaced in frame.columns:
+            return f"{stem}_base", replaced
+    return None
 
 
 def _runs_of(layers: Sequence[int], flags: Sequence[bool]) -> str:

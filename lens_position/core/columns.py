@@ -101,6 +101,13 @@ COLUMNS: dict[str, str] = {
     "fraction_removed_rf": "1 - R'_replaced / R'_base: share of the reference-free R' removed, in-sample",
     "fraction_removed_rf_heldout": "1 - R'_replaced / R'_base on held-out R': share of the reference-free R' "
                                    "removed (what C4 is decided on: it does not drift with N)",
+    "fraction_removed_resolved": "whether R_base is resolved from 0 (interval excludes 0, at least 0.005): "
+                                 "fraction_removed is NaN (not defined) where not",
+    "fraction_removed_rf_resolved": "whether R'_base (in-sample) is resolved from 0: fraction_removed_rf is NaN "
+                                    "(not defined) where not",
+    "fraction_removed_rf_heldout_resolved": "whether the held-out R'_base is resolved from 0 (interval excludes 0, "
+                                            "at least 0.005): fraction_removed_rf_heldout is NaN (not defined) "
+                                            "where not",
     "R_rf_heldout_base": "held-out reference-free R' of the base run, fraction of Var(log A)",
     "R_rf_heldout_condition": "held-out reference-free R' in the compared condition, fraction of Var(log A)",
     "metric": "the patching metric (the user's function of the logits) with that cell patched, mean over prompts",

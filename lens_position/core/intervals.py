@@ -220,6 +220,24 @@ def bootstrap_interval(estimate: float | np.ndarray, replicates: np.ndarray | to
     return (lo - shift)[()], (hi - shift)[()]
 
 
+# A fraction 1 - condition / base is reported only where its denominator is resolved from 0: its
+# interval excludes 0 and its size is at least this (a share of Var(log A)); elsewhere it is not
+# defined (a ratio of a near-zero denominator is noise, at any size).
+RATIO_FLOOR = 0.005
+
+
+def denominator_resolved(value: float, replicates: np.ndarray | None, level: float = LEVEL,
+                         method: str = PERCENTILE) -> bool:
+    """Whether a ratio's denominator ``value`` is resolved from 0: at least :data:`RATIO_FLOOR` in
+    size and, with bootstrap ``replicates``, its interval (``method``, at ``level``) excludes 0."""
+    if not np.isfinite(value) or abs(value) < RATIO_FLOOR:
+        return False
+    if replicates is None:
+        return True
+    lo, hi = bootstrap_interval(value, replicates, level, method)
+    return bool(np.isfinite(lo) and np.isfinite(hi) and (lo > 0 or hi < 0))
+
+
 def _nan_percentiles(values: np.ndarray, tail: float) -> tuple[np.ndarray, np.ndarray]:
     """The percentiles ``tail`` and ``1 - tail`` along axis 0, ignoring NaN."""
     with warnings.catch_warnings():  # an all-NaN column is a legitimate "no interval"
@@ -273,7 +291,10 @@ class Estimate:
         return interval_note(self.method, self.value, self.lo, self.hi)
 
     def format(self, spec: str = ".3f", percent: bool = False) -> str:
-        """``"0.123 [0.100, 0.140]"`` (or in percent), followed by :attr:`note` in brackets."""
+        """``"0.123 [0.100, 0.140]"`` (or in percent), followed by :attr:`note` in brackets; a NaN
+        estimate is "not defined" (a fraction whose denominator is not resolved from 0)."""
+        if math.isnan(self.value):
+            return "not defined"
         scale, unit = (100.0, "%") if percent else (1.0, "")
         text = f"{self.value * scale:{spec}}{unit}"
         if self.has_interval:

@@ -82,7 +82,11 @@ def row_estimate(row: pd.Series | dict, column: str, level: float = LEVEL) -> Es
 
 
 def fmt(estimate: Estimate, percent: bool = False) -> str:
-    """Three significant figures, the interval in brackets."""
+    """Three significant figures, the interval in brackets; a NaN estimate is "not defined" (a
+    fraction whose denominator is not resolved from 0, a quantity with no data)."""
+    if not math.isfinite(estimate.value):
+        return "not defined"
+
     def one(x: float) -> str:
         if not math.isfinite(x):
             return "nan"

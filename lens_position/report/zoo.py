@@ -12,8 +12,9 @@ present ``probe_layers``, ``sink_rate``, ``bos_overall``). Per model:
   (share per layer: "does R accumulate with depth"; the slope of
   :func:`lens_position.analyses.claims.slope`);
 - ``probe_r2_last``: held-out R² of the position probe at the last layer's input;
-- ``sink_rate`` (natural text) and ``bos_removed`` (mean fraction of R removed by BOS
-  replacement at early queries, over replacements), when those steps ran.
+- ``sink_rate`` (natural text) and ``bos_removed`` (mean fraction of the held-out R' removed by BOS
+  replacement at early queries, over replacements; NaN where that R' is not resolved from 0),
+  when those steps ran.
 
 Across seeds: mean, standard deviation and a 95 % Student-t interval
 (:func:`lens_position.core.intervals.t_interval`). The C3 questions are
@@ -113,7 +114,11 @@ def models_table(tables: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
             row["sink_rate"] = s["sink_rate"].iloc[0] if len(s) else float("nan")
         bos = tables.get("bos_overall")
         if bos is not None and (bos["model"] == model).any():
-            row["bos_removed"] = bos[bos["model"] == model]["fraction_removed"].mean()
+            part = bos[bos["model"] == model]
+            column = "fraction_removed_rf_heldout" if "fraction_removed_rf_heldout" in part.columns \
+                else "fraction_removed"  # tables written before the held-out fraction existed
+            # NaN where R'_base is not resolved from 0 (then for every replacement: one base run)
+            row["bos_removed"] = part[column].mean()
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -110,3 +110,22 @@ def test_the_rotary_bands_sentence_names_the_band_that_carries_r():
     layers = pd.DataFrame({"band_index": [0, 1], "band": ["band 0", "band 1"], "R_band": [0.05, 0.2]})
     text = rotary_bands_sentence(heads, layers)
     assert "rides mostly on band 1 (the slowest band)" in text and "1.0e-09" in text
+
+
+def test_the_convergence_sentence_pools_before_dividing_and_says_when_a_fraction_is_not_defined():
+    from lens_position.report.takeaways import convergence_sentence
+
+    # two unconverged layers: R'_base 0.2 and 0.001 (near zero), replaced 0.18 and 0.003: per layer the
+    # fractions are +10% and -200% (their mean -95%); pooled, 1 - 0.183 / 0.201 = +9%
+    layers = pd.DataFrame([{"replacement": "token", "layer": layer, "fraction_removed_rf_heldout": 1 - after / before,
+                            "R_rf_heldout_base": before, "R_rf_heldout_condition": after}
+                           for layer, before, after in ((0, 1.0, 1.0), (1, 0.2, 0.18), (2, 0.001, 0.003))])
+    overall = pd.DataFrame([{"replacement": "token", "fraction_removed_rf_heldout": 0.05,
+                             "fraction_removed_rf_heldout_lo": 0.01, "fraction_removed_rf_heldout_hi": 0.09}])
+    text = convergence_sentence(_convergence([1.0, 0.5, 0.5]), layers, overall, "m")
+    assert "where it has not +9%" in text and "-95%" not in text
+    # the overall fraction not defined (its base not resolved from 0): no verdict rests on it
+    undefined = overall.assign(fraction_removed_rf_heldout=float("nan"), fraction_removed_rf_heldout_lo=float("nan"),
+                               fraction_removed_rf_heldout_hi=float("nan"))
+    text = convergence_sentence(_convergence([1.0, 0.5, 0.5]), layers, undefined, "m")
+    assert "is not defined" in text and "accounts for" not in text.replace("whether convergence accounts", "")
