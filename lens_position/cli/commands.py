@@ -383,6 +383,30 @@ def _headlines(tables) -> list[str]:
     return lines
 
 
+# More architectures than this and the console summary gives one line each (the rest is in the report).
+COMPACT_AFTER = 2
+
+
+def _architectures(tables) -> list:
+    return list(dict.fromkeys(a for frame in tables.values() if frame is not None and "architecture" in frame.columns
+                              for a in frame["architecture"]))
+
+
+def _answers(tables, archs) -> list[str]:
+    """One line per architecture: :func:`lens_position.analyses.sentences.answer_line`."""
+    from lens_position.analyses.sentences import answer_line
+
+    out = []
+    for arch in archs:
+        frames = {name: tables.get(name) for name in ("decompose_layers", "decompose_replicates")}
+        parts = {name: frame[frame["architecture"] == arch] for name, frame in frames.items()
+                 if frame is not None and "architecture" in frame.columns}
+        layers = parts.get("decompose_layers")
+        if layers is not None and len(layers):
+            out.append(answer_line(layers.sort_values("layer"), str(arch), parts.get("decompose_replicates")))
+    return out
+
+
 def _summary(result) -> str:
     from lens_position.analyses.claims import NOT_MEASURED
     from lens_position.report import takeaways
@@ -393,7 +417,12 @@ def _summary(result) -> str:
     if banner:
         lines.insert(0, banner)
     sweep = "seed" in overall.columns
-    if not sweep:  # a sweep's tables hold many conditions per model: its numbers are in the tables
+    archs = _architectures(result.tables)
+    if not sweep and len(archs) > COMPACT_AFTER:  # a reproduction: one screen, the detail is in the report
+        lines.append("  held-out share of Var(log A) explained by absolute position, and its split (the report "
+                     "words each):")
+        lines += [f"  {answer}" for answer in _answers(result.tables, archs)]
+    elif not sweep:  # a sweep's tables hold many conditions per model: its numbers are in the tables
         lines += _headlines(result.tables)
     # a step that does not apply to a model (rotary bands on NoPE, convergence without MLPs) says so
     lines += [f"  {record.step} skipped: {record.provenance['skipped']}" for record in result.steps
