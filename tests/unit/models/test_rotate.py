@@ -5,6 +5,9 @@ table), on drawn sizes, positions and bases."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -46,38 +49,28 @@ def _reference(function, q, k, cos, sin, rotary_dim):
             torch.cat([k_rot.transpose(1, 2), k[..., rotary_dim:]], dim=-1))
 
 
+# family: (its rotation function, adjacent pairs, interleaved table, tolerance)
+REFERENCES = {
+    "llama: halves": (llama_rotary, False, False, 1e-12),
+    "glm: adjacent pairs from a halves table": (glm_rotary, True, False, 1e-12),
+    "cohere: adjacent pairs from an interleaved table (computed in float32)": (cohere_rotary, True, True, 1e-5),
+}
+
+
+@pytest.mark.parametrize("family", list(REFERENCES))
 @settings(max_examples=40, deadline=None)
 @given(SIZES)
-def test_halves_are_llamas_rotation(sizes):
+def test_rotate_is_the_hugging_face_rotation_of_each_layout(family, sizes):
+    function, adjacent, interleaved, atol = REFERENCES[family]
     q, k, length, rotary_dim, base = _inputs(sizes)
-    cos, sin = _tables(length, rotary_dim, base, interleaved=False)
-    expected_q, expected_k = _reference(llama_rotary, q, k, cos, sin, rotary_dim)
-    layout = _layout(rotary_dim, adjacent=False, interleaved=False)
-    assert torch.allclose(rotate(q, cos, sin, layout), expected_q, atol=1e-12)
-    assert torch.allclose(rotate(k, cos, sin, layout), expected_k, atol=1e-12)
-
-
-@settings(max_examples=40, deadline=None)
-@given(SIZES)
-def test_adjacent_pairs_from_a_halves_table_are_glms_rotation(sizes):
-    q, k, length, rotary_dim, base = _inputs(sizes)
-    cos, sin = _tables(length, rotary_dim, base, interleaved=False)
-    expected_q, _ = _reference(glm_rotary, q, k, cos, sin, rotary_dim)
-    assert torch.allclose(rotate(q, cos, sin, _layout(rotary_dim, adjacent=True, interleaved=False)), expected_q,
-                          atol=1e-12)
-
-
-@settings(max_examples=40, deadline=None)
-@given(SIZES)
-def test_adjacent_pairs_from_an_interleaved_table_are_coheres_rotation(sizes):
-    q, k, length, rotary_dim, base = _inputs(sizes)
-    cos, sin = _tables(length, rotary_dim, base, interleaved=True)
-    expected_q, _ = _reference(cohere_rotary, q, k, cos, sin, rotary_dim)
-    # Cohere's function computes in float32 whatever the input's dtype
-    assert torch.allclose(rotate(q, cos, sin, _layout(rotary_dim, adjacent=True, interleaved=True)), expected_q,
-                          atol=1e-5)
-    assert not torch.allclose(rotate(q, cos, sin, _layout(rotary_dim, adjacent=False, interleaved=True)),
-                              expected_q, atol=1e-5) or rotary_dim == 2 or length == 1
+    cos, sin = _tables(length, rotary_dim, base, interleaved=interleaved)
+    expected_q, expected_k = _reference(function, q, k, cos, sin, rotary_dim)
+    layout = _layout(rotary_dim, adjacent=adjacent, interleaved=interleaved)
+    assert torch.allclose(rotate(q, cos, sin, layout), expected_q, atol=atol)
+    assert torch.allclose(rotate(k, cos, sin, layout), expected_k, atol=atol)
+    if rotary_dim > 2 and length > 1:  # the other pair layout is another rotation
+        other = dataclasses.replace(layout, adjacent_pairs=not adjacent)
+        assert not torch.allclose(rotate(q, cos, sin, other), expected_q, atol=atol)
 
 
 @settings(max_examples=30, deadline=None)
