@@ -5,6 +5,7 @@ booted into a ``TransformerBridge`` (:mod:`lens_position.models.backends.bridge`
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from typing import Any
@@ -75,6 +76,8 @@ def apply_hf_position_options(hf_model: Any, *, ntk_alpha: float | None = None,
         config.max_position_embeddings = int(n_ctx)  # read back by context_length
     if (ntk_alpha is not None or wants_parts) and not params:
         raise BadInputError("NTK options need a RoPE model; this one has no rope_parameters")
+    if params:  # edited below: this model's own copy, never a dict another model or config shares
+        params = config.rope_parameters = copy.deepcopy(params)
     entries = _rope_entries(params)
     d_head = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
     rotary_dim = int(d_head * partial_rotary_factor(config))

@@ -19,6 +19,7 @@ patterns are far from uniform, as in trained models.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -102,7 +103,8 @@ def tiny_hf_model(name: str) -> tuple[Any, PreTrainedTokenizerFast]:
     Weights depend only on ``name`` (fixed seed); the global RNG state is left untouched.
     """
     config_class, kwargs, prepends_bos = TINY_CONFIGS[name]
-    config = getattr(transformers, config_class)(**kwargs)
+    # a copy: a config keeps the dicts it is given (rope_parameters), and load options edit the config
+    config = getattr(transformers, config_class)(**copy.deepcopy(kwargs))
     config._name_or_path = name
     config._attn_implementation = "eager"
     model_class = getattr(transformers, _HF_MODEL_CLASS[config_class])

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import importlib.metadata
 import logging
 import warnings
@@ -263,6 +264,64 @@ def _as_batch_pos_head(activation: torch.Tensor, length: int, n_heads: int) -> t
     return None
 
 
+@dataclasses.dataclass
+class _RotaryProbe:
+    """What one layer's rotation is checked on (:meth:`BridgeBackend.rotary_layout`): the query and key
+    hooks before the rotation and their values (float64, ``[batch, pos, head, d_head]``), the rotated
+    queries where the bridge fires them (else ``rotated_here``), the tables and the scores."""
+
+    query_name: str
+    key_name: str
+    rotated_here: bool
+    pre_q: torch.Tensor
+    pre_k: torch.Tensor
+    rot_q: torch.Tensor | None
+    cos: torch.Tensor | None
+    sin: torch.Tensor | None
+    scores: torch.Tensor | None
+
+    @property
+    def size(self) -> float:
+        return float(self.pre_q.abs().max())
+
+    def matches(self, layout: RotaryLayout) -> bool:
+        """Whether ``layout`` turns the queries into the hooked rotated ones, or (rotated here) the
+        queries and keys into the layer's scores, within float round-off."""
+        if self.cos is None or self.sin is None:
+            return False
+        cos, sin = self.cos.to(torch.float64), self.sin.to(torch.float64)
+        turned_q = rotate(self.pre_q, cos, sin, layout)
+        if not self.rotated_here:
+            return self.rot_q is not None and \
+                float((turned_q - self.rot_q).abs().max()) <= _ROTARY_CHECK_TOL * self.size
+        if self.scores is None:
+            return False
+        mine = torch.einsum("bqhd,bkhd->bhqk", turned_q, rotate(self.pre_k, cos, sin, layout)) / layout.scale
+        if layout.soft_cap:
+            mine = layout.soft_cap * torch.tanh(mine / layout.soft_cap)
+        theirs = self.scores.to(torch.float64)
+        visible = torch.isfinite(theirs) & (theirs > torch.finfo(self.scores.dtype).min / 2)
+        return bool(visible.any()) and float((mine - theirs).abs()[visible].max()) <= _ROTARY_CHECK_TOL * max(
+            1.0, float(theirs.abs()[visible].max()))
+
+
+def _table_layout(cos: torch.Tensor, sin: torch.Tensor, layer: int) -> tuple[int, bool, torch.Tensor]:
+    """``(rotary_dim, interleaved_table, frequencies)`` of a layer's cos/sin tables, read at position 1:
+    each frequency in two halves (Hugging Face's usual layout) or twice in a row (Cohere's), else
+    UnsupportedArchitectureError; the angle per position of each rotated pair (radians)."""
+    row = cos.reshape(-1, cos.shape[-1])[1].to(torch.float64), sin.reshape(-1, sin.shape[-1])[1].to(torch.float64)
+    rotary_dim = int(cos.shape[-1])
+    half = rotary_dim // 2
+    halves = all(bool(torch.allclose(t[:half], t[half:], rtol=1e-5, atol=1e-7)) for t in row)
+    interleaved = all(bool(torch.allclose(t[0::2], t[1::2], rtol=1e-5, atol=1e-7)) for t in row)
+    if not (halves or interleaved) or rotary_dim % 2:
+        raise UnsupportedArchitectureError(
+            f"layer {layer}: the rotary tables hook_cos/hook_sin are in neither known layout (each frequency "
+            "in two halves, or twice in a row), so the frequency bands cannot be read")
+    cos_k, sin_k = (t[:half] if halves else t[0::2] for t in row)
+    return rotary_dim, not halves, torch.atan2(sin_k, cos_k)
+
+
 class _NamedHook:
     """A bridge hook point seen under the name a caller registered it by."""
 
@@ -456,6 +515,40 @@ class BridgeBackend:
         ``q`` and ``k`` rotated here must give the layer's ``hook_attn_scores``. Neither pair layout
         matching is an UnsupportedArchitectureError; a layer that leaves ``q`` unrotated (per-layer
         NoPE) has no rotary embedding. ``scale`` is ``1 / scaling`` of the HF attention module."""
+        probe = self._rotary_probe(layer)
+        rotary_dim, interleaved_table, frequencies = _table_layout(probe.cos, probe.sin, layer)
+        scale, cap = self._scale_and_cap(layer)
+        hooks = (probe.query_name, probe.key_name) if probe.rotated_here else ("hook_rot_q", "hook_rot_k")
+        for adjacent in (False, True):
+            layout = RotaryLayout(frequencies=frequencies, adjacent_pairs=adjacent, rotary_dim=rotary_dim, scale=scale,
+                                  soft_cap=cap, query_hooks=hooks, rotated_here=probe.rotated_here,
+                                  interleaved_table=interleaved_table)
+            if probe.matches(layout):
+                return layout
+        what = ("hook_rot_q is not the query rotated by the layer's cos/sin tables" if not probe.rotated_here else
+                "the queries and keys rotated by the layer's cos/sin tables do not give its hook_attn_scores")
+        raise UnsupportedArchitectureError(
+            f"layer {layer}: {what}, neither in Hugging Face's layout (pairs k, k + rotary_dim/2) nor interleaved "
+            "(pairs 2k, 2k+1): the model does more between its rotation and its scores (a norm after the "
+            "rotation, a bias), so the frequency bands cannot be read reliably; the rotary-band split refuses "
+            "it rather than split it wrongly")
+
+    def _scale_and_cap(self, layer: int) -> tuple[float, float | None]:
+        """``1 / scaling`` of layer ``layer``'s Hugging Face attention module, and the config's score cap."""
+        module = self.model.blocks[layer].attn
+        module = getattr(module, "original_component", None) or getattr(module, "_original_component", None)
+        scaling = getattr(module, "scaling", None)
+        if not scaling:
+            raise UnsupportedArchitectureError(
+                f"layer {layer}: the Hugging Face attention module has no 'scaling', so the score scale is unknown")
+        config = self.model.original_model.config
+        config = getattr(config, "text_config", None) or config
+        cap = getattr(config, "attn_logit_softcapping", None)
+        return 1.0 / float(scaling), float(cap) if cap else None
+
+    def _rotary_probe(self, layer: int) -> _RotaryProbe:
+        """One short run up to layer ``layer``, with what its rotation is checked on: the queries and keys
+        before it (after any norm that fires), after it (where hooked), the tables and the scores."""
         prefix = f"blocks.{layer}.attn."
         hook_dict = self.hook_dict  # once: the bridge resolves its hook aliases on every access
         needed = [prefix + "hook_cos", prefix + "hook_sin", prefix + "hook_q", prefix + "hook_k"]
@@ -470,87 +563,37 @@ class BridgeBackend:
         length = 3 if self.n_heads != 3 else 4
         tokens = (torch.arange(1, length + 1, device=self.device) % max(2, self.d_vocab)).unsqueeze(0)
         cache = self.run_with_cache(tokens, needed + optional, stop_at_layer=layer + 1)
-        names = {kind: prefix + (f"{kind}_normed" if prefix + f"{kind}_normed" in cache else kind)
-                 for kind in ("hook_q", "hook_k")}
-        pre_q, pre_k = cache.get(names["hook_q"]), cache.get(names["hook_k"])
-        rot_q, rot_k = cache.get(prefix + "hook_rot_q"), cache.get(prefix + "hook_rot_k")
-        cos, sin = cache.get(prefix + "hook_cos"), cache.get(prefix + "hook_sin")
-        scores = cache.get(prefix + "hook_attn_scores")
-        if pre_q is None or pre_k is None:
+        names = [prefix + (f"{kind}_normed" if prefix + f"{kind}_normed" in cache else kind)
+                 for kind in ("hook_q", "hook_k")]
+        fired = [cache.get(name) for name in (*names, prefix + "hook_rot_q", prefix + "hook_rot_k")]
+        if fired[0] is None or fired[1] is None:
             raise UnsupportedArchitectureError(f"layer {layer}: the attention bridge did not fire hook_q/hook_k")
-        rotated_here = rot_q is None or rot_k is None
-        pre_q, pre_k = (_as_batch_pos_head(x, length, self.n_heads) for x in (pre_q, pre_k))
-        if not rotated_here:
-            rot_q, rot_k = (_as_batch_pos_head(x, length, self.n_heads) for x in (rot_q, rot_k))
+        rotated_here = fired[2] is None or fired[3] is None
+        pre_q, pre_k, rot_q, _ = (None if x is None else _as_batch_pos_head(x, length, self.n_heads) for x in fired)
         if (pre_q is None or pre_k is None or pre_q.shape != pre_k.shape
                 or (not rotated_here and (rot_q is None or rot_q.shape != pre_q.shape))):
             raise UnsupportedArchitectureError(
                 f"layer {layer}: the queries and keys before and after the rotation come in layouts lens_position "
                 "cannot line up ([batch, pos, head, d_head] expected), so the frequency bands cannot be read")
-        fired_as_read = all(tuple(cache[names[kind]].shape) == tuple(pre_q.shape) for kind in ("hook_q", "hook_k"))
-        if rotated_here and (scores is None or not fired_as_read):
+        scores = cache.get(prefix + "hook_attn_scores")
+        as_fired = [tuple(x.shape) for x in fired[:2] if x is not None]
+        if rotated_here and (scores is None or any(shape != tuple(pre_q.shape) for shape in as_fired)):
             raise UnsupportedArchitectureError(
                 f"layer {layer}: the attention bridge fires no hook_rot_q/hook_rot_k, and its hook_q/hook_k are not "
                 "[batch, pos, head, d_head] with hook_attn_scores beside them, so the rotation lens_position would "
                 "apply itself cannot be checked against the layer's scores")
-        size = float(pre_q.abs().max())
-        if not size > 0:
+        probe = _RotaryProbe(names[0].removeprefix(prefix), names[1].removeprefix(prefix), rotated_here,
+                             pre_q.to(torch.float64), pre_k.to(torch.float64),
+                             None if rot_q is None else rot_q.to(torch.float64),
+                             cache.get(prefix + "hook_cos"), cache.get(prefix + "hook_sin"), scores)
+        if not probe.size > 0:
             raise UnsupportedArchitectureError(
                 f"layer {layer}: the queries of a {length}-token run are zero, so the rotary tables cannot be "
                 "checked against the layer's rotation")
-        if cos is None or sin is None or (
-                not rotated_here and float((rot_q - pre_q).abs().max()) <= _ROTARY_CHECK_TOL * size):
+        if probe.cos is None or probe.sin is None or (
+                rot_q is not None and not rotated_here
+                and float((probe.rot_q - probe.pre_q).abs().max()) <= _ROTARY_CHECK_TOL * probe.size):
             raise UnsupportedArchitectureError(
                 f"layer {layer} has no rotary embedding (its queries are not rotated: per-layer NoPE): there "
                 "are no frequency bands to split; choose layers that use RoPE")
-        row = cos.reshape(-1, cos.shape[-1])[1].to(torch.float64), sin.reshape(-1, sin.shape[-1])[1].to(torch.float64)
-        rotary_dim = int(cos.shape[-1])
-        half = rotary_dim // 2
-        halves = all(bool(torch.allclose(t[:half], t[half:], rtol=1e-5, atol=1e-7)) for t in row)
-        interleaved = all(bool(torch.allclose(t[0::2], t[1::2], rtol=1e-5, atol=1e-7)) for t in row)
-        if not (halves or interleaved) or rotary_dim % 2:
-            raise UnsupportedArchitectureError(
-                f"layer {layer}: the rotary tables hook_cos/hook_sin are in neither known layout (each frequency "
-                "in two halves, or twice in a row), so the frequency bands cannot be read")
-        module = self.model.blocks[layer].attn
-        module = getattr(module, "original_component", None) or getattr(module, "_original_component", None)
-        scaling = getattr(module, "scaling", None)
-        if not scaling:
-            raise UnsupportedArchitectureError(
-                f"layer {layer}: the Hugging Face attention module has no 'scaling', so the score scale is unknown")
-        config = self.model.original_model.config
-        config = getattr(config, "text_config", None) or config
-        cap = getattr(config, "attn_logit_softcapping", None)
-        per_frequency = [t[0::2] if not halves else t[:half] for t in row]
-        pre_q64, pre_k64 = pre_q.to(torch.float64), pre_k.to(torch.float64)
-        cos64, sin64 = cos.to(torch.float64), sin.to(torch.float64)
-        for adjacent in (False, True):
-            layout = RotaryLayout(
-                frequencies=torch.atan2(per_frequency[1], per_frequency[0]), adjacent_pairs=adjacent,
-                rotary_dim=rotary_dim, scale=1.0 / float(scaling), soft_cap=float(cap) if cap else None,
-                query_hooks=(names["hook_q"].removeprefix(prefix), names["hook_k"].removeprefix(prefix))
-                if rotated_here else ("hook_rot_q", "hook_rot_k"),
-                rotated_here=rotated_here, interleaved_table=not halves)
-            turned_q = rotate(pre_q64, cos64, sin64, layout)
-            if rot_q is not None and not rotated_here:
-                if float((turned_q - rot_q.to(torch.float64)).abs().max()) <= _ROTARY_CHECK_TOL * size:
-                    return layout
-                continue
-            if scores is None:
-                continue
-            turned_k = rotate(pre_k64, cos64, sin64, layout)
-            mine = torch.einsum("bqhd,bkhd->bhqk", turned_q, turned_k) / layout.scale
-            if cap:
-                mine = cap * torch.tanh(mine / cap)
-            theirs = scores.to(torch.float64)
-            visible = torch.isfinite(theirs) & (theirs > torch.finfo(scores.dtype).min / 2)
-            if bool(visible.any()) and float((mine - theirs).abs()[visible].max()) <= _ROTARY_CHECK_TOL * max(
-                    1.0, float(theirs.abs()[visible].max())):
-                return layout
-        what = ("hook_rot_q is not the query rotated by the layer's cos/sin tables" if not rotated_here else
-                "the queries and keys rotated by the layer's cos/sin tables do not give its hook_attn_scores")
-        raise UnsupportedArchitectureError(
-            f"layer {layer}: {what}, neither in Hugging Face's layout (pairs k, k + rotary_dim/2) nor interleaved "
-            "(pairs 2k, 2k+1): the model does more between its rotation and its scores (a norm after the "
-            "rotation, a bias), so the frequency bands cannot be read reliably; the rotary-band split refuses "
-            "it rather than split it wrongly")
+        return probe

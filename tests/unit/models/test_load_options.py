@@ -70,6 +70,17 @@ def test_ntk_by_parts_changes_the_models_own_frequencies(plain):
                                "ntk_by_parts", applied) == "applied"
 
 
+@pytest.mark.parametrize("option", [{"ntk_by_parts": {"factor": 8}}, {"ntk_alpha": 4}, {"n_ctx": 24}])
+def test_an_option_changes_that_load_only(plain, option):
+    """A load's options edit that model's own config: a later load without them is the plain model
+    (the tiny models' config dicts were once shared, and an NTK load made every later load NTK-scaled)."""
+    backend, base = plain
+    load_model("tiny-llama", backend=backend, **option)
+    again = load_model("tiny-llama", backend=backend)
+    assert again.spec.rope_kind == base.spec.rope_kind and again.spec.n_ctx == base.spec.n_ctx
+    assert torch.equal(again.backend.rotary_layout(0).frequencies, base.backend.rotary_layout(0).frequencies)
+
+
 def test_window_is_applied_to_the_models_attention_or_refused(plain):
     backend, _ = plain
     tokens = torch.arange(1, 21).unsqueeze(0)
