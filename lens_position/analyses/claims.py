@@ -110,6 +110,7 @@ class Evaluation:
     n: int | None = None
     n_to_decide: float = math.nan
     explanation: str = ""
+    T: int | None = None  # the sequence length the estimate rests on (None: not one decomposition's)
 
 
 @dataclass(frozen=True)
@@ -279,6 +280,96 @@ def _summary(results: Tables, arch: str, prefix: str = "decompose") -> _ModelSum
     return _ModelSummary(layers, _part(results, f"{prefix}_replicates", arch), n)
 
 
+def _length(summary: _ModelSummary) -> int | None:
+    """The T (positions per sequence) a decomposition was measured at (None: not recorded)."""
+    if "T" not in summary.layers.columns:
+        return None
+    lengths = summary.layers["T"].dropna().unique()
+    return int(lengths[0]) if len(lengths) == 1 else None
+
+
+def _swept(results: Tables, arch: str, T: int) -> _ModelSummary | None:
+    """The length sweep's decomposition of ``arch`` at ``T`` (None: not measured there)."""
+    layers = _part(results, "length_sweep_layers", arch)
+    if layers is None or "T" not in layers.columns:
+        return None
+    layers = layers[layers["T"] == T].sort_values("layer").reset_index(drop=True)
+    if not len(layers):
+        return None
+    replicates = _part(results, "length_sweep_replicates", arch)
+    if replicates is not None and "T" in replicates.columns:
+        replicates = replicates[replicates["T"] == T]
+    n = int(layers["n_sequences"].iloc[0]) if "n_sequences" in layers.columns else None
+    return _ModelSummary(layers, replicates if replicates is not None and len(replicates) else None, n)
+
+
+def _swept_lengths(results: Tables, arch: str) -> set[int]:
+    layers = _part(results, "length_sweep_layers", arch)
+    if layers is None or "T" not in layers.columns:
+        return set()
+    return {int(T) for T in layers["T"].dropna().unique()}
+
+
+def window_of(results: Tables, arch: str) -> int | None:
+    """The sliding window of ``arch`` (its widest local layer), None without one."""
+    for table in ("length_sweep", "decompose_heads"):
+        frame = _part(results, table, arch)
+        if frame is None or "window" not in frame.columns:
+            continue
+        windows = pd.to_numeric(frame["window"], errors="coerce").dropna()
+        if "layer_type" in frame.columns:
+            windows = pd.to_numeric(frame.loc[frame["layer_type"] == "local", "window"], errors="coerce").dropna()
+        return int(windows.max()) if len(windows) else None
+    return None
+
+
+@dataclass
+class _Matched:
+    """Decompositions of several architectures at one ``T`` (``summaries`` by architecture), where
+    they come from (``source``), or why there are none (``reason``)."""
+
+    T: int | None
+    summaries: dict[str, _ModelSummary]
+    source: str = ""
+    reason: str = ""
+
+    @property
+    def where(self) -> str:
+        """"at T = 128" (with the source when it is the length sweep)."""
+        if self.T is None:
+            return ""
+        if self.source == "length sweep":
+            n = next(iter(self.summaries.values())).n
+            return f"at T = {self.T} (length sweep, N = {n})"
+        return f"at T = {self.T}"
+
+
+def matched(results: Tables, archs: list[str], *, beyond: int | None = None, prefer: int | None = None) -> _Matched:
+    """The decompositions of ``archs`` at one common ``T``, longer than ``beyond`` when given (a
+    window question is asked where the window acts): their own decompositions when those share
+    such a ``T``; else the length sweep's rows at a common ``T`` (``prefer`` when they have it,
+    else the longest); else none, with the reason. A comparison across architectures reads
+    its numbers from here only, so it never compares different ``T``."""
+    own = {arch: _summary(results, arch) for arch in archs}
+    lengths = {arch: (None if summary is None else _length(summary)) for arch, summary in own.items()}
+    floor = 0 if beyond is None else beyond + 1
+    if all(summary is not None for summary in own.values()) and len(set(lengths.values())) == 1:
+        T = next(iter(lengths.values()))
+        if T is not None and T >= floor:
+            return _Matched(T, {a: s for a, s in own.items() if s is not None}, "decomposition")
+    common = set.intersection(*(_swept_lengths(results, arch) for arch in archs)) if archs else set()
+    common = {T for T in common if T >= floor}
+    if common:
+        T = prefer if prefer in common else max(common)
+        swept = {arch: _swept(results, arch, T) for arch in archs}
+        return _Matched(T, {a: s for a, s in swept.items() if s is not None}, "length sweep")
+    at = ", ".join(f"{arch} at T = {lengths[arch] if lengths[arch] is not None else 'unrecorded'}" for arch in archs)
+    need = f"longer than the window ({beyond})" if beyond is not None else "one"
+    return _Matched(None, {}, reason=(f"not compared: measured {at}, and no common T ({need}) in a length sweep; "
+                                      "a comparison across architectures at different T measures T (run the "
+                                      "length_sweep step, part of decompose and reproduce)"))
+
+
 def slope(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Least-squares slope of ``y`` (``[..., layer]``) against ``x`` (``[layer]``)."""
     xc = x - x.mean()
@@ -305,8 +396,9 @@ def _evaluate_c1(results: Tables, criteria: Criteria) -> list[Evaluation]:
             continue
         total, _ = summary.estimate("total_heldout")
         verdict = at_least(total, criteria.min_signal)
+        T = _length(summary)
         measured = (f"held-out total = {total.format()} (mean over layers and heads, all queries"
-                    f"{summary.gaps('total_heldout')})")
+                    f"{'' if T is None else f', T = {T}'}{summary.gaps('total_heldout')})")
         n_needed, explanation = math.nan, ""
         if verdict == FAILS:
             explanation = (f"{arch}: the absolute-position share of Var(log A) is {total.format()}, below our "
@@ -314,25 +406,42 @@ def _evaluate_c1(results: Tables, criteria: Criteria) -> list[Evaluation]:
                            "decoders distinguish absolute position in their attention patterns.")
         elif verdict == INCONCLUSIVE:
             n_needed, explanation = _decide_text(summary.n, total, criteria.min_signal, f"{arch}: held-out total")
-        rows.append(Evaluation("C1", arch, verdict, "total_heldout", total, measured, summary.n, n_needed, explanation))
+        rows.append(Evaluation("C1", arch, verdict, "total_heldout", total, measured, summary.n, n_needed, explanation,
+                               T=T))
     return rows
+
+
+def _c2_matched(results: Tables) -> _Matched:
+    """C2's architectures at one T: "both components appear in every architecture" is a statement
+    across architectures, so each is judged at the same T (the shortest their decompositions used,
+    where a length sweep has it)."""
+    archs = [arch for arch, _ in _architectures(results)
+             if (summary := _summary(results, arch)) is not None and _has_split(summary, CLAIM_SPLIT)]
+    own = [T for arch in archs if (T := _length(_summary(results, arch))) is not None]  # type: ignore[arg-type]
+    return matched(results, archs, prefer=min(own) if own else None)
 
 
 def _evaluate_c2(results: Tables, criteria: Criteria) -> list[Evaluation]:
     rows = []
+    at = _c2_matched(results)
     for arch, _ in _architectures(results):
-        summary = _summary(results, arch)
-        if summary is None or not _has_split(summary, CLAIM_SPLIT):
+        own = _summary(results, arch)
+        if own is None or not _has_split(own, CLAIM_SPLIT):
             rows.append(_not_measured("C2", arch))
             continue
+        summary = at.summaries.get(arch, own)
         _, r_col, m_col = _columns(CLAIM_SPLIT)
         residual, _ = summary.estimate(r_col)
         mask, _ = summary.estimate(m_col)
         verdicts = {"residual": at_least(residual, criteria.min_signal), "mask": at_least(mask, criteria.min_signal)}
-        verdict = combine(list(verdicts.values()))
-        measured = (f"all queries: R' = {residual.format()}, M' = {mask.format()}{summary.gaps(r_col, m_col)}"
+        verdict = combine(list(verdicts.values())) if at.T is not None else INCONCLUSIVE
+        where = at.where or f"at its own T = {_length(own)}"
+        measured = (f"{where}, all queries: R' = {residual.format()}, M' = {mask.format()}"
+                    f"{summary.gaps(r_col, m_col)}{_own_length_text(own, at)}"
                     f"{_other_split_text(summary)}{_early_text(results, arch)}")
         explanation, n_needed = [], math.nan
+        if at.T is None:
+            explanation.append(f"{arch}: {at.reason}.")
         for name, estimate in (("residual", residual), ("mask", mask)):
             part = verdicts[name]
             label = f"{arch}: the {name} component ({'R' if name == 'residual' else 'M'}', held-out, all queries)"
@@ -346,8 +455,19 @@ def _evaluate_c2(results: Tables, criteria: Criteria) -> list[Evaluation]:
                 explanation.append(text)
         rows.append(Evaluation("C2", arch, verdict, "min(R', M') held-out",
                                min(residual, mask, key=lambda e: e.value), measured, summary.n, n_needed,
-                               " ".join(explanation)))
+                               " ".join(explanation), T=at.T))
     return rows
+
+
+def _own_length_text(own: _ModelSummary, at: _Matched) -> str:
+    """The decomposition at the model's own T, beside the matched one, when the two differ."""
+    T = _length(own)
+    if at.T is None or T is None or T == at.T:
+        return ""
+    _, r_col, m_col = _columns(CLAIM_SPLIT)
+    residual, _ = own.estimate(r_col)
+    mask, _ = own.estimate(m_col)
+    return f" (at its own T = {T}: R' = {residual.format()}, M' = {mask.format()})"
 
 
 def _other_split_text(summary: _ModelSummary) -> str:
@@ -382,12 +502,11 @@ class _Balance:
     share_reps: np.ndarray | None
     slope: Estimate
     slope_reps: np.ndarray | None
+    T: int | None = None
 
 
-def _balance(results: Tables, arch: str, role: str) -> _Balance | None:
-    summary = _summary(results, arch)
-    if summary is None or not _has_split(summary, CLAIM_SPLIT):
-        return None
+def _balance_of(summary: _ModelSummary, arch: str, role: str) -> _Balance:
+    """R'/(R'+M') and the depth slope of R' of one decomposition, with their replicates."""
     _, r_col, m_col = _columns(CLAIM_SPLIT)
     r, r_reps = summary.mean(r_col)
     m, m_reps = summary.mean(m_col)
@@ -398,7 +517,14 @@ def _balance(results: Tables, arch: str, role: str) -> _Balance | None:
     layer_reps = summary.layer_replicates(r_col)
     slope_reps = None if layer_reps is None or len(depth) < 2 else slope(depth, layer_reps)
     return _Balance(arch, role, summary.n, from_replicates(share_value, share_reps, n=summary.n), share_reps,
-                    from_replicates(slope_value, slope_reps, n=summary.n), slope_reps)
+                    from_replicates(slope_value, slope_reps, n=summary.n), slope_reps, _length(summary))
+
+
+def _balance(results: Tables, arch: str, role: str) -> _Balance | None:
+    summary = _summary(results, arch)
+    if summary is None or not _has_split(summary, CLAIM_SPLIT):
+        return None
+    return _balance_of(summary, arch, role)
 
 
 def _difference(a: Estimate, a_reps: np.ndarray | None, b: Estimate, b_reps: np.ndarray | None,
@@ -413,23 +539,63 @@ def _min_n(*ns: int | None) -> int | None:
     return min(known) if known else None
 
 
-def _c3_parts(balances: list[_Balance]) -> dict[str, list[tuple[str, str, Estimate, float, int | None]]]:
-    """Per architecture, its comparisons: (text, verdict, estimate of the difference, threshold, N)."""
+@dataclass
+class _Part:
+    """One comparison of C3: its text, verdict, the estimate it is decided on (a difference, or
+    a slope), its threshold, the sequences behind it and where (``at``: the common T)."""
+
+    text: str
+    verdict: str
+    estimate: Estimate
+    threshold: float
+    n: int | None
+    at: str = ""
+    T: int | None = None  # the common T of both sides (None: not compared)
+
+
+def _pair(results: Tables, a: _Balance, b: _Balance, *,
+          beyond: int | None = None) -> tuple[_Balance, _Balance, _Matched]:
+    """``a`` and ``b`` measured at one T (longer than ``beyond``; :func:`matched`)."""
+    own = [t for t in (a.T, b.T) if t is not None]
+    at = matched(results, [a.arch, b.arch], beyond=beyond, prefer=min(own) if own else None)
+    if at.T is None:
+        return a, b, at
+    return (_balance_of(at.summaries[a.arch], a.arch, a.role), _balance_of(at.summaries[b.arch], b.arch, b.role), at)
+
+
+def _c3_parts(results: Tables, balances: list[_Balance]) -> dict[str, list[_Part]]:
+    """Per architecture, its comparisons, each made at one T common to both sides (:func:`matched`)."""
     standard = [b for b in balances if b.role == "standard"]
-    parts: dict[str, list] = {b.arch: [] for b in balances}
+    parts: dict[str, list[_Part]] = {b.arch: [] for b in balances}
     for b in balances:
         if b.role == "ntk":
             for s in standard:
-                diff = _difference(b.share, b.share_reps, s.share, s.share_reps, _min_n(b.n, s.n))
-                parts[b.arch].append((f"R'/(R'+M') minus that of {s.arch}", below(diff, 0.0), diff, 0.0,
-                                      _min_n(b.n, s.n)))
+                text = f"R'/(R'+M') minus that of {s.arch}"
+                b2, s2, at = _pair(results, b, s)
+                parts[b.arch].append(_compared(text, b2.share, b2.share_reps, s2.share, s2.share_reps,
+                                               _min_n(b2.n, s2.n), below, at))
         elif b.role == "sliding":
-            parts[b.arch].append(("depth slope of R'", above(b.slope, 0.0), b.slope, 0.0, b.n))
+            window = window_of(results, b.arch)
+            own = matched(results, [b.arch], beyond=window)
+            b1 = _balance_of(own.summaries[b.arch], b.arch, b.role) if own.T is not None else b
+            parts[b.arch].append(_Part("depth slope of R'", above(b1.slope, 0.0) if own.T is not None
+                                       else INCONCLUSIVE, b1.slope, 0.0, b1.n, own.where or own.reason, own.T))
             for s in standard:
-                diff = _difference(b.slope, b.slope_reps, s.slope, s.slope_reps, _min_n(b.n, s.n))
-                parts[b.arch].append((f"depth slope of R' minus that of {s.arch}", above(diff, 0.0), diff, 0.0,
-                                      _min_n(b.n, s.n)))
+                text = f"depth slope of R' minus that of {s.arch}"
+                b2, s2, at = _pair(results, b, s, beyond=window)
+                parts[b.arch].append(_compared(text, b2.slope, b2.slope_reps, s2.slope, s2.slope_reps,
+                                               _min_n(b2.n, s2.n), above, at))
     return parts
+
+
+def _compared(text: str, a: Estimate, a_reps: np.ndarray | None, b: Estimate, b_reps: np.ndarray | None,
+              n: int | None, rule: Callable[[Estimate, float], str], at: _Matched) -> _Part:
+    """A comparison part: the difference ``a - b`` decided by ``rule`` against 0, or inconclusive
+    when the two sides could not be matched in T (``at.reason`` says why)."""
+    diff = _difference(a, a_reps, b, b_reps, n)
+    if at.T is None:
+        return _Part(text, INCONCLUSIVE, diff, 0.0, n, at.reason)
+    return _Part(text, rule(diff, 0.0), diff, 0.0, n, at.where, at.T)
 
 
 def _evaluate_c3(results: Tables, criteria: Criteria) -> list[Evaluation]:
@@ -437,7 +603,7 @@ def _evaluate_c3(results: Tables, criteria: Criteria) -> list[Evaluation]:
     balances = [b for b in (_balance(results, arch, role) for arch, role in archs) if b is not None]
     roles = {b.role for b in balances}
     missing = [ROLE_NAMES[r] for r in ("standard", "ntk", "sliding") if r not in roles]
-    parts = _c3_parts(balances) if not missing else {}
+    parts = _c3_parts(results, balances) if not missing else {}
     all_parts = [p for b in balances if b.role != "standard" for p in parts.get(b.arch, [])]
     rows = []
     for arch, role in archs:
@@ -445,40 +611,49 @@ def _evaluate_c3(results: Tables, criteria: Criteria) -> list[Evaluation]:
         if b is None:
             rows.append(_not_measured("C3", arch))
             continue
-        measured = (f"R'/(R'+M') = {b.share.format()}, depth slope of R' (per unit of relative depth) = "
-                    f"{b.slope.format('+.3f')}")
+        measured = (f"at its own T = {b.T}: R'/(R'+M') = {b.share.format()}, depth slope of R' (per unit of "
+                    f"relative depth) = {b.slope.format('+.3f')}")
         if role in OUTSIDE_C3:
             rows.append(Evaluation("C3", arch, NOT_MEASURED, "R'/(R'+M')", b.share,
                                    measured + f"; not part of C3, which compares standard, NTK-scaled and "
-                                   f"sliding-window RoPE ({OUTSIDE_C3[role]})", b.n))
+                                   f"sliding-window RoPE ({OUTSIDE_C3[role]})", b.n, T=b.T))
             continue
         if missing:
             rows.append(Evaluation("C3", arch, NOT_MEASURED, "R'/(R'+M')", b.share,
-                                   measured + "; not compared: needs " + ", ".join(missing), b.n))
+                                   measured + "; not compared: needs " + ", ".join(missing), b.n, T=b.T))
             continue
         mine = all_parts if role == "standard" else parts[arch]
-        verdict = combine([p[1] for p in mine])
-        texts, n_needed = [], math.nan
-        for text, part_verdict, estimate, threshold, n in mine:
-            if role != "standard" and text != "depth slope of R'":  # the slope itself is already stated
-                measured += f"; {text} = {estimate.format('+.3f')}"
-            if part_verdict == INCONCLUSIVE:
-                needed, sentence = _decide_text(n, estimate, threshold, f"{arch}: {text}")
-                n_needed = needed if math.isnan(n_needed) else max(n_needed, needed)
-                if role != "standard":
-                    texts.append(sentence)
-            elif part_verdict == FAILS and role != "standard":
-                texts.append(_c3_fail_text(arch, text, estimate))
-        if role == "standard" and verdict != HOLDS:
-            owners = {b2.arch: combine([p[1] for p in parts[b2.arch]]) for b2 in balances
-                      if b2.role in ("ntk", "sliding")}
-            texts.append(f"{arch} sits between only if every comparison holds; "
-                         + "; ".join(f"{owner}: {v}" for owner, v in owners.items() if v != HOLDS)
-                         + " (see those rows).")
-        quantity = {"ntk": "R'/(R'+M') minus standard's", "sliding": "depth slope of R'"}.get(role, "R'/(R'+M')")
-        estimate = mine[0][2] if mine and role != "standard" else b.share
-        rows.append(Evaluation("C3", arch, verdict, quantity, estimate, measured, b.n, n_needed, " ".join(texts)))
+        rows.append(_c3_row(arch, role, b, mine, measured, parts, balances))
     return rows
+
+
+def _c3_row(arch: str, role: str, b: _Balance, mine: list[_Part], measured: str, parts: dict[str, list[_Part]],
+            balances: list[_Balance]) -> Evaluation:
+    """The C3 evaluation of one architecture from its comparisons (a standard model: all of them)."""
+    verdict = combine([p.verdict for p in mine])
+    texts, n_needed = [], math.nan
+    for p in mine:
+        unmatched = p.at.startswith("not compared")
+        if role != "standard":
+            measured += f"; {p.text}: {p.at}" if unmatched else f"; {p.text} {p.at} = {p.estimate.format('+.3f')}"
+        if unmatched and role != "standard":
+            texts.append(f"{arch}: {p.text} is {p.at}.")
+        elif p.verdict == INCONCLUSIVE:
+            needed, sentence = _decide_text(p.n, p.estimate, p.threshold, f"{arch}: {p.text} ({p.at})")
+            n_needed = needed if math.isnan(n_needed) else max(n_needed, needed)
+            if role != "standard":
+                texts.append(sentence)
+        elif p.verdict == FAILS and role != "standard":
+            texts.append(_c3_fail_text(arch, f"{p.text} ({p.at})", p.estimate))
+    if role == "standard" and verdict != HOLDS:
+        owners = {b2.arch: combine([p.verdict for p in parts[b2.arch]]) for b2 in balances
+                  if b2.role in ("ntk", "sliding")}
+        texts.append(f"{arch} sits between only if every comparison holds; "
+                     + "; ".join(f"{owner}: {v}" for owner, v in owners.items() if v != HOLDS)
+                     + " (see those rows).")
+    quantity = {"ntk": "R'/(R'+M') minus standard's", "sliding": "depth slope of R'"}.get(role, "R'/(R'+M')")
+    estimate = mine[0].estimate if mine and role != "standard" else b.share
+    return Evaluation("C3", arch, verdict, quantity, estimate, measured, b.n, n_needed, " ".join(texts), T=b.T)
 
 
 def _c3_fail_text(arch: str, text: str, estimate: Estimate) -> str:
@@ -655,7 +830,7 @@ CLAIMS: tuple[Claim, ...] = (
 )
 
 COLUMNS = ["claim", "statement", "criterion", "architecture", "verdict", "quantity", "value", "value_lo",
-           "value_hi", "level", "interval_method", "interval_note", "n_sequences", "n_to_decide", "measured",
+           "value_hi", "level", "interval_method", "interval_note", "n_sequences", "T", "n_to_decide", "measured",
            "explanation"]
 
 
@@ -689,7 +864,8 @@ def claims_table(results: Tables, criteria: Criteria = Criteria()) -> pd.DataFra
     ``"overall"`` row per claim; columns :data:`COLUMNS`. ``value``/``value_lo``/``value_hi``
     are the estimate the criterion is applied to and its interval (``level``; ``interval_method``
     ``"percentile"`` or ``"bias-corrected percentile"``, for a quantity computed from in-sample
-    fits; ``interval_note`` says when the estimate lies outside its interval)."""
+    fits; ``interval_note`` says when the estimate lies outside its interval; ``T``: the sequence length of the
+    decompositions the row rests on, the same for every architecture of a comparison)."""
     statements = {c.key: c.statement for c in CLAIMS}
     criteria_text = {c.key: c.criterion(criteria) for c in CLAIMS}
     rows = [{
@@ -697,6 +873,7 @@ def claims_table(results: Tables, criteria: Criteria = Criteria()) -> pd.DataFra
         "architecture": e.architecture, "verdict": e.verdict, "quantity": e.quantity,
         "value": e.estimate.value, "value_lo": e.estimate.lo, "value_hi": e.estimate.hi, "level": e.estimate.level,
         "interval_method": e.estimate.method if e.estimate.has_interval else "", "interval_note": e.estimate.note,
-        "n_sequences": e.n, "n_to_decide": e.n_to_decide, "measured": e.measured, "explanation": e.explanation,
+        "n_sequences": e.n, "T": e.T, "n_to_decide": e.n_to_decide, "measured": e.measured,
+        "explanation": e.explanation,
     } for e in evaluate(results, criteria)]
-    return pd.DataFrame(rows, columns=COLUMNS).astype({"n_sequences": "Int64"})
+    return pd.DataFrame(rows, columns=COLUMNS).astype({"n_sequences": "Int64", "T": "Int64"})

@@ -38,6 +38,10 @@ class Settings:
     ``n_resamples``: bootstrap replicates behind every interval (0: no intervals; see
     :mod:`lens_position.core.intervals`).
 
+    ``lengths``, ``sweep_N``: the length sweep (step ``length_sweep``) decomposes ``sweep_N``
+    sequences at every length of ``lengths`` and at ``T`` (those that fit the model's context):
+    the claims compare architectures at a length both were measured at.
+
     ``prompt_sets``: ``K`` disjoint prompt sets of ``N`` sequences of ``T`` positions on which
     the opt-in step ``prompt_sets`` measures C1's and C2's numbers (0: the step is off; see
     :mod:`lens_position.analyses.prompt_sets`).
@@ -59,6 +63,8 @@ class Settings:
     keys: str = "all"
     n_resamples: int = N_RESAMPLES
     prompt_sets: int = 0
+    lengths: tuple[int, ...] = (32, 64, 128, 256, 512, 1024)  # twice Gemma-3's window at the top
+    sweep_N: int = 8
 
     def check(self) -> None:
         """Checks of the sizes that need no model (BadInputError)."""
@@ -85,7 +91,8 @@ class Settings:
 # proportion) and two zoo seeds: about 2.5 min of 2 cores with the weights cached, 3.3 min the first
 # time (docs/performance.md).
 FULL = Settings(T=128, N=16, early_N=16, probe_positions=2048, sink_T=64)
-QUICK = Settings(T=40, N=4, early_N=4, probe_positions=160, query_range=(0, 16), sink_T=32, n_resamples=50)
+QUICK = Settings(T=40, N=4, early_N=4, probe_positions=160, query_range=(0, 16), sink_T=32, n_resamples=50,
+                 lengths=(16, 80), sweep_N=4)
 # --quick's `zoo` request: two seeds of each variant (a paired comparison needs two), not all three
 QUICK_ZOO_SEEDS = (0, 1)
 
@@ -231,7 +238,7 @@ class RunConfig:
         if self.T is not None:
             changes.update(T=self.T, sink_T=self.T)
         if self.N is not None:
-            changes.update(N=self.N, early_N=self.N, probe_positions=1)  # the user's N everywhere
+            changes.update(N=self.N, early_N=self.N, probe_positions=1, sweep_N=self.N)  # the user's N everywhere
         if self.layers is not None:
             changes.update(layers=tuple(self.layers))
         if self.query_range is not None:

@@ -113,6 +113,14 @@ _FIGURES = (
         "intervals. The mask component is concentrated at early queries; claim C2 is decided over all "
         "queries, and this figure is shown beside it, never instead of it.",
         lambda f: plots.layer_components(f, components=_available(f, ("R_rf", "M_rf", "R", "M"), "_heldout"))),
+    _Figure("length_sweep", ("length_sweep",), "The components against sequence length T",
+        "The held-out total and the reference-free R', M' and their interaction C' (shares of Var(log A), means "
+        "over layers and heads, all queries) of each model decomposed at several lengths T on prompts drawn the "
+        "same way, with 95% percentile bootstrap intervals over sequences; dotted: a model's sliding window. "
+        "The mask component shrinks as T grows on every model, so two models are compared only at one T: "
+        "the claims compare architectures at a T both were measured at (the first with a window: beyond it), "
+        "and say which.",
+        lambda f: plots.length_sweep(f)),
     _Figure("head_heatmaps", ("decompose_heads",), "Per-head R', M' and total (held-out)",
         "Held-out total absolute signal T and the reference-free residual (R') and mask (M') components of "
         "every head, as fractions of Var(log A); hover a cell for its 95% bootstrap interval. A single "
@@ -132,9 +140,9 @@ _FIGURES = (
         "is decided on) when the embedding at position 0 "
         "is replaced before the forward pass by another token's embedding, the mean embedding, or a "
         "random vector of the same norm; overall and per layer, with 95% bootstrap intervals over whole "
-        "sequences (paired: the base and the replaced runs resample the same sequences; bias-corrected, since "
-        "R' is an in-sample fit whose replicates overstate it once more; a hatched bar or an open marker: the "
-        "estimate lies outside its interval). Dashed: the paper's "
+        "sequences (paired: the base and the replaced runs resample the same sequences; percentile intervals of "
+        "the held-out fraction, fitted on one half of the sequences and evaluated on the other; a hatched bar or an "
+        "open marker: the estimate lies outside its interval). Dashed: the paper's "
         f"{PAPER.c4_fraction_removed:.0%}.",
         lambda f, o: plots.bos_fraction_removed(f, o)),
     _Figure("convergence", ("convergence_layers", "bos_layers"), "C4: does the position-0 state forget its token?",

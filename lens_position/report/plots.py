@@ -333,6 +333,42 @@ def probe_r2(probe: pd.DataFrame, *, by: str = "architecture") -> go.Figure:
     return _base_layout(fig, "Position probe on the residual stream")
 
 
+def length_sweep(by_length: pd.DataFrame, *, by: str = "architecture") -> go.Figure:
+    """The decomposition's components against sequence length ``T``, one panel per component.
+
+    ``by_length`` is ``LengthSweep.by_length`` stacked over models (``T``, ``quantity``, ``value``
+    with ``lo``/``hi``): the mean over layers and heads of the held-out total, R', M' and C' (shares
+    of Var(log A), unitless). x: ``T`` on a log axis; a line per model; error bars: the 95%
+    percentile bootstrap interval over sequences; a dotted vertical line at a model's sliding window."""
+    _require(by_length, ["T", "quantity", "value"], "length_sweep")
+    quantities = [q for q in ("total_heldout", "R_rf_heldout", "M_rf_heldout", "C_rf_heldout")
+                  if q in set(by_length["quantity"])]
+    titles = {"total_heldout": "total", "R_rf_heldout": "R' (residual)", "M_rf_heldout": "M' (mask)",
+              "C_rf_heldout": "C' (interaction)"}
+    fig = make_subplots(rows=1, cols=len(quantities), subplot_titles=[titles[q] for q in quantities])
+    for gi, (name, frame) in enumerate(_groups(by_length, by)):
+        for col, quantity in enumerate(quantities, start=1):
+            part = frame[frame["quantity"] == quantity].sort_values("T")
+            fig.add_trace(go.Scatter(
+                x=_as_list(part["T"]), y=_as_list(part["value"]), mode="lines+markers", name=name, legendgroup=name,
+                showlegend=col == 1, line=dict(color=_color(gi)),
+                error_y=_error_bars(part.rename(columns={"lo": "value_lo", "hi": "value_hi"}), "value"),
+                hovertemplate=f"{name}<br>T = %{{x}}<br>{titles[quantity]} = %{{y:.4f}}<extra></extra>",
+                meta={"group": name, "quantity": quantity}), row=1, col=col)
+            windows = pd.to_numeric(part.get("window", pd.Series(dtype=float)), errors="coerce").dropna()
+            if len(windows) and len(part):  # the window, where a model has one: a dotted vertical segment
+                values = by_length.loc[by_length["quantity"] == quantity, "value"].astype(float)
+                w = float(windows.iloc[0])
+                fig.add_trace(go.Scatter(
+                    x=[w, w], y=[float(values.min()), float(values.max())], mode="lines", showlegend=False,
+                    name=f"{name}: window {w:.0f}", line=dict(color=_color(gi), dash="dot", width=1),
+                    hovertemplate=f"{name}: sliding window of {w:.0f} keys<extra></extra>",
+                    meta={"group": name, "quantity": "window"}), row=1, col=col)
+    fig.update_xaxes(type="log", title_text="T (positions per sequence)")
+    fig.update_yaxes(title_text="share of Var(log A), held out", col=1)
+    return _base_layout(fig, "The components against sequence length T")
+
+
 def bos_fraction_removed(layers: pd.DataFrame, overall: pd.DataFrame | None = None, *,
                          by: str = "architecture", column: str | None = None) -> go.Figure:
     """Fraction of the residual component R removed by each BOS replacement at early queries (C4).

@@ -36,7 +36,9 @@ def _with_intervals(frame: pd.DataFrame, columns: list[str], noise: float) -> pd
 
 
 def fake_results(n_layers: int = 4, n_heads: int = 3, failing: bool = False,
-                 noise: float = 0.002) -> dict[str, pd.DataFrame]:
+                 noise: float = 0.002, T: int | dict[str, int] = 128) -> dict[str, pd.DataFrame]:
+    """``T``: the sequence length every decomposition records (one value, or one per role: a
+    run whose architectures were decomposed at different lengths)."""
     rng = np.random.default_rng(0)
     tables: dict[str, list[pd.DataFrame]] = {}
     for arch, role, model in ARCHS:
@@ -63,6 +65,7 @@ def fake_results(n_layers: int = 4, n_heads: int = 3, failing: bool = False,
         layers.insert(1, "layer_type", "global")
         layers["relative_depth"] = layers["layer"] / (n_layers - 1)
         layers["n_sequences"] = N_SEQUENCES
+        layers["T"] = T[role] if isinstance(T, dict) else T
         replicates = pd.concat([layers[["layer", *COMPONENTS]].assign(
             replicate=b, **{c: layers[c] + rng.normal(0, noise, n_layers) for c in COMPONENTS})
             for b in range(N_REPLICATES)], ignore_index=True)
@@ -128,3 +131,32 @@ def fake_results(n_layers: int = 4, n_heads: int = 3, failing: bool = False,
                                  sink_rate_pooled=[0.65, 0.55, 0.3], eps=0.3, seq_len=64, N=4))
         tables.setdefault("sink_rate", []).append(_tag(rate, arch, role, model))
     return {k: pd.concat(v, ignore_index=True) for k, v in tables.items()}
+
+
+def with_length_sweep(tables: dict[str, pd.DataFrame], lengths: dict[str, tuple[int, ...]],
+                      window: dict[str, int] | None = None) -> dict[str, pd.DataFrame]:
+    """``tables`` with length-sweep tables: each architecture's decomposition repeated at each of
+    its ``lengths`` (keyed by role), and its sliding ``window`` (by role) in the ``length_sweep``
+    table and the per-head table."""
+    window = window or {}
+    out = dict(tables)
+    layers, replicates, by_length = [], [], []
+    for (_, role), part in tables["decompose_layers"].groupby(["architecture", "role"], sort=False):
+        reps = tables["decompose_replicates"][tables["decompose_replicates"]["role"] == role]
+        for T in lengths.get(role, ()):
+            layers.append(part.assign(T=T))
+            replicates.append(reps.assign(T=T))
+            by_length.append(part[["architecture", "role", "model"]].iloc[:1].assign(
+                T=T, quantity="M_rf_heldout", value=float(part["M_rf_heldout"].mean()),
+                window=float(window[role]) if role in window else np.nan))
+    if layers:
+        out["length_sweep_layers"] = pd.concat(layers, ignore_index=True)
+        out["length_sweep_replicates"] = pd.concat(replicates, ignore_index=True)
+        out["length_sweep"] = pd.concat(by_length, ignore_index=True)
+    heads = out["decompose_heads"].copy()
+    for role, w in window.items():
+        local = (heads["role"] == role) & (heads["layer"] % 2 == 0)
+        heads["window"] = heads["window"].astype("object")
+        heads.loc[local, "layer_type"], heads.loc[local, "window"] = "local", w
+    out["decompose_heads"] = heads
+    return out

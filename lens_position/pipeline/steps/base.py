@@ -42,6 +42,7 @@ class Sizes:
     eps: float | None = None
     n_bands: int | None = None
     K: int | None = None
+    lengths: tuple[int, ...] | None = None
     query_range: tuple[int, int] | None = None
     layers: tuple[int, ...] | None = None
     keys: str | None = None
