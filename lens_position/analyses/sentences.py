@@ -97,12 +97,13 @@ def components_sentence(layers: pd.DataFrame, architecture: str | None = None,
 def answer_line(layers: pd.DataFrame, architecture: str, replicates: pd.DataFrame | None = None) -> str:
     """One line per architecture for a run over many (the console summary of a reproduction): the
     held-out total and the mask's, the residual stream's and their interaction's shares of it, the
-    numbers :func:`components_sentence` words at length."""
+    numbers :func:`components_sentence` words at length, and the length ``T`` they were measured at."""
     if not {"R_rf_heldout", "M_rf_heldout", "total_heldout"} <= set(layers.columns) \
             or layers["total_heldout"].isna().all():
         return f"{architecture}: no held-out values (fewer than two sequences)"
     total = layer_mean(layers, replicates, "total_heldout")
-    text = f"{architecture}: total {fmt(total)}"
+    at = f" at T = {int(layers['T'].iloc[0])}" if "T" in layers.columns and layers["T"].nunique() == 1 else ""
+    text = f"{architecture}{at}: total {fmt(total)}"
     if total.has_interval and total.lo <= 0:
         return text + ", not distinguishable from 0"
     shares = [(name, _share(layers, replicates, column, "total_heldout"))

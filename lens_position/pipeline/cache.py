@@ -52,12 +52,18 @@ def key_versions() -> dict[str, str]:
     return package_versions(numbers_only=True)
 
 
+#: The layout of the tables steps write: raised when a table gains a column the claims or the report
+#: read (2: every decomposition records its T), so results cached before are measured again, not
+#: read without it.
+TABLES_FORMAT = 2
+
+
 def step_key(step: str, model_spec: Any, config: Mapping[str, Any]) -> str:
     """sha256 of the step's full configuration: step name, model spec (weights hash included;
-    not how the load went), data and experiment options (``config``), and the versions of
-    lens_position, torch, transformers and transformer_lens."""
+    not how the load went), data and experiment options (``config``), the versions of
+    lens_position, torch, transformers and transformer_lens, and :data:`TABLES_FORMAT`."""
     payload = {"step": step, "model": model_identity(model_spec), "config": jsonable(config),
-               "versions": key_versions()}
+               "versions": key_versions(), "tables_format": TABLES_FORMAT}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 

@@ -21,7 +21,9 @@ Across seeds: mean, standard deviation and a 95 % Student-t interval
 answered with **paired** per-seed differences: variants with the same seed start from the
 same initial weights (identical shapes draw identical values) and see the same batches, so
 ``ntk - ntk-control`` at seed ``k`` differs only by the NTK scaling. A verdict is
-``lower``/``higher`` when the interval excludes 0, else ``not resolved``.
+``lower``/``higher`` when the interval excludes 0, else ``not resolved``; the two variants must
+have been decomposed at the same ``T`` (else ``not compared``, with the lengths: a difference
+across lengths measures the length).
 """
 
 from __future__ import annotations
@@ -103,6 +105,7 @@ def models_table(tables: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
             "R_slope": _slope(frame["layer"], frame["R_rf_heldout"]),
             "R_first_layer": frame["R_rf_heldout"].iloc[0], "R_last_layer": frame["R_rf_heldout"].iloc[-1],
             "R_self": frame["R_heldout"].mean(), "M_self": frame["M_heldout"].mean(),
+            "T": int(frame["T"].iloc[0]) if "T" in frame.columns and frame["T"].notna().all() else np.nan,
         }
         probe = tables.get("probe_layers")
         if probe is not None and (probe["model"] == model).any():
@@ -146,7 +149,11 @@ def answers(models: pd.DataFrame) -> pd.DataFrame:
         seeds = sorted(set(left.index) & set(right.index))
         diffs = [float(left[s] - right[s]) for s in seeds]
         mean, sd, low, high, n = interval(diffs)
-        if n < 2 or not np.isfinite(low):
+        lengths = _lengths(models, (a, b), seeds)
+        if seeds and len(lengths) != 1:
+            where = f"different T ({', '.join(map(str, sorted(lengths)))})" if lengths else "an unrecorded T"
+            verdict = f"not compared: measured at {where}; a comparison across T measures T"
+        elif n < 2 or not np.isfinite(low):
             verdict = "not resolved (fewer than 2 paired seeds)"
         elif high < 0:
             verdict = LOWER
@@ -157,8 +164,18 @@ def answers(models: pd.DataFrame) -> pd.DataFrame:
         rows.append({"question": question, "a": a, "b": b, "metric": metric, "a_mean": left.mean(),
                      "b_mean": right.mean(), "difference": mean, "low": low, "high": high,
                      "relative": mean / right.mean() if len(right) and right.mean() else float("nan"),
-                     "n_seeds": n, "per_seed": ", ".join(f"{d:+.4f}" for d in diffs), "verdict": verdict})
+                     "n_seeds": n, "per_seed": ", ".join(f"{d:+.4f}" for d in diffs),
+                     "T": next(iter(lengths)) if len(lengths) == 1 else np.nan, "verdict": verdict})
     return pd.DataFrame(rows)
+
+
+def _lengths(models: pd.DataFrame, variants: tuple[str, str], seeds: list[Any]) -> set[int]:
+    """The sequence lengths the paired models of ``variants`` at ``seeds`` were decomposed at (empty:
+    not recorded; a paired difference is made only when this is one length)."""
+    part = models[models["variant"].isin(variants) & models["seed"].isin(seeds)]
+    if "T" not in part.columns or part["T"].isna().any():
+        return set()
+    return {int(T) for T in part["T"]}
 
 
 def answer_markdown(answer: pd.DataFrame) -> str:

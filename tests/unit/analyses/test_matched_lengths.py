@@ -109,7 +109,7 @@ def test_no_decided_comparison_rests_on_two_lengths(own, swept, window):
         c2 = table[(table["claim"] == "C2") & (table["architecture"] != "overall")]
         assert c2["T"].nunique() == 1  # the undecided ones too: all judged at that T
     balances = [claims._balance(tables, arch, role) for arch, role in claims._architectures(tables)]
-    for arch, parts in claims._c3_parts(tables, [b for b in balances if b is not None]).items():
+    for parts in claims._c3_parts(tables, [b for b in balances if b is not None]).values():
         for part in parts:
             if part.verdict in (HOLDS, FAILS):
                 assert part.T is not None and f"T = {part.T}" in part.at

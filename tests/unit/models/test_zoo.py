@@ -278,12 +278,12 @@ def test_position_options_are_refused_on_zoo_models():
         load_model(SHIPPED[0].name, ntk_alpha=2.0)
 
 
-def _layers(variant: str, seed: int, per_layer: list[float]) -> pd.DataFrame:
+def _layers(variant: str, seed: int, per_layer: list[float], T: int = 128) -> pd.DataFrame:
     """``per_layer`` is R' (the reference-free split the claims use); the self-referenced R is a
     constant, so an answer read off the wrong split resolves nothing."""
     return pd.DataFrame({"model": model_name(variant, seed), "layer": range(len(per_layer)), "key_set": "all",
                          "R_rf_heldout": per_layer, "M_rf_heldout": 0.1, "R_heldout": 0.3, "M_heldout": 0.2,
-                         "total_heldout": 0.2})
+                         "total_heldout": 0.2, "T": T})
 
 
 def test_c3_answers_come_from_paired_seed_differences():
@@ -301,6 +301,22 @@ def test_c3_answers_come_from_paired_seed_differences():
     assert answer.loc[("nope", "rope", "R")]["verdict"].startswith("not resolved")
     models = c3.models_table({"decompose_layers": pd.concat(frames)})
     assert (models["R_self"] == 0.3).all() and (models["M_self"] == 0.2).all()
+
+
+def test_a_paired_difference_across_lengths_is_not_compared():
+    """The same resolved differences, with the window variant decomposed at another T than rope:
+    that question is not compared (it would measure T), the NTK one, at one T, still is."""
+    frames = []
+    for seed in range(3):
+        frames.append(_layers("ntk-control", seed, [0.10 + 0.01 * seed] * 4))
+        frames.append(_layers("ntk", seed, [0.05 + 0.01 * seed] * 4))
+        frames.append(_layers("rope", seed, [0.1, 0.1, 0.1, 0.1]))
+        frames.append(_layers("window", seed, [0.1, 0.2, 0.3 + 0.01 * seed, 0.4], T=256))
+    answer = c3.answers(c3.models_table({"decompose_layers": pd.concat(frames)})).set_index(["a", "b", "metric"])
+    window = answer.loc[("window", "rope", "R_slope")]
+    assert window["verdict"].startswith("not compared") and "128, 256" in window["verdict"]
+    ntk = answer.loc[("ntk", "ntk-control", "R")]
+    assert ntk["verdict"] == "lower" and ntk["T"] == 128
 
 
 def test_t_interval_uses_student_t_quantiles():
