@@ -32,6 +32,14 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and the API refe
     from lens_position.analyses.sinks import sink_heads, sink_rate, sink_reading_heads
     from lens_position.core.data import build_prompts
     from lens_position.core.patch import Patch
+    from lens_position.core.position_check import PositionReport, check_positions
+    from lens_position.core.positions import (
+        BosInsideWarning,
+        DoubledBosWarning,
+        MissingBosWarning,
+        PaddedStartWarning,
+        PositionWarning,
+    )
     from lens_position.ground.errors import (
         BadInputError,
         ContextLengthError,
@@ -48,6 +56,9 @@ _EXPORTS = {
     **dict.fromkeys(["load_model", "describe"], "lens_position.models"),
     **dict.fromkeys(["build_prompts"], "lens_position.core.data"),
     **dict.fromkeys(["Patch"], "lens_position.core.patch"),
+    **dict.fromkeys(["PositionReport", "check_positions"], "lens_position.core.position_check"),
+    **dict.fromkeys(["BosInsideWarning", "DoubledBosWarning", "MissingBosWarning", "PaddedStartWarning",
+                     "PositionWarning"], "lens_position.core.positions"),
     **dict.fromkeys(["Analysis", "analyze"], "lens_position.analyses.analyze"),
     **dict.fromkeys(["Decomposition", "decompose", "decompose_dense"], "lens_position.analyses.decompose"),
     **dict.fromkeys(["position_probe"], "lens_position.analyses.probes"),

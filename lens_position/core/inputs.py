@@ -44,6 +44,7 @@ from typing import Any, TypeAlias
 import numpy as np
 import torch
 
+from lens_position.core import positions
 from lens_position.core.data import PromptSet, PromptSpec, prompts_from_texts
 from lens_position.ground.errors import BadInputError, PaddedPromptsError
 from lens_position.models.spec import LoadedModel, ModelLike, as_loaded
@@ -247,6 +248,7 @@ def checked_prompts(
     T: int | None = None,
     what: str = "prompts",
     distinct: bool = False,
+    hygiene: bool = True,
 ) -> CheckedPrompts:
     """Turn ``prompts`` (module docstring: what is accepted) into a :class:`CheckedPrompts` whose
     tokens are checked against ``model``.
@@ -263,6 +265,10 @@ def checked_prompts(
             that computes intervals asks for it (``distinct=bootstrap.enabled``), as the intervals
             take the sequences as independent samples; without intervals a repeated sequence only
             weighs twice in a mean.
+        hygiene: issue the position-hygiene warnings (:mod:`lens_position.core.positions`): on token
+            ids every check (a doubled or missing BOS, BOS inside a row, a padded start), on a list of
+            strings those their BOS policy does not decide (a doubled BOS, BOS inside a row); a
+            PromptSet's position 0 is what its spec says.
 
     Raises:
         BadInputError: ids outside the vocabulary, no sequences, too short, not integers; a
@@ -292,6 +298,9 @@ def checked_prompts(
     if isinstance(prompts, Sequence) and prompts and all(isinstance(p, str) for p in prompts):
         built = prompts_from_texts(loaded, list(prompts), bos=bos, T=T)
         _check_tokens(loaded, built.tokens, min_length, what)
+        if hygiene:
+            positions.warn(positions.position_warnings(loaded, built.tokens, bos_expected=False),
+                           only=("bos_doubled", "bos_inside"), stacklevel=3)
         if distinct:
             check_distinct(built.tokens, what)
         return _mark_checked(built, loaded, distinct)
@@ -313,6 +322,8 @@ def checked_prompts(
     _check_not_padded(loaded, tokens, mask)
     if distinct:
         check_distinct(tokens, what)
+    if hygiene:
+        positions.warn(positions.position_warnings(loaded, tokens), stacklevel=3)
     bos_id = getattr(loaded.tokenizer, "bos_token_id", None) if loaded.tokenizer is not None else None
     checked = _tensor_prompt_set(loaded, tokens, bos_id if bos_id is not None else loaded.spec.bos_token_id)
     return _mark_checked(checked, loaded, distinct)
