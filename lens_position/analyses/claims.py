@@ -282,32 +282,32 @@ def _summary(results: Tables, arch: str, prefix: str = "decompose") -> _ModelSum
 
 def _length(summary: _ModelSummary) -> int | None:
     """The T (positions per sequence) a decomposition was measured at (None: not recorded)."""
-    if "T" not in summary.layers.columns:
+    if "seq_len" not in summary.layers.columns:
         return None
-    lengths = summary.layers["T"].dropna().unique()
+    lengths = summary.layers["seq_len"].dropna().unique()
     return int(lengths[0]) if len(lengths) == 1 else None
 
 
 def _swept(results: Tables, arch: str, T: int) -> _ModelSummary | None:
     """The length sweep's decomposition of ``arch`` at ``T`` (None: not measured there)."""
     layers = _part(results, "length_sweep_layers", arch)
-    if layers is None or "T" not in layers.columns:
+    if layers is None or "seq_len" not in layers.columns:
         return None
-    layers = layers[layers["T"] == T].sort_values("layer").reset_index(drop=True)
+    layers = layers[layers["seq_len"] == T].sort_values("layer").reset_index(drop=True)
     if not len(layers):
         return None
     replicates = _part(results, "length_sweep_replicates", arch)
-    if replicates is not None and "T" in replicates.columns:
-        replicates = replicates[replicates["T"] == T]
+    if replicates is not None and "seq_len" in replicates.columns:
+        replicates = replicates[replicates["seq_len"] == T]
     n = int(layers["n_sequences"].iloc[0]) if "n_sequences" in layers.columns else None
     return _ModelSummary(layers, replicates if replicates is not None and len(replicates) else None, n)
 
 
 def _swept_lengths(results: Tables, arch: str) -> set[int]:
     layers = _part(results, "length_sweep_layers", arch)
-    if layers is None or "T" not in layers.columns:
+    if layers is None or "seq_len" not in layers.columns:
         return set()
-    return {int(T) for T in layers["T"].dropna().unique()}
+    return {int(T) for T in layers["seq_len"].dropna().unique()}
 
 
 def window_of(results: Tables, arch: str) -> int | None:
@@ -830,7 +830,7 @@ CLAIMS: tuple[Claim, ...] = (
 )
 
 COLUMNS = ["claim", "statement", "criterion", "architecture", "verdict", "quantity", "value", "value_lo",
-           "value_hi", "level", "interval_method", "interval_note", "n_sequences", "T", "n_to_decide", "measured",
+           "value_hi", "level", "interval_method", "interval_note", "n_sequences", "seq_len", "n_to_decide", "measured",
            "explanation"]
 
 
@@ -864,7 +864,7 @@ def claims_table(results: Tables, criteria: Criteria = Criteria()) -> pd.DataFra
     ``"overall"`` row per claim; columns :data:`COLUMNS`. ``value``/``value_lo``/``value_hi``
     are the estimate the criterion is applied to and its interval (``level``; ``interval_method``
     ``"percentile"`` or ``"bias-corrected percentile"``, for a quantity computed from in-sample
-    fits; ``interval_note`` says when the estimate lies outside its interval; ``T``: the sequence length of the
+    fits; ``interval_note`` says when the estimate lies outside its interval; ``seq_len``: the sequence length of the
     decompositions the row rests on, the same for every architecture of a comparison)."""
     statements = {c.key: c.statement for c in CLAIMS}
     criteria_text = {c.key: c.criterion(criteria) for c in CLAIMS}
@@ -873,7 +873,7 @@ def claims_table(results: Tables, criteria: Criteria = Criteria()) -> pd.DataFra
         "architecture": e.architecture, "verdict": e.verdict, "quantity": e.quantity,
         "value": e.estimate.value, "value_lo": e.estimate.lo, "value_hi": e.estimate.hi, "level": e.estimate.level,
         "interval_method": e.estimate.method if e.estimate.has_interval else "", "interval_note": e.estimate.note,
-        "n_sequences": e.n, "T": e.T, "n_to_decide": e.n_to_decide, "measured": e.measured,
+        "n_sequences": e.n, "seq_len": e.T, "n_to_decide": e.n_to_decide, "measured": e.measured,
         "explanation": e.explanation,
     } for e in evaluate(results, criteria)]
-    return pd.DataFrame(rows, columns=COLUMNS).astype({"n_sequences": "Int64", "T": "Int64"})
+    return pd.DataFrame(rows, columns=COLUMNS).astype({"n_sequences": "Int64", "seq_len": "Int64"})

@@ -133,7 +133,7 @@ class Decomposition(SavedResult):
     carry the in-sample fit's optimism once more (:mod:`lens_position.core.intervals`).
     ``layers``: one row per layer, the mean over heads of each component, its interval (from
     that mean over the replicates, the same method), ``relative_depth`` = layer / (n_layers − 1),
-    ``query_stop``, ``n_sequences`` and ``T`` (positions per sequence: cross-model comparisons are
+    ``query_stop``, ``n_sequences`` and ``seq_len`` (``T``, positions per sequence: cross-model comparisons are
     made only between decompositions of the same ``T``, :mod:`lens_position.analyses.claims`).
     ``provenance``: model spec, data spec, seed, options (bins, query range, keys), the
     interval method, level and number of resamples, versions.
@@ -339,7 +339,7 @@ class DecompositionReducer:
         heads = self._head_table(estimates, intervals, n_seq)
         per_layer = heads.groupby(["layer", "layer_type"], dropna=False, sort=True)[COMPONENTS].mean().reset_index()
         per_layer["relative_depth"] = per_layer["layer"] / max(self.loaded.spec.n_layers - 1, 1)
-        per_layer["query_stop"], per_layer["n_sequences"], per_layer["T"] = self.query_stop, n_seq, self.length
+        per_layer["query_stop"], per_layer["n_sequences"], per_layer["seq_len"] = self.query_stop, n_seq, self.length
         replicates = head_replicates = None
         layer_means: dict[str, np.ndarray] = {}
         if weights is not None:

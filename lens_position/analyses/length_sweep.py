@@ -13,12 +13,13 @@ same source, BOS policy and seed), so that:
   on this sweep's rows at a common ``T``, or is inconclusive with that reason).
 
 Tables: ``layers`` is :class:`~lens_position.analyses.decompose.Decomposition`'s per-layer table
-at every ``T`` (its ``T`` column says which); ``replicates`` its per-layer bootstrap replicates
-with the same ``T`` column; ``by_length`` one row per (``T``, component): the mean over layers and
-heads of the held-out total and of the reference-free split's ``R'``, ``M'`` and interaction
-``C'`` (fractions of Var(log A)), its 95% percentile interval over the bootstrap replicates of
-whole sequences, ``n_sequences`` and the model's sliding ``window`` (NaN without one) with
-``beyond_window`` (``T`` larger than it: the local layers slide).
+at every ``T`` (its ``seq_len`` column says which); ``replicates`` its per-layer bootstrap
+replicates with the same ``seq_len`` column; ``by_length`` one row per (``seq_len`` = ``T``,
+component): the mean over layers and heads of the held-out total and of the reference-free
+split's ``R'``, ``M'`` and interaction ``C'`` (fractions of Var(log A)), its 95% percentile
+interval over the bootstrap replicates of whole sequences, ``n_sequences`` and the model's
+sliding ``window`` (NaN without one) with ``beyond_window`` (``T`` larger than it: the local
+layers slide).
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ DEFAULT_LENGTHS: tuple[int, ...] = (32, 64, 128, 256, 512, 1024)
 #: The components the summary carries: column -> what it is.
 QUANTITIES = {"total_heldout": "total", "R_rf_heldout": "R' residual", "M_rf_heldout": "M' mask",
               "C_rf_heldout": "C' interaction"}
-SUMMARY_COLUMNS = ["T", "quantity", "label", "value", "lo", "hi", "level", "n_sequences", "window", "beyond_window"]
+SUMMARY_COLUMNS = ["seq_len", "quantity", "label", "value", "lo", "hi", "level", "n_sequences", "window",
+                   "beyond_window"]
 
 
 @dataclass(repr=False)
@@ -62,9 +64,9 @@ class LengthSweep(SavedResult):
         Table("length_sweep", "by_length",
               "LengthSweep.by_length: total, R', M' and C' (held out, means over layers and heads) at each T"),
         Table("length_sweep_layers", "layers",
-              "LengthSweep.layers: the decomposition's per-layer table at each T (column T)"),
+              "LengthSweep.layers: the decomposition's per-layer table at each T (column seq_len)"),
         Table("length_sweep_replicates", "replicates",
-              "LengthSweep.replicates: per-layer means per bootstrap replicate at each T (column T)"),
+              "LengthSweep.replicates: per-layer means per bootstrap replicate at each T (column seq_len)"),
     )
 
     by_length: pd.DataFrame
@@ -79,18 +81,18 @@ class LengthSweep(SavedResult):
         if not len(self.by_length):
             return []
         out = []
-        for T in sorted({int(self.by_length["T"].min()), int(self.by_length["T"].max())}):
+        for T in sorted({int(self.by_length["seq_len"].min()), int(self.by_length["seq_len"].max())}):
             for column in ("R_rf_heldout", "M_rf_heldout"):
-                row = self.by_length[(self.by_length["T"] == T) & (self.by_length["quantity"] == column)].iloc[0]
+                row = self.by_length[(self.by_length["seq_len"] == T) & (self.by_length["quantity"] == column)].iloc[0]
                 out.append(Headline("value", f"{QUANTITIES[column]} at T = {T}", row_estimate(row, "value"),
                                     "share of Var(log A), held out, mean over layers and heads"))
         return out
 
     def at(self, T: int, quantity: str = "M_rf_heldout") -> float:
         """``by_length``'s value of ``quantity`` at ``T`` (KeyError when that T was not measured)."""
-        part = self.by_length[(self.by_length["T"] == T) & (self.by_length["quantity"] == quantity)]
+        part = self.by_length[(self.by_length["seq_len"] == T) & (self.by_length["quantity"] == quantity)]
         if not len(part):
-            raise KeyError(f"T = {T} was not measured; measured: {sorted(set(self.by_length['T'].tolist()))}")
+            raise KeyError(f"T = {T} was not measured; measured: {sorted(set(self.by_length['seq_len'].tolist()))}")
         return float(part["value"].iloc[0])
 
 
@@ -110,7 +112,7 @@ def _summary_rows(T: int, layers: pd.DataFrame, replicates: pd.DataFrame | None,
             grid = replicates.pivot(index="replicate", columns="layer", values=column)
             reps = grid.reindex(columns=layers["layer"].tolist()).to_numpy(dtype=float).mean(1)
         e = from_replicates(float(layers[column].mean()), reps, n=n)
-        rows.append({"T": T, "quantity": column, "label": label, "value": e.value, "lo": e.lo, "hi": e.hi,
+        rows.append({"seq_len": T, "quantity": column, "label": label, "value": e.value, "lo": e.lo, "hi": e.hi,
                      "level": e.level, "n_sequences": n, "window": math.nan if window is None else float(window),
                      "beyond_window": window is not None and T > window})
     return rows
@@ -156,8 +158,8 @@ def length_sweep(
                 left_out.append(T)
                 continue
             result = decompose(loaded, prompts, batch_size=batch_size, bootstrap=bootstrap, progress=progress)
-            layers = result.layers.assign(T=T)
-            replicates = None if result.replicates is None else result.replicates.assign(T=T)
+            layers = result.layers.assign(seq_len=T)
+            replicates = None if result.replicates is None else result.replicates.assign(seq_len=T)
             layer_frames.append(layers)
             if replicates is not None:
                 replicate_frames.append(replicates)

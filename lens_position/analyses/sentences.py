@@ -102,7 +102,8 @@ def answer_line(layers: pd.DataFrame, architecture: str, replicates: pd.DataFram
             or layers["total_heldout"].isna().all():
         return f"{architecture}: no held-out values (fewer than two sequences)"
     total = layer_mean(layers, replicates, "total_heldout")
-    at = f" at T = {int(layers['T'].iloc[0])}" if "T" in layers.columns and layers["T"].nunique() == 1 else ""
+    one_length = "seq_len" in layers.columns and layers["seq_len"].nunique() == 1
+    at = f" at T = {int(layers['seq_len'].iloc[0])}" if one_length else ""
     text = f"{architecture}{at}: total {fmt(total)}"
     if total.has_interval and total.lo <= 0:
         return text + ", not distinguishable from 0"

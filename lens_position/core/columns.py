@@ -156,8 +156,10 @@ COLUMNS: dict[str, str] = {
     # prompt sets
     "set": "the prompt set (1..K)",
     "claim": "the claim the quantity decides (C1..C5)",
-    "quantity": "the column of the decomposition measured on each set",
-    "value": "the quantity on this set (mean over layers and heads)",
+    "quantity": "the column of the decomposition measured (on each prompt set, or at each length T)",
+    "label": "the quantity in words",
+    "value": "the quantity on this set or at this length (mean over layers and heads)",
+    "beyond_window": "whether T exceeds the model's sliding window (its local layers slide)",
     "lo": "lower end of the value's bootstrap interval",
     "hi": "upper end of the value's bootstrap interval",
     "level": "the interval's confidence level",

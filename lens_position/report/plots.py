@@ -340,7 +340,7 @@ def length_sweep(by_length: pd.DataFrame, *, by: str = "architecture") -> go.Fig
     with ``lo``/``hi``): the mean over layers and heads of the held-out total, R', M' and C' (shares
     of Var(log A), unitless). x: ``T`` on a log axis; a line per model; error bars: the 95%
     percentile bootstrap interval over sequences; a dotted vertical line at a model's sliding window."""
-    _require(by_length, ["T", "quantity", "value"], "length_sweep")
+    _require(by_length, ["seq_len", "quantity", "value"], "length_sweep")
     quantities = [q for q in ("total_heldout", "R_rf_heldout", "M_rf_heldout", "C_rf_heldout")
                   if q in set(by_length["quantity"])]
     titles = {"total_heldout": "total", "R_rf_heldout": "R' (residual)", "M_rf_heldout": "M' (mask)",
@@ -348,10 +348,10 @@ def length_sweep(by_length: pd.DataFrame, *, by: str = "architecture") -> go.Fig
     fig = make_subplots(rows=1, cols=len(quantities), subplot_titles=[titles[q] for q in quantities])
     for gi, (name, frame) in enumerate(_groups(by_length, by)):
         for col, quantity in enumerate(quantities, start=1):
-            part = frame[frame["quantity"] == quantity].sort_values("T")
+            part = frame[frame["quantity"] == quantity].sort_values("seq_len")
             fig.add_trace(go.Scatter(
-                x=_as_list(part["T"]), y=_as_list(part["value"]), mode="lines+markers", name=name, legendgroup=name,
-                showlegend=col == 1, line=dict(color=_color(gi)),
+                x=_as_list(part["seq_len"]), y=_as_list(part["value"]), mode="lines+markers", name=name,
+                legendgroup=name, showlegend=col == 1, line=dict(color=_color(gi)),
                 error_y=_error_bars(part.rename(columns={"lo": "value_lo", "hi": "value_hi"}), "value"),
                 hovertemplate=f"{name}<br>T = %{{x}}<br>{titles[quantity]} = %{{y:.4f}}<extra></extra>",
                 meta={"group": name, "quantity": quantity}), row=1, col=col)

@@ -105,7 +105,8 @@ def models_table(tables: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
             "R_slope": _slope(frame["layer"], frame["R_rf_heldout"]),
             "R_first_layer": frame["R_rf_heldout"].iloc[0], "R_last_layer": frame["R_rf_heldout"].iloc[-1],
             "R_self": frame["R_heldout"].mean(), "M_self": frame["M_heldout"].mean(),
-            "T": int(frame["T"].iloc[0]) if "T" in frame.columns and frame["T"].notna().all() else np.nan,
+            "seq_len": (int(frame["seq_len"].iloc[0]) if "seq_len" in frame.columns and frame["seq_len"].notna().all()
+                        else np.nan),
         }
         probe = tables.get("probe_layers")
         if probe is not None and (probe["model"] == model).any():
@@ -165,7 +166,7 @@ def answers(models: pd.DataFrame) -> pd.DataFrame:
                      "b_mean": right.mean(), "difference": mean, "low": low, "high": high,
                      "relative": mean / right.mean() if len(right) and right.mean() else float("nan"),
                      "n_seeds": n, "per_seed": ", ".join(f"{d:+.4f}" for d in diffs),
-                     "T": next(iter(lengths)) if len(lengths) == 1 else np.nan, "verdict": verdict})
+                     "seq_len": next(iter(lengths)) if len(lengths) == 1 else np.nan, "verdict": verdict})
     return pd.DataFrame(rows)
 
 
@@ -173,9 +174,9 @@ def _lengths(models: pd.DataFrame, variants: tuple[str, str], seeds: list[Any]) 
     """The sequence lengths the paired models of ``variants`` at ``seeds`` were decomposed at (empty:
     not recorded; a paired difference is made only when this is one length)."""
     part = models[models["variant"].isin(variants) & models["seed"].isin(seeds)]
-    if "T" not in part.columns or part["T"].isna().any():
+    if "seq_len" not in part.columns or part["seq_len"].isna().any():
         return set()
-    return {int(T) for T in part["T"]}
+    return {int(T) for T in part["seq_len"]}
 
 
 def answer_markdown(answer: pd.DataFrame) -> str:

@@ -15,6 +15,7 @@ def all_results() -> dict:
     from lens_position.analyses.compare import compare
     from lens_position.analyses.decompose import decompose
     from lens_position.analyses.fingerprint import fingerprint
+    from lens_position.analyses.length_sweep import length_sweep
     from lens_position.analyses.patching import resid_pre_sweep
     from lens_position.analyses.probes import position_probe
     from lens_position.analyses.prompt_sets import across_prompt_sets
@@ -40,6 +41,7 @@ def all_results() -> dict:
         "PatchSweep": resid_pre_sweep(model, prompts.tokens, prompts.tokens,
                                       lambda logits: logits[:, -1].logsumexp(-1).mean(), progress=False),
         "Comparison": compare(base, {"itself": base}),
+        "LengthSweep": length_sweep(model, (8, 16), N=4, source="random", progress=False),
         "PromptSetSpread": across_prompt_sets(model, 2, T=16, N=4, source="random", progress=False),
         "Analysis": analyze(model, prompts, progress=False),
     }

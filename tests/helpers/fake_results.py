@@ -65,7 +65,7 @@ def fake_results(n_layers: int = 4, n_heads: int = 3, failing: bool = False,
         layers.insert(1, "layer_type", "global")
         layers["relative_depth"] = layers["layer"] / (n_layers - 1)
         layers["n_sequences"] = N_SEQUENCES
-        layers["T"] = T[role] if isinstance(T, dict) else T
+        layers["seq_len"] = T[role] if isinstance(T, dict) else T
         replicates = pd.concat([layers[["layer", *COMPONENTS]].assign(
             replicate=b, **{c: layers[c] + rng.normal(0, noise, n_layers) for c in COMPONENTS})
             for b in range(N_REPLICATES)], ignore_index=True)
@@ -144,10 +144,10 @@ def with_length_sweep(tables: dict[str, pd.DataFrame], lengths: dict[str, tuple[
     for (_, role), part in tables["decompose_layers"].groupby(["architecture", "role"], sort=False):
         reps = tables["decompose_replicates"][tables["decompose_replicates"]["role"] == role]
         for T in lengths.get(role, ()):
-            layers.append(part.assign(T=T))
-            replicates.append(reps.assign(T=T))
+            layers.append(part.assign(seq_len=T))
+            replicates.append(reps.assign(seq_len=T))
             by_length.append(part[["architecture", "role", "model"]].iloc[:1].assign(
-                T=T, quantity="M_rf_heldout", value=float(part["M_rf_heldout"].mean()),
+                seq_len=T, quantity="M_rf_heldout", value=float(part["M_rf_heldout"].mean()),
                 window=float(window[role]) if role in window else np.nan))
     if layers:
         out["length_sweep_layers"] = pd.concat(layers, ignore_index=True)

@@ -25,7 +25,7 @@ _BASE = fake_results()  # the hand-made tables, all decomposed at T = 128
 def _tables(T: dict[str, int]) -> dict[str, pd.DataFrame]:
     """The hand-made tables with each role's decomposition recorded at ``T[role]``."""
     tables = {name: frame.copy() for name, frame in _BASE.items()}
-    tables["decompose_layers"]["T"] = tables["decompose_layers"]["role"].map(T)
+    tables["decompose_layers"]["seq_len"] = tables["decompose_layers"]["role"].map(T)
     return tables
 
 
@@ -37,7 +37,7 @@ def test_matched_lengths_are_compared_as_before():
     table = claims_table(_tables({"standard": 128, "ntk": 128, "sliding": 128}))
     for claim in ("C2", "C3"):
         assert _row(table, claim, "overall")["verdict"] == HOLDS
-    assert set(table.loc[table["claim"] == "C2", "T"].dropna()) == {128}
+    assert set(table.loc[table["claim"] == "C2", "seq_len"].dropna()) == {128}
     assert "at T = 128" in _row(table, "C3", NTK)["measured"]
 
 
@@ -62,7 +62,7 @@ def test_a_length_sweep_supplies_the_common_length():
                                {role: (128, 1024) for role in ("standard", "ntk", "sliding")}, window={"sliding": 512})
     table = claims_table(tables)
     c2 = table[(table["claim"] == "C2") & (table["architecture"] != "overall")]
-    assert set(c2["T"]) == {128} and (c2["verdict"] == HOLDS).all()
+    assert set(c2["seq_len"]) == {128} and (c2["verdict"] == HOLDS).all()
     assert "at its own T = 640" in _row(table, "C2", SWA)["measured"]
     swa = _row(table, "C3", SWA)
     assert swa["verdict"] == HOLDS
@@ -104,10 +104,10 @@ def test_no_decided_comparison_rests_on_two_lengths(own, swept, window):
     table = claims_table(tables)
     decided = table[(table["claim"] == "C2") & table["verdict"].isin([HOLDS, FAILS])
                     & (table["architecture"] != "overall")]
-    assert decided["T"].nunique() <= 1
+    assert decided["seq_len"].nunique() <= 1
     if len(decided):
         c2 = table[(table["claim"] == "C2") & (table["architecture"] != "overall")]
-        assert c2["T"].nunique() == 1  # the undecided ones too: all judged at that T
+        assert c2["seq_len"].nunique() == 1  # the undecided ones too: all judged at that T
     balances = [claims._balance(tables, arch, role) for arch, role in claims._architectures(tables)]
     for parts in claims._c3_parts(tables, [b for b in balances if b is not None]).values():
         for part in parts:

@@ -120,7 +120,7 @@ def test_a_sub_command_prints_its_estimate_first_and_its_steps_take_about_that(t
     assert main(["decompose", "tiny-llama", "--quick", "--N", "6", "--out", str(out), "--no-cache"]) == 0
     err = capsys.readouterr().err
     line = next(l for l in err.splitlines() if "estimated" in l)
-    assert line.startswith("tiny-llama: 1 step to compute, estimated "), err
+    assert line.startswith("tiny-llama: 2 steps to compute, estimated "), err
     assert err.index(line) < err.index("decompose")  # before the step's progress
     low, high = _range_seconds(line)
     steps = json.loads((out / "provenance.json").read_text())["steps"]

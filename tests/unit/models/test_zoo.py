@@ -283,7 +283,7 @@ def _layers(variant: str, seed: int, per_layer: list[float], T: int = 128) -> pd
     constant, so an answer read off the wrong split resolves nothing."""
     return pd.DataFrame({"model": model_name(variant, seed), "layer": range(len(per_layer)), "key_set": "all",
                          "R_rf_heldout": per_layer, "M_rf_heldout": 0.1, "R_heldout": 0.3, "M_heldout": 0.2,
-                         "total_heldout": 0.2, "T": T})
+                         "total_heldout": 0.2, "seq_len": T})
 
 
 def test_c3_answers_come_from_paired_seed_differences():
@@ -316,7 +316,7 @@ def test_a_paired_difference_across_lengths_is_not_compared():
     window = answer.loc[("window", "rope", "R_slope")]
     assert window["verdict"].startswith("not compared") and "128, 256" in window["verdict"]
     ntk = answer.loc[("ntk", "ntk-control", "R")]
-    assert ntk["verdict"] == "lower" and ntk["T"] == 128
+    assert ntk["verdict"] == "lower" and ntk["seq_len"] == 128
 
 
 def test_t_interval_uses_student_t_quantiles():
