@@ -32,7 +32,8 @@ class PositionReport:
         return not self.frame["status"].isin(["warning", "error"]).any()
 
     def __repr__(self) -> str:
-        lines = [f"{row.check}: {row.status}" + (f" ({row.message})" if row.message else "")
+        lines = [f"{row.check}: " + (row.message if row.message.startswith(row.status) else
+                                      row.status + (f" ({row.message})" if row.message else ""))
                  for row in self.frame.itertuples()]
         return "PositionReport\n  " + "\n  ".join(lines)
 
