@@ -333,22 +333,31 @@ class _Matched:
     source: str = ""
     reason: str = ""
 
+    swept: tuple[str, ...] = ()  # the architectures whose numbers come from the length sweep
+
     @property
     def where(self) -> str:
-        """"at T = 128" (with the source when it is the length sweep)."""
+        """"at T = 128" (with the length sweep's N when some of the numbers come from it)."""
         if self.T is None:
             return ""
-        if self.source == "length sweep":
-            n = next(iter(self.summaries.values())).n
+        if self.swept:
+            n = self.summaries[self.swept[0]].n
             return f"at T = {self.T} (length sweep, N = {n})"
         return f"at T = {self.T}"
+
+    def where_for(self, arch: str) -> str:
+        """Where ``arch``'s numbers come from: "at T = 128", with the sweep's N when from it."""
+        if self.T is None or arch not in self.swept:
+            return "" if self.T is None else f"at T = {self.T}"
+        return f"at T = {self.T} (length sweep, N = {self.summaries[arch].n})"
 
 
 def matched(results: Tables, archs: list[str], *, beyond: int | None = None, prefer: int | None = None) -> _Matched:
     """The decompositions of ``archs`` at one common ``T``, longer than ``beyond`` when given (a
     window question is asked where the window acts): their own decompositions when those share
-    such a ``T``; else the length sweep's rows at a common ``T`` (``prefer`` when they have it,
-    else the longest); else none, with the reason. A comparison across architectures reads
+    such a ``T``; else at a ``T`` common to their length sweeps (``prefer`` when they have it,
+    else the longest), each from its own decomposition where that is at this ``T`` and from its
+    sweep otherwise; else none, with the reason. A comparison across architectures reads
     its numbers from here only, so it never compares different ``T``."""
     own = {arch: _summary(results, arch) for arch in archs}
     lengths = {arch: (None if summary is None else _length(summary)) for arch, summary in own.items()}
@@ -357,12 +366,18 @@ def matched(results: Tables, archs: list[str], *, beyond: int | None = None, pre
         T = next(iter(lengths.values()))
         if T is not None and T >= floor:
             return _Matched(T, {a: s for a, s in own.items() if s is not None}, "decomposition")
-    common = set.intersection(*(_swept_lengths(results, arch) for arch in archs)) if archs else set()
+    available: list[set[int]] = []
+    for arch in archs:
+        own_length = lengths[arch]
+        available.append(_swept_lengths(results, arch) | (set() if own_length is None else {own_length}))
+    common = set.intersection(*available) if archs else set()
     common = {T for T in common if T >= floor}
     if common:
         T = prefer if prefer in common else max(common)
-        swept = {arch: _swept(results, arch, T) for arch in archs}
-        return _Matched(T, {a: s for a, s in swept.items() if s is not None}, "length sweep")
+        # an architecture's own decomposition where it is at that T (more sequences), else the sweep's
+        chosen = {arch: own[arch] if lengths[arch] == T else _swept(results, arch, T) for arch in archs}
+        swept = tuple(arch for arch in archs if lengths[arch] != T)
+        return _Matched(T, {a: s for a, s in chosen.items() if s is not None}, "length sweep", swept=swept)
     at = ", ".join(f"{arch} at T = {lengths[arch] if lengths[arch] is not None else 'unrecorded'}" for arch in archs)
     need = f"longer than the window ({beyond})" if beyond is not None else "one"
     return _Matched(None, {}, reason=(f"not compared: measured {at}, and no common T ({need}) in a length sweep; "
@@ -435,7 +450,7 @@ def _evaluate_c2(results: Tables, criteria: Criteria) -> list[Evaluation]:
         mask, _ = summary.estimate(m_col)
         verdicts = {"residual": at_least(residual, criteria.min_signal), "mask": at_least(mask, criteria.min_signal)}
         verdict = combine(list(verdicts.values())) if at.T is not None else INCONCLUSIVE
-        where = at.where or f"at its own T = {_length(own)}"
+        where = at.where_for(arch) or f"at its own T = {_length(own)}"
         measured = (f"{where}, all queries: R' = {residual.format()}, M' = {mask.format()}"
                     f"{summary.gaps(r_col, m_col)}{_own_length_text(own, at)}"
                     f"{_other_split_text(summary)}{_early_text(results, arch)}")
