@@ -369,6 +369,9 @@ def length_sweep(by_length: pd.DataFrame, *, by: str = "architecture") -> go.Fig
     return _base_layout(fig, "The components against sequence length T")
 
 
+CLIP_FRACTION = 2.0  # a per-layer fraction panel is clipped to ±this (200%) where a layer goes beyond
+
+
 def bos_fraction_removed(layers: pd.DataFrame, overall: pd.DataFrame | None = None, *,
                          by: str = "architecture", column: str | None = None) -> go.Figure:
     """Fraction of the residual component R removed by each BOS replacement at early queries (C4).
@@ -381,8 +384,11 @@ def bos_fraction_removed(layers: pd.DataFrame, overall: pd.DataFrame | None = No
     the fraction drawn (default ``fraction_removed_rf_heldout``, the held-out reference-free R'
     that claim C4 is decided on, when the frame has it; else ``fraction_removed_rf``, else
     ``fraction_removed``); error bars: its
-    ``_lo``/``_hi`` interval (bias-corrected, :mod:`lens_position.core.intervals`; a hatched bar or
-    an open marker: the estimate lies outside it; hovering gives the interval and its method).
+    ``_lo``/``_hi`` interval (percentile for the held-out fraction, bias-corrected for an in-sample
+    one, :mod:`lens_position.core.intervals`; a hatched bar or an open marker: the estimate lies
+    outside it; hovering gives the interval and its method). The overall panel, which C4 is decided
+    on, has its own y axis; a per-layer panel is clipped to [-2, 2] (200% either way) where a layer's
+    fraction goes beyond, so one small denominator cannot flatten the rest (hover keeps every value).
     """
     column = column or ([c for c in ("fraction_removed_rf_heldout", "fraction_removed_rf") if c in layers.columns]
                         or ["fraction_removed"])[0]
@@ -390,7 +396,7 @@ def bos_fraction_removed(layers: pd.DataFrame, overall: pd.DataFrame | None = No
     replacements = list(dict.fromkeys(layers["replacement"].tolist()))
     n_panels = len(replacements) + (overall is not None)
     titles = (["overall"] if overall is not None else []) + [f"per layer: {r}" for r in replacements]
-    fig = make_subplots(rows=1, cols=n_panels, subplot_titles=titles, shared_yaxes=True)
+    fig = make_subplots(rows=1, cols=n_panels, subplot_titles=titles)
     offset = 0
     if overall is not None:
         _require(overall, ["replacement", column], "bos_fraction_removed")
@@ -423,7 +429,11 @@ def bos_fraction_removed(layers: pd.DataFrame, overall: pd.DataFrame | None = No
             fig.update_xaxes(title_text="layer", row=1, col=offset + ri + 1)
     for col in range(1, n_panels + 1):
         fig.add_hline(y=PAPER_C4_FRACTION, line_dash="dash", line_color="grey", row=1, col=col)
-    fig.update_yaxes(title_text="fraction of R' removed" if column.endswith("_rf") else "fraction of R removed",
+    per_layer = layers[column].astype(float).to_numpy()
+    if len(per_layer) and np.nanmax(np.abs(np.nan_to_num(per_layer))) > CLIP_FRACTION:
+        for col in range(offset + 1, n_panels + 1):
+            fig.update_yaxes(range=[-CLIP_FRACTION - 0.1, CLIP_FRACTION + 0.1], row=1, col=col)
+    fig.update_yaxes(title_text="fraction of R' removed" if "_rf" in column else "fraction of R removed",
                      row=1, col=1)
     fig.update_layout(barmode="group")
     return _base_layout(fig, "BOS replacement: fraction of the residual component removed at early queries")

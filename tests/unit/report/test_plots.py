@@ -128,6 +128,19 @@ def test_bos_figure_draws_overall_and_per_layer_fractions(tables):
     assert [s["y0"] for s in fig.layout.shapes] == [plots.PAPER_C4_FRACTION] * 4
 
 
+def test_one_layer_with_a_small_denominator_cannot_flatten_the_overall_bars(tables):
+    """A per-layer fraction of -4000% (a near-zero R' at one layer) clips the per-layer panels at
+    ±200%; the overall bars, which C4 is decided on, keep an axis of their own."""
+    layers, overall = tables["bos_layers"].copy(), tables["bos_overall"]
+    layers.loc[layers.index[0], "fraction_removed_rf"] = -40.0
+    fig = plots.bos_fraction_removed(layers, overall)
+    axes = [fig.layout[name] for name in ("yaxis", "yaxis2", "yaxis3", "yaxis4")]
+    assert axes[0].range is None and axes[0].matches is None  # the overall panel: its own autoscaled axis
+    for axis in axes[1:]:
+        assert tuple(axis.range) == (-plots.CLIP_FRACTION - 0.1, plots.CLIP_FRACTION + 0.1)
+    assert "fraction of R' removed" in axes[0].title.text
+
+
 def test_fingerprint_figure_shows_a_zero_spread_on_the_log_axis(tables):
     frame = tables["fingerprint"]
     fig = plots.fingerprint_layers(frame)
