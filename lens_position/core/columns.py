@@ -148,6 +148,11 @@ COLUMNS: dict[str, str] = {
     "cos_to_bos": "mean cosine between x_n and the mean auto-BOS fingerprint of the layer, in [-1, 1]",
     "is_float_noise": "spread_relative <= the noise tolerance: identical up to float round-off",
     "n_distinct_token0": "distinct tokens at position 0 among the inputs",
+    # attention rollout
+    "flow_with_residual": "rollout to position 0 with the residual path ((A + I) / 2 per layer): share of a "
+                          "query's input from position 0, mean over prompts and queries 1 <= i < T, in [0, 1]",
+    "flow_without_residual": "rollout to position 0 through attention alone (the head-averaged patterns' "
+                             "product): share of a query's input from position 0, in [0, 1]",
     # trajectory patching
     "patch_layer": "the layer whose resid_pre[:, 0] was patched",
     "pattern_change": "mean |A_patched - A_base| of the head's pattern over analysed queries (probability units)",

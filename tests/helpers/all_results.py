@@ -19,6 +19,7 @@ def all_results() -> dict:
     from lens_position.analyses.patching import resid_pre_sweep
     from lens_position.analyses.probes import position_probe
     from lens_position.analyses.prompt_sets import across_prompt_sets
+    from lens_position.analyses.rollout import attention_rollout
     from lens_position.analyses.sinks import sink_heads, sink_rate, sink_reading_heads
     from lens_position.analyses.trajectory import trajectory_patching
     from lens_position.core.data import build_prompts
@@ -42,6 +43,7 @@ def all_results() -> dict:
                                       lambda logits: logits[:, -1].logsumexp(-1).mean(), progress=False),
         "Comparison": compare(base, {"itself": base}),
         "LengthSweep": length_sweep(model, (8, 16), N=4, source="random", progress=False),
+        "AttentionRollout": attention_rollout(model, prompts, progress=False),
         "PromptSetSpread": across_prompt_sets(model, 2, T=16, N=4, source="random", progress=False),
         "Analysis": analyze(model, prompts, progress=False),
     }
