@@ -169,7 +169,7 @@ def test_reproduce_in_a_log_writes_one_labelled_line_per_model_and_step(capsys, 
     assert status == 0
     lines = _lines(capsys.readouterr().err)
     steps = list(commands()["reproduce"])
-    assert steps[:3] == ["decompose", "probe", "bos"] and "fingerprint" in steps
+    assert steps[:4] == ["decompose", "length_sweep", "probe", "bos"] and "fingerprint" in steps
     for k, step in enumerate(steps, start=1):
         label = f"[{k}/{len(steps)}] tiny-llama / {step}: "
         assert sum(line.startswith(label) for line in lines) == 1, (label, lines)
@@ -177,6 +177,7 @@ def test_reproduce_in_a_log_writes_one_labelled_line_per_model_and_step(capsys, 
     n = 4  # --quick: N = early_N = 4
     assert counted["bos"] == 4 * n  # its base decomposition and three replacements
     assert counted["sink_rate"] == 4 * n  # natural, random, repeated, repeated_bos
+    assert counted["length_sweep"] == 3 * n  # --quick: T = 16, 40 and 80
 
 
 def test_a_notebook_keeps_the_finished_line_and_no_widget(tmp_path, monkeypatch):
