@@ -239,6 +239,20 @@ def _tensor_prompt_set(loaded: LoadedModel, tokens: torch.Tensor, bos_id: int | 
     return PromptSet(tokens=tokens, spec=spec, bos_token_id=bos_id)
 
 
+def _checked_texts(loaded: LoadedModel, texts: list[str], *, bos: str | None, T: int | None, min_length: int,
+                   what: str, distinct: bool, hygiene: bool) -> CheckedPrompts:
+    """A list of strings through the door: tokenised under ``bos``, cut to ``T``, checked, and the
+    position warnings its BOS policy does not decide (a doubled BOS, BOS inside a row)."""
+    built = prompts_from_texts(loaded, texts, bos=bos, T=T)
+    _check_tokens(loaded, built.tokens, min_length, what)
+    if hygiene:
+        positions.warn(positions.position_warnings(loaded, built.tokens, bos_expected=False),
+                       only=("bos_doubled", "bos_inside"), stacklevel=4)
+    if distinct:
+        check_distinct(built.tokens, what)
+    return _mark_checked(built, loaded, distinct)
+
+
 def checked_prompts(
     model: ModelLike,
     prompts: Prompts,
@@ -265,10 +279,8 @@ def checked_prompts(
             that computes intervals asks for it (``distinct=bootstrap.enabled``), as the intervals
             take the sequences as independent samples; without intervals a repeated sequence only
             weighs twice in a mean.
-        hygiene: issue the position-hygiene warnings (:mod:`lens_position.core.positions`): on token
-            ids every check (a doubled or missing BOS, BOS inside a row, a padded start), on a list of
-            strings those their BOS policy does not decide (a doubled BOS, BOS inside a row); a
-            PromptSet's position 0 is what its spec says.
+        hygiene: issue the position warnings (:mod:`lens_position.core.positions`: every check on
+            token ids, those their BOS policy leaves open on strings, none on a PromptSet).
 
     Raises:
         BadInputError: ids outside the vocabulary, no sequences, too short, not integers; a
@@ -296,14 +308,8 @@ def checked_prompts(
     if isinstance(prompts, str):
         raise BadInputError(f"{what} is one string; pass a list of strings (or build_prompts(model, text=...))")
     if isinstance(prompts, Sequence) and prompts and all(isinstance(p, str) for p in prompts):
-        built = prompts_from_texts(loaded, list(prompts), bos=bos, T=T)
-        _check_tokens(loaded, built.tokens, min_length, what)
-        if hygiene:
-            positions.warn(positions.position_warnings(loaded, built.tokens, bos_expected=False),
-                           only=("bos_doubled", "bos_inside"), stacklevel=3)
-        if distinct:
-            check_distinct(built.tokens, what)
-        return _mark_checked(built, loaded, distinct)
+        return _checked_texts(loaded, list(prompts), bos=bos, T=T, min_length=min_length, what=what,
+                              distinct=distinct, hygiene=hygiene)
     if bos is not None or T is not None:
         raise BadInputError("bos= and T= apply to a list of strings; token ids are taken as given")
     if isinstance(prompts, Sequence) and not isinstance(prompts, torch.Tensor):

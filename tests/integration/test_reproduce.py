@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import subprocess
 import sys
 from html import escape
@@ -133,8 +134,17 @@ def test_every_figure_in_the_report_holds_the_tables_numbers(quick_run):
     specs = report_figure_specs((quick_run / "report.html").read_text())
     assert set(specs) == {"layer_components", "layer_components_early", "head_heatmaps", "probe", "bos",
                           "fingerprint", "sinks", "sink_rate", "sink_ablation", "convergence", "window_sinks",
-                          "rotary_bands"}
+                          "rotary_bands", "length_sweep"}
     n = len(ARCHITECTURES)
+
+    by_length = tables["length_sweep"]  # each component against T: one line per model and component
+    lines = [t for t in specs["length_sweep"]["data"] if t["meta"]["quantity"] != "window"]
+    assert len(lines) == 4 * n
+    for trace in lines:
+        part = by_length[(by_length["architecture"] == trace["meta"]["group"])
+                         & (by_length["quantity"] == trace["meta"]["quantity"])].sort_values("seq_len")
+        assert trace["x"] == part["seq_len"].tolist()
+        assert all(_close(a, b) for a, b in zip(trace["y"], part["value"].tolist()))
 
     layers = tables["decompose_layers"]
     components = {c: (c, None) for c in ("R_rf_heldout", "M_rf_heldout", "R_heldout", "M_heldout")}
@@ -209,7 +219,7 @@ def test_every_figure_in_the_report_holds_the_tables_numbers(quick_run):
 def test_report_was_drawn_by_chromium_without_errors(quick_run):
     check = _provenance(quick_run)["browser_check"]
     assert check["js_errors"] == [] and check["undrawn"] == []
-    assert check["figures_drawn"] == check["figures_expected"] == 12
+    assert check["figures_drawn"] == check["figures_expected"] == 13
     assert Path(check["screenshot"]) == (quick_run / "report.png").resolve()
 
 
@@ -225,7 +235,8 @@ def test_same_command_again_reuses_every_step(quick_run, capsys):
     # the report's path; the sentences are in the report
     printed = capsys.readouterr().out.strip().splitlines()
     assert len(printed) <= 40
-    assert all(any(line.strip().startswith(f"{arch}: total") for line in printed) for arch in ARCHITECTURES)
+    assert all(any(re.match(rf"{re.escape(arch)} at T = \d+: total", line.strip()) for line in printed)
+               for arch in ARCHITECTURES)
     assert all(any(line.strip().startswith(f"{claim}:") for line in printed) for claim in ("C1", "C2", "C3", "C4"))
     assert printed[-1].startswith("report: ")
 
