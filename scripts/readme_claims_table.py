@@ -40,6 +40,9 @@ def _cell(row: pd.Series) -> str:
         text += f" ({note})"
     elif math.isfinite(lo) and math.isfinite(hi) and not lo <= value <= hi:  # a claims.csv without the column
         text += " (outside its interval: off-centre bootstrap)"
+    length = row.get("seq_len")
+    if str(row["claim"]) in ("C2", "C3") and length is not None and pd.notna(length):
+        text += f" at T = {int(length)}"  # the comparisons' common length (claims.matched)
     return f"{text}: **{row['verdict']}**"
 
 
@@ -59,7 +62,10 @@ def render(claims: pd.DataFrame, provenance: dict) -> str:
     head = (f"One run of `make reproduce` (N = {settings.get('N')} sequences of T = {settings.get('T')} positions, "
             f"{settings.get('n_resamples')} bootstrap replicates). Each cell: the estimate the claim is decided on, "
             "its 95% bootstrap interval over whole sequences, and the verdict (held-out values of the "
-            "reference-free split; C4 at early queries i < 32; C5's spread is exact). Generated from "
+            "reference-free split; C4 at early queries i < 32; C5's spread is exact). C2 and C3 compare "
+            "architectures at one T, named in each cell: a model with a sliding window is decomposed beyond it, "
+            "and compared with the others at a length all were measured at (the length sweep, "
+            f"T = {', '.join(str(t) for t in settings.get('lengths', []))}). Generated from "
             "`results/claims.csv` by `scripts/readme_claims_table.py`.")
     why = [f"- **{r.claim}, {r.architecture.split(': ', 1)[-1]}** ({r.verdict}): {r.explanation}"
            for r in claims.itertuples() if r.architecture != "overall" and isinstance(r.explanation, str)
