@@ -39,8 +39,10 @@ from lens_position.models.spec import LoadedModel, ModelLike, as_loaded
 def as_tokens(loaded: LoadedModel, prompts: Prompts) -> Int[torch.Tensor, "batch pos"]:
     """The token tensor of ``prompts``, checked by the input door
     (:func:`lens_position.core.inputs.checked_prompts`: ids in the vocabulary, length within the
-    context, no padding), on the model's device."""
-    return checked_prompts(loaded, prompts).tokens.to(loaded.backend.device)
+    context, no padding), on the model's device. It issues no position warnings: it also reads
+    the token variants the analyses build on purpose (position 0 replaced, BOS removed); each
+    analysis's entry has checked the user's prompts (:mod:`lens_position.core.positions`)."""
+    return checked_prompts(loaded, prompts, hygiene=False).tokens.to(loaded.backend.device)
 
 
 def _tokenizer_id(prompts: Any) -> Any:
