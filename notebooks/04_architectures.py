@@ -60,6 +60,7 @@ import plotly.io as pio
 from lens_position.report import plots, takeaways
 from lens_position.core.data import build_prompts
 from lens_position.analyses.decompose import decompose
+from lens_position.analyses.length_sweep import length_sweep
 from lens_position.models import load_model
 from lens_position.analyses.probes import position_probe
 
@@ -68,19 +69,29 @@ pio.renderers.default = "plotly_mimetype+notebook"
 # %% [markdown]
 # One loop: load, build prompts with an explicit BOS at position 0, decompose, probe. Results are
 # stacked into tidy frames with an `architecture` column, which is what every plot function takes.
+#
+# The sliding-window model runs at a longer `T` than the others, and every component shrinks as `T`
+# grows: two models compared at different `T` would be compared as much on `T` as on their
+# position mechanism. So each model is also decomposed at every length any of them uses (a length
+# sweep, `LENGTHS`), and the claims compare two architectures only at a length both were measured
+# at (the window question beyond the window).
 
 # %%
-layer_frames, head_frames, probe_frames, specs, tables = [], [], [], {}, []
+LENGTHS = sorted({T for _, _, T in ARCHITECTURES.values()})
+layer_frames, head_frames, probe_frames, sweep_frames, specs, tables = [], [], [], [], {}, []
 for label, (name, options, T) in ARCHITECTURES.items():
     loaded = load_model(name, **options)
     specs[label] = loaded.spec
     prompts = build_prompts(loaded, source="natural", T=T, N=N, bos="force")
     result = decompose(loaded, prompts, progress=False)
     probe = position_probe(loaded, prompts, progress=False)
+    sweep = length_sweep(loaded, LENGTHS, N=N, progress=False)
     layer_frames.append(result.layers.assign(architecture=label, depth=result.layers["layer"] / loaded.spec.n_layers))
     head_frames.append(result.heads.assign(architecture=label))
     probe_frames.append(probe.layers.assign(architecture=label))
-    tables.append(takeaways.result_tables(label, loaded.spec.role, decomposition=result, probe=probe))
+    sweep_frames.append(sweep.by_length.assign(architecture=label))
+    tables.append(takeaways.result_tables(label, loaded.spec.role, decomposition=result, probe=probe,
+                                          length_sweep=sweep))
     del loaded, result
 layers = pd.concat(layer_frames, ignore_index=True)
 heads = pd.concat(head_frames, ignore_index=True)
@@ -160,6 +171,16 @@ plots.probe_r2(probes)
 
 # %%
 probes.pivot_table(index="layer", columns="architecture", values="r2_heldout", sort=False)
+
+# %% [markdown]
+# ## The same models at the same lengths
+#
+# Each component, mean over layers and heads, for every model at every length of the sweep: the
+# comparison between architectures is read along a column (one `T`), never across columns.
+
+# %%
+by_length = pd.concat(sweep_frames, ignore_index=True)
+by_length.pivot_table(index="architecture", columns=["quantity", "seq_len"], values="value", sort=False).round(4)
 
 # %% [markdown]
 # ## What the numbers show
