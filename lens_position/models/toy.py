@@ -147,3 +147,47 @@ def toy_tokens(n: int, length: int, *, d_vocab: int = TOY_VOCAB, bos: bool = Tru
     if bos:
         tokens[:, 0] = BOS_TOKEN_ID
     return tokens
+
+
+SINK_KINDS = ("position", "bos", "mixed", "none")
+
+
+def sink_origin_model(kind: str, *, bonus: float = 8.0, n_ctx: int = 256, seed: int = 0) -> LoadedModel:
+    """A one-layer, two-head model whose attention sink has a known origin (``kind``):
+
+    - ``"position"``: both heads add ``bonus`` to the score of key 0, whatever token is there
+      (a learned position embedding marks position 0): a position-driven sink;
+    - ``"bos"``: both heads add ``bonus`` to every key holding ``BOS_TOKEN_ID``, wherever it is:
+      a BOS-driven sink;
+    - ``"mixed"``: head 0 is the first kind, head 1 the second;
+    - ``"none"``: every score is 0 (uniform causal attention), no sink.
+
+    Residual stream (``d_model = 4``): direction 0 is 1 for every token, direction 1 is 1 for
+    ``BOS_TOKEN_ID``, direction 2 is 1 at position 0 (``W_pos[0]``). ``W_Q`` maps direction 0 to
+    1 in query dimension 0; ``W_K`` maps direction 1 and/or 2 to ``bonus * sqrt(d_head)`` in key
+    dimension 0, so after the ``1/sqrt(d_head)`` scale the marked key's score is ``bonus`` and every
+    other score 0. Real HookedTransformer forward passes (learned absolute positions, causal mask),
+    float64. TransformerLens 3.x only (as every model of this module).
+    """
+    if kind not in SINK_KINDS:
+        raise ValueError(f"kind must be one of {SINK_KINDS}, got {kind!r}")
+    d_head = 4
+    model = new_hooked_transformer(dict(
+        n_layers=1, d_model=4, d_head=d_head, n_heads=2, n_ctx=n_ctx, d_vocab=TOY_VOCAB, attn_only=True,
+        normalization_type=None, positional_embedding_type="standard", dtype=torch.float64,
+        default_prepend_bos=False, seed=seed,
+    ), what="sink_origin_model (a hand-set toy model)")
+    marks = {"position": ((2, 2)), "bos": ((1, 1)), "mixed": ((2, 1)), "none": ()}[kind]
+    with torch.no_grad():
+        for param in model.parameters():
+            param.zero_()
+        model.embed.W_E[:, 0] = 1.0
+        model.embed.W_E[BOS_TOKEN_ID, 1] = 1.0
+        model.pos_embed.W_pos[0, 2] = 1.0
+        attn = model.blocks[0].attn
+        attn.W_Q[:, 0, 0] = 1.0
+        for head, direction in enumerate(marks):
+            attn.W_K[head, direction, 0] = bonus * math.sqrt(d_head)
+    spec = spec_from_config(model, name=f"toy-sink-{kind}", source="custom", bos_token_id=BOS_TOKEN_ID,
+                            extra={"kind": kind, "bonus": bonus, "seed": seed})
+    return LoadedModel(model=model, tokenizer=None, spec=spec)
