@@ -28,9 +28,16 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and the API refe
     from lens_position.analyses.decompose import Decomposition, decompose, decompose_dense
     from lens_position.analyses.fingerprint import fingerprint
     from lens_position.analyses.length_sweep import LengthSweep, length_sweep
+    from lens_position.analyses.massive import (
+        MassiveActivations,
+        MassiveIntervention,
+        massive_activations,
+        massive_intervention,
+    )
     from lens_position.analyses.patching import resid_pre_sweep, run_patches
     from lens_position.analyses.probes import position_probe
     from lens_position.analyses.rollout import AttentionRollout, attention_rollout
+    from lens_position.analyses.sink_origin import SinkOrigin, sink_origin
     from lens_position.analyses.sinks import sink_heads, sink_rate, sink_reading_heads
     from lens_position.core.data import build_prompts
     from lens_position.core.patch import Patch
@@ -66,6 +73,9 @@ _EXPORTS = {
     **dict.fromkeys(["position_probe"], "lens_position.analyses.probes"),
     **dict.fromkeys(["AttentionRollout", "attention_rollout"], "lens_position.analyses.rollout"),
     **dict.fromkeys(["LengthSweep", "length_sweep"], "lens_position.analyses.length_sweep"),
+    **dict.fromkeys(["MassiveActivations", "MassiveIntervention", "massive_activations", "massive_intervention"],
+                    "lens_position.analyses.massive"),
+    **dict.fromkeys(["SinkOrigin", "sink_origin"], "lens_position.analyses.sink_origin"),
     **dict.fromkeys(["resid_pre_sweep", "run_patches"], "lens_position.analyses.patching"),
     **dict.fromkeys(["compare"], "lens_position.analyses.compare"),
     **dict.fromkeys(["bos_replacement"], "lens_position.analyses.bos"),

@@ -226,7 +226,7 @@ class SinkOrigin(SavedResult):
     """Result of :func:`sink_origin`. ``frame``: one row per (condition, location) with
     ``sink_rate`` (Gu et al.'s rate at that location, a fraction in [0, 1]) and its interval
     (``_lo``/``_hi``, over prompts), ``n_sink_heads`` (heads whose score averaged over prompts exceeds
-    ``eps``), ``n_heads``, ``n_prompts`` (prompts where the location exists), ``keys`` (where it is),
+    ``eps``), ``n_heads``, ``n_prompts`` (prompts where the location exists), ``key_positions`` (where it is),
     ``eps``, ``seq_len``. ``heads``: one row per (condition, location, layer, head) with the
     ``sink_score`` (attention on the location, in [0, 1]), its interval and ``is_sink``.
     ``verdict``: one row with ``verdict`` (:data:`VERDICTS`), ``kept`` (share of the with-BOS sink
@@ -247,7 +247,7 @@ class SinkOrigin(SavedResult):
 
     WHAT = "where the attention sink comes from: position 0, the BOS token, both or neither"
     INTERVALS = "95% bootstrap over prompts (paired across conditions)"
-    HEADS = ("heads", "sink_score")
+    HEADS = None  # one row per (condition, location, layer, head): see .heads
 
     @property
     def origin(self) -> str:
@@ -316,7 +316,7 @@ def _rate_rows(condition: str, location: str, scores: torch.Tensor, where: Seque
                           "head": np.tile(np.arange(n_heads), n_layers),
                           "sink_score": head, "sink_score_lo": head_lo, "sink_score_hi": head_hi})
     heads["is_sink"] = heads["sink_score"] > eps
-    row = {"condition": condition, "location": location, "keys": keys, "sink_rate": float(rate),
+    row = {"condition": condition, "location": location, "key_positions": keys, "sink_rate": float(rate),
            "sink_rate_lo": float(lo), "sink_rate_hi": float(hi), "n_sink_heads": int(heads["is_sink"].sum()),
            "n_heads": n_layers * n_heads, "n_prompts": int(defined.sum()), "eps": eps}
     return row, heads, per_prompt

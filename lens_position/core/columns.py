@@ -153,11 +153,46 @@ COLUMNS: dict[str, str] = {
                           "query's input from position 0, mean over prompts and queries 1 <= i < T, in [0, 1]",
     "flow_without_residual": "rollout to position 0 through attention alone (the head-averaged patterns' "
                              "product): share of a query's input from position 0, in [0, 1]",
+    # sink origin
+    "location": 'where a sink score is read: "position0" (key 0), "bos" (the BOS token(s) wherever they are) or '
+                '"first_delimiter" (the first punctuation or newline token after position 0)',
+    "key_positions": "the key positions a location covers (a position, a list, or a range over prompts; none: absent)",
+    "n_prompts": "prompts that entered the row (where the location exists; where the entry was massive)",
+    "kept": "share of the with-BOS sink rate at position 0 kept without BOS (paired over the same texts)",
+    "followed": "share of the with-BOS sink rate at position 0 found at a BOS moved to a later position",
+    "reason": "the verdict in words, with the numbers it was decided on",
+    # massive activations
+    "top1": "largest |resid_post| entry of the layer over positions and dimensions (residual-stream units), "
+            "mean over prompts",
+    "top2": "second largest |resid_post| entry of the layer, mean over prompts",
+    "top3": "third largest |resid_post| entry of the layer, mean over prompts",
+    "median_abs": "median |resid_post| entry of the layer, mean over prompts",
+    "ratio": "top1 over the median |resid_post| (Sun et al.'s massive activations reach about 1000x and more)",
+    "top1_position": "the position of the largest entry in most prompts",
+    "top1_dim": "the residual dimension of the largest entry in most prompts",
+    "n_massive": "massive entries (|h| >= min_magnitude and >= min_ratio x median) per prompt, mean",
+    "share_massive": "fraction of prompts whose layer output holds a massive entry",
+    "dim": "a residual-stream dimension",
+    "share": "fraction of prompts in which the entry is massive",
+    "mean_value": "mean signed value of the entry where it is massive (residual-stream units)",
+    "magnitude": "mean |value| of the entry where it is massive (residual-stream units)",
+    "attention_on_massive": "attention on the positions massive in the layer's input, summed over them and "
+                            "averaged over the queries that see them, in [0, 1]",
+    "is_reader": "attention_on_massive > eps: a head reading the massive positions",
+    "intervention": 'the intervention on the massive entries: "set_zero" or "set_mean" (Sun et al.)',
+    "entries": "the (position, dim) entries the intervention set",
+    "fill": "the values the entries were set to, in order",
+    "sink_rate_base": "Gu et al.'s sink rate at position 0 without the intervention",
+    "sink_rate_change": "sink rate with the intervention minus without, paired over prompts",
+    "R_rf": "R' (reference-free residual component, in sample) with the intervention",
+    "loss": "next-token loss with the intervention, nats per token (mean over prompts and positions)",
+    "loss_base": "next-token loss without the intervention, nats per token",
+    "loss_change": "loss with the intervention minus without, paired over prompts (nats per token)",
     # trajectory patching
     "patch_layer": "the layer whose resid_pre[:, 0] was patched",
     "pattern_change": "mean |A_patched - A_base| of the head's pattern over analysed queries (probability units)",
     # patching sweeps
-    "position": "the patched position",
+    "position": "a position in the sequence: the patched one, or the one holding a massive entry",
     # prompt sets
     "set": "the prompt set (1..K)",
     "claim": "the claim the quantity decides (C1..C5)",
@@ -168,7 +203,8 @@ COLUMNS: dict[str, str] = {
     "lo": "lower end of the value's bootstrap interval",
     "hi": "upper end of the value's bootstrap interval",
     "level": "the interval's confidence level",
-    "verdict": "the claim's verdict on this set",
+    "verdict": "the claim's verdict on this set; for a sink origin, where the sink comes from: position-driven, "
+               "BOS-driven, mixed, none or inconclusive",
     "n_sets": "number of disjoint prompt sets K",
     "mean_over_sets": "mean of the quantity over the K sets",
     "between_sd": "standard deviation of the K estimates",

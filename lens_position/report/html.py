@@ -53,6 +53,38 @@ from lens_position.report.takeaways import small_run_banner
 # --------------------------------------------------------------------------- figures
 
 
+def _per_architecture(frame: pd.DataFrame | None) -> list[tuple[str, pd.DataFrame]]:
+    if frame is None or len(frame) == 0:
+        return []
+    if "architecture" not in frame.columns:
+        return [("the model", frame)]
+    return [(str(arch), part) for arch, part in frame.groupby("architecture", sort=False)]
+
+
+def _origin_sentences(results: Mapping[str, pd.DataFrame]) -> list[str]:
+    """Per architecture, the sink-origin verdict in words, with the share kept without BOS."""
+    return [f"{arch}: {row['verdict']} ({row['reason']})." for arch, part in
+            _per_architecture(results.get("sink_origin_verdict")) for _, row in part.head(1).iterrows()]
+
+
+def _massive_sentences(results: Mapping[str, pd.DataFrame]) -> list[str]:
+    """Per architecture, the largest activation and what zeroing the massive entries did."""
+    out = []
+    for arch, layers in _per_architecture(results.get("massive_layers")):
+        top = layers.loc[layers["top1"].astype(float).idxmax()]
+        out.append(f"{arch}: the largest entry is {top['top1']:,.0f} (layer {int(top['layer'])}, position "
+                   f"{int(top['top1_position'])}, dimension {int(top['top1_dim'])}), {top['ratio']:,.0f}x the median.")
+    for arch, frame in _per_architecture(results.get("massive_intervention")):
+        for _, row in frame.iterrows():
+            out.append(f"{arch}, {row['intervention']} at layer {int(row['layer'])} on {row['entries']}: sink rate "
+                       f"{row['sink_rate_change']:+.3f} [{row['sink_rate_change_lo']:+.3f}, "
+                       f"{row['sink_rate_change_hi']:+.3f}], R' {row['R_rf_change']:+.4f} "
+                       f"[{row['R_rf_change_lo']:+.4f}, {row['R_rf_change_hi']:+.4f}], loss "
+                       f"{row['loss_change']:+.3f} [{row['loss_change_lo']:+.3f}, {row['loss_change_hi']:+.3f}] "
+                       "nats per token.")
+    return out
+
+
 def _convergence_sentences(results: Mapping[str, pd.DataFrame]) -> list[str]:
     """Per architecture, whether the position-0 state's convergence accounts for C4
     (:func:`lens_position.report.takeaways.convergence_sentence`)."""
@@ -85,12 +117,14 @@ class _Figure:
     caption: str
     make: Callable[..., go.Figure]
     more: Callable[[Mapping[str, pd.DataFrame]], list[str]] | None = None
+    lead: Callable[[Mapping[str, pd.DataFrame]], list[str]] | None = None  # sentences before the caption
 
     def draw(self, results: Mapping[str, pd.DataFrame]) -> ReportFigure | None:
         frames = [results.get(t) for t in self.tables]
         if frames[0] is None or len(frames[0]) == 0:
             return None
-        caption = self.caption + (" ".join(self.more(results)) if self.more is not None else "")
+        caption = (" ".join(self.lead(results)) + " " if self.lead is not None else "") + self.caption
+        caption += " ".join(self.more(results)) if self.more is not None else ""
         return ReportFigure(self.key, self.title, caption.strip(), self.make(*frames))
 
 
@@ -172,6 +206,21 @@ _FIGURES = (
         "conditions). Hollow diamonds: the pooled rate (scores averaged "
         "over prompts first, thresholded once), which is not the authors' metric.",
         lambda f: plots.sink_rate_bars(f)),
+    _Figure("sink_origin", ("sink_origin",), "Position 0: where the sink comes from",
+        "The same texts with the model's BOS first (bos), without it (no_bos), with BOS moved to a later "
+        "position (bos_moved), doubled (bos_doubled) and with its embedding replaced (another token, the mean "
+        "embedding, a random vector); bars: Gu et al.'s sink rate at position 0 (left) and at the BOS token "
+        "wherever it is (right), with 95% bootstrap intervals over prompts. The verdict comes from the share of "
+        "the with-BOS rate kept without BOS (paired interval): at least 2/3 position-driven, at most 1/3 "
+        "BOS-driven, between them mixed.",
+        lambda f: plots.sink_origin_bars(f), lead=_origin_sentences),
+    _Figure("massive", ("massive_layers",), "Position 0: massive activations",
+        "The largest |activation| of each layer's output (solid, mean over prompts with its 95% interval) and "
+        "the median |activation| (dotted), log scale; Sun et al. call an entry massive at 100 and 1000x the "
+        "median. Where a layer's output holds massive entries in half the prompts, they were set to zero and to "
+        "their mean over the prompts (Sun et al.'s set_zero / set_mean) at that layer; paired changes with 95% "
+        "intervals: ",
+        lambda f: plots.massive_layers(f), more=_massive_sentences),
     _Figure("window_sinks", ("window_sinks_heads",), "Sinks under a sliding window: both metrics",
         "Per layer, the mean over its heads of Gu et al.'s sink score (attention on position 0 averaged over "
         "all queries, solid), of the window-aware score (attention on the first key each query can see: "

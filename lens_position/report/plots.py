@@ -969,3 +969,45 @@ def training_loss(curves: pd.DataFrame, unigram_bits_per_byte: float | None = No
     figure.update_layout(title="Zoo training: held-out loss", xaxis_title="training tokens",
                          yaxis_title="bits per byte (held out)", template="plotly_white")
     return figure
+
+
+def sink_origin_bars(origin: pd.DataFrame, *, by: str = "architecture") -> go.Figure:
+    """Sink rate at position 0 and at the BOS under each BOS condition, in %, per architecture.
+
+    ``origin`` is ``SinkOrigin.frame`` stacked over models (``condition``, ``location``,
+    ``sink_rate`` with ``_lo``/``_hi``: Gu et al.'s rate at that location, a fraction). Left panel:
+    at position 0; right panel: at the BOS token wherever it is (absent without BOS)."""
+    _require(origin, ["condition", "location", "sink_rate"], "sink_origin_bars")
+    locations = [("position0", "at position 0"), ("bos", "at the BOS token")]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=[title for _, title in locations], shared_yaxes=True)
+    for gi, (name, group) in enumerate(_groups(origin, by)):
+        for li, (location, _) in enumerate(locations):
+            frame = group[(group["location"] == location) & group["sink_rate"].notna()]
+            fig.add_trace(go.Bar(
+                x=_as_list(frame["condition"]), y=[100.0 * v for v in _as_list(frame["sink_rate"])],
+                error_y=_error_bars(frame, "sink_rate", scale=100.0), offsetgroup=str(gi), name=name,
+                legendgroup=name, showlegend=li == 0, marker_color=_color(gi),
+                hovertemplate=f"{name}<br>%{{x}} ({location}): sink rate %{{y:.1f}}%<extra></extra>",
+                meta={"group": name, "quantity": f"sink_rate_{location}_percent"}), row=1, col=li + 1)
+    fig.update_layout(barmode="group")
+    fig.update_yaxes(title_text="sink rate (% of prompt × layer × head)", range=[0, 100], row=1, col=1)
+    return _base_layout(fig, "Where the sink comes from: BOS present, absent, moved, doubled, replaced")
+
+
+def massive_layers(layers: pd.DataFrame, *, by: str = "architecture") -> go.Figure:
+    """The largest |activation| of each layer's output and its median (log scale), per architecture.
+
+    ``layers`` is ``MassiveActivations.layers`` stacked over models (``layer``, ``top1`` with
+    ``_lo``/``_hi``, ``median_abs``; residual-stream units)."""
+    _require(layers, ["layer", "top1", "median_abs"], "massive_layers")
+    fig = go.Figure()
+    for gi, (name, frame) in enumerate(_groups(layers, by)):
+        fig.add_trace(go.Scatter(x=_as_list(frame["layer"]), y=_as_list(frame["top1"]), mode="lines+markers",
+                                 name=f"{name}: largest", marker_color=_color(gi), legendgroup=name,
+                                 error_y=_error_bars(frame, "top1"), meta={"group": name, "quantity": "top1"}))
+        fig.add_trace(go.Scatter(x=_as_list(frame["layer"]), y=_as_list(frame["median_abs"]), mode="lines",
+                                 name=f"{name}: median", line=dict(dash="dot", color=_color(gi)), legendgroup=name,
+                                 meta={"group": name, "quantity": "median_abs"}))
+    fig.update_xaxes(title_text="layer (output of the block)")
+    fig.update_yaxes(title_text="|activation| (residual-stream units)", type="log")
+    return _base_layout(fig, "Massive activations: the largest entry of each layer's output")

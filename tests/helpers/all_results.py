@@ -16,10 +16,12 @@ def all_results() -> dict:
     from lens_position.analyses.decompose import decompose
     from lens_position.analyses.fingerprint import fingerprint
     from lens_position.analyses.length_sweep import length_sweep
+    from lens_position.analyses.massive import massive_activations, massive_intervention
     from lens_position.analyses.patching import resid_pre_sweep
     from lens_position.analyses.probes import position_probe
     from lens_position.analyses.prompt_sets import across_prompt_sets
     from lens_position.analyses.rollout import attention_rollout
+    from lens_position.analyses.sink_origin import sink_origin
     from lens_position.analyses.sinks import sink_heads, sink_rate, sink_reading_heads
     from lens_position.analyses.trajectory import trajectory_patching
     from lens_position.core.data import build_prompts
@@ -44,6 +46,9 @@ def all_results() -> dict:
         "Comparison": compare(base, {"itself": base}),
         "LengthSweep": length_sweep(model, (8, 16), N=4, source="random", progress=False),
         "AttentionRollout": attention_rollout(model, prompts, progress=False),
+        "SinkOrigin": sink_origin(model, T=16, N=4, progress=False),
+        "MassiveActivations": massive_activations(model, prompts, min_magnitude=0, min_ratio=4, progress=False),
+        "MassiveIntervention": massive_intervention(model, prompts, layer=1, entries=[(0, 3)], progress=False),
         "PromptSetSpread": across_prompt_sets(model, 2, T=16, N=4, source="random", progress=False),
         "Analysis": analyze(model, prompts, progress=False),
     }

@@ -18,10 +18,12 @@ from lens_position.pipeline.steps import (
     decompose,
     fingerprint,
     length_sweep,
+    massive,
     probe,
     prompt_sets,
     rotary_bands,
     sink_heads,
+    sink_origin,
     sink_rate,
     sink_reading,
     window_sinks,
@@ -38,8 +40,8 @@ from lens_position.pipeline.steps.base import (
 
 #: The registry: step name -> Step, in the order a run executes them.
 STEPS: dict[str, Step] = {module.STEP.name: module.STEP for module in (
-    decompose, length_sweep, probe, bos, convergence, sink_heads, sink_rate, sink_reading, window_sinks, rotary_bands,
-    fingerprint, prompt_sets,
+    decompose, length_sweep, probe, bos, convergence, sink_heads, sink_rate, sink_origin, massive, sink_reading,
+    window_sinks, rotary_bands, fingerprint, prompt_sets,
 )}
 
 #: Every table a reproduction can write, by name, in run order (:class:`~lens_position.core.results.Table`).
