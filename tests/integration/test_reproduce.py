@@ -141,7 +141,7 @@ def test_every_figure_in_the_report_holds_the_tables_numbers(quick_run):
     specs = report_figure_specs((quick_run / "report.html").read_text())
     assert set(specs) == {"layer_components", "layer_components_early", "head_heatmaps", "probe", "bos",
                           "fingerprint", "sinks", "sink_rate", "sink_ablation", "convergence", "window_sinks",
-                          "rotary_bands", "length_sweep"}
+                          "rotary_bands", "length_sweep", "sink_origin", "massive"}
     n = len(ARCHITECTURES)
 
     by_length = tables["length_sweep"]  # each component against T: one line per model and component
@@ -222,16 +222,30 @@ def test_every_figure_in_the_report_holds_the_tables_numbers(quick_run):
                          **{f"R_heldout_after ({k})": ("R_heldout_after", ("ablation", k)) for k in kinds}}
                         ) == 2 * len(kinds) * n
 
+    origin = tables["sink_origin"]  # sink rate by BOS condition, at position 0 and at the BOS
+    bars = specs["sink_origin"]["data"]
+    assert len(bars) == 2 * n
+    for trace in bars:
+        location = trace["meta"]["quantity"].removeprefix("sink_rate_").removesuffix("_percent")
+        part = origin[(origin["architecture"] == trace["meta"]["group"]) & (origin["location"] == location)
+                      & origin["sink_rate"].notna()]
+        assert trace["x"] == part["condition"].tolist() and len(trace["x"]) > 0
+        assert all(_close(a, 100 * b) for a, b in zip(trace["y"], part["sink_rate"]))
+
+    assert _check_lines(specs["massive"]["data"], tables["massive_layers"],
+                        {"top1": ("top1", None), "median_abs": ("median_abs", None)}) == 2 * n
+
 
 def test_report_was_drawn_by_chromium_without_errors(quick_run):
     check = _provenance(quick_run)["browser_check"]
     assert check["js_errors"] == [] and check["undrawn"] == []
-    assert check["figures_drawn"] == check["figures_expected"] == 13
+    assert check["figures_drawn"] == check["figures_expected"] == 15
     assert Path(check["screenshot"]) == (quick_run / "report.png").resolve()
 
 
 def test_same_command_again_reuses_every_step(quick_run, capsys):
-    before = {name: pd.read_parquet(quick_run / f"{name}.parquet") for name in DEFAULT_TABLES}
+    before = {name: pd.read_parquet(quick_run / f"{name}.parquet") for name in DEFAULT_TABLES
+              if name not in PER_MODEL_OPTIONAL or (quick_run / f"{name}.parquet").exists()}
     assert main(["reproduce", "--quick", "--models", MODELS, "--out", str(quick_run), "--no-progress",
                  "--no-browser-check"]) == 0
     steps = [s for s in _provenance(quick_run)["steps"] if s["step"] != "load"]
