@@ -32,7 +32,7 @@ from lens_position.analyses.patching import as_tokens
 from lens_position.core.checks import check_count
 from lens_position.core.inputs import Prompts, checked_prompts
 from lens_position.core.intervals import PROBABILITY, Bootstrap, bootstrap_mean
-from lens_position.core.results import SavedResult
+from lens_position.core.results import SavedResult, Table
 from lens_position.core.stream import BATCH_SIZE, stream
 from lens_position.core.summaries import Headline, row_estimate
 from lens_position.ground import provenance
@@ -100,6 +100,8 @@ class AttentionRollout(SavedResult):
     provenance: dict[str, Any]
 
     WHAT = "attention rollout to position 0, layer by layer"
+    KEYWORD = "rollout"
+    TABLES = (Table("rollout_layers", "layers", "AttentionRollout.layers"),)
 
     def headline(self) -> list[Headline]:
         """The flow to position 0 after the last layer, with and without the residual path."""

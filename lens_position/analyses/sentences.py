@@ -8,8 +8,9 @@
 
 The report's sentences follow (what BOS replacement did and which way, the probes, a patch's
 effect, the ground truths, position-0 convergence, the window-aware sinks, the rotary bands, the
-zoo's sinks). Every sentence is built here, below the report, so that ``lens_position.analyze``,
-the report and the command line speak with the same words (``lens_position.report.takeaways``
+zoo's sinks, where the sink comes from, the massive activations, the rollout to position 0).
+Every sentence is built here, below the report, so that ``lens_position.analyze``, the report and
+the command line speak with the same words (``lens_position.report.takeaways``
 re-exports them); the sink-sweep's sentences sit with the sweep
 (:mod:`lens_position.analyses.zoo.sweep`).
 """
@@ -426,3 +427,41 @@ def zoo_sinks_sentence(checkpoints_in_run: Sequence[Any], eps: float = 0.3) -> s
             f"sink rate, per prompt, is {min(rates):.3f}–{max(rates):.3f}). The zoo's training budget is too small "
             "for sinks to form, so C5's sink part is not applicable on it and the zoo's C3 answers are answers for "
             "models without sinks; `lens-position zoo sink-sweep` looks for the budget at which they form.")
+
+
+def origin_sentence(verdict: pd.DataFrame, architecture: str | None = None) -> str:
+    """Where the sink comes from (``SinkOrigin.verdict``): the verdict and the reason it gives, with
+    the share of the with-BOS sink rate kept without BOS."""
+    row = verdict.iloc[0]
+    who = architecture or "The model"
+    return f"{who}: {row['verdict']} ({row['reason']})."
+
+
+def massive_sentences(layers: pd.DataFrame, intervention: pd.DataFrame | None = None,
+                      architecture: str | None = None) -> list[str]:
+    """The largest activation of any layer's output (``MassiveActivations.layers``) and, where the
+    massive entries were set to zero or to their mean (``MassiveActivations.interventions``), what
+    that changed, with intervals."""
+    who = architecture or "The model"
+    top = layers.loc[layers["top1"].astype(float).idxmax()]
+    out = [f"{who}: the largest entry is {top['top1']:,.0f} (layer {int(top['layer'])}, position "
+           f"{int(top['top1_position'])}, dimension {int(top['top1_dim'])}), {top['ratio']:,.0f}x the median."]
+    for _, row in (intervention if intervention is not None else pd.DataFrame()).iterrows():
+        out.append(f"{who}, {row['intervention']} at layer {int(row['layer'])} on {row['entries']}: sink rate "
+                   f"{row['sink_rate_change']:+.3f} [{row['sink_rate_change_lo']:+.3f}, "
+                   f"{row['sink_rate_change_hi']:+.3f}], R' {row['R_rf_change']:+.4f} "
+                   f"[{row['R_rf_change_lo']:+.4f}, {row['R_rf_change_hi']:+.4f}], loss "
+                   f"{row['loss_change']:+.3f} [{row['loss_change_lo']:+.3f}, {row['loss_change_hi']:+.3f}] "
+                   "nats per token.")
+    return out
+
+
+def rollout_sentence(layers: pd.DataFrame, architecture: str | None = None) -> str:
+    """The attention rollout to position 0 after the last layer (``AttentionRollout.layers``), through
+    attention alone and with the residual path, with intervals."""
+    who = architecture or "The model"
+    last = layers.sort_values("layer").iloc[-1]
+    alone, mixed = (f"{last[c]:.0%} [{last[c + '_lo']:.0%}, {last[c + '_hi']:.0%}]"
+                    for c in ("flow_without_residual", "flow_with_residual"))
+    return (f"{who}: after layer {int(last['layer'])}, {alone} of a query's input has flowed from position 0 "
+            f"through attention alone, {mixed} with the residual path.")

@@ -39,7 +39,14 @@ import plotly.offline
 
 from lens_position.analyses import claims as claim_registry
 from lens_position.analyses.claims import FAILS, INCONCLUSIVE, PAPER, Criteria, claims_table
-from lens_position.analyses.sentences import UNTRAINED_NOTE, components_sentence, sinks_sentence
+from lens_position.analyses.sentences import (
+    UNTRAINED_NOTE,
+    components_sentence,
+    massive_sentences,
+    origin_sentence,
+    rollout_sentence,
+    sinks_sentence,
+)
 from lens_position.core.intervals import Estimate
 from lens_position.core.summaries import fmt, is_untrained
 from lens_position.ground.errors import BadInputError
@@ -63,26 +70,19 @@ def _per_architecture(frame: pd.DataFrame | None) -> list[tuple[str, pd.DataFram
 
 def _origin_sentences(results: Mapping[str, pd.DataFrame]) -> list[str]:
     """Per architecture, the sink-origin verdict in words, with the share kept without BOS."""
-    return [f"{arch}: {row['verdict']} ({row['reason']})." for arch, part in
-            _per_architecture(results.get("sink_origin_verdict")) for _, row in part.head(1).iterrows()]
+    return [origin_sentence(part, arch) for arch, part in _per_architecture(results.get("sink_origin_verdict"))]
 
 
 def _massive_sentences(results: Mapping[str, pd.DataFrame]) -> list[str]:
     """Per architecture, the largest activation and what zeroing the massive entries did."""
-    out = []
-    for arch, layers in _per_architecture(results.get("massive_layers")):
-        top = layers.loc[layers["top1"].astype(float).idxmax()]
-        out.append(f"{arch}: the largest entry is {top['top1']:,.0f} (layer {int(top['layer'])}, position "
-                   f"{int(top['top1_position'])}, dimension {int(top['top1_dim'])}), {top['ratio']:,.0f}x the median.")
-    for arch, frame in _per_architecture(results.get("massive_intervention")):
-        for _, row in frame.iterrows():
-            out.append(f"{arch}, {row['intervention']} at layer {int(row['layer'])} on {row['entries']}: sink rate "
-                       f"{row['sink_rate_change']:+.3f} [{row['sink_rate_change_lo']:+.3f}, "
-                       f"{row['sink_rate_change_hi']:+.3f}], R' {row['R_rf_change']:+.4f} "
-                       f"[{row['R_rf_change_lo']:+.4f}, {row['R_rf_change_hi']:+.4f}], loss "
-                       f"{row['loss_change']:+.3f} [{row['loss_change_lo']:+.3f}, {row['loss_change_hi']:+.3f}] "
-                       "nats per token.")
-    return out
+    interventions = dict(_per_architecture(results.get("massive_intervention")))
+    return [sentence for arch, layers in _per_architecture(results.get("massive_layers"))
+            for sentence in massive_sentences(layers, interventions.get(arch), arch)]
+
+
+def _rollout_sentences(results: Mapping[str, pd.DataFrame]) -> list[str]:
+    """Per architecture, the flow to position 0 after the last layer, alone and with the residual path."""
+    return [rollout_sentence(layers, arch) for arch, layers in _per_architecture(results.get("rollout_layers"))]
 
 
 def _convergence_sentences(results: Mapping[str, pd.DataFrame]) -> list[str]:
@@ -221,6 +221,13 @@ _FIGURES = (
         "their mean over the prompts (Sun et al.'s set_zero / set_mean) at that layer; paired changes with 95% "
         "intervals: ",
         lambda f: plots.massive_layers(f), more=_massive_sentences),
+    _Figure("rollout", ("rollout_layers",), "Position 0: attention rollout by depth",
+        "The share of each query's input that has flowed from position 0 after each layer, following the "
+        "head-averaged attention patterns through the layers (Abnar and Zuidema's rollout), mean over prompts "
+        "and queries 1 <= i < T with 95% bootstrap intervals over prompts. Solid: attention alone, the product "
+        "that Wu, Wang, Jegelka and Jadbabaie prove converges to the first token under causal masking; dashed: "
+        "with the residual path, each layer's pattern mixed half and half with the identity.",
+        lambda f: plots.rollout_layers(f), lead=_rollout_sentences),
     _Figure("window_sinks", ("window_sinks_heads",), "Sinks under a sliding window: both metrics",
         "Per layer, the mean over its heads of Gu et al.'s sink score (attention on position 0 averaged over "
         "all queries, solid), of the window-aware score (attention on the first key each query can see: "

@@ -1011,3 +1011,27 @@ def massive_layers(layers: pd.DataFrame, *, by: str = "architecture") -> go.Figu
     fig.update_xaxes(title_text="layer (output of the block)")
     fig.update_yaxes(title_text="|activation| (residual-stream units)", type="log")
     return _base_layout(fig, "Massive activations: the largest entry of each layer's output")
+
+
+def rollout_layers(layers: pd.DataFrame, *, by: str = "architecture") -> go.Figure:
+    """Attention rollout to position 0 after each layer, in %, with and without the residual path,
+    per architecture.
+
+    ``layers`` is ``AttentionRollout.layers`` stacked over models (``layer``, ``flow_with_residual``
+    and ``flow_without_residual`` with ``_lo``/``_hi``: the share of a query's input that has flowed
+    from position 0, a fraction)."""
+    _require(layers, ["layer", "flow_with_residual", "flow_without_residual"], "rollout_layers")
+    fig = go.Figure()
+    for gi, (name, frame) in enumerate(_groups(layers, by)):
+        for variant, dash in (("without_residual", "solid"), ("with_residual", "dash")):
+            column = f"flow_{variant}"
+            fig.add_trace(go.Scatter(
+                x=_as_list(frame["layer"]), y=[100.0 * v for v in _as_list(frame[column])], mode="lines+markers",
+                name=f"{name}: {variant.replace('_', ' ')}", legendgroup=name, line=dict(dash=dash, color=_color(gi)),
+                error_y=_error_bars(frame, column, scale=100.0),
+                hovertemplate=f"{name}<br>after layer %{{x}}: %{{y:.1f}}% from position 0"
+                              f" ({variant.replace('_', ' ')})<extra></extra>",
+                meta={"group": name, "quantity": f"{column}_percent"}))
+    fig.update_xaxes(title_text="layer (rollout after the block)")
+    fig.update_yaxes(title_text="share of a query's input from position 0 (%)", range=[0, 100])
+    return _base_layout(fig, "Attention rollout to position 0 by depth")

@@ -24,7 +24,7 @@ PAIRED = sorted(NOTEBOOK_DIR.glob("[0-9]*.ipynb"))
 FAST_SWITCH = 'os.environ.get("LENS_POSITION_FAST"'
 # The notebooks that end with a takeaway built from their numbers (lens_position.report.takeaways).
 # 06 (the zoo) is written and executed separately and does not have one yet.
-TEACHING = ("01", "02", "03", "04", "05", "07", "08")
+TEACHING = ("01", "02", "03", "04", "05", "07", "08", "09")
 TAKEAWAY_HEADING = "### What the numbers show"
 
 
@@ -54,7 +54,7 @@ def fast_env(monkeypatch, tmp_path):
 def test_the_tutorials_exist():
     numbers = [p.stem.split("_")[0] for p in SOURCES]
     assert len(set(numbers)) == len(numbers), SOURCES
-    assert {"01", "02", "03", "04", "05", "06", "07", "08"} <= set(numbers), SOURCES
+    assert {"01", "02", "03", "04", "05", "06", "07", "08", "09"} <= set(numbers), SOURCES
 
 
 def test_the_tutorials_page_lists_every_notebook():

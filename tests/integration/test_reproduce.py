@@ -141,7 +141,7 @@ def test_every_figure_in_the_report_holds_the_tables_numbers(quick_run):
     specs = report_figure_specs((quick_run / "report.html").read_text())
     assert set(specs) == {"layer_components", "layer_components_early", "head_heatmaps", "probe", "bos",
                           "fingerprint", "sinks", "sink_rate", "sink_ablation", "convergence", "window_sinks",
-                          "rotary_bands", "length_sweep", "sink_origin", "massive"}
+                          "rotary_bands", "length_sweep", "sink_origin", "massive", "rollout"}
     n = len(ARCHITECTURES)
 
     by_length = tables["length_sweep"]  # each component against T: one line per model and component
@@ -235,11 +235,20 @@ def test_every_figure_in_the_report_holds_the_tables_numbers(quick_run):
     assert _check_lines(specs["massive"]["data"], tables["massive_layers"],
                         {"top1": ("top1", None), "median_abs": ("median_abs", None)}) == 2 * n
 
+    rollout = tables["rollout_layers"]  # flow to position 0 by depth, in %
+    traces = specs["rollout"]["data"]
+    assert len(traces) == 2 * n
+    for trace in traces:
+        part = rollout[rollout["architecture"] == trace["meta"]["group"]].sort_values("layer")
+        column = trace["meta"]["quantity"].removesuffix("_percent")
+        assert trace["x"] == part["layer"].tolist()
+        assert all(_close(a, 100 * b) for a, b in zip(trace["y"], part[column]))
+
 
 def test_report_was_drawn_by_chromium_without_errors(quick_run):
     check = _provenance(quick_run)["browser_check"]
     assert check["js_errors"] == [] and check["undrawn"] == []
-    assert check["figures_drawn"] == check["figures_expected"] == 15
+    assert check["figures_drawn"] == check["figures_expected"] == 16
     assert Path(check["screenshot"]) == (quick_run / "report.png").resolve()
 
 
@@ -289,7 +298,7 @@ def test_an_interrupted_run_resumes_from_its_finished_steps(tmp_path, monkeypatc
     assert main(argv) == 0
     assert calls == ["sink_reading"]  # the two finished steps came from the cache
     cached = {s["step"]: s["cached"] for s in _provenance(out)["steps"] if s["step"] != "load"}
-    assert cached == {"sink_heads": True, "sink_rate": True, "sink_origin": True, "massive": True,
+    assert cached == {"sink_heads": True, "sink_rate": True, "sink_origin": True, "massive": True, "rollout": True,
                       "sink_reading": False, "window_sinks": False}  # finished before the interruption: cached
 
     calls.clear()

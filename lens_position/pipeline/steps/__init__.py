@@ -21,6 +21,7 @@ from lens_position.pipeline.steps import (
     massive,
     probe,
     prompt_sets,
+    rollout,
     rotary_bands,
     sink_heads,
     sink_origin,
@@ -40,8 +41,8 @@ from lens_position.pipeline.steps.base import (
 
 #: The registry: step name -> Step, in the order a run executes them.
 STEPS: dict[str, Step] = {module.STEP.name: module.STEP for module in (
-    decompose, length_sweep, probe, bos, convergence, sink_heads, sink_rate, sink_origin, massive, sink_reading,
-    window_sinks, rotary_bands, fingerprint, prompt_sets,
+    decompose, length_sweep, probe, bos, convergence, sink_heads, sink_rate, sink_origin, massive, rollout,
+    sink_reading, window_sinks, rotary_bands, fingerprint, prompt_sets,
 )}
 
 #: Every table a reproduction can write, by name, in run order (:class:`~lens_position.core.results.Table`).
