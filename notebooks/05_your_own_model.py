@@ -83,14 +83,18 @@ assert torch.allclose(hf_logits, tl_logits, atol=1e-4)
 # %% [markdown]
 # Position options apply at load, to any RoPE model: `ntk_alpha` (NTK-aware scaling),
 # `ntk_by_parts` (Llama-3 style), `window` (sliding window for local layers, or all layers) and
-# `n_ctx`. The spec records them.
+# `n_ctx`. The spec records them. An option a backend cannot apply to this model is refused with
+# the route that works, never ignored: on TransformerLens 4.x (the bridge runs the Hugging Face
+# model's own masks) `window=` needs a family with sliding-window layers.
 
 # %%
-variants = {
-    "as trained": loaded,
-    "ntk_alpha=4": load_model(str(checkpoint), ntk_alpha=4.0),
-    "window=16": load_model(str(checkpoint), window=16),
-}
+from lens_position.ground.errors import BadInputError
+
+variants = {"as trained": loaded, "ntk_alpha=4": load_model(str(checkpoint), ntk_alpha=4.0)}
+try:
+    variants["window=16"] = load_model(str(checkpoint), window=16)
+except BadInputError as refused:
+    print(f"window=16 refused on the {loaded.spec.extra.get('backend')} backend: {refused}")
 pd.DataFrame({name: {"rope": v.spec.rope_kind, "rotary base": v.spec.rotary_base, "window": v.spec.window,
                      "attn types": ",".join(sorted(set(v.spec.attn_types)))} for name, v in variants.items()}).T
 

@@ -26,9 +26,12 @@
 #    TransformerLens's signature and numbers, and `cache_activations` returns an
 #    `ActivationCache`.
 #
-# `FAST` (`LENS_POSITION_FAST=1`, as CI sets) builds a small random grouped-query model in code;
-# otherwise the notebook uses SmolLM2-135M's `HookedTransformer`, taken out of `load_model` and
-# used bare.
+# The notebook runs on the TransformerLens you have. On 3.x the model is a `HookedTransformer`; on
+# 4.x, which removed that class, it is a `TransformerBridge` in compatibility mode (the 3.x hook
+# names), and everything below takes it the same way. `FAST` (`LENS_POSITION_FAST=1`, as CI sets)
+# uses a small random grouped-query model built in code (on 3.x from a `HookedTransformerConfig`,
+# on 4.x the tiny Llama of `load_model("tiny-llama")`); otherwise SmolLM2-135M, taken out of
+# `load_model` and used bare.
 
 # %%
 import os
@@ -36,9 +39,10 @@ import os
 FAST = os.environ.get("LENS_POSITION_FAST", "0") == "1"
 
 # %%
+import importlib.metadata
+
 import plotly.io as pio
 import torch
-from transformer_lens import HookedTransformer, HookedTransformerConfig
 from transformer_lens.patching import get_act_patch_resid_pre as tl_get_act_patch_resid_pre
 from transformer_lens.utilities import get_act_name
 
@@ -47,25 +51,34 @@ from lens_position.report import plots, takeaways
 from lens_position.analyses.decompose import decompose
 from lens_position.core.data import build_prompts
 from lens_position.models import load_model
+from lens_position.models.backends import hooked_available
 
 pio.renderers.default = "plotly_mimetype+notebook"
+HOOKED = hooked_available()  # TransformerLens 3.x; on 4.x the model class is TransformerBridge
+if HOOKED:
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+print("TransformerLens", importlib.metadata.version("transformer_lens"), "->",
+      "HookedTransformer" if HOOKED else "TransformerBridge")
 
 # %% [markdown]
 # ## Your own model
 #
-# In fast mode: a config and random weights, with grouped-query attention (4 query heads sharing 2
-# key/value heads), as a researcher would build one. Without it: the real SmolLM2-135M as a plain
-# `HookedTransformer` (lens_position's loader built it and remembers its spec, so results name the
-# model it was loaded as; from here on it is used bare), with a short
+# In fast mode: random weights with grouped-query attention (4 query heads sharing 2 key/value
+# heads), on 3.x a config as a researcher would build one. Without it: the real SmolLM2-135M as a
+# plain `HookedTransformer` or `TransformerBridge` (lens_position's loader built it and remembers its
+# spec, so results name the model it was loaded as; from here on it is used bare), with a short
 # prompt for the patching sweeps and 8 windows of text, as a token tensor, for the decomposition.
 
 # %%
-if FAST:
+if FAST and HOOKED:
     cfg = HookedTransformerConfig(n_layers=3, d_model=64, n_ctx=64, d_head=16, n_heads=4, n_key_value_heads=2,
                                   d_vocab=100, act_fn="gelu", positional_embedding_type="rotary",
                                   normalization_type="RMS", model_name="my-tiny-gqa", seed=0)
     model = HookedTransformer(cfg)
-    clean = torch.randint(1, 100, (4, 16), generator=torch.Generator().manual_seed(0))
+elif FAST:
+    model = load_model("tiny-llama").model  # a TransformerBridge, booted in compatibility mode
+if FAST:
+    clean = torch.randint(1, min(100, model.cfg.d_vocab), (4, 16), generator=torch.Generator().manual_seed(0))
     texts = clean
 else:
     model = load_model("smollm2-135m").model

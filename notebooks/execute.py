@@ -27,10 +27,9 @@ def execute(source: Path, *, fast: bool, timeout: int) -> Path:
     """Run ``source`` and write its executed ``.ipynb``; return the path written."""
     os.environ["LENS_POSITION_FAST"] = "1" if fast else "0"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    # Progress bars would be stored as dead widgets: tqdm's own, and Hugging Face's (transformers'
-    # "Loading weights", huggingface_hub's), which ignore TQDM_DISABLE.
-    os.environ["TQDM_DISABLE"] = "1"
-    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    # No switch hides what a user sees: the stored notebook holds lens_position's own progress lines
+    # as a user's does; a library's tqdm widget is dead without a kernel and is dropped below.
+    os.environ.pop("TQDM_DISABLE", None)
     notebook = jupytext.read(source)
     NotebookClient(notebook, timeout=timeout, kernel_name="python3",
                    resources={"metadata": {"path": str(source.parent)}}).execute()

@@ -456,12 +456,19 @@ def massive_sentences(layers: pd.DataFrame, intervention: pd.DataFrame | None = 
     return out
 
 
-def rollout_sentence(layers: pd.DataFrame, architecture: str | None = None) -> str:
-    """The attention rollout to position 0 after the last layer (``AttentionRollout.layers``), through
-    attention alone and with the residual path, with intervals."""
+def rollout_sentence(layers: pd.DataFrame, architecture: str | None = None, level: float = 0.9) -> str:
+    """The attention rollout to position 0 (``AttentionRollout.layers``): after which layer the flow
+    from position 0 first reaches ``level`` (through attention alone, and with the residual path),
+    and where it ends, with intervals."""
     who = architecture or "The model"
-    last = layers.sort_values("layer").iloc[-1]
-    alone, mixed = (f"{last[c]:.0%} [{last[c + '_lo']:.0%}, {last[c + '_hi']:.0%}]"
-                    for c in ("flow_without_residual", "flow_with_residual"))
-    return (f"{who}: after layer {int(last['layer'])}, {alone} of a query's input has flowed from position 0 "
-            f"through attention alone, {mixed} with the residual path.")
+    layers = layers.sort_values("layer")
+    last = layers.iloc[-1]
+    parts = []
+    for column, how in (("flow_without_residual", "through attention alone"),
+                        ("flow_with_residual", "with the residual path")):
+        reached = layers[layers[column] >= level]
+        when = (f"reaches {level:.0%} after layer {int(reached['layer'].iloc[0])}" if len(reached)
+                else f"stays below {level:.0%}")
+        parts.append(f"{how} it {when} and ends at {last[column]:.0%} [{last[column + '_lo']:.0%}, "
+                     f"{last[column + '_hi']:.0%}] after layer {int(last['layer'])}")
+    return f"{who}: the share of a query's input that has flowed from position 0: " + "; ".join(parts) + "."

@@ -121,7 +121,7 @@ def load_model(
     chosen = resolve_backend(backend)
     if is_zoo_name(name_or_path):
         loaded = _load_zoo(str(name_or_path), ntk_alpha=ntk_alpha, ntk_by_parts=ntk_by_parts, window=window,
-                           n_ctx=n_ctx, device=device, backend=chosen)
+                           n_ctx=n_ctx, device=device, backend=backend)  # "auto": learned positions run mini
         return _placed(loaded, device, dtype, n_devices)
     source, loader_kind, target, defaults = _resolve(name_or_path, offline)
     given = {"ntk_alpha": ntk_alpha, "ntk_by_parts": ntk_by_parts, "window": window, "n_ctx": n_ctx}

@@ -19,9 +19,12 @@ smallest models the tutorials run on. All are real ``HookedTransformer`` forward
 Token ids in these models: ``BOS_TOKEN_ID`` marks position 0 (only meaningful with
 ``bos_bonus``); any other id in ``range(d_vocab)`` is an ordinary token.
 
-TransformerLens 3.x only: 4.0 removed ``HookedTransformer``, and there building one is refused
-with an ``UnsupportedArchitectureError`` (the tiny in-code models of ``load_model``, such as
-``"tiny-llama"``, load on either line).
+On TransformerLens 3.x they are ``HookedTransformer`` models; 4.0 removed that class, and there
+they are :class:`~lens_position.models.mini.MiniTransformer` models, which compute what a
+``HookedTransformer`` computes with the same weights, hook names and parameter names
+(``tests/unit/models/test_mini.py`` compares every hook of every model here on 3.x). The hand-set
+models hold the same weights on both lines; :func:`random_model` is seeded on each line, and its
+random weights differ between them (each line's own initialisation).
 """
 
 from __future__ import annotations
@@ -31,11 +34,40 @@ from collections.abc import Sequence
 
 import torch
 
+from lens_position.models.backends import hooked_available
 from lens_position.models.backends.hooked import new_hooked_transformer
+from lens_position.models.mini import MiniConfig, MiniTransformer
 from lens_position.models.spec import LoadedModel, spec_from_config
 
 BOS_TOKEN_ID = 1
 TOY_VOCAB = 8
+
+# HookedTransformerConfig keys a MiniTransformer has no field for: what it always is, or how its
+# random weights are drawn (random_model's own initialisation on 4.x)
+_MINI_FIXED = {"act_fn": "silu", "gated_mlp": True}
+_MINI_INIT = ("init_weights", "initializer_range")
+
+
+def new_toy_model(config: dict, *, what: str, line: str = "auto") -> torch.nn.Module:
+    """The toy model of ``config`` (``HookedTransformerConfig`` keywords): a ``HookedTransformer``
+    where TransformerLens has one (``line="auto"`` on 3.x, or ``"hooked"``), else (``"auto"`` on 4.x,
+    or ``"mini"``) a :class:`MiniTransformer` of the same configuration, with zero weights unless
+    ``init_weights`` (then normal weights of std ``initializer_range`` from ``seed``, unit norms)."""
+    if line == "hooked" or (line == "auto" and hooked_available()):
+        return new_hooked_transformer(config, what=what)
+    for key, value in _MINI_FIXED.items():
+        if key in config and config[key] != value:
+            raise ValueError(f"{what}: MiniTransformer has {key}={value!r}, not {config[key]!r}")
+    fields = {k: v for k, v in config.items() if k not in _MINI_FIXED and k not in _MINI_INIT}
+    model = MiniTransformer(MiniConfig(**fields))
+    if config.get("init_weights"):
+        generator = torch.Generator().manual_seed(int(config.get("seed") or 0))
+        std = float(config.get("initializer_range", 0.02))
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.split(".")[-1].lstrip("_").startswith("W_"):
+                    param.copy_(std * torch.randn(param.shape, generator=generator, dtype=param.dtype))
+    return model
 
 
 def offset_only_model(
@@ -73,7 +105,7 @@ def offset_only_model(
         raise ValueError("d_head must be a multiple of 4 (half rotated, in pairs)")
     rotary_dim = d_head // 2
     local = window is not None
-    model = new_hooked_transformer(dict(
+    model = new_toy_model(dict(
         n_layers=n_layers, d_model=4, d_head=d_head, n_heads=n_heads, n_ctx=n_ctx,
         d_vocab=TOY_VOCAB, attn_only=True, normalization_type=None,
         positional_embedding_type="rotary", rotary_dim=rotary_dim, rotary_base=rotary_base,
@@ -126,7 +158,7 @@ def random_model(
     models.
     """
     local = attn_types is not None and "local" in attn_types
-    model = new_hooked_transformer(dict(
+    model = new_toy_model(dict(
         n_layers=n_layers, d_model=d_model, d_head=d_head, n_heads=n_heads, n_ctx=n_ctx,
         d_vocab=d_vocab, d_mlp=2 * d_model, act_fn="silu", gated_mlp=True, normalization_type="RMS",
         positional_embedding_type="rotary", rotary_dim=d_head, n_key_value_heads=n_kv_heads,
@@ -166,13 +198,13 @@ def sink_origin_model(kind: str, *, bonus: float = 8.0, n_ctx: int = 256, seed: 
     ``BOS_TOKEN_ID``, direction 2 is 1 at position 0 (``W_pos[0]``). ``W_Q`` maps direction 0 to
     1 in query dimension 0; ``W_K`` maps direction 1 and/or 2 to ``bonus * sqrt(d_head)`` in key
     dimension 0, so after the ``1/sqrt(d_head)`` scale the marked key's score is ``bonus`` and every
-    other score 0. Real HookedTransformer forward passes (learned absolute positions, causal mask),
-    float64. TransformerLens 3.x only (as every model of this module).
+    other score 0. Real forward passes (learned absolute positions, causal mask), float64, on either
+    TransformerLens line (module docstring).
     """
     if kind not in SINK_KINDS:
         raise ValueError(f"kind must be one of {SINK_KINDS}, got {kind!r}")
     d_head = 4
-    model = new_hooked_transformer(dict(
+    model = new_toy_model(dict(
         n_layers=1, d_model=4, d_head=d_head, n_heads=2, n_ctx=n_ctx, d_vocab=TOY_VOCAB, attn_only=True,
         normalization_type=None, positional_embedding_type="standard", dtype=torch.float64,
         default_prepend_bos=False, seed=seed,

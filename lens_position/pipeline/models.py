@@ -101,19 +101,17 @@ def check_models(requests: Sequence[str]) -> None:
 def expand_zoo(requests: Sequence[str], backend: str = "auto",
                seeds: Sequence[int] | None = None) -> tuple[str, ...]:
     """Replace the request ``zoo`` by every shipped zoo checkpoint (all variants; all seeds, or
-    those in ``seeds``) that ``backend`` can run: on the bridge (TransformerLens 4.x) the variants
-    no Hugging Face family computes (learned absolute positions) are left out, with a warning that
-    names them and the backend that runs them. A checkpoint named explicitly is kept (and refused
-    when it loads)."""
-    from lens_position.models.backends import resolve_backend
-
+    those in ``seeds``) that ``backend`` can run: with ``backend="bridge"`` named, the variants no
+    Hugging Face family computes (learned absolute positions) are left out, with a warning that
+    names them and the backend that runs them (``"auto"`` runs every variant on either
+    TransformerLens line). A checkpoint named explicitly is kept (and refused when it loads)."""
     expanded: list[str] = []
     for request in requests:
         if request == "zoo":
             from lens_position.models.zoo.store import checkpoints
 
             found = [c for c in checkpoints() if seeds is None or c.seed in seeds]
-            if resolve_backend(backend) == "bridge":
+            if backend == "bridge":  # "auto" on 4.x loads learned positions as a MiniTransformer
                 from lens_position.ground.errors import UnsupportedArchitectureError
                 from lens_position.models.zoo.hf import check_convertible
 
@@ -126,7 +124,8 @@ def expand_zoo(requests: Sequence[str], backend: str = "auto",
                         left.append(checkpoint.name)
                 if left:
                     log.warning("the zoo on the bridge backend leaves out %s: learned absolute positions have no "
-                                "Hugging Face family; they run on backend='hooked' (TransformerLens 3.x)",
+                                "Hugging Face family; they run on backend='auto' (a HookedTransformer on "
+                                "TransformerLens 3.x, a MiniTransformer on 4.x)",
                                 ", ".join(left))
                 found = kept
             expanded.extend(c.name for c in found)

@@ -3,7 +3,8 @@
 The notebooks live in ``notebooks/`` as Jupytext percent-format ``.py`` files (the reviewed
 source), some paired with an executed ``.ipynb``. Each one reads ``LENS_POSITION_FAST`` in its
 first cell; here it is set to 1, so the notebooks use tiny models and short sequences and the
-whole set runs in about a minute. A cell that raises fails the test with the cell and traceback.
+whole set runs in a few minutes. A cell that raises fails the test with the cell and traceback.
+The fast run is marked ``tl4``: ``make test`` runs every notebook on TransformerLens 3.9 and 4.3.
 """
 
 from __future__ import annotations
@@ -44,10 +45,11 @@ def execute(notebook: nbformat.NotebookNode, workdir: Path, timeout: int = 900) 
 @pytest.fixture
 def fast_env(monkeypatch, tmp_path):
     """What CI sets for the notebook kernels: fast mode, never a hub download, and a weight
-    cache of their own (notebook 5 converts a checkpoint it writes to a temporary folder)."""
+    cache of their own (notebook 5 converts a checkpoint it writes to a temporary folder).
+    Progress is left as users get it (no TQDM_DISABLE)."""
     monkeypatch.setenv("LENS_POSITION_FAST", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("TQDM_DISABLE", "1")
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
     monkeypatch.setenv("LENS_POSITION_CACHE", str(tmp_path / "weight-cache"))
 
 
@@ -118,6 +120,7 @@ def test_takeaway_check_catches_a_missing_or_hard_coded_takeaway():
     assert takeaway_problems(silent, "") == ["the takeaway cell shows no takeaway Markdown (0 Markdown outputs)"]
 
 
+@pytest.mark.tl4  # every notebook on both TransformerLens lines (make test runs tl4 tests in .venv-tl4 too)
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.stem)
 def test_notebook_runs_top_to_bottom_in_fast_mode(source, tmp_path, fast_env):
     notebook = jupytext.read(source)

@@ -114,7 +114,6 @@ def sink_sweep(points: Sequence[str] | None = None, *, root: Path | None = None,
 
     from lens_position.analyses.zoo.measure import measure_sinks
     from lens_position.analyses.zoo.training import default_work_dir
-    from lens_position.models.zoo.architecture import require_hooked
     from lens_position.models.zoo.corpus import training_split, unigram_bits_per_byte
     from lens_position.models.zoo.store import SHIPPED, checkpoints, model_name, save_checkpoint
     from lens_position.models.zoo.train import train
@@ -130,7 +129,6 @@ def sink_sweep(points: Sequence[str] | None = None, *, root: Path | None = None,
         checkpoint = found.get(model_name(recipe.variant, recipe.seed))
         if checkpoint is None or checkpoint.meta["recipe_sha256"] != recipe.sha256():
             if corpus is None or unigram is None:
-                require_hooked("training a sink-sweep point")  # before reading the corpus (minutes)
                 corpus = training_split()
                 unigram = unigram_bits_per_byte(corpus)
             result = train(recipe, work_dir=default_work_dir(), device=device, progress=progress, corpus=corpus,

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from lens_position.models.zoo.architecture import require_hooked
 from lens_position.models.zoo.corpus import training_split, unigram_bits_per_byte
 from lens_position.models.zoo.recipe import recipe_for
 from lens_position.models.zoo.store import SHIPPED, Checkpoint, checkpoints, save_checkpoint
@@ -34,7 +33,6 @@ def train_variants(variants: Sequence[str], seeds: Sequence[int], *, root: Path 
     the same recipe hash is kept (``skip_existing``)."""
     from lens_position.analyses.zoo.measure import measure_sinks
 
-    require_hooked("zoo training")  # before reading the corpus (minutes): training is TransformerLens 3.x only
     corpus = training_split()
     unigram = unigram_bits_per_byte(corpus)
     existing = {c.name: c for c in checkpoints(root)}

@@ -217,7 +217,7 @@ def backend_for(model: Any) -> ModelBackend:
     """The backend of a TransformerLens model: a HookedTransformer (or subclass) or a
     TransformerBridge. TypeError for anything else."""
     hooked = hooked_class()
-    if hooked is not None and isinstance(model, hooked):
+    if (hooked is not None and isinstance(model, hooked)) or _is_mini(model):
         from lens_position.models.backends.hooked import HookedBackend
         return HookedBackend(model)
     bridge = bridge_class()
@@ -225,6 +225,14 @@ def backend_for(model: Any) -> ModelBackend:
         from lens_position.models.backends.bridge import BridgeBackend
         return BridgeBackend(model)
     raise TypeError(f"expected a LoadedModel, a HookedTransformer or a TransformerBridge, got {type(model).__name__}")
+
+
+def _is_mini(model: Any) -> bool:
+    """Whether ``model`` is a :class:`~lens_position.models.mini.MiniTransformer`: HookedTransformer's
+    names and numerics on ``HookedRootModule``, hosted by the hooked backend on either line."""
+    from lens_position.models.mini import MiniTransformer
+
+    return isinstance(model, MiniTransformer)
 
 
 def config_score_scale_and_cap(cfg: Any) -> tuple[float | None, float | None]:
@@ -249,4 +257,5 @@ def vocabulary_size(model: Any) -> int:
 def is_model(model: Any) -> bool:
     """Whether ``model`` is a TransformerLens model a backend wraps."""
     hooked, bridge = hooked_class(), bridge_class()
-    return (hooked is not None and isinstance(model, hooked)) or (bridge is not None and isinstance(model, bridge))
+    return ((hooked is not None and isinstance(model, hooked)) or (bridge is not None and isinstance(model, bridge))
+            or _is_mini(model))

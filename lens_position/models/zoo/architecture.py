@@ -24,7 +24,6 @@ from typing import Any
 
 import torch
 
-from lens_position.ground.errors import UnsupportedArchitectureError
 from lens_position.models.backends.hooked import new_hooked_transformer
 from lens_position.models.tiny import VOCAB_SIZE
 from lens_position.models.zoo.recipe import Recipe
@@ -36,26 +35,12 @@ DERIVED_BUFFERS = ("rotary_sin", "rotary_cos", "mask", "IGNORE")
 RMS_NORM_EPS = 1e-5
 
 
-def require_hooked(what: str) -> None:
-    """Refuse (UnsupportedArchitectureError) ``what`` where TransformerLens has no HookedTransformer
-    (4.x): zoo models are built and trained as HookedTransformers."""
-    from lens_position.models.backends import hooked_available
-
-    if not hooked_available():
-        raise UnsupportedArchitectureError(
-            f"{what} builds the zoo model as a HookedTransformer, which TransformerLens 4.x removed; train "
-            "(or build) zoo models in an environment with TransformerLens 3.x (pip install "
-            "'transformer-lens<4'). Trained checkpoints load on 4.x with load_model('zoo:<variant>') "
-            "(the bridge backend)")
-
-
-def hooked_config(recipe: Recipe, rotary_base: float | None = None) -> HookedTransformerConfig:
-    """The ``HookedTransformerConfig`` of ``recipe`` (``rotary_base`` overrides the final base)."""
+def model_fields(recipe: Recipe, rotary_base: float | None = None) -> dict[str, Any]:
+    """The ``HookedTransformerConfig`` keywords of ``recipe`` (``rotary_base`` overrides the final
+    base); a :class:`~lens_position.models.mini.MiniTransformer` takes the same."""
     rope = recipe.position == "rope"
     local = "local" in recipe.attn_types
-    from transformer_lens import HookedTransformerConfig  # TransformerLens 3.x (hooked backend)
-
-    return HookedTransformerConfig(
+    return dict(
         n_layers=recipe.n_layers, d_model=recipe.d_model, n_heads=recipe.n_heads, d_head=recipe.d_head,
         d_mlp=recipe.d_mlp, d_vocab=VOCAB_SIZE, n_ctx=recipe.context, act_fn="silu", gated_mlp=True,
         normalization_type="RMS", final_rms=True, eps=RMS_NORM_EPS,
@@ -70,14 +55,35 @@ def hooked_config(recipe: Recipe, rotary_base: float | None = None) -> HookedTra
     )
 
 
+def hooked_config(recipe: Recipe, rotary_base: float | None = None) -> HookedTransformerConfig:
+    """The ``HookedTransformerConfig`` of ``recipe`` (``rotary_base`` overrides the final base)."""
+    from transformer_lens import HookedTransformerConfig  # TransformerLens 3.x (hooked backend)
+
+    return HookedTransformerConfig(**model_fields(recipe, rotary_base))
+
+
+def _new_model(recipe: Recipe, rotary_base: float | None) -> Any:
+    """A HookedTransformer where TransformerLens has one, else a MiniTransformer (the same
+    computation, names and parameters; :mod:`lens_position.models.mini`), with zero weights."""
+    from lens_position.models.backends import hooked_available
+
+    if hooked_available():
+        return new_hooked_transformer(hooked_config(recipe, rotary_base), what="a zoo model", move_to_device=False)
+    from lens_position.models.mini import MiniConfig, MiniTransformer
+
+    fields = model_fields(recipe, rotary_base)
+    for key in ("act_fn", "gated_mlp", "final_rms", "init_weights"):  # what a MiniTransformer always is
+        fields.pop(key)
+    return MiniTransformer(MiniConfig(**fields))
+
+
 def build_model(recipe: Recipe, *, rotary_base: float | None = None, device: str = "cpu",
                 initialise: bool = True) -> HookedTransformer:
     """A fresh model for ``recipe``: every matrix ~ N(0, init_std²), output projections
     scaled by ``1/sqrt(2 n_layers)`` (GPT-2), norms 1, biases 0, drawn from ``recipe.seed``
-    without touching the global RNG. NoPE's ``W_pos`` is zero and frozen. TransformerLens 3.x
-    only (UnsupportedArchitectureError on 4.x: :func:`require_hooked`)."""
-    require_hooked("building a zoo model")
-    model = new_hooked_transformer(hooked_config(recipe, rotary_base), what="a zoo model", move_to_device=False)
+    without touching the global RNG. NoPE's ``W_pos`` is zero and frozen. A ``HookedTransformer`` on
+    TransformerLens 3.x, a ``MiniTransformer`` on 4.x (:func:`_new_model`)."""
+    model = _new_model(recipe, rotary_base)
     if initialise:
         generator = torch.Generator().manual_seed(recipe.seed)
         with torch.no_grad():

@@ -61,8 +61,9 @@ def check_convertible(recipe: Recipe) -> None:
         raise UnsupportedArchitectureError(
             f"zoo:{recipe.variant} adds learned absolute position embeddings (W_pos) at layer 0, which no "
             "Hugging Face RMSNorm/gated-MLP family has, so it cannot run on the bridge backend "
-            "(TransformerBridge). Load it with backend='hooked' on TransformerLens 3.x "
-            "(pip install 'transformer-lens<4'); every other zoo variant loads on the bridge")
+            "(TransformerBridge). Load it with backend='auto' (the default) on either TransformerLens line: a "
+            "HookedTransformer on 3.x, a MiniTransformer computing the same on 4.x; every other zoo variant "
+            "loads on the bridge")
     if recipe.position not in ("rope", "none"):
         raise UnsupportedArchitectureError(f"zoo position {recipe.position!r} has no Hugging Face conversion")
 

@@ -198,14 +198,16 @@ def load_zoo_model(name: str, *, root: Path = SHIPPED, device: str = "cpu",
     ``backend="hooked"``: the ``HookedTransformer`` it was trained as (TransformerLens 3.x);
     ``"bridge"``: the same weights in a Hugging Face model booted into a ``TransformerBridge``
     (:mod:`lens_position.models.zoo.hf`; every variant but ``learned``, TransformerLens 3.9 and 4.x);
-    ``"auto"``: hooked where TransformerLens has it, else the bridge.
+    ``"auto"``: hooked where TransformerLens has it, else the bridge, and for ``learned`` (no Hugging
+    Face family has learned absolute positions) a ``MiniTransformer``, which computes what the
+    ``HookedTransformer`` computes (:mod:`lens_position.models.mini`).
     The tokenizer is byte-level; for a variant trained with BOS it prepends ``<bos>``
     (id 1), as Gemma-3's does, so the analyses' ``bos="tokenizer"`` matches training.
     """
     chosen = resolve_backend(backend)
     checkpoint = find(name, root)
     recipe = verify(checkpoint)
-    if chosen == "bridge":
+    if chosen == "bridge" and (backend == "bridge" or recipe.position != "learned"):
         from lens_position.models.zoo.hf import load_zoo_bridge
 
         return load_zoo_bridge(checkpoint, recipe, source=f"zoo:{root / recipe.variant}", device=device)

@@ -38,7 +38,7 @@ from jaxtyping import Int
 from lens_position.ground.errors import BadInputError, CorruptFileError
 from lens_position.ground.progress import progress as progress_bar
 from lens_position.models.placement import check_device
-from lens_position.models.zoo.architecture import build_model, load_parameters, parameters_of, require_hooked
+from lens_position.models.zoo.architecture import build_model, load_parameters, parameters_of
 from lens_position.models.zoo.corpus import TrainingSplit, evaluation_batch, sample_batch, train_subset, training_split
 from lens_position.models.zoo.recipe import Recipe
 
@@ -147,10 +147,9 @@ def train(recipe: Recipe, *, work_dir: Path, device: str | None = None, progress
     ``torch.no_grad``) at every evaluation; the fields it returns are added to that point of
     the loss curve (measurements along training, e.g. sink scores; they never touch the
     weights, the batches or any RNG the training draws from). Raises BadInputError when this
-    interpreter's corpus is not the recipe's, UnsupportedArchitectureError on TransformerLens 4.x
-    (training builds a HookedTransformer, which 4.x removed).
+    interpreter's corpus is not the recipe's. On TransformerLens 4.x the model trained is a
+    ``MiniTransformer`` (:func:`~lens_position.models.zoo.architecture.build_model`).
     """
-    require_hooked("zoo training")
     if device is not None:
         check_device(device)  # cuda on a machine without it: a sentence, before anything is built
     previous_threads = torch.get_num_threads()

@@ -115,3 +115,36 @@ def test_sink_origin_reads_the_models_attention_at_each_location(gemma):
             ours = heads[heads["layer"] == layer].sort_values("head")["sink_score"].to_numpy()
             np.testing.assert_allclose(ours, by_hand.numpy(), atol=1e-6, err_msg=f"{condition} {location} {layer}")
     assert result.origin == "inconclusive"  # no intervals asked for: nothing is decided
+
+
+def test_the_rollout_is_the_plain_hook_product(gemma):
+    from lens_position.analyses.rollout import attention_rollout
+
+    model, prompts = gemma
+    result = attention_rollout(model, prompts, bootstrap=NONE, progress=False)
+    patterns = _cache(model, prompts.tokens, "hook_pattern")
+    n, length = prompts.tokens.shape
+    for residual, column in ((True, "flow_with_residual"), (False, "flow_without_residual")):
+        product = torch.eye(length, dtype=torch.float64).repeat(n, 1, 1)
+        for layer in range(model.spec.n_layers):
+            mean = patterns[f"blocks.{layer}.attn.hook_pattern"].mean(1)
+            if residual:
+                mean = 0.5 * (mean + torch.eye(length, dtype=torch.float64))
+            product = mean @ product
+            assert result.layers.loc[layer, column] == pytest.approx(float(product[:, 1:, 0].mean()), abs=1e-6)
+
+
+def test_the_position_checks_catch_a_doubled_bos_on_this_line(gemma):
+    import warnings
+
+    from lens_position.core.position_check import check_positions
+    from lens_position.core.positions import PositionWarning
+
+    model, prompts = gemma
+    assert check_positions(model, prompts).ok
+    doubled = prompts.tokens.clone()
+    doubled[:, 1] = model.spec.bos_token_id
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = check_positions(model, doubled)
+    assert not report.ok and any(issubclass(w.category, PositionWarning) for w in caught)

@@ -1,10 +1,11 @@
-"""Every HookedTransformer the package builds goes through one constructor: quiet on 3.9, refused by
-name on 4.x.
+"""Every HookedTransformer the package builds goes through one constructor: quiet on 3.9; on 4.x the
+models built in code are MiniTransformers, and a HookedTransformer asked for is refused by name.
 
 TransformerLens 3.9 warns "HookedTransformer is deprecated" on every construction. lens_position
 chooses its backend itself, so the models it builds (loaded checkpoints, the tiny in-code models,
-the hand-set toy models, zoo models) must not print it. Where 4.x removed the class, building one
-is the package's UnsupportedArchitectureError saying what works, not 4.x's bare ImportError.
+the hand-set toy models, zoo models) must not print it. Where 4.x removed the class, the toy and zoo
+models are built as MiniTransformers, and a HookedTransformer asked for is the package's
+UnsupportedArchitectureError saying what works, not 4.x's bare ImportError.
 """
 
 from __future__ import annotations
@@ -61,17 +62,32 @@ def test_a_hookedtransformer_built_by_hand_still_warns_so_the_check_can_see_one(
 
 @pytest.mark.tl4
 @pytest.mark.fault(area="models", given="a hand-set toy model or a zoo model built on TransformerLens 4.x (no "
-                   "HookedTransformer)", happens="UnsupportedArchitectureError naming TransformerLens 3.x and the "
-                   "models that load on 4.x, not 4.x's ImportError")
+                   "HookedTransformer)", happens="a MiniTransformer, HookedTransformer's computation on "
+                   "HookedRootModule (tests/unit/models/test_mini.py), not 4.x's ImportError")
 @pytest.mark.parametrize("what", ["offset_only_model", "random_model", "zoo model"])
-def test_without_hookedtransformer_building_one_is_refused_with_the_routes_that_work(what, monkeypatch):
+def test_without_hookedtransformer_the_models_built_in_code_are_mini_transformers(what, monkeypatch):
     """On TransformerLens 4.x for real; on 3.x with the class hidden, the same path."""
+    from lens_position.models.mini import MiniTransformer
+
+    if hooked_available():
+        monkeypatch.setattr(backends, "hooked_class", lambda: None)
+    built = _builds()[what]()
+    assert isinstance(getattr(built, "model", built), MiniTransformer)
+    assert backends.backend_for(getattr(built, "model", built)).kind == "hooked"
+
+
+@pytest.mark.tl4
+def test_without_hookedtransformer_naming_it_is_refused_with_the_routes_that_work(monkeypatch):
+    """A HookedTransformer asked for by name (``new_hooked_transformer``) is the package's
+    UnsupportedArchitectureError naming TransformerLens 3.x and what loads on 4.x."""
+    from lens_position.models.backends.hooked import new_hooked_transformer
+
     if hooked_available():
         monkeypatch.setattr(backends, "hooked_class", lambda: None)
     with pytest.raises(UnsupportedArchitectureError) as refused:
-        _builds()[what]()
+        new_hooked_transformer(dict(n_layers=1, d_model=4, d_head=4, n_heads=1, n_ctx=8, d_vocab=8, attn_only=True),
+                               what="a model")
     message = str(refused.value)
     assert "HookedTransformer" in message and "TransformerLens 3.x" in message
     assert not isinstance(refused.value, ImportError)
-    if what != "zoo model":  # the zoo names its own route (train on 3.x, load checkpoints on 4.x)
-        assert "load_model" in message and "tiny-llama" in message
+    assert "load_model" in message and "tiny-llama" in message

@@ -11,10 +11,10 @@ import torch
 from safetensors.torch import load_file
 
 from lens_position.analyses.decompose import check_identity, decompose
-from lens_position.cli.commands import EXIT_ERROR, main
 from lens_position.core.data import build_prompts
 from lens_position.ground.errors import CorruptFileError, UnsupportedArchitectureError
 from lens_position.models import backends, load_model
+from lens_position.models.mini import MiniTransformer
 from lens_position.models.zoo.architecture import build_model
 from lens_position.models.zoo.hf import hf_model, hf_state_dict
 from lens_position.models.zoo.recipe import VARIANTS, recipe_for
@@ -92,11 +92,15 @@ def test_every_convertible_variant_decomposes_on_the_bridge(variant, bridged):
 
 
 @pytest.mark.parametrize("variant", LEARNED)
-def test_learned_positions_are_refused_on_the_bridge_naming_the_route_that_works(variant):
-    for backend in ("bridge",) if backends.hooked_available() else ("bridge", "auto"):
-        with pytest.raises(UnsupportedArchitectureError, match=r"learned absolute position.*backend='hooked' on "
-                                                               r"TransformerLens 3\.x"):
-            load_model(f"zoo:{variant}", backend=backend)
+def test_learned_positions_are_refused_on_the_bridge_and_load_by_default_on_either_line(variant):
+    with pytest.raises(UnsupportedArchitectureError, match=r"learned absolute position.*backend='auto'"):
+        load_model(f"zoo:{variant}", backend="bridge")
+    loaded = load_model(f"zoo:{variant}")  # a HookedTransformer on 3.x, a MiniTransformer on 4.x
+    assert loaded.spec.extra["backend"] == "hooked" and loaded.spec.rope_kind == "none"
+    assert isinstance(loaded.model, MiniTransformer) != backends.hooked_available()
+    prompts = build_prompts(loaded, source="random", T=T, N=4, seed=0)
+    assert (check_identity(loaded, prompts)["max_abs_error_pattern"] < 1e-5).all()
+    assert decompose(loaded, prompts, progress=False).heads["total"].notna().all()
 
 
 def test_a_checkpoint_that_is_not_the_recipes_model_is_refused_not_converted():
@@ -111,15 +115,21 @@ def test_a_checkpoint_that_is_not_the_recipes_model_is_refused_not_converted():
         hf_state_dict(recipe_for("rope"), parameters)  # NoPE's W_pos has no place in a RoPE model
 
 
-def test_zoo_training_refuses_clearly_without_hooked_transformer(monkeypatch, tmp_path, capsys):
-    """Training builds HookedTransformers: on TransformerLens 4.x (simulated on 3.x) it stops at
-    once with the package's error naming the route, before reading the corpus."""
-    monkeypatch.setattr(backends, "hooked_available", lambda: False)
-    for attempt in (lambda: train(recipe_for("rope"), work_dir=tmp_path, progress=False),
-                    lambda: build_model(recipe_for("rope"))):
-        with pytest.raises(UnsupportedArchitectureError, match=r"HookedTransformer.*TransformerLens 3\.x"):
-            attempt()
-    assert main(["zoo", "train", "rope", "--root", str(tmp_path), "--no-progress", "--retrain"]) == EXIT_ERROR
-    error = capsys.readouterr().err
-    assert "lens-position: error: zoo training" in error and "TransformerLens 3.x" in error
-    assert not any(tmp_path.iterdir())  # nothing trained, nothing written
+def test_zoo_training_runs_on_either_line_and_is_bit_identical_on_a_rerun(tmp_path):
+    """Training builds a HookedTransformer on 3.x and a MiniTransformer on 4.x; on one line, a rerun
+    gives the same weights bit for bit."""
+    import dataclasses
+    import pydoc_data.topics
+
+    from lens_position.models.zoo.corpus import corpus_of
+
+    corpus = corpus_of([pydoc_data.topics.topics[k] for k in sorted(pydoc_data.topics.topics)][:40])
+    tiny = dataclasses.replace(recipe_for("learned"), variant="tiny-learned", n_layers=1, attn_types=("global",),
+                               d_model=16, n_heads=2, d_mlp=32, steps=4, extend_at=0, eval_every=2,
+                               n_eval_sequences=2, corpus_sha256=corpus.sha256)
+    first = train(tiny, work_dir=tmp_path / "a", corpus=corpus, progress=False)
+    again = train(tiny, work_dir=tmp_path / "b", corpus=corpus, progress=False)
+    assert set(first.parameters) == set(build_model(tiny).state_dict()) - {
+        k for k in build_model(tiny).state_dict() if k.split(".")[-1] in ("IGNORE", "mask", "rotary_sin", "rotary_cos")}
+    assert all(torch.equal(first.parameters[k], again.parameters[k]) for k in first.parameters)
+    assert first.held_out_bits > 0

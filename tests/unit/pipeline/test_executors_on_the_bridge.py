@@ -76,5 +76,6 @@ def test_the_zoo_on_the_bridge_leaves_out_what_it_cannot_run_and_says_so(caplog)
     with caplog.at_level("WARNING"):
         kept = expand_zoo(["smollm2-135m", "zoo"], backend="bridge")
     assert kept == ("smollm2-135m", *[name for name in every if name not in learned])
-    assert all(name in caplog.text for name in learned) and "backend='hooked'" in caplog.text
+    assert all(name in caplog.text for name in learned) and "backend='auto'" in caplog.text
     assert expand_zoo(["zoo:learned"], backend="bridge") == ("zoo:learned",)  # asked for by name: refused on load
+    assert expand_zoo(["zoo"]) == tuple(every)  # "auto" runs every variant on either line
