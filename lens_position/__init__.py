@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and the API refe
     from lens_position.analyses.compare import compare
     from lens_position.analyses.decompose import Decomposition, decompose, decompose_dense
     from lens_position.analyses.fingerprint import fingerprint
+    from lens_position.analyses.leakage import PositionalLeakage, leakage_texts, positional_leakage
     from lens_position.analyses.length_sweep import LengthSweep, length_sweep
     from lens_position.analyses.massive import (
         MassiveActivations,
@@ -72,6 +73,7 @@ _EXPORTS = {
     **dict.fromkeys(["Decomposition", "decompose", "decompose_dense"], "lens_position.analyses.decompose"),
     **dict.fromkeys(["position_probe"], "lens_position.analyses.probes"),
     **dict.fromkeys(["AttentionRollout", "attention_rollout"], "lens_position.analyses.rollout"),
+    **dict.fromkeys(["PositionalLeakage", "leakage_texts", "positional_leakage"], "lens_position.analyses.leakage"),
     **dict.fromkeys(["LengthSweep", "length_sweep"], "lens_position.analyses.length_sweep"),
     **dict.fromkeys(["MassiveActivations", "MassiveIntervention", "massive_activations", "massive_intervention"],
                     "lens_position.analyses.massive"),

@@ -153,6 +153,32 @@ COLUMNS: dict[str, str] = {
                           "query's input from position 0, mean over prompts and queries 1 <= i < T, in [0, 1]",
     "flow_without_residual": "rollout to position 0 through attention alone (the head-averaged patterns' "
                              "product): share of a query's input from position 0, in [0, 1]",
+    # positional leakage (the measure of Ruscio et al., "Once upon a token")
+    "delta_r2": "positional leakage ΔR² = R²(rel + src + tgt) - R²(rel) of the unscaled post-RoPE scores over the "
+                "causal pairs (held out over 30% of the pairs), mean over the texts; unitless, in [-1, 1]",
+    "delta_r2_null": "ΔR² on the texts' circularly shifted tokens (the null), mean over the texts",
+    "r2_relative": "held-out R² of the scores on the offset i - j alone (with an intercept), mean over the texts",
+    "r2_full": "held-out R² of the scores on offset, query and key position (with an intercept), mean over the texts",
+    "leakage_gap": "delta_r2 - delta_r2_null: ΔR² on the texts beyond their shifted nulls (unitless)",
+    "p_value": "one-sided sign-flip p-value of leakage_gap > 0 over the texts",
+    "q_value": "the multiple-comparison q-value over all heads: Benjamini-Hochberg (corrected mode) or the authors' "
+               "step as written (authors mode)",
+    "significant": "q_value <= alpha (the false discovery rate asked for)",
+    "significant_share": "share of the seeds in which the head was significant (corrected mode)",
+    "n_significant": "significant heads in the layer",
+    "band": 'a RoPE frequency band: "band k" (the model\'s own pairs, k = 0 the fastest; "unrotated" for '
+            'dimensions RoPE leaves alone) or the authors\' "bk" (ten runs of pairs taken as dimensions 2p, 2p+1)',
+    "band_index": "the band's position in frequency order (0 = the fastest)",
+    "energy_share": "the band's share of the Frobenius norm of the head's score matrix (sum over bands = 1)",
+    "share_significant": "n_significant / n_heads",
+    "top_head": "the head with the largest leakage_gap, as L<layer>H<head>",
+    "mode": 'how positional leakage was tested: "authors" (their notebook) or "corrected"',
+    "n_samples": "texts (each with its shifted null) the test rests on",
+    "seed_a": "the first seed of the pair compared",
+    "seed_b": "the second seed of the pair compared",
+    "n_significant_a": "significant heads under seed_a",
+    "n_significant_b": "significant heads under seed_b",
+    "jaccard": "overlap of the two seeds' significant sets, |A ∩ B| / |A ∪ B| (1 when both are empty)",
     # sink origin
     "location": 'where a sink score is read: "position0" (key 0), "bos" (the BOS token(s) wherever they are) or '
                 '"first_delimiter" (the first punctuation or newline token after position 0)',

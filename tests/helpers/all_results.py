@@ -15,6 +15,7 @@ def all_results() -> dict:
     from lens_position.analyses.compare import compare
     from lens_position.analyses.decompose import decompose
     from lens_position.analyses.fingerprint import fingerprint
+    from lens_position.analyses.leakage import leakage_texts, positional_leakage
     from lens_position.analyses.length_sweep import length_sweep
     from lens_position.analyses.massive import massive_activations, massive_intervention
     from lens_position.analyses.patching import resid_pre_sweep
@@ -46,6 +47,8 @@ def all_results() -> dict:
         "Comparison": compare(base, {"itself": base}),
         "LengthSweep": length_sweep(model, (8, 16), N=4, source="random", progress=False),
         "AttentionRollout": attention_rollout(model, prompts, progress=False),
+        "PositionalLeakage": positional_leakage(model, leakage_texts()[:6], n_samples=4, n_seeds=2, n_perm=100,
+                                                progress=False),
         "SinkOrigin": sink_origin(model, T=16, N=4, progress=False),
         "MassiveActivations": massive_activations(model, prompts, min_magnitude=0, min_ratio=4, progress=False),
         "MassiveIntervention": massive_intervention(model, prompts, layer=1, entries=[(0, 3)], progress=False),
