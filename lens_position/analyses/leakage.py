@@ -80,13 +80,16 @@ _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 _PROSE = re.compile(r"^[A-Z][A-Za-z ,;'\-]+[.!?]$")
 
 
-def leakage_texts(corpus: str | None = None, min_words: int = 15, max_words: int = 45) -> list[str]:
-    """Single sentences of plain prose from a corpus (default: lens_position's default corpus), in
-    corpus order: the sentences of ``min_words`` to ``max_words`` words that start with a capital,
+def leakage_texts(corpus: str | None = None, min_words: int = 15, max_words: int = 45, *,
+                  text: str | None = None) -> list[str]:
+    """Single sentences of plain prose from ``text`` or a corpus (default: lens_position's default
+    corpus), in order: the sentences of ``min_words`` to ``max_words`` words that start with a capital,
     end with ``.``, ``!`` or ``?`` and hold only letters, spaces and ``,;'-`` (no code, no markup).
     They stand in for the authors' Wikipedia sentences, whose repository states no licence."""
-    text = read_corpus(corpus).text
-    sentences = (" ".join(s.split()) for paragraph in text.split("\n\n") for s in _SENTENCE.split(paragraph))
+    if text is not None and corpus is not None:
+        raise BadInputError("pass either text= or corpus=, not both")
+    source = text if text is not None else read_corpus(corpus).text
+    sentences = (" ".join(s.split()) for paragraph in source.split("\n\n") for s in _SENTENCE.split(paragraph))
     return [s for s in sentences if _PROSE.match(s) and min_words <= len(s.split()) <= max_words]
 
 
@@ -250,8 +253,8 @@ class PositionalLeakage(SavedResult):
     ``p_value`` (one-sided sign flip), ``q_value`` (the mode's multiple-comparison step) and
     ``significant`` (``q_value <= alpha``); in the corrected mode also ``significant_share``, the share
     of the seeds in which the head was significant. All from the first seed.
-    ``layers``: per layer, ``n_heads``, ``n_significant``, and the means over heads of ``delta_r2`` and
-    ``leakage_gap``. ``bands``: per (layer, head, band), ``energy_share`` (the band's share of the
+    ``layers``: per layer, ``n_heads``, ``n_significant``, and the means over heads of ``delta_r2``,
+    ``delta_r2_null`` and ``leakage_gap``. ``bands``: per (layer, head, band), ``energy_share`` (the band's share of the
     Frobenius norm of the score matrix; mean over the tested texts with its interval in the corrected
     mode, the one band input in the authors'). ``seeds``: per pair of seeds, the sizes of their
     significant sets and their ``jaccard`` overlap. ``real`` and ``null``: the per-sequence
@@ -271,7 +274,8 @@ class PositionalLeakage(SavedResult):
     INTERVALS = "95% bootstrap over sequences"
     TABLES = (Table("leakage_heads", "heads", "PositionalLeakage.heads: ΔR² per head, its gap over the shifted "
                     "null, p and q values"),
-              Table("leakage_layers", "layers", "PositionalLeakage.layers: significant heads per layer"))
+              Table("leakage_layers", "layers", "PositionalLeakage.layers: significant heads per layer"),
+              Table("leakage_seeds", "seeds", "PositionalLeakage.seeds: overlap of the significant sets of two seeds"))
 
     @property
     def mode(self) -> str:
@@ -400,7 +404,7 @@ def _result(loaded: LoadedModel, layers: Sequence[int], runs: list[_Run], tests:
     heads = _head_frame(layers, n_heads, runs[0], tests[0], share)
     per_layer = heads.groupby("layer", sort=True).agg(
         n_heads=("head", "size"), n_significant=("significant", "sum"), delta_r2=("delta_r2", "mean"),
-        leakage_gap=("leakage_gap", "mean")).reset_index()
+        delta_r2_null=("delta_r2_null", "mean"), leakage_gap=("leakage_gap", "mean")).reset_index()
     if bands is not None and runs[0].shares is not None:
         band_frame = _band_frame(layers, runs[0].shares, {layer: [n for n, _ in bands[layer]] for layer in layers},
                                  Bootstrap())

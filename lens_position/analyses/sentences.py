@@ -472,3 +472,23 @@ def rollout_sentence(layers: pd.DataFrame, architecture: str | None = None, leve
         parts.append(f"{how} it {when} and ends at {last[column]:.0%} [{last[column + '_lo']:.0%}, "
                      f"{last[column + '_hi']:.0%}] after layer {int(last['layer'])}")
     return f"{who}: the share of a query's input that has flowed from position 0: " + "; ".join(parts) + "."
+
+
+def leakage_sentence(heads: pd.DataFrame, seeds: pd.DataFrame | None, architecture: str | None = None) -> str:
+    """Positional leakage in words (``PositionalLeakage.heads`` and ``.seeds``): how many heads the
+    corrected test keeps on the first seed, how much the seeds' sets overlap, the largest gap with its
+    interval, and that ΔR² reads the scores before the softmax."""
+    who = architecture or "The model"
+    top = heads.sort_values("leakage_gap", ascending=False).iloc[0]
+    n_significant = int(heads["significant"].sum())
+    overlap = ""
+    if seeds is not None and len(seeds):
+        pairs = f"{len(seeds)} pair" + ("s" if len(seeds) != 1 else "")
+        overlap = (f"; over {pairs} of seeds the significant sets overlap by a mean Jaccard of "
+                   f"{float(seeds['jaccard'].mean()):.2f}")
+    return (f"{who}: positional leakage ΔR² (the authors' statistic, Benjamini-Hochberg at 5%) keeps "
+            f"{n_significant} of {len(heads)} heads{overlap}; the largest gap over the shifted null is "
+            f"{float(top['leakage_gap']):+.3f} [{float(top['leakage_gap_lo']):+.3f}, "
+            f"{float(top['leakage_gap_hi']):+.3f}] "
+            f"(layer {int(top['layer'])}, head {int(top['head'])}). ΔR² reads the scores before the softmax: it "
+            "cannot see the mask component, and counts query-position trends the attention ignores.")

@@ -221,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
         "fingerprint": "the position-0 fingerprint per layer, with and without BOS (C5)",
         "probe": "ridge probes from the residual stream to log(position + 1), per layer",
         "bands": "the residual component split by RoPE frequency band (exact) and R' attributed by band",
+        "leakage": "positional leakage ΔR² per head (the measure of 'Once upon a token'), corrected test over seeds",
     }
     from lens_position.pipeline.steps import command_options
 
@@ -378,6 +379,9 @@ def _headlines(tables) -> list[str]:
         bands, band_layers = part("bands_heads", arch), part("bands_layers", arch)
         if bands is not None and band_layers is not None:
             sentences.append(takeaways.rotary_bands_sentence(bands, band_layers, arch))
+        leakage = part("leakage_heads", arch)
+        if leakage is not None:
+            sentences.append(takeaways.leakage_sentence(leakage, part("leakage_seeds", arch), arch))
         for sentence in sentences:
             lines += textwrap.wrap(sentence, 110, initial_indent="  ", subsequent_indent="    ")
     return lines

@@ -42,6 +42,7 @@ from lens_position.analyses.claims import FAILS, INCONCLUSIVE, PAPER, Criteria, 
 from lens_position.analyses.sentences import (
     UNTRAINED_NOTE,
     components_sentence,
+    leakage_sentence,
     massive_sentences,
     origin_sentence,
     rollout_sentence,
@@ -83,6 +84,13 @@ def _massive_sentences(results: Mapping[str, pd.DataFrame]) -> list[str]:
 def _rollout_sentences(results: Mapping[str, pd.DataFrame]) -> list[str]:
     """Per architecture, the flow to position 0 after the last layer, alone and with the residual path."""
     return [rollout_sentence(layers, arch) for arch, layers in _per_architecture(results.get("rollout_layers"))]
+
+
+def _leakage_sentences(results: Mapping[str, pd.DataFrame]) -> list[str]:
+    """Per architecture, positional leakage in words: heads kept, the seeds' overlap, the largest gap."""
+    seeds = dict(_per_architecture(results.get("leakage_seeds")))
+    return [leakage_sentence(heads, seeds.get(arch), arch)
+            for arch, heads in _per_architecture(results.get("leakage_heads"))]
 
 
 def _convergence_sentences(results: Mapping[str, pd.DataFrame]) -> list[str]:
@@ -244,6 +252,15 @@ _FIGURES = (
         "(R' passes through the softmax normaliser) and their error is in the bands_heads table. Mean over "
         "each layer's heads.",
         lambda f: plots.rotary_band_layers(f)),
+    _Figure("leakage", ("leakage_layers", "decompose_layers"), "Positional leakage (ΔR²) beside R' and M'",
+        "Left: per layer, the mean over heads of positional leakage ΔR² (the held-out R² that query and key "
+        "position add to the offset on the unscaled scores before the softmax; the measure of Ruscio, Nanni and "
+        "Silvestri's \"Once upon a token\") on single sentences without BOS (solid) and on the same sentences' "
+        "tokens circularly shifted (dotted), with the first seed's texts. Right: the decomposition's held-out R' "
+        "(solid) and M' (dashed) per layer, on the run's prompts. The two read different quantities: ΔR² counts "
+        "linear trends in the query position, which the softmax removes, and cannot see the mask component; "
+        "R' and M' are read off log A, after the normaliser.",
+        lambda leakage, decompose: plots.leakage_layers(leakage, decompose), lead=_leakage_sentences),
     _Figure("sink_ablation", ("sink_ablation",), "Ablating the sink-reading heads",
         "Held-out residual component R per layer before (solid) and after (dashed) zero- and mean-ablating "
         "the sink-reading heads. Error bars on the after values: the 95% paired bootstrap interval of the "

@@ -1035,3 +1035,42 @@ def rollout_layers(layers: pd.DataFrame, *, by: str = "architecture") -> go.Figu
     fig.update_xaxes(title_text="layer (rollout after the block)")
     fig.update_yaxes(title_text="share of a query's input from position 0 (%)", range=[0, 100])
     return _base_layout(fig, "Attention rollout to position 0 by depth")
+
+
+def leakage_layers(leakage: pd.DataFrame, decompose: pd.DataFrame | None = None, *,
+                   by: str = "architecture") -> go.Figure:
+    """Positional leakage per layer beside the decomposition's components, per architecture.
+
+    ``leakage`` is ``PositionalLeakage.layers`` stacked over models (``layer``, ``delta_r2``,
+    ``delta_r2_null``: means over the layer's heads of ΔR² on the texts and on their shifted nulls,
+    unitless). ``decompose`` is ``Decomposition.layers`` (``R_rf_heldout``, ``M_rf_heldout``: fractions
+    of Var(log A)); without it only the left panel is drawn."""
+    _require(leakage, ["layer", "delta_r2", "delta_r2_null"], "leakage_layers")
+    panels = 2 if decompose is not None and len(decompose) else 1
+    titles = ["positional leakage ΔR² (before the softmax)", "R' and M' (held-out, after the softmax)"][:panels]
+    fig = make_subplots(rows=1, cols=panels, subplot_titles=titles)
+    for gi, (name, frame) in enumerate(_groups(leakage, by)):
+        frame = frame.sort_values("layer")
+        for column, dash, label in (("delta_r2", "solid", "ΔR² on texts"), ("delta_r2_null", "dot", "ΔR² on nulls")):
+            fig.add_trace(go.Scatter(
+                x=_as_list(frame["layer"]), y=_as_list(frame[column]), mode="lines+markers", name=f"{name}: {label}",
+                legendgroup=name, line=dict(dash=dash, color=_color(gi)), meta={"group": name, "quantity": column},
+                hovertemplate=f"{name}<br>layer %{{x}}<br>{label} = %{{y:.4f}}<extra></extra>"), row=1, col=1)
+        if decompose is not None and panels == 2:
+            part = decompose[decompose[by] == name] if by in decompose.columns else decompose
+            part = part.sort_values("layer")
+            for column, dash, label in (("R_rf_heldout", "solid", "R'"), ("M_rf_heldout", "dash", "M'")):
+                if column not in part.columns or not len(part):
+                    continue
+                fig.add_trace(go.Scatter(
+                    x=_as_list(part["layer"]), y=_as_list(part[column]), mode="lines+markers", name=f"{name}: {label}",
+                    legendgroup=name, line=dict(dash=dash, color=_color(gi)), error_y=_error_bars(part, column),
+                    meta={"group": name, "quantity": column},
+                    hovertemplate=f"{name}<br>layer %{{x}}<br>{label} = %{{y:.4f}}<extra></extra>"), row=1, col=2)
+    for col in range(1, panels + 1):
+        fig.update_xaxes(title_text="layer", row=1, col=col)
+    fig.update_yaxes(title_text="ΔR² (unitless)", row=1, col=1)
+    if panels == 2:
+        fig.update_yaxes(title_text="fraction of Var(log A)", row=1, col=2)
+    fig.update_annotations(font_size=11)
+    return _base_layout(fig, "Positional leakage beside R' and M' per layer", height=440)

@@ -34,6 +34,7 @@ from lens_position.analyses.sentences import (  # noqa: F401  (the sentences, re
     components_sentence,
     convergence_sentence,
     ground_truth_sentences,
+    leakage_sentence,
     massive_sentences,
     origin_sentence,
     patch_sentences,

@@ -182,6 +182,7 @@ def test_the_parser_and_help_do_not_import_transformer_lens():
 @pytest.mark.parametrize("command, printed", [
     ("decompose", ["of it is the causal mask's (M' = ", "the residual stream's (R' = "]),
     ("sinks", ["attention sink", "sink readers"]),
+    ("leakage", ["positional leakage ΔR²", "Benjamini-Hochberg", "Jaccard", "cannot see the mask component"]),
 ])
 def test_each_subcommand_prints_its_own_headline_numbers(capsys, tmp_path, command, printed):
     import pandas as pd
@@ -203,6 +204,7 @@ def test_each_subcommand_prints_its_own_headline_numbers(capsys, tmp_path, comma
 @pytest.mark.parametrize("command, model, printed", [
     ("bands", "zoo:window-mix", ["splits by RoPE band as band 0", "The split is exact to"]),
     ("bands", "zoo:nope", ["rotary_bands skipped: zoo:nope has no rotary embedding"]),
+    ("leakage", "zoo:nope", ["leakage skipped: zoo:nope has no rotary embedding"]),
     ("bos", "zoo:learned", ["replaced position-0 state", "BOS replacement removes"]),
     ("sinks", "zoo:window-mix", ["local layers:", "window-aware", "global layers:"]),
 ])

@@ -141,7 +141,7 @@ def test_every_figure_in_the_report_holds_the_tables_numbers(quick_run):
     specs = report_figure_specs((quick_run / "report.html").read_text())
     assert set(specs) == {"layer_components", "layer_components_early", "head_heatmaps", "probe", "bos",
                           "fingerprint", "sinks", "sink_rate", "sink_ablation", "convergence", "window_sinks",
-                          "rotary_bands", "length_sweep", "sink_origin", "massive", "rollout"}
+                          "rotary_bands", "length_sweep", "sink_origin", "massive", "rollout", "leakage"}
     n = len(ARCHITECTURES)
 
     by_length = tables["length_sweep"]  # each component against T: one line per model and component
@@ -245,10 +245,17 @@ def test_every_figure_in_the_report_holds_the_tables_numbers(quick_run):
         assert all(_close(a, 100 * b) for a, b in zip(trace["y"], part[column]))
 
 
+    leakage = specs["leakage"]["data"]  # ΔR² on texts and nulls (left) beside R' and M' (right), per layer
+    assert _check_lines(leakage, tables["leakage_layers"],
+                        {"delta_r2": ("delta_r2", None), "delta_r2_null": ("delta_r2_null", None)}) == 2 * n
+    assert _check_lines(leakage, layers, {"R_rf_heldout": ("R_rf_heldout", None),
+                                          "M_rf_heldout": ("M_rf_heldout", None)}) == 2 * n
+
+
 def test_report_was_drawn_by_chromium_without_errors(quick_run):
     check = _provenance(quick_run)["browser_check"]
     assert check["js_errors"] == [] and check["undrawn"] == []
-    assert check["figures_drawn"] == check["figures_expected"] == 16
+    assert check["figures_drawn"] == check["figures_expected"] == 17
     assert Path(check["screenshot"]) == (quick_run / "report.png").resolve()
 
 

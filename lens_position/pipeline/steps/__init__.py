@@ -17,6 +17,7 @@ from lens_position.pipeline.steps import (
     convergence,
     decompose,
     fingerprint,
+    leakage,
     length_sweep,
     massive,
     probe,
@@ -42,7 +43,7 @@ from lens_position.pipeline.steps.base import (
 #: The registry: step name -> Step, in the order a run executes them.
 STEPS: dict[str, Step] = {module.STEP.name: module.STEP for module in (
     decompose, length_sweep, probe, bos, convergence, sink_heads, sink_rate, sink_origin, massive, rollout,
-    sink_reading, window_sinks, rotary_bands, fingerprint, prompt_sets,
+    sink_reading, window_sinks, rotary_bands, leakage, fingerprint, prompt_sets,
 )}
 
 #: Every table a reproduction can write, by name, in run order (:class:`~lens_position.core.results.Table`).

@@ -46,6 +46,7 @@ class Sizes:
     query_range: tuple[int, int] | None = None
     layers: tuple[int, ...] | None = None
     keys: str | None = None
+    n_seeds: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The sizes that apply, as JSON-ready values (tuples as lists)."""
