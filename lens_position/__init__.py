@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and the API refe
     from lens_position.analyses.patching import resid_pre_sweep, run_patches
     from lens_position.analyses.probes import position_probe
     from lens_position.analyses.rollout import AttentionRollout, attention_rollout
+    from lens_position.analyses.sink_definitions import SinkMetric, sink_metric
     from lens_position.analyses.sink_origin import SinkOrigin, sink_origin
     from lens_position.analyses.sinks import sink_heads, sink_rate, sink_reading_heads
     from lens_position.core.data import build_prompts
@@ -74,6 +75,7 @@ _EXPORTS = {
     **dict.fromkeys(["position_probe"], "lens_position.analyses.probes"),
     **dict.fromkeys(["AttentionRollout", "attention_rollout"], "lens_position.analyses.rollout"),
     **dict.fromkeys(["PositionalLeakage", "leakage_texts", "positional_leakage"], "lens_position.analyses.leakage"),
+    **dict.fromkeys(["SinkMetric", "sink_metric"], "lens_position.analyses.sink_definitions"),
     **dict.fromkeys(["LengthSweep", "length_sweep"], "lens_position.analyses.length_sweep"),
     **dict.fromkeys(["MassiveActivations", "MassiveIntervention", "massive_activations", "massive_intervention"],
                     "lens_position.analyses.massive"),

@@ -22,6 +22,7 @@ def all_results() -> dict:
     from lens_position.analyses.probes import position_probe
     from lens_position.analyses.prompt_sets import across_prompt_sets
     from lens_position.analyses.rollout import attention_rollout
+    from lens_position.analyses.sink_definitions import sink_metric
     from lens_position.analyses.sink_origin import sink_origin
     from lens_position.analyses.sinks import sink_heads, sink_rate, sink_reading_heads
     from lens_position.analyses.trajectory import trajectory_patching
@@ -47,6 +48,7 @@ def all_results() -> dict:
         "Comparison": compare(base, {"itself": base}),
         "LengthSweep": length_sweep(model, (8, 16), N=4, source="random", progress=False),
         "AttentionRollout": attention_rollout(model, prompts, progress=False),
+        "SinkMetric": sink_metric(model, definition="eviction", T=40, N=4, window=12, sinks=2, progress=False),
         "PositionalLeakage": positional_leakage(model, leakage_texts()[:6], n_samples=4, n_seeds=2, n_perm=100,
                                                 progress=False),
         "SinkOrigin": sink_origin(model, T=16, N=4, progress=False),
