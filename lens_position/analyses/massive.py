@@ -246,18 +246,18 @@ def massive_activations(
 
 
 class LossReducer:
-    """Next-token loss per prompt (mean cross-entropy over positions ``0 .. T-2`` predicting
-    ``1 .. T-1``, in nats per token), read from the logits (:data:`lens_position.core.stream.LOGITS`)."""
+    """Next-token loss per prompt (mean cross-entropy over positions ``first .. T-2`` predicting
+    ``first + 1 .. T-1``, in nats per token), read from the logits (:data:`lens_position.core.stream.LOGITS`)."""
 
     hook_names = (LOGITS,)
 
-    def __init__(self, tokens: torch.Tensor) -> None:
-        self.tokens = tokens
+    def __init__(self, tokens: torch.Tensor, first: int = 0) -> None:
+        self.tokens, self.first = tokens, first
         self.loss = torch.full((len(tokens),), float("nan"), dtype=torch.float64)
 
     def update(self, hook_name: str, logits: Float[torch.Tensor, "batch pos vocab"], rows: torch.Tensor) -> None:
-        targets = self.tokens[rows, 1:].to(logits.device)
-        log_probs = logits[:, :-1].to(torch.float64).log_softmax(-1)
+        targets = self.tokens[rows, self.first + 1:].to(logits.device)
+        log_probs = logits[:, self.first:-1].to(torch.float64).log_softmax(-1)
         self.loss[rows] = -log_probs.gather(-1, targets[..., None])[..., 0].mean(-1).cpu()
 
 

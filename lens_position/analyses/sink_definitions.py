@@ -42,6 +42,7 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
+from lens_position.analyses.massive import LossReducer
 from lens_position.analyses.patching import as_tokens
 from lens_position.analyses.sinks import prompt_sink_scores
 from lens_position.core.checks import check_count, check_fraction
@@ -49,7 +50,7 @@ from lens_position.core.data import build_document_prompts
 from lens_position.core.inputs import Prompts, checked_prompts
 from lens_position.core.intervals import PROBABILITY, Bootstrap, bootstrap_mean
 from lens_position.core.results import SavedResult
-from lens_position.core.stream import BATCH_SIZE, LOGITS, stream
+from lens_position.core.stream import BATCH_SIZE, stream
 from lens_position.core.summaries import Headline, row_estimate
 from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError
@@ -106,21 +107,6 @@ def _score_mask_hooks(loaded: LoadedModel, keep: torch.Tensor) -> list[tuple[str
     return [(f"blocks.{layer}.attn.hook_attn_scores", hook) for layer in range(loaded.spec.n_layers)]
 
 
-class _TargetLoss:
-    """Next-token loss per prompt on the predictions from positions ``first .. T-2``, in nats per token."""
-
-    hook_names = (LOGITS,)
-
-    def __init__(self, tokens: torch.Tensor, first: int) -> None:
-        self.tokens, self.first = tokens, first
-        self.loss = torch.full((len(tokens),), math.nan, dtype=torch.float64)
-
-    def update(self, hook_name: str, logits: torch.Tensor, rows: torch.Tensor) -> None:
-        targets = self.tokens[rows, self.first + 1:].to(logits.device)
-        log_probs = logits[:, self.first:-1].to(torch.float64).log_softmax(-1)
-        self.loss[rows] = -log_probs.gather(-1, targets[..., None])[..., 0].mean(-1).cpu()
-
-
 def _eviction(loaded: LoadedModel, tokens: torch.Tensor, window: int, sinks: int, batch_size: int,
               progress: bool) -> dict[str, np.ndarray]:
     """Mean next-token loss per prompt under dense, window and window-with-sinks attention."""
@@ -128,7 +114,7 @@ def _eviction(loaded: LoadedModel, tokens: torch.Tensor, window: int, sinks: int
     out = {}
     for name, keep in (("dense", None), ("window", eviction_mask(T, window, 0)),
                        ("window_sinks", eviction_mask(T, window, sinks))):
-        reducer = _TargetLoss(tokens.cpu(), window)
+        reducer = LossReducer(tokens.cpu(), first=window)
         stream(loaded, tokens, [reducer], batch_size=batch_size, progress=progress, desc=f"eviction ({name})",
                fwd_hooks=() if keep is None else _score_mask_hooks(loaded, keep))
         out[name] = reducer.loss.numpy()
