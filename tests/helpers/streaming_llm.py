@@ -18,7 +18,7 @@ def evicting_decode_loss(hf_model, ids: torch.Tensor, window: int, sinks: int, f
                 for layer in cache.layers:
                     layer.keys, layer.values = layer.keys[:, :, keep], layer.values[:, :, keep]
                 held = [held[k] for k in keep]
-            out = hf_model(input_ids=ids[None, t:t + 1], past_key_values=cache, position_ids=torch.tensor([[t]]),
+            out = hf_model(input_ids=ids[None, t:t + 1], cache=cache, position_ids=torch.tensor([[t]]),
                            use_cache=True)
             held.append(t)
             if t >= first:
