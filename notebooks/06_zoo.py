@@ -63,7 +63,7 @@ pio.renderers.default = "plotly_mimetype+notebook"
 # %%
 base = VARIANTS["rope"].to_dict()
 pd.DataFrame([{"variant": name, **{k: v for k, v in recipe.to_dict().items() if base[k] != v and k != "variant"},
-               "sha256": recipe.sha256()[:12]} for name, recipe in VARIANTS.items()]).fillna("")
+               "sha256": recipe.sha256()[:12]} for name, recipe in VARIANTS.items()]).astype(object).fillna("")
 
 # %% [markdown]
 # ## 2. Train a tiny variant in a minute
