@@ -19,6 +19,11 @@ and the slowest step. Target for the full default run on 2 cores: at most 15 min
         # (target <= 1e-10). --fast: smollm2-135m only; --threads 1: both on one torch thread
         # (steadier CPU times on a busy machine).
     python benchmarks/reproduce.py --intervals-ratio       # also rerun without intervals: the cost ratio
+    python benchmarks/reproduce.py --quick --models smollm2-135m,smollm2-135m-ntk,smollm2-135m-ntk-parts,gemma3-270m \
+        --peak-alone gemma3-270m
+        # the run over every model, then the run of gemma3-270m alone, each in a process of its own;
+        # prints both peaks and their ratio. Target: at most 1.2x (each model is released before the
+        # next loads, so a run over several models needs what its largest needs)
 
 **Against the floor.** Every forward pass the reproduction makes is recorded (its model, input
 shape, ``start_at_layer``, ``stop_at_layer``, return type); after the run each model is loaded
@@ -364,6 +369,34 @@ def print_steps(result) -> list[dict]:
     return rows
 
 
+def _peak_of_run(models: str, args: argparse.Namespace, out: Path) -> tuple[float, float]:
+    """Peak resident memory (MiB) and wall time of `reproduce` on ``models`` in a fresh process."""
+    import subprocess
+
+    code = ("import resource, sys; from lens_position.cli.commands import main; status = main(sys.argv[1:]); "
+            "print('PEAK_KIB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(status)")
+    command = [sys.executable, "-c", code, "reproduce", "--models", models, "--out", str(out), "--no-progress",
+               "--no-browser-check", *(["--quick"] if args.quick else []),
+               *(["--T", str(args.T)] if args.T else []), *(["--N", str(args.N)] if args.N else [])]
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"reproduce on {models} failed:\n{done.stderr[-2000:]}")
+    peak = next(int(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("PEAK_KIB"))
+    return peak / 1024, time.perf_counter() - started
+
+
+def compare_peak_alone(args: argparse.Namespace) -> int:
+    """The run over every model against the run of one model alone: peak memory of each and the ratio."""
+    with tempfile.TemporaryDirectory(prefix="lens-position-bench-") as tmp:
+        every, every_s = _peak_of_run(args.models, args, Path(tmp) / "every")
+        alone, alone_s = _peak_of_run(args.peak_alone, args, Path(tmp) / "alone")
+    print(f"peak of the run over {args.models}: {every:.0f} MiB ({every_s:.0f} s)")
+    print(f"peak of {args.peak_alone} alone: {alone:.0f} MiB ({alone_s:.0f} s)")
+    print(f"ratio (every model / {args.peak_alone} alone): {every / alone:.3f} (target <= 1.2)")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS))
@@ -382,7 +415,11 @@ def main() -> int:
                              "On a busy machine 1 keeps OpenMP's spin-waiting out of the CPU times")
     parser.add_argument("--intervals-ratio", action="store_true",
                         help="rerun without bootstrap intervals and print the cost ratio")
+    parser.add_argument("--peak-alone", default=None, metavar="MODEL",
+                        help="also run MODEL alone, each run in its own process, and print the peak-memory ratio")
     args = parser.parse_args()
+    if args.peak_alone is not None:
+        return compare_peak_alone(args)
     if args.baseline is not None:
         return compare_with_baseline(args)
     if args.executor == "ray":
