@@ -57,10 +57,13 @@ def test_a_key0_bonus_that_takes_the_attention_barely_leaks():
 @given(st.integers(0, 2**31 - 1))
 def test_any_function_of_the_offset_alone_has_no_leakage(seed):
     """ΔR² reads the scores before the softmax: a relative-only head (whose absolute signal is all mask
-    component M') has ΔR² near zero whatever its profile."""
+    component M') never shows leakage, whatever its profile. ΔR² is not exactly zero: a non-linear
+    profile leaves a residual shared by every pair at one offset, so the extra query term fits ~T
+    clusters by chance on the training pairs and pays for it on the held-out ones (a held-out penalty,
+    always negative; over 400 profiles it ranged from -0.015 to +2e-5)."""
     profile = torch.randn(T, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     scores = profile[(QUERY - KEY).clamp(min=0).long()] + _noise(seed % 1000, 0.05)
-    assert abs(_delta_r2(scores)) < 0.01
+    assert -0.05 < _delta_r2(scores) < 1e-3
 
 
 def test_the_authors_step_finds_heads_on_pure_noise_where_benjamini_hochberg_does_not():
