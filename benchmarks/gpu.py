@@ -13,6 +13,11 @@ of T positions, and measures (after one warm-up batch, with the device synchroni
 - ``decompose`` (attention scores hooked and reduced to float64 statistics on the device,
   then the held-out fits): tokens per second, and its wall time over the bare forward's;
 - the peak device memory of each (CUDA only).
+
+With ``--placed`` it also loads each model on the bridge with ``device_map="auto"`` (every weight
+put on the GPU as it is read, never the whole model on the host first) and prints the host memory
+that load added over the model's weights, and the largest difference of ``decompose`` between the
+placed model and the one loaded whole and then moved (target 0).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+from host_memory import Peaks, resident_mib  # noqa: E402  (benchmarks/host_memory.py)
 
 from lens_position.analyses.decompose import decompose  # noqa: E402
 from lens_position.core.data import build_prompts  # noqa: E402
@@ -59,6 +65,25 @@ def bare_forward_s(model, tokens: torch.Tensor, batch_size: int, device: str) ->
     return time.perf_counter() - started
 
 
+def placed_check(request: str, device: str, T: int) -> str:
+    """The host memory a placed load adds, over the weights' size, and decompose's largest
+    difference against the model loaded whole (both on the bridge)."""
+    from lens_position.models import load_model
+
+    before = resident_mib()
+    with Peaks() as peaks:
+        placed = load_model(request, backend="bridge", device_map="auto")
+    host = peaks.resident - before
+    weights = sum(p.numel() * p.element_size() for p in placed.model.original_model.parameters()) / 2**20
+    whole = load_model(request, backend="bridge", device=device)
+    prompts = build_prompts(whole, source="random", T=min(T, 128), N=4, bos="force", seed=0)
+    a = decompose(placed, prompts, progress=False).heads.select_dtypes("number")
+    b = decompose(whole, prompts, progress=False).heads.select_dtypes("number")
+    return (f"{request}: placed {placed.spec.extra['placement']}; host peak grew {host:,.0f} MiB for "
+            f"{weights:,.0f} MiB of weights ({host / weights:.2f}x); decompose max |placed - whole| "
+            f"{float((a - b).abs().max().max()):.2e}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="smollm2-135m,gemma3-270m")
@@ -67,6 +92,7 @@ def main() -> int:
     parser.add_argument("--T", type=int, default=512)
     parser.add_argument("--N", type=int, default=16)
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--placed", action="store_true", help="also check a load placed by device_map='auto'")
     args = parser.parse_args()
     device = resolve_device(args.device)
     compute = Compute(device=device, dtype=args.dtype)
@@ -96,6 +122,8 @@ def main() -> int:
         print(f"{request:<18} {tokens / forward:>14.0f} {tokens / dec:>16.0f} {dec / forward:>18.1f} "
               f"{fmt(peak_forward)} {fmt(peak_dec)}")
         del loaded
+        if args.placed:
+            print("  " + placed_check(request, device, args.T))
     return 0
 
 

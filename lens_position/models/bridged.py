@@ -12,9 +12,9 @@ from typing import Any
 
 from lens_position.ground.errors import BadInputError, LensPositionError, UnsupportedArchitectureError
 from lens_position.models import sources
-from lens_position.models.cache import state_dict_sha256
+from lens_position.models.cache import model_weights_sha256
 from lens_position.models.hf_cache import read_gguf_cached
-from lens_position.models.placement import torch_dtype
+from lens_position.models.placement import Placement, check_bridge_takes, placed_summary, torch_dtype
 from lens_position.models.rope import normalise_ntk_by_parts, ntk_aware_base
 from lens_position.models.routes import working_routes
 from lens_position.models.spec import (
@@ -146,24 +146,30 @@ def _rebuild_rotary(hf_model: Any) -> None:
 
 
 def load_bridged(name: str, source: str, kind: str, target: Any, options: dict[str, Any], *, device: str,
-                 dtype: str, started: float, cache_dir: str | None = None) -> LoadedModel:
+                 dtype: str, started: float, cache_dir: str | None = None, placement: Placement | None = None
+                 ) -> LoadedModel:
     """A LoadedModel on the bridge backend, with the position options applied to the Hugging Face
-    model (:func:`apply_hf_position_options`), verified at load (:func:`verify_bridge`)."""
+    model (:func:`apply_hf_position_options`), verified at load (:func:`verify_bridge`); with a
+    ``placement``, its weights placed on their devices as they are read."""
     from lens_position.models.backends import COUPLED_KV
     from lens_position.models.backends.bridge import boot_bridge
 
     checked_sha256 = None  # the weights' hash the weight cache has just checked them against
+    check_bridge_takes(placement, int(_transformer_lens_version().split(".")[0]))
+    if kind == "tiny" and placement is not None:
+        raise BadInputError(f"{name} is built in code on the host; to place it, save it with save_pretrained and "
+                            "load that folder with device_map")
     if kind == "tiny":
         hf_model, tokenizer = tiny_hf_model(target)
     elif kind == "gguf":
-        hf_model, tokenizer, checked_sha256 = read_gguf_cached(target, cache_dir)
+        hf_model, tokenizer, checked_sha256 = read_gguf_cached(target, cache_dir, placement)
     else:
-        hf_model, tokenizer = sources.read_hf_folder(target, check=None)
+        hf_model, tokenizer = sources.read_hf_folder(target, check=None, placement=placement)
     check_has_attention(hf_model.config)
     facts = apply_hf_position_options(hf_model, **{k: v for k, v in options.items() if v is not None})
     ntk_verified = facts.pop("ntk_verified", False)
     unchanged = all(value is None for value in options.values())  # no option touched the model after the check
-    weights_sha256 = checked_sha256 if checked_sha256 and unchanged else state_dict_sha256(hf_model.state_dict())
+    weights_sha256 = checked_sha256 if checked_sha256 and unchanged else model_weights_sha256(hf_model)
     prepends_bos = tokenizer_prepends_bos(tokenizer)
     model_type = getattr(hf_model.config, "model_type", None)
     spec = spec_from_hf_config(
@@ -171,11 +177,12 @@ def load_bridged(name: str, source: str, kind: str, target: Any, options: dict[s
         tokenizer_prepends_bos=prepends_bos, bos_token_id=tokenizer.bos_token_id,
         weights_sha256=weights_sha256, **facts,
         extra={"file": str(target) if kind != "tiny" else None, "from_cache": False, "ungrouped_kv_hooks": True,
-               "backend": "bridge"})
+               "backend": "bridge", "placement": placed_summary(hf_model, placement)})
     family = family_name(hf_model.config)
     routes = working_routes(model_type, refused_by="bridge")
     refuse_learned_sinks(hf_model, family)
-    key = verdict_key(weights_sha256, options, "bridge", dtype, config=hf_model.config.to_dict())
+    placed = {"placed": True} if placement is not None else {}
+    key = verdict_key(weights_sha256, {**options, **placed}, "bridge", dtype, config=hf_model.config.to_dict())
     verified = read_verdict(key, cache_dir)
     if verified is not None:
         verified.pop("key", None)

@@ -35,6 +35,7 @@ The default location is ``~/.cache/lens_position``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -87,9 +88,33 @@ def state_dict_sha256(state_dict: dict[str, torch.Tensor]) -> str:
     built in code, converted or read from the cache."""
     digest = hashlib.sha256()
     for name in sorted(state_dict):
-        tensor = state_dict[name].detach().cpu().contiguous()
-        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy() if tensor.numel() else b"")
+        _add_tensor(digest, name, state_dict[name])
+    return digest.hexdigest()
+
+
+def _add_tensor(digest: Any, name: str, tensor: torch.Tensor) -> None:
+    tensor = tensor.detach().cpu().contiguous()
+    digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+    digest.update(tensor.reshape(-1).view(torch.uint8).numpy() if tensor.numel() else b"")
+
+
+def model_weights_sha256(model: torch.nn.Module) -> str:
+    """:func:`state_dict_sha256` of a model's state dict, read one tensor at a time where accelerate
+    offloaded part of the model (``device_map`` with host or disk targets): a weight offloaded to
+    disk or the host (on ``meta`` between forwards) is read in for its turn only, so hashing never
+    holds more than one module's weights at once. Equal to the hash of the same weights loaded whole."""
+    state = model.state_dict(keep_vars=True)
+    if not any(tensor.is_meta for tensor in state.values()):
+        return state_dict_sha256(state)
+    from accelerate.utils import align_module_device
+
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        owner_name, _, leaf = name.rpartition(".")
+        owner = model.get_submodule(owner_name) if owner_name else model
+        offloaded = state[name].is_meta
+        with align_module_device(owner, torch.device("cpu")) if offloaded else contextlib.nullcontext():
+            _add_tensor(digest, name, getattr(owner, leaf) if offloaded else state[name])
     return digest.hexdigest()
 
 

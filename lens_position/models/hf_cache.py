@@ -25,10 +25,18 @@ from typing import Any
 
 from filelock import FileLock
 
+from lens_position.ground.errors import BadInputError
 from lens_position.ground.files import resource_error
 from lens_position.ground.provenance import package_versions
 from lens_position.models import sources
-from lens_position.models.cache import cache_root, discard_entry, remove_leftovers, state_dict_sha256, temporary_name
+from lens_position.models.cache import (
+    cache_root,
+    discard_entry,
+    model_weights_sha256,
+    remove_leftovers,
+    state_dict_sha256,
+    temporary_name,
+)
 from lens_position.models.source_hash import source_identity
 
 log = logging.getLogger(__name__)
@@ -45,17 +53,20 @@ def _entry(path: Path, cache_dir: str | None) -> tuple[Path, dict[str, Any]]:
     return root / "hf" / key, identity
 
 
-def _read(entry: Path, identity: dict[str, Any]) -> tuple[Any, Any, str] | None:
+def _read(entry: Path, identity: dict[str, Any], placement: Any = None) -> tuple[Any, Any, str] | None:
     """The model, tokenizer and weights' sha256 of a complete entry whose weights are the ones it
-    recorded, else None (the entry is then removed)."""
+    recorded, else None (the entry is then removed). With a ``placement`` the weights go to their
+    devices as they are read (and are hashed one module at a time)."""
     try:
         record = json.loads((entry / "entry.json").read_text(encoding="utf-8"))
         if record.get("identity") != identity:
             raise ValueError("another source or versions")
-        model, tokenizer = sources.read_hf_folder(entry, check=None)
-        weights_sha256 = state_dict_sha256(model.state_dict())
+        model, tokenizer = sources.read_hf_folder(entry, check=None, placement=placement)
+        weights_sha256 = model_weights_sha256(model)
         if weights_sha256 != record.get("weights_sha256"):
             raise ValueError("weights that differ from the ones recorded")
+    except BadInputError:  # a placement the model cannot take: the entry is sound
+        raise
     except Exception as error:  # a damaged entry of any kind is rebuilt, never used
         log.warning("rebuilding the cached Hugging Face model %s (%s)", entry, error)
         discard_entry(entry)
@@ -81,16 +92,26 @@ def _save_dequantised(model: Any, folder: Path) -> None:
             config.quantization_config = quantization
 
 
-def read_gguf_cached(path: Path, cache_dir: str | None = None) -> tuple[Any, Any, str]:
+def read_gguf_cached(path: Path, cache_dir: str | None = None, placement: Any = None) -> tuple[Any, Any, str]:
     """The Hugging Face model (float32, eager attention), tokenizer and weights' sha256
     (:func:`~lens_position.models.cache.state_dict_sha256`) of the GGUF file ``path``, from the cache
     when an entry is there (its weights checked against the sha256 it recorded), else dequantised
-    from the file and saved to the cache."""
+    from the file and saved to the cache. With a ``placement`` the model is read from the entry with
+    its weights placed as they are read (a GGUF file is dequantised on the host once, to make the
+    entry: a model too large for the host needs a Hugging Face folder, or an entry made elsewhere)."""
     entry, identity = _entry(path, cache_dir)
     if entry.is_dir():
-        found = _read(entry, identity)
+        found = _read(entry, identity, placement)
         if found is not None:
             return found
+    if placement is not None:
+        read_gguf_cached(path, cache_dir)  # makes the entry; the model it returns is dropped here
+        found = _read(entry, identity, placement)
+        if found is None:
+            raise BadInputError(f"the weight cache under {entry.parent} could not keep the dequantised {path.name}, "
+                                "which a placed load reads; free space there (or set LENS_POSITION_CACHE), or load "
+                                "without device_map")
+        return found
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
         lock = FileLock(str(entry) + ".lock")

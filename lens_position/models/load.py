@@ -45,10 +45,10 @@ from lens_position.models.adapters import (
     convert_state_dict,
     hooked_config,
 )
-from lens_position.models.backends import COUPLED_KV, bridge_class, hooked_available, resolve_backend
+from lens_position.models.backends import COUPLED_KV, bridge_class, resolve_backend
 from lens_position.models.backends.hooked import HookedBackend
 from lens_position.models.cache import CachedModel, cache_root, cached_convert, state_dict_sha256
-from lens_position.models.placement import check_device, check_n_devices
+from lens_position.models.placement import check_device, check_n_devices, check_placement
 from lens_position.models.registry import REGISTRY, is_zoo_name, lookup, unknown_model_message
 from lens_position.models.rope import apply_position_options, check_position_options
 from lens_position.models.routes import model_type_of, working_routes
@@ -78,7 +78,8 @@ def load_model(
     name_or_path: str, *, ntk_alpha: float | None = None, ntk_by_parts: dict | bool | None = None,
     window: int | None = None, n_ctx: int | None = None, cache_dir: str | None = None,
     offline: bool | None = None, device: str = "cpu", backend: str = "auto", dtype: str = "float32",
-    n_devices: int = 1,
+    n_devices: int = 1, device_map: str | dict[str, str | int] | None = None,
+    max_memory: dict[str | int, str | int] | None = None, offload_folder: str | None = None,
 ) -> LoadedModel:
     """Load a model behind the seam (a ``HookedTransformer`` or a ``TransformerBridge``) with its
     tokenizer and ``ModelSpec``.
@@ -109,17 +110,20 @@ def load_model(
     converts it exactly, else the bridge); ``spec.extra["backend"]`` says which ran (and
     ``spec.extra["auto"]`` why the bridge, when auto fell back to it). ``dtype`` (``float32``,
     ``bfloat16``, ``float16``) casts the weights after loading; ``n_devices > 1`` splits the layers over
-    that many GPUs (hooked backend).
+    GPUs (hooked: after loading on the host; bridge: as read). ``device_map``, ``max_memory``,
+    ``offload_folder``: each weight placed as it is read, on the bridge (``Placement`` in
+    :mod:`lens_position.models.placement`; ``spec.extra["placement"]`` counts modules per device).
     """
     started = time.perf_counter()
     checked_path(name_or_path, "the model name or path")
     if cache_dir is not None:
         checked_path(cache_dir, "cache_dir")
-    check_device(device)
-    n_devices = check_n_devices(n_devices, device)
     check_position_options(ntk_alpha=ntk_alpha, ntk_by_parts=ntk_by_parts, window=window, n_ctx=n_ctx)
-    chosen = resolve_backend(backend)
+    n_devices, chosen, placement = _where(device, n_devices, backend, dtype, device_map, max_memory, offload_folder)
     if is_zoo_name(name_or_path):
+        if placement is not None:
+            raise BadInputError(f"{name_or_path} is a small zoo model read whole; load it without device_map (or "
+                                "with n_devices on the hooked backend)")
         loaded = _load_zoo(str(name_or_path), ntk_alpha=ntk_alpha, ntk_by_parts=ntk_by_parts, window=window,
                            n_ctx=n_ctx, device=device, backend=backend)  # "auto": learned positions run mini
         return _placed(loaded, device, dtype, n_devices)
@@ -134,24 +138,33 @@ def load_model(
     def bridged() -> LoadedModel:
         from lens_position.models.bridged import load_bridged
 
-        if n_devices > 1:
-            route = ("backend='hooked' (TransformerLens 3.x, installed here), or one device" if hooked_available()
-                     else "one device (device='cuda:0'), or the hooked backend of TransformerLens 3.x "
-                          "(pip install 'transformer-lens>=3,<4')")
-            raise BadInputError(f"n_devices={n_devices}: a model split over devices is supported on the hooked "
-                                f"backend only, not on the bridge; use {route}")
+        split = placement if placement is not None else check_placement(n_devices=n_devices, backend="bridge",
+                                                                         dtype=dtype)
         return load_bridged(name, source, loader_kind, target, options, device=device, dtype=dtype,
-                            started=started, cache_dir=cache_dir)
+                            started=started, cache_dir=cache_dir, placement=split)
 
     if chosen == "bridge":
         return bridged()
     try:
-        loaded = _load_hooked(name, source, loader_kind, target, options, cache_dir, device, started)
+        loaded = _load_hooked(name, source, loader_kind, target, options, cache_dir,
+                              "cpu" if n_devices > 1 else device, started)  # split over the GPUs from the host
     except UnsupportedArchitectureError as hooked_refusal:
         if backend != "auto" or bridge_class() is None:
             raise
         return _bridge_instead(name, hooked_refusal, bridged)
     return _placed(loaded, device, dtype, n_devices)
+
+
+def _where(device: str, n_devices: Any, backend: str, dtype: str, device_map: Any, max_memory: Any,
+           offload_folder: Any) -> tuple[int, str, Any]:
+    """The checked ``n_devices``, the backend to try first and the :class:`Placement` of a load (None:
+    read whole), each refused by name before any weight is read when this machine cannot honour it."""
+    check_device(device)
+    n_devices = check_n_devices(n_devices, device)
+    chosen = "bridge" if device_map is not None and backend == "auto" else resolve_backend(backend)
+    return n_devices, chosen, check_placement(device_map=device_map, max_memory=max_memory,
+                                              offload_folder=offload_folder, n_devices=n_devices, backend=chosen,
+                                              dtype=dtype)
 
 
 def _bridge_instead(name: str, hooked_refusal: UnsupportedArchitectureError,

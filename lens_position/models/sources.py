@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import logging
 import os
 import sys
 import threading
@@ -181,14 +182,19 @@ def weight_bars_off() -> Iterator[None]:
     """transformers' own progress bars ("Loading weights", "Writing model shards") off while a
     checkpoint is read or written (they printed a block of lines in notebooks), and back as they were
     after. The long part of a first load, a GGUF's dequantisation, shows lens_position's own line
-    instead (:func:`gguf_bar_as_ours`)."""
+    instead (:func:`gguf_bar_as_ours`). accelerate's note that placed weights wait on ``meta`` is
+    silenced too: ``spec.extra["placement"]`` says where they went."""
     from transformers.utils import logging as transformers_logging
 
     was_on = transformers_logging.is_progress_bar_enabled()
     transformers_logging.disable_progress_bar()
+    placing = logging.getLogger("accelerate.big_modeling")
+    level = placing.level
+    placing.setLevel(max(level, logging.ERROR))
     try:
         yield
     finally:
+        placing.setLevel(level)
         if was_on:
             transformers_logging.enable_progress_bar()
 
@@ -223,8 +229,11 @@ def gguf_bar_as_ours(label: str) -> Iterator[None]:
         gguf_utils.tqdm = original
 
 
-def read_hf_folder(path: Path, check: Callable[[Any], Any] | None = adapter_for) -> tuple[Any, Any]:
-    """HF model (fp32) and tokenizer from a local checkpoint folder (never the network)."""
+def read_hf_folder(path: Path, check: Callable[[Any], Any] | None = adapter_for, placement: Any = None
+                   ) -> tuple[Any, Any]:
+    """HF model (fp32) and tokenizer from a local checkpoint folder (never the network). With a
+    :class:`~lens_position.models.placement.Placement`, each weight goes to its device as it is read
+    (in the placement's dtype), never the whole model to the host first."""
     from transformers import AutoConfig, AutoTokenizer
 
     if not (path / "config.json").is_file():
@@ -264,11 +273,17 @@ def read_hf_folder(path: Path, check: Callable[[Any], Any] | None = adapter_for)
                 "its tokenizer files (tokenizer.json or tokenizer.model, tokenizer_config.json)") from error
         if not any(p.suffix in HF_WEIGHT_SUFFIXES for p in path.iterdir()):
             raise BadInputError(f"{path} has no weights (*.safetensors or *.bin); add them or pass another folder")
+        placed = placement.from_pretrained_kwargs() if placement is not None else {}
         try:
             with weight_bars_off():
-                model, loading = _hf_model_class().from_pretrained(path, dtype=torch.float32, **STRICT_LOADING,
-                                                                    **EAGER, **NO_REMOTE_CODE)
+                model, loading = _hf_model_class().from_pretrained(path, **{"dtype": torch.float32, **placed},
+                                                                    **STRICT_LOADING, **EAGER, **NO_REMOTE_CODE)
         except Exception as error:  # e.g. a pickled .bin that torch.load(weights_only=True) refuses
+            if placed and isinstance(error, (ValueError, KeyError)):  # accelerate's word on the map
+                raise BadInputError(
+                    f"could not place {path}'s weights with {placed} ({type(error).__name__}: {str(error)[:300]}); "
+                    "give every module a device in device_map (or a strategy such as 'balanced'), max_memory "
+                    "room for the model, and an offload_folder where weights go to 'disk'") from error
             raise CorruptFileError(
                 f"could not read the weights in {path} ({type(error).__name__}: {error}); re-download them, or "
                 "convert pickled .bin weights to .safetensors") from error

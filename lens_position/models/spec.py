@@ -350,11 +350,15 @@ def weights_version(model: torch.nn.Module) -> tuple[Any, ...]:
     """What says whether a model's weights may have changed since it was last taken: each tensor's
     ``_version`` (bumped by in-place writes), dtype, storage, offset, shape and strides (changed by a
     cast or a ``.data`` swap), and a checksum of the bytes of every storage (:func:`_checksum`:
-    writes through ``.data`` bump no version). About 0.1 s per GB of weights on a CPU."""
+    writes through ``.data`` bump no version). About 0.1 s per GB of weights on a CPU. Weights that
+    accelerate keeps offloaded (on ``meta`` between forwards, read in from disk or the host at each
+    one) have no bytes here to change: only their layout is taken."""
     state = model.state_dict(keep_vars=True)
     digest = hashlib.sha256()
     storages: dict[int, torch.UntypedStorage] = {}
     for tensor in state.values():
+        if tensor.is_meta:
+            continue
         storage = tensor.untyped_storage()
         storages.setdefault(storage.data_ptr(), storage)
     for pointer in sorted(storages):
@@ -372,10 +376,10 @@ def _current(loaded: LoadedModel) -> LoadedModel:
     dtype = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
     spec = loaded.spec
     if loaded.hashed_weights_version != version:
-        from lens_position.models.cache import state_dict_sha256
+        from lens_position.models.cache import model_weights_sha256
 
         at_load = spec.extra.get("weights_sha256_at_load", spec.weights_sha256)
-        fresh = state_dict_sha256(loaded.model.state_dict())
+        fresh = model_weights_sha256(loaded.model)
         extra = {**spec.extra, "dtype": dtype}
         if fresh != at_load and at_load is not None:
             extra["weights_sha256_at_load"] = at_load

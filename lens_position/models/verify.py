@@ -35,6 +35,7 @@ import torch
 from jaxtyping import Float, Int
 
 from lens_position.ground.errors import UnsupportedArchitectureError
+from lens_position.models.placement import input_device
 
 LOGITS_RTOL = 1e-3  # of the largest |reference logit|: float32 round-off is about 1e-6
 PATTERN_ATOL = 1e-3  # attention probability: float32 round-off is about 1e-7
@@ -109,8 +110,7 @@ def reference_of(hf_model: torch.nn.Module, tokens: Int[torch.Tensor, "pos"], n_
 
     handles = [module.register_forward_hook(keeper(name)) for name, module in hf_model.named_modules() if name]
     try:
-        device = next(hf_model.parameters()).device
-        output = hf_model(tokens.unsqueeze(0).to(device))
+        output = hf_model(tokens.unsqueeze(0).to(input_device(hf_model)))
     finally:
         for handle in handles:
             handle.remove()

@@ -2,7 +2,8 @@
 
 ``--device auto`` picks CUDA when torch sees a GPU, else the CPU; ``--dtype`` casts the
 weights (and so every activation) after loading; ``n_devices > 1`` splits the layers over
-that many GPUs with TransformerLens's own placement (``cfg.n_devices``). The analyses keep
+that many GPUs (TransformerLens's own placement on the hooked backend, accelerate's as the weights
+are read on the bridge). The analyses keep
 their statistics in float64 whatever the model's dtype (``decompose`` upcasts the scores).
 """
 
@@ -37,9 +38,14 @@ def resolve_device(device: str, *, cuda_available: bool | None = None, cuda_coun
 
 
 def load_on(load: Callable[..., Any], compute: Any) -> Any:
-    """Load with ``load(device=...)`` and place the model as ``compute`` asks (a ``Compute``)."""
+    """Load with ``load(device=...)`` (``load_model``'s options) as ``compute`` asks (a ``Compute``): on
+    one device in float32, verified against its source, then cast to the dtype; split over GPUs by
+    ``load_model(n_devices=)`` itself (the hooked backend after loading on the host, the bridge as
+    the weights are read, in the dtype asked)."""
     device = resolve_device(compute.device, n_devices=compute.n_devices)
-    loaded = load(device="cpu" if compute.n_devices > 1 else device)
-    if compute.dtype != "float32" or compute.n_devices > 1:
-        place(loaded.model, device=device, dtype=compute.dtype, n_devices=compute.n_devices)
+    if compute.n_devices > 1:
+        return load(device=device, dtype=compute.dtype, n_devices=compute.n_devices)
+    loaded = load(device=device)
+    if compute.dtype != "float32":
+        place(loaded.model, device=device, dtype=compute.dtype)
     return loaded

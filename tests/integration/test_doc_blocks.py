@@ -47,6 +47,7 @@ _tokenizer.save_pretrained("my-checkpoint")
 """
 SETUP = {
     "README.md": _CHECKPOINT,
+    "docs/howto/scaling-up.md": _CHECKPOINT,
     "docs/howto/prompt-sets.md": _BASE,
     "docs/howto/decompose.md": _BASE,
     "docs/notebooks.md": _BASE + """

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from lens_position.ground.errors import UnsupportedArchitectureError
+from lens_position.ground.errors import BadInputError, UnsupportedArchitectureError
 from lens_position.models.backends import COUPLED_KV, RotaryLayout, config_score_scale_and_cap, rotate
 from lens_position.models.hook_names import block_of
 
@@ -51,22 +51,58 @@ _SCORE_CHECK_TOL = 1e-4
 _ROTARY_CHECK_TOL = 1e-4  # relative to the largest |q|: float32 rotation round-off is ~1e-7
 
 
-def _repeat_rows(linear: torch.nn.Linear, blocks: list[tuple[int, int, int]]) -> None:
-    """Rebuild ``linear`` with its output rows cut, in order, into ``blocks`` of ``(n_heads, d_head,
-    times)``: each block's heads repeated ``times`` times (1: the block kept as is)."""
-    pieces_w, pieces_b, start = [], [], 0
+def _repeated(tensor: torch.Tensor, blocks: list[tuple[int, int, int]]) -> torch.Tensor:
+    """``tensor``'s rows (dimension 0) cut, in order, into ``blocks`` of ``(n_heads, d_head, times)``:
+    each block's heads repeated ``times`` times (1: the block kept as is)."""
+    pieces, start = [], 0
     for n, d_head, times in blocks:
-        rows = slice(start, start + n * d_head)
-        weight = linear.weight.data[rows].view(n, d_head, -1).repeat_interleave(times, dim=0)
-        pieces_w.append(weight.reshape(n * times * d_head, -1))
-        if linear.bias is not None:
-            pieces_b.append(linear.bias.data[rows].view(n, d_head).repeat_interleave(times, dim=0).reshape(-1))
+        rows = tensor[start:start + n * d_head]
+        pieces.append(rows.reshape(n, d_head, *tensor.shape[1:]).repeat_interleave(times, dim=0)
+                      .reshape(n * times * d_head, *tensor.shape[1:]))
         start += n * d_head
-    assert start == linear.out_features, (start, linear.out_features)
-    linear.weight = torch.nn.Parameter(torch.cat(pieces_w).contiguous(), requires_grad=False)
-    if linear.bias is not None:
-        linear.bias = torch.nn.Parameter(torch.cat(pieces_b).contiguous(), requires_grad=False)
-    linear.out_features = linear.weight.shape[0]
+    assert start == tensor.shape[0], (start, tensor.shape[0])
+    return torch.cat(pieces).contiguous()
+
+
+class _RepeatedOnRead(Mapping):
+    """An offloaded module's weights (accelerate's ``weights_map``: its tensors on disk or on the host,
+    read in at each forward) with the named ones repeated by row blocks as they are read, so a module
+    whose parameters wait on the ``meta`` device is ungrouped without reading its weights now."""
+
+    def __init__(self, weights: Mapping, blocks: dict[str, list[tuple[int, int, int]]]):
+        self.weights, self.blocks = weights, blocks
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        value = self.weights[key]
+        return _repeated(value, self.blocks[key]) if key in self.blocks else value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.weights)
+
+    def __len__(self) -> int:
+        return len(self.weights)
+
+
+def _offload_hook(module: torch.nn.Module) -> Any:
+    """accelerate's offloading hook on ``module`` (its parameters then live on ``meta`` between
+    forwards), else None."""
+    hook = getattr(module, "_hf_hook", None)
+    return hook if getattr(hook, "offload", False) and getattr(hook, "weights_map", None) is not None else None
+
+
+def _repeat_rows(module: torch.nn.Module, blocks: list[tuple[int, int, int]], names: tuple[str, ...]
+                 = ("weight", "bias")) -> None:
+    """Rebuild ``module``'s parameters ``names`` (those it has) with their rows repeated by
+    ``blocks`` (:func:`_repeated`). A module offloaded by accelerate (``device_map`` with host or disk
+    targets) gets ``meta`` parameters of the new shape and reads its weights repeated at each forward."""
+    hook = _offload_hook(module)
+    present = [name for name in names if getattr(module, name, None) is not None]
+    for name in present:
+        setattr(module, name, torch.nn.Parameter(_repeated(getattr(module, name).data, blocks), requires_grad=False))
+    if hook is not None:
+        hook.weights_map = _RepeatedOnRead(hook.weights_map, {name: blocks for name in present})
+    if hasattr(module, "out_features"):
+        module.out_features = module.weight.shape[0]
 
 
 def ungroup_kv(hf_model: torch.nn.Module) -> int:
@@ -105,9 +141,7 @@ def ungroup_kv(hf_model: torch.nn.Module) -> int:
             query_weight = getattr(getattr(module, "q_norm", None), "weight", None)
             whole = query_weight is not None and query_weight.numel() == n_heads * d_head != d_head
             if whole and weight is not None and weight.numel() == n_kv * d_head:
-                norm.weight = torch.nn.Parameter(
-                    weight.data.view(n_kv, d_head).repeat_interleave(group, dim=0).reshape(-1).contiguous(),
-                    requires_grad=False)
+                _repeat_rows(norm, [(n_kv, d_head, group)], names=("weight",))
                 if hasattr(norm, "normalized_shape"):
                     norm.normalized_shape = (n_heads * d_head,)
             if hasattr(module, "num_key_value_groups"):
@@ -139,7 +173,8 @@ def boot_bridge(hf_model: torch.nn.Module, tokenizer: Any, *, name: str, device:
     if not getattr(hf_model.config, "architectures", None):  # a config built in code names none
         hf_model.config.architectures = [type(hf_model).__name__]
     n_kv = ungroup_kv(hf_model)
-    hf_model.to(dtype=dtype)
+    if getattr(hf_model, "hf_device_map", None) is None:  # a placed model was read in its dtype where it lies
+        hf_model.to(dtype=dtype)
     hf_model.eval()
     # The bridge normalises the tokenizer it is given (and may re-load a "with BOS" copy from the
     # hub): it gets a copy marked as already adding BOS, and ours is put back afterwards.
@@ -154,6 +189,9 @@ def boot_bridge(hf_model: torch.nn.Module, tokenizer: Any, *, name: str, device:
             bridge = TransformerBridge.boot_transformers(name, hf_model=hf_model, tokenizer=booted_tokenizer,
                                                          device=device, dtype=dtype)
         except (ValueError, NotImplementedError, KeyError) as exc:
+            if getattr(hf_model, "hf_device_map", None) and "device_map" in str(exc):
+                raise BadInputError(f"TransformerBridge refuses where the weights were placed ({str(exc)[:300]}); "
+                                    "place every module on GPUs, or every module on the host and disk") from exc
             architectures = ", ".join(getattr(hf_model.config, "architectures", None) or []) or \
                 type(hf_model).__name__
             raise UnsupportedArchitectureError(

@@ -19,7 +19,8 @@ pytestmark = pytest.mark.tl4
 
 BACKENDS = (["hooked"] if hooked_available() else []) + ["bridge"]
 # The model options: what the loaded model computes or where it runs.
-MODEL_OPTIONS = {"ntk_alpha", "ntk_by_parts", "window", "n_ctx", "device", "dtype", "n_devices"}
+MODEL_OPTIONS = {"ntk_alpha", "ntk_by_parts", "window", "n_ctx", "device", "dtype", "n_devices", "device_map",
+                 "max_memory", "offload_folder"}
 # Not options of the model: what to load, from where, and with which backend.
 NOT_MODEL_OPTIONS = {"name_or_path", "cache_dir", "offline", "backend"}
 
@@ -153,3 +154,13 @@ def test_n_devices_beyond_this_machines_gpus_is_refused_by_name(plain):
     for wrong in (0, -1, 1.5, True, "2"):
         with pytest.raises(BadInputError, match="n_devices"):
             load_model("tiny-llama", backend=backend, n_devices=wrong)
+
+
+@pytest.mark.parametrize("option, value", [("device_map", "balanced"), ("max_memory", {"cpu": "1GiB"}),
+                                           ("offload_folder", "/tmp/offload")])
+def test_placement_options_are_applied_by_the_bridge_or_refused_by_name(plain, option, value):
+    """Applied on the bridge to a checkpoint folder (tests/unit/models/test_placement.py); here, on a
+    model built in code, on the hooked backend, or without a map, each is refused naming it."""
+    backend, _ = plain
+    with pytest.raises(BadInputError, match="device_map"):
+        load_model("tiny-llama", backend=backend, **{option: value})
