@@ -9,16 +9,9 @@ import sys
 
 import lens_position as lp
 from lens_position.analyses.leakage import published_table
+from lens_position.analyses.published import PUBLISHED_SINKS
 
 MODELS = ("smollm2-135m", "gemma3-270m")
-#: published values: (measure, model, value, where)
-PUBLISHED_SINKS = (
-    ("gu", "Mistral-7B", "97.49%", "Gu et al. 2025, natural text, T = 64"),
-    ("gu", "LLaMA2-7B", "92.47%", "Gu et al. 2025, natural text, T = 64"),
-    ("gu", "LLaMA3-8B", "99.02%", "Gu et al. 2025, natural text, T = 64"),
-    ("eviction", "Llama-2-13B", "window 0+1024: 5158.07; 4 sinks + 1020: 5.40",
-     "Xiao et al. 2024 (StreamingLLM), Table 1, perplexity on PG19"),
-)
 
 
 def leakage() -> None:
@@ -46,16 +39,20 @@ def _value(row) -> str:
 def sinks() -> None:
     print("| definition | model | quantity | value [95% over prompts] | inputs |")
     print("|---|---|---|---|---|")
-    for definition, model, value, where in PUBLISHED_SINKS:
-        print(f"| {definition} | {model} (published) | | {value} | {where} |")
+    for measure, model, value, where in PUBLISHED_SINKS:
+        print(f"| {measure} | {model} (published) | | {value} | {where} |")
+    runs = [("gu", condition) for condition in ("natural", "random", "repeated")]
+    runs += [("barbero", "natural"), ("first_token_mass", "natural"), ("eviction", "natural")]
     for name in MODELS:
         model = lp.load_model(name)
-        for definition in ("gu", "barbero", "first_token_mass", "eviction"):
-            result = lp.sink_metric(model, definition=definition, N=8 if definition == "eviction" else 16)
+        for definition, condition in runs:
+            result = lp.sink_metric(model, definition=definition, condition=condition,
+                                    N=8 if definition == "eviction" else 16)
             for row in result.frame.itertuples():
-                inputs = f"first {row.seq_len} tokens of {row.N} documents, with the tokenizer's special tokens"
+                inputs = {"natural": f"first {row.seq_len} tokens of {row.N} documents, with the tokenizer's own BOS",
+                          "random": f"{row.N} prompts of {row.seq_len} random tokens after the BOS",
+                          "repeated": f"{row.N} prompts of one token repeated {row.seq_len} times, no BOS"}[condition]
                 print(f"| {definition} | {name} | {row.quantity} | {_value(row)} | {inputs} |")
-
 
 if __name__ == "__main__":
     {"leakage": leakage, "sinks": sinks}[sys.argv[1] if len(sys.argv) > 1 else "leakage"]()

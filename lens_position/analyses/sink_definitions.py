@@ -7,8 +7,10 @@ prompts:
 - ``"gu"`` (Gu et al. 2025, sail-sg/Attention-Sink ``eval_sink_open_source.py``): per prompt, the
   share of (layer, head) whose attention on position 0, averaged over every query ``0 .. T-1``,
   exceeds ``eps = 0.3``; the mean over prompts. Inputs: the first ``T = 64`` tokens of each document
-  with the tokenizer's own BOS (:func:`lens_position.core.data.build_document_prompts`). The same number
-  as :func:`lens_position.analyses.sinks.sink_rate` with ``protocol="documents"`` (a test checks it).
+  with the tokenizer's own BOS (:func:`lens_position.core.data.build_document_prompts`), or Gu et al.'s
+  other two conditions (``condition="random"``: random tokens after the BOS; ``"repeated"``: one token
+  repeated, without BOS). The same number as :func:`lens_position.analyses.sinks.sink_rate` with
+  ``protocol="documents"`` on each condition (a test checks it).
 - ``"barbero"`` (Barbero et al. 2025, "Why do LLMs attend to the first token?"): the same metric at
   ``eps = 0.8``, as their paper states it; we found no public code to check it against.
 - ``"first_token_mass"`` (the attention on the first token read in the nnsight and TransformerLens
@@ -44,7 +46,7 @@ from jaxtyping import Float
 
 from lens_position.analyses.massive import LossReducer
 from lens_position.analyses.patching import as_tokens
-from lens_position.analyses.sinks import prompt_sink_scores
+from lens_position.analyses.sinks import GU_CONDITIONS, prompt_sink_scores, sink_rate_prompts
 from lens_position.core.checks import check_count, check_fraction
 from lens_position.core.data import build_document_prompts
 from lens_position.core.inputs import Prompts, checked_prompts
@@ -121,9 +123,15 @@ def _eviction(loaded: LoadedModel, tokens: torch.Tensor, window: int, sinks: int
     return out
 
 
-def _default_prompts(loaded: LoadedModel, definition: str, T: int | None, N: int, seed: int) -> Any:
+def _default_prompts(loaded: LoadedModel, definition: str, condition: str, T: int | None, N: int, seed: int
+                     ) -> Any:
+    """The first ``T`` tokens of ``N`` documents with the tokenizer's own BOS (``"natural"``), or Gu
+    et al.'s other inputs of the same size (``"random"`` tokens after the BOS, one token
+    ``"repeated"`` without BOS; :func:`lens_position.analyses.sinks.sink_rate_prompts`)."""
     length = T if T is not None else (EVICTION_T if definition == "eviction" else DOCUMENT_T)
-    return build_document_prompts(loaded, T=length, N=N, seed=seed)
+    if condition == "natural":
+        return build_document_prompts(loaded, T=length, N=N, seed=seed)
+    return sink_rate_prompts(loaded, conditions=[condition], T=length, N=N, seed=seed, protocol="documents")[condition]
 
 
 def sink_metric(
@@ -131,6 +139,7 @@ def sink_metric(
     prompts: Prompts | None = None,
     *,
     definition: str = "gu",
+    condition: str = "natural",
     eps: float | None = None,
     T: int | None = None,
     N: int = 16,
@@ -144,14 +153,22 @@ def sink_metric(
     """The attention-sink metric of ``definition`` (module docstring: ``"gu"``, ``"barbero"``,
     ``"first_token_mass"``, ``"eviction"``) on ``prompts`` (default: the first ``T`` tokens of ``N``
     documents of the default corpus with the tokenizer's own BOS, ``T`` = 64, or 256 for eviction),
-    with 95% bootstrap intervals over prompts. ``eps`` overrides the definition's threshold;
-    ``window`` and ``sinks``: the eviction's cache of recent keys and the first keys kept."""
+    with 95% bootstrap intervals over prompts. ``condition`` picks Gu et al.'s default inputs:
+    ``"natural"`` documents, ``"random"`` tokens after the BOS, or one token ``"repeated"`` without
+    BOS (prompts given: ``"given"``). ``eps`` overrides the definition's threshold; ``window`` and
+    ``sinks``: the eviction's cache of recent keys and the first keys kept."""
     if definition not in DEFINITIONS:
         raise BadInputError(f"unknown sink definition {definition!r}; use one of {', '.join(DEFINITIONS)}")
+    if condition not in GU_CONDITIONS:
+        raise BadInputError(f"unknown condition {condition!r}; use one of {', '.join(GU_CONDITIONS)} (Gu et al.'s "
+                            "inputs), or pass prompts")
+    if prompts is not None and condition != "natural":
+        raise BadInputError(f"condition={condition!r} chooses the default prompts; pass either prompts or a condition")
     loaded = as_loaded(model)
     threshold = DEFINITIONS[definition][0] if eps is None else check_fraction("eps", eps)
+    label = condition if prompts is None else "given"
     if prompts is None:
-        prompts = _default_prompts(loaded, definition, T, check_count("N", N), seed)
+        prompts = _default_prompts(loaded, definition, condition, T, check_count("N", N), seed)
     prompts = checked_prompts(loaded, prompts, min_length=2)
     tokens = as_tokens(loaded, prompts)
     length = tokens.shape[1]
@@ -180,8 +197,9 @@ def sink_metric(
         per_prompt = pd.DataFrame({quantity: values})
         mean, lo, hi = bootstrap_mean(values, bootstrap, PROBABILITY)
         rows = [{"quantity": quantity, "value": float(mean), "value_lo": float(lo), "value_hi": float(hi)}]
-    frame = pd.DataFrame(rows).assign(definition=definition, eps=threshold, seq_len=length, N=len(tokens))
+    frame = pd.DataFrame(rows).assign(definition=definition, condition=label, eps=threshold, seq_len=length,
+                                      N=len(tokens))
     return SinkMetric(frame=frame, per_prompt=per_prompt, provenance=provenance.collect(
-        model=loaded.spec, data=getattr(prompts, "spec", None), definition=definition, eps=threshold,
+        model=loaded.spec, data=getattr(prompts, "spec", None), definition=definition, condition=label, eps=threshold,
         what=DEFINITIONS[definition][1], source=DEFINITIONS[definition][2], window=window, sinks=sinks,
         intervals=bootstrap.to_dict("prompt")))

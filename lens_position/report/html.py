@@ -544,6 +544,27 @@ def _run_summary_html(provenance: Mapping[str, Any] | None) -> str:
     return f'<p id="run-summary">{"<br>".join(parts)}</p>' if parts else ""
 
 
+def published_html(tables: Mapping[str, pd.DataFrame]) -> str:
+    """The published numbers beside the run's own
+    (:func:`lens_position.analyses.published.published_beside_ours`), as a table; empty when the run
+    measured none of the published measures."""
+    from lens_position.analyses.published import published_beside_ours
+
+    frame = published_beside_ours(tables)
+    if frame["published"].all():
+        return ""
+    rows = "".join(
+        f'<tr class="{"published" if row.published else "ours"}"><td>{html.escape(row.measure)}</td>'
+        f"<td>{html.escape(row.model)}{' <small>(published)</small>' if row.published else ''}</td>"
+        f"<td>{html.escape(row.value)}</td><td>{html.escape(row.inputs)}</td>"
+        f"<td>{html.escape(row.comparable)}</td></tr>" for row in frame.itertuples())
+    return ('<section id="published"><h2>Published numbers beside ours</h2><p>Each measure as its paper '
+            "reported it on the model it measured, beside the same measure on this run's models (95% intervals "
+            "over prompts or sequences), and what can be compared.</p><table class=\"compact\"><thead><tr>"
+            "<th>measure</th><th>model</th><th>value</th><th>inputs</th><th>comparable</th></tr></thead>"
+            f"<tbody>{rows}</tbody></table></section>")
+
+
 def _figure_section(fig: ReportFigure, heading: str = "h2") -> str:
     """One figure: title, caption, the div the render script draws into, and its JSON."""
     spec = fig.figure.to_plotly_json()
@@ -604,7 +625,7 @@ def build_report(results: Mapping[str, pd.DataFrame], *, provenance: Mapping[str
         "the criterion that decides it.</p>"
         f"{claims_html(claims)}{models_html(provenance)}{_run_summary_html(provenance)}"
         f"{prompt_sets_html(main.get('prompt_sets_summary'))}"
-        f"{''.join(sections)}{_provenance_html(provenance)}"
+        f"{''.join(sections)}{published_html(main)}{_provenance_html(provenance)}"
         '<pre id="js-errors"></pre>'
         f"<script>{_RENDER_JS}</script></body></html>\n"
     )

@@ -252,6 +252,21 @@ def test_every_figure_in_the_report_holds_the_tables_numbers(quick_run):
                                           "M_rf_heldout": ("M_rf_heldout", None)}) == 2 * n
 
 
+def test_report_shows_the_published_numbers_beside_the_runs(quick_run):
+    """The published-numbers section holds, for every model of the run, its leakage and sink-rate rows as
+    the run's tables give them."""
+    from lens_position.analyses.published import published_beside_ours
+
+    tables = {name: pd.read_parquet(quick_run / f"{name}.parquet")
+              for name in ("leakage_heads", "leakage_seeds", "sink_rate")}
+    section = re.search(r'<section id="published">.*?</section>', (quick_run / "report.html").read_text(), re.S)
+    assert section is not None
+    ours = published_beside_ours(tables).query("not published")
+    assert set(ours["model"]) == set(tables["sink_rate"]["model"]) and len(ours) == 2 * len(set(ours["model"]))
+    for value in ours["value"]:
+        assert escape(value) in section.group(0)
+
+
 def test_report_was_drawn_by_chromium_without_errors(quick_run):
     check = _provenance(quick_run)["browser_check"]
     assert check["js_errors"] == [] and check["undrawn"] == []

@@ -20,12 +20,23 @@ from tests.helpers.streaming_llm import evicting_decode_loss
 pytestmark = pytest.mark.tl4
 
 
-def test_gu_is_the_sink_rate_on_gus_inputs(tiny_llama):
-    ours = sink_metric(tiny_llama, definition="gu", N=6, progress=False).frame.iloc[0]
-    gu = sink_rate(tiny_llama, conditions=("natural",), protocol="documents", T=64, N=6, progress=False).frame
+@pytest.mark.parametrize("condition", ["natural", "random", "repeated"])
+def test_gu_is_the_sink_rate_on_each_of_gus_inputs(tiny_llama, condition):
+    """Gu et al.'s three input conditions: documents, random tokens after the BOS, one token repeated
+    without BOS."""
+    ours = sink_metric(tiny_llama, definition="gu", condition=condition, N=6, progress=False).frame.iloc[0]
+    gu = sink_rate(tiny_llama, conditions=(condition,), protocol="documents", T=64, N=6, progress=False).frame
     assert ours["value"] == gu["sink_rate"].iloc[0]
     assert (ours["value_lo"], ours["value_hi"]) == (gu["sink_rate_lo"].iloc[0], gu["sink_rate_hi"].iloc[0])
-    assert ours["eps"] == 0.3 and ours["seq_len"] == 64
+    assert ours["eps"] == 0.3 and ours["seq_len"] == 64 and ours["condition"] == condition
+
+
+def test_given_prompts_are_labelled_as_given(tiny_llama):
+    prompts = build_document_prompts(tiny_llama, T=16, N=3)
+    frame = sink_metric(tiny_llama, prompts, definition="first_token_mass", progress=False).frame
+    assert (frame["condition"] == "given").all()
+    with pytest.raises(BadInputError, match="either prompts or a condition"):
+        sink_metric(tiny_llama, prompts, condition="random", progress=False)
 
 
 def test_barbero_thresholds_the_same_scores_at_eps_0_8(tiny_llama):
@@ -77,6 +88,7 @@ def test_the_eviction_mask_keeps_the_window_and_the_first_keys(T, window, sinks)
     ({"definition": "xiao"}, "unknown sink definition"), ({"eps": 1.5}, "eps"), ({"N": 0}, "N"),
     ({"definition": "eviction", "window": 100, "T": 64}, "window < T - 1"),
     ({"definition": "eviction", "window": 8, "sinks": 8, "T": 64}, "sinks < window"),
+    ({"condition": "shuffled"}, "condition"), ({"condition": "repeated_bos"}, "condition"),
 ])
 def test_bad_options_are_refused_by_name(tiny_llama, options, message):
     with pytest.raises(BadInputError, match=message):
