@@ -62,6 +62,12 @@ class PairDesign:
 
     Feature columns: ``[offset 0..T-1 | query bins | key bins | intercept]``. The relative
     model uses the offset block and the intercept; the full model uses everything.
+
+    Every query's analysed keys are a run ending at the query: the offsets ``0 .. max_offset``
+    (causal attention, a sliding window, key 0 left out or not), so the design is held by its
+    structure, ``O(T x bins)``: the reduction and the fits use only that. The explicit pairs, the
+    dense design, its Gram matrix and the per-row feature sums (``O(T^2)``, for reference code and
+    tests) are built on first use.
     """
 
     length: int
@@ -69,23 +75,24 @@ class PairDesign:
     query_start: int
     query_stop: int
     keys: KeySet
-    query: Int[torch.Tensor, "pair"]
-    key: Int[torch.Tensor, "pair"]
-    columns: Int[torch.Tensor, "pair 4"]  # feature index of each pair in each one-hot group
     n_features: int
-    relative: Int[torch.Tensor, "rel_feature"]
-    gram: Float[torch.Tensor, "feature feature"]  # X'X for one sequence, float64
     key_set: torch.Tensor  # bool [query_stop-query_start, length]: j in K(i)
     analysed: torch.Tensor  # bool [query_stop-query_start, length]: (i, j) analysed
-    row_features: Float[torch.Tensor, "query feature"]  # per query row: sum of X over its pairs
-    flat: Int[torch.Tensor, "pair"]  # (i - query_start) * length + j
-    query_indicator: Float[torch.Tensor, "query feature"]  # row -> its query bin and the intercept
-    key_indicator: Float[torch.Tensor, "key feature"]  # key -> its key bin
     analysed_per_query: Float[torch.Tensor, "query"]
+    max_offset: Int[torch.Tensor, "query"]  # -1 for a query with no analysed key
+    query_bin: Int[torch.Tensor, "query"]
+    key_bin: Int[torch.Tensor, "key"]
+    bin_edges: Int[torch.Tensor, "bin"]  # the left edge of every position bin
+    key_bins_per_query: Float[torch.Tensor, "query bin"]  # how many of a query's analysed keys lie in each bin
+    _built: dict[str, Any] = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def n_pairs(self) -> int:
-        return int(self.query.numel())
+        return int(self.analysed_per_query.sum())
+
+    @property
+    def n_pos_bins(self) -> int:
+        return int(self.bin_edges.numel())
 
     @classmethod
     def build(cls, length: int, window: int | None, query_start: int, query_stop: int,
@@ -96,49 +103,83 @@ class PairDesign:
         if window is not None:
             key_set = key_set & (j > i - window)
         analysed = key_set & (j > 0) if keys == "no-bos" else key_set
-        query, key = (x.reshape(-1) for x in torch.broadcast_tensors(i, j))
-        keep = analysed.reshape(-1)
-        query, key = query[keep], key[keep]
-        n_pos_bins = len(bins.edges(length))
-        query_bin = torch.from_numpy(bins.assign(query.numpy(), length))
-        key_bin = torch.from_numpy(bins.assign(key.numpy(), length))
-        n_features = length + 2 * n_pos_bins + 1
-        columns = torch.stack([
-            query - key,
-            length + query_bin,
-            length + n_pos_bins + key_bin,
-            torch.full_like(query, n_features - 1),
-        ], dim=1)
-        gram = torch.zeros(n_features * n_features, dtype=torch.float64)
-        for a in range(4):
-            for b in range(4):
-                gram.index_add_(0, columns[:, a] * n_features + columns[:, b],
-                                torch.ones(len(query), dtype=torch.float64))
-        gram = gram.reshape(n_features, n_features)
-        rows = query - query_start
-        row_features = torch.zeros(query_stop - query_start, n_features, dtype=torch.float64)
-        for a in range(4):
-            row_features.index_put_((rows, columns[:, a]), torch.ones(len(query), dtype=torch.float64),
-                                    accumulate=True)
-        relative = torch.cat([torch.arange(length), torch.tensor([n_features - 1])])
-        all_rows = torch.arange(query_stop - query_start)
-        query_indicator = torch.zeros(len(all_rows), n_features, dtype=torch.float64)
-        query_indicator[all_rows, length + torch.from_numpy(bins.assign(all_rows.numpy() + query_start, length))] = 1
-        query_indicator[:, -1] = 1
-        key_indicator = torch.zeros(length, n_features, dtype=torch.float64)
-        key_indicator[torch.arange(length),
-                      length + n_pos_bins + torch.from_numpy(bins.assign(np.arange(length), length))] = 1
-        return cls(length=length, window=window, query_start=query_start, query_stop=query_stop,
-                   keys=keys, query=query, key=key, columns=columns, n_features=n_features,
-                   relative=relative, gram=gram, key_set=key_set, analysed=analysed,
-                   row_features=row_features, flat=rows * length + key,
-                   query_indicator=query_indicator, key_indicator=key_indicator,
-                   analysed_per_query=analysed.sum(-1).to(torch.float64))
+        per_query = analysed.sum(-1)
+        edges = torch.from_numpy(bins.edges(length))
+        queries = torch.arange(query_start, query_stop)
+        first = (queries - per_query + 1).unsqueeze(1)  # the query's first analysed key
+        ends = torch.cat([edges[1:], torch.tensor([length])]).unsqueeze(0)
+        key_bins = (torch.minimum(queries.unsqueeze(1) + 1, ends) - torch.maximum(first, edges.unsqueeze(0)))
+        return cls(length=length, window=window, query_start=query_start, query_stop=query_stop, keys=keys,
+                   n_features=length + 2 * len(edges) + 1, key_set=key_set, analysed=analysed,
+                   analysed_per_query=per_query.to(torch.float64), max_offset=per_query - 1,
+                   query_bin=torch.from_numpy(bins.assign(queries.numpy(), length)),
+                   key_bin=torch.from_numpy(bins.assign(np.arange(length), length)), bin_edges=edges,
+                   key_bins_per_query=torch.where(per_query[:, None] > 0, key_bins.clamp(min=0), 0).to(torch.float64))
+
+    def offset_counts(self) -> Float[torch.Tensor, "offset"]:
+        """How many analysed pairs have each offset ``d`` (float64, ``[length]``): the queries whose
+        offsets reach ``d``."""
+        reach = self.max_offset[self.max_offset >= 0].cpu()
+        per_top = torch.bincount(reach, minlength=self.length).to(torch.float64)
+        return per_top.flip(0).cumsum(0).flip(0)
 
     def to(self, device: torch.device | str) -> PairDesign:
         """This design with its tensors on ``device`` (the scores' device)."""
         return dataclasses.replace(self, **{f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)
-                                            if isinstance(getattr(self, f.name), torch.Tensor)})
+                                            if f.init and isinstance(getattr(self, f.name), torch.Tensor)})
+
+    # ------------------------------------------------------------------ explicit pairs, built on first use
+
+    def _pairs(self) -> dict[str, Any]:
+        if not self._built:
+            query, key = (x.reshape(-1) for x in torch.broadcast_tensors(
+                torch.arange(self.query_start, self.query_stop)[:, None], torch.arange(self.length)[None, :]))
+            keep = self.analysed.cpu().reshape(-1)
+            query, key = query[keep], key[keep]
+            n_bins = self.n_pos_bins
+            columns = torch.stack([query - key, self.length + self.query_bin.cpu()[query - self.query_start],
+                                   self.length + n_bins + self.key_bin.cpu()[key],
+                                   torch.full_like(query, self.n_features - 1)], dim=1)
+            self._built.update(query=query, key=key, columns=columns)
+        return self._built
+
+    @property
+    def query(self) -> Int[torch.Tensor, "pair"]:
+        return self._pairs()["query"]
+
+    @property
+    def key(self) -> Int[torch.Tensor, "pair"]:
+        return self._pairs()["key"]
+
+    @property
+    def flat(self) -> Int[torch.Tensor, "pair"]:
+        """Each pair's index in a row-major ``[query rows, length]`` block: ``(i - query_start) * length + j``."""
+        return (self.query - self.query_start) * self.length + self.key
+
+    @property
+    def columns(self) -> Int[torch.Tensor, "pair 4"]:
+        """The feature index of each pair in each one-hot group."""
+        return self._pairs()["columns"]
+
+    @property
+    def relative(self) -> Int[torch.Tensor, "rel_feature"]:
+        """The relative model's features: the offsets and the intercept."""
+        return torch.cat([torch.arange(self.length), torch.tensor([self.n_features - 1])])
+
+    @property
+    def gram(self) -> Float[torch.Tensor, "feature feature"]:
+        """``X'X`` of one sequence, float64 (``n_features^2``: reference code only)."""
+        x = self.dense()
+        return x.T @ x
+
+    @property
+    def row_features(self) -> Float[torch.Tensor, "query feature"]:
+        """Per query row, the sum of ``X`` over its pairs (reference code only)."""
+        rows = torch.zeros(self.query_stop - self.query_start, self.n_features, dtype=torch.float64)
+        for a in range(4):
+            rows.index_put_((self.query - self.query_start, self.columns[:, a]),
+                            torch.ones(self.n_pairs, dtype=torch.float64), accumulate=True)
+        return rows
 
     def dense(self) -> Float[torch.Tensor, "pair feature"]:
         """The explicit design matrix ``X`` of one sequence (float64; for reference code)."""

@@ -21,72 +21,159 @@ _RANK_TOLERANCE = 1e-10  # singular values below this fraction of the largest ar
 
 @dataclass
 class Fitter:
-    """Everything that depends on the key set only (one per design), computed once.
+    """Everything that depends on the key set only (one per design), computed once from the design's
+    structure, in ``O(T x bins)`` time and memory (no ``T x T`` matrix).
 
-    Absolute parts in coordinates. With ``b = X'y`` (per sequence), the absolute part's
-    coefficients are ``delta = D b`` with ``D = pinv(X'X) - [pinv(X_rel'X_rel)]`` (the relative
-    block subtracted), and every variance or covariance over the analysed pairs is
-    ``delta_a' G delta_b / n - mean_a mean_b`` (``G = X'X``). Writing ``G = R'R`` and taking
-    the SVD of ``R D`` gives a matrix ``coords`` (``[k, feature]``, ``k`` = rank of the
-    absolute subspace, about twice the number of position bins) with
-    ``delta_a' G delta_b = (coords b_a) . (coords b_b)``: every component is a dot product of
-    ``k``-vectors, which is what makes thousands of bootstrap refits cheap.
+    Absolute parts in coordinates. The relative model is one one-hot column per offset (its Gram
+    block ``D`` diagonal: the pairs per offset; the intercept lies in its span); the full model adds
+    the query and key bins ``X_a``. The absolute part of a fit is the projection on
+    ``Z = (I - P_off) X_a``, and with ``b = X'y`` (per sequence) ``Z'y = b_a - F b_off``,
+    ``F = X_a'X_off D^-1``, ``Z'Z = G_aa - F G_off,a`` (the Schur complement, ``2 bins x 2 bins``).
+    With ``Z'Z = V L V'``, ``coords = L^-1/2 V' [-F | I | 0]`` (``[k, feature]``, ``k`` its rank,
+    about twice the number of position bins) gives ``<abs_a, abs_b> = (coords b_a) . (coords b_b)``
+    over the analysed pairs: every component is a dot product of ``k``-vectors, which is what
+    makes thousands of bootstrap refits cheap. The absolute part has mean 0 (``mean``).
 
-    The reference-free split needs, in addition, the *offset-only fit up to a per-query
-    constant*: ``t ~ g(d) + c(i)`` (one-hot offsets and one-hot queries). Its coefficients
-    are ``[X_off'y, row sums of t] @ pinv_fe``; ``lam = g(i - j) - logsumexp_{K(i)} g`` is
-    the log-pattern the mask alone makes of it, and ``X'lam = g @ G[offsets] - lse @
-    row_features``, so its coordinates (and mean) are ``g @ linear_lam + lse @ lse_lam``. The
-    first term is linear in the statistics, so it is computed once per group of sequences and
-    re-weighted like them; only ``lse`` (a cumulative logsumexp of ``g`` over the offsets) is
-    computed per replicate. Queries whose key sets span the same offsets (every query past a
-    sliding window's width) share one row of ``lse_lam``.
+    The reference-free split needs, in addition, the *offset-only fit up to a per-query constant*:
+    ``t ~ g(d) + c(i)`` (one-hot offsets and one-hot queries), :meth:`offset_fit`. Every query's
+    offsets are a prefix ``0 .. m_i``, so eliminating ``c`` leaves ``A g = r`` with
+    ``A = diag(pairs per offset) - U diag(w) U'`` (``U`` upper-triangular ones, ``w_m`` the sum of
+    ``1 / (m_i + 1)`` over the queries with ``m_i = m``): in prefix sums ``y = U'g`` a tridiagonal
+    system, solved in ``O(T)`` per row (``g`` is fixed up to a constant, which moves neither the
+    fitted values nor ``lam``; ``g(0) = 0``). ``lam = g(i - j) - logsumexp_{K(i)} g`` is the
+    log-pattern the mask alone makes of it; its absolute part comes from the per-query
+    ``logsumexp`` only (an offset function has none): ``lse @ lse_lam``, with ``lse`` (a cumulative
+    logsumexp of ``g`` over the offsets) computed per replicate. Queries whose key sets span the same
+    offsets (every query past a sliding window's width) share one row of ``lse_lam``.
+    ``linear_lam`` (the part of ``lam``'s coordinates linear in ``g``) is zero for that reason and
+    kept for the layout of the refits.
     """
 
     design: PairDesign
 
     def __post_init__(self) -> None:
         design = self.design
-        gram = design.gram
-        rel = design.relative
-        pinv_full = torch.linalg.pinv(gram, hermitian=True)
-        pinv_rel = torch.linalg.pinv(gram[rel][:, rel], hermitian=True)
-        delta = pinv_full.clone()
-        delta[rel[:, None], rel] -= pinv_rel
-        evals, evecs = torch.linalg.eigh(gram)
-        keep = evals > _RANK_TOLERANCE * evals.max()
-        root = evals[keep].sqrt()[:, None] * evecs[:, keep].T  # G = root' root
-        _, singular, right = torch.linalg.svd(root @ delta, full_matrices=False)
-        rank = singular > _RANK_TOLERANCE * singular.max() if singular.numel() and singular.max() > 0 else singular > 0
-        self.coords = singular[rank, None] * right[rank]  # [k, feature]
-        self.mean = delta @ gram[-1] / design.n_pairs  # mean over pairs of X delta = mean . b
-        # reference-free: offset-only fit up to a per-query constant
-        n_off, n_query = design.length, design.query_stop - design.query_start
-        rows = design.query - design.query_start
-        offsets = design.query - design.key
-        gram_fe = torch.zeros(n_off + n_query, n_off + n_query, dtype=torch.float64)
-        ones = torch.ones(len(rows), dtype=torch.float64)
-        for a, b in (
-            (offsets, offsets),
-            (offsets, n_off + rows),
-            (n_off + rows, offsets),
-            (n_off + rows, n_off + rows),
-        ):
-            gram_fe.view(-1).index_add_(0, a * (n_off + n_query) + b, ones)
-        self.offsets_fit = torch.linalg.pinv(gram_fe, hermitian=True)[:, :n_off]  # [off + query, off] -> g
-        coords_and_mean = torch.cat([self.coords.T, self.mean[:, None]], dim=1)  # [feature, k + 1]
-        self.linear_lam = gram[:n_off] @ coords_and_mean  # [off, k + 1]
+        self.coords = self._absolute_coordinates()
+        n_off, k = design.length, self.coords.shape[0]
+        self.mean = torch.zeros(design.n_features, dtype=torch.float64)  # the absolute part has mean 0
+        self.linear_lam = torch.zeros(n_off, k + 1, dtype=torch.float64)
         window = design.window if design.window is not None else design.length
         # logsumexp over K(i) of g(i - j): the offsets 0..min(i, W - 1)
         lse_index = torch.arange(design.query_start, design.query_stop).clamp(max=window - 1)
         self.lse_first, self.lse_stop = int(lse_index.min()), int(lse_index.max()) + 1
-        self.lse_lam = torch.zeros(self.lse_stop - self.lse_first, coords_and_mean.shape[1], dtype=torch.float64)
-        self.lse_lam.index_add_(0, lse_index - self.lse_first, -design.row_features @ coords_and_mean)
+        self.lse_lam = torch.zeros(self.lse_stop - self.lse_first, k + 1, dtype=torch.float64)
+        self.lse_lam[:, :k].index_add_(0, lse_index - self.lse_first, -self._row_coordinates())
         # a constant lse (the same on every query) moves lam by a constant, which has no absolute part: lse_lam's
-        # columns sum to zero, exactly so once their round-off (about 1e-11 of the entries) is taken out
+        # columns sum to zero, exactly so once their round-off is taken out
         self.lse_lam -= self.lse_lam.mean(0)
         # with key 0 left out, g at the offset of key 0 is not fitted for the last query
         self.reference_free = design.keys == "all"
+        self._prepare_offset_fit()
+
+    def _absolute_coordinates(self) -> Float[torch.Tensor, "k feature"]:
+        """``coords`` (class docstring) from the Gram blocks of the design, built from its structure."""
+        design = self.design
+        n_off, n_bins = design.length, design.n_pos_bins
+        counts = design.offset_counts()
+        g_oa, g_aa = _absolute_gram(design)
+        inverse = torch.where(counts > 0, 1.0 / counts.clamp(min=1.0), 0.0)
+        f = g_oa.T * inverse[None, :]  # [2 bins, offset]: X_a'X_off D^-1
+        schur = g_aa - f @ g_oa  # Z'Z
+        evals, evecs = torch.linalg.eigh(0.5 * (schur + schur.T))
+        top = float(evals.max()) if evals.numel() else 0.0
+        keep = evals > _RANK_TOLERANCE * top if top > 0 else torch.zeros_like(evals, dtype=torch.bool)
+        half = evecs[:, keep].T / evals[keep].sqrt()[:, None]  # [k, 2 bins]: (Z'Z)^+1/2
+        coords = torch.zeros(int(keep.sum()), design.n_features, dtype=torch.float64)
+        coords[:, :n_off] = -half @ f
+        coords[:, n_off:n_off + 2 * n_bins] = half
+        return coords
+
+    def _row_coordinates(self) -> Float[torch.Tensor, "query k"]:
+        """Per query, ``coords`` applied to the sum of its pairs' features (its offsets ``0 .. m_i``, its
+        query bin and the intercept ``n_i`` times, its keys' bins), by prefix sums over offsets and keys."""
+        design, coords = self.design, self.coords
+        n_off, n_bins = design.length, design.n_pos_bins
+        has = design.max_offset >= 0
+        top = design.max_offset.clamp(min=0)
+        zero = torch.zeros(1, coords.shape[0], dtype=torch.float64)
+        offsets = torch.cat([zero, coords[:, :n_off].T.cumsum(0)])  # [1 + offset, k]: sums over offsets < d
+        keys = torch.cat([zero, coords[:, n_off + n_bins + design.key_bin].T.cumsum(0)])  # over keys < j
+        queries = torch.arange(design.query_start, design.query_stop)
+        n = design.analysed_per_query[:, None]
+        rows = (offsets[top + 1] + n * coords[:, n_off + design.query_bin].T
+                + keys[queries + 1] - keys[queries - top])
+        return torch.where(has[:, None], rows, 0.0)
+
+    def _prepare_offset_fit(self) -> None:
+        """The tridiagonal system of :meth:`offset_fit` in prefix sums ``y = U'g`` (class docstring), its
+        forward elimination done once: offsets ``0 .. top``, ``y_0 = g_0 = 0`` (the free constant)."""
+        design = self.design
+        has = design.max_offset >= 0
+        self._top = int(design.max_offset.max()) if bool(has.any()) else -1
+        top = max(self._top, 0)
+        self._reach, self._size = design.max_offset[has], design.analysed_per_query[has]
+        self._has = has
+        counts = design.offset_counts()[:top + 1]
+        w = torch.zeros(top + 1, dtype=torch.float64).index_add_(0, self._reach, 1.0 / self._size)
+        after = torch.cat([counts[1:], counts.new_zeros(1)])
+        diagonal, upper = counts + after - w, -after[:-1]  # upper[d]: rows d and d + 1
+        denominator, factor = torch.zeros(top + 1, dtype=torch.float64), torch.zeros(top + 1, dtype=torch.float64)
+        for d in range(1, top + 1):  # Thomas' forward elimination (the matrix is positive definite)
+            denominator[d] = diagonal[d] - (upper[d - 1] * factor[d - 1] if d > 1 else 0.0)
+            factor[d] = upper[d] / denominator[d] if d < top else 0.0
+        self._upper, self._denominator, self._factor = upper, denominator, factor
+
+    def offset_fit(self, xty_offsets: Float[torch.Tensor, "... offset"], row_sums: Float[torch.Tensor, "... query"]
+                   ) -> Float[torch.Tensor, "... offset"]:
+        """``g`` of the offset-only fit up to a per-query constant (class docstring) for each row of the
+        statistics: ``xty_offsets`` the sums of ``t`` per offset, ``row_sums`` per query. ``g(0) = 0``;
+        offsets no query reaches get 0."""
+        top, device = self._top, xty_offsets.device
+        out = torch.zeros_like(xty_offsets)
+        if top < 1:
+            return out
+        per_top = torch.zeros(*row_sums.shape[:-1], top + 1, dtype=torch.float64, device=device)
+        per_top.index_add_(-1, self._reach.to(device), row_sums[..., self._has.to(device)] / self._size.to(device))
+        b = xty_offsets[..., :top + 2] if xty_offsets.shape[-1] > top + 1 else torch.nn.functional.pad(
+            xty_offsets[..., :top + 1], (0, 1))
+        z = b[..., :top + 1] - b[..., 1:top + 2] - per_top  # U^-1 r
+        upper, denominator, factor = (x.to(device) for x in (self._upper, self._denominator, self._factor))
+        y = torch.zeros_like(z)
+        for d in range(1, top + 1):  # forward substitution
+            y[..., d] = (z[..., d] - (upper[d - 1] * y[..., d - 1] if d > 1 else 0.0)) / denominator[d]
+        for d in range(top - 1, 0, -1):  # back substitution
+            y[..., d] -= factor[d] * y[..., d + 1]
+        out[..., :top + 1] = torch.diff(y, dim=-1, prepend=torch.zeros_like(y[..., :1]))
+        return out
+
+
+def _absolute_gram(design: PairDesign) -> tuple[Float[torch.Tensor, "offset bins"], Float[torch.Tensor, "bins bins"]]:
+    """The Gram blocks ``X_off'X_a`` and ``X_a'X_a`` of the query and key bins ``X_a``, counted from the
+    design's structure: query ``i``'s analysed keys are ``i - m_i .. i`` (``m_i`` nondecreasing in ``i``)."""
+    n_off, n_bins = design.length, design.n_pos_bins
+    has = design.max_offset >= 0
+    per_query = design.key_bins_per_query.cpu()  # [query, key bin]
+    # offsets d <= m_i of query i: in its query bin (reverse cumulative sums over the largest offset)
+    top_in_bin = torch.zeros(n_off, n_bins, dtype=torch.float64)
+    top_in_bin.index_put_((design.max_offset[has], design.query_bin[has]),
+                          torch.ones(int(has.sum()), dtype=torch.float64), accumulate=True)
+    off_query = top_in_bin.flip(0).cumsum(0).flip(0)
+    # offset d: the queries from the first reaching d to the last, their keys i - d, counted per key bin
+    offsets = torch.arange(n_off)
+    first = design.query_start + torch.searchsorted(design.max_offset.contiguous(), offsets, right=False)
+    lo, hi = (first - offsets)[:, None], (design.query_stop - offsets)[:, None]  # keys lo .. hi - 1
+    edges = design.bin_edges[None, :]
+    ends = torch.cat([design.bin_edges[1:], torch.tensor([design.length])])[None, :]
+    off_key = (torch.minimum(hi, ends) - torch.maximum(lo, edges)).clamp(min=0).to(torch.float64)
+    g_oa = torch.cat([off_query, off_key], dim=1)
+    query_bins = torch.zeros(len(design.max_offset), n_bins, dtype=torch.float64)
+    query_bins[has.nonzero().flatten(), design.query_bin[has]] = 1.0
+    g_aa = torch.zeros(2 * n_bins, 2 * n_bins, dtype=torch.float64)
+    g_aa[:n_bins, :n_bins] = torch.diag(query_bins.T @ per_query.sum(1))
+    g_aa[:n_bins, n_bins:] = query_bins.T @ per_query
+    g_aa[n_bins:, :n_bins] = g_aa[:n_bins, n_bins:].T
+    g_aa[n_bins:, n_bins:] = torch.diag(per_query.sum(0))
+    return g_oa, g_aa
 
 
 PART_T, PART_Z, PART_LAM, PART_RES = range(4)  # the absolute parts, in this order, in a Variant and its Gram matrices
@@ -161,7 +248,7 @@ def components(
     if weights is None:
         weights = torch.ones(1, stats.n_groups, dtype=torch.float64)
     n_off = fit.design.length
-    offset_fit = torch.cat([stats.xty_t[..., :n_off], stats.row_t], dim=-1) @ fit.offsets_fit  # g per group
+    offset_fit = fit.offset_fit(stats.xty_t[..., :n_off], stats.row_t)  # g per group
     linear_lam = offset_fit @ fit.linear_lam  # [group, head, k + 1]
     k = fit.coords.shape[0]
     g = offset_fit[..., : fit.lse_stop]

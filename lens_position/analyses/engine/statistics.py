@@ -195,6 +195,10 @@ class _RowBlock:
     top_offset: int
     tri_cells: torch.Tensor
     tri_offsets: torch.Tensor
+    query_bins: torch.Tensor  # the position bin of each row's query
+    key_bins: torch.Tensor  # the position bin of each key column
+    reach: torch.Tensor  # each row's largest analysed offset (0 for a row with none, whose sums are 0)
+    reach_top: int  # the largest of them (-1: no row has an analysed key)
 
     @classmethod
     def of(cls, design: PairDesign, first_row: int, stop_row: int, n_batch: int, device: torch.device) -> _RowBlock:
@@ -207,13 +211,16 @@ class _RowBlock:
         n_block, n_keys = stop_row - first_row, keys.stop - keys.start
         top_offset = first_query - keys.start
         tri_row, tri_key = torch.tril_indices(n_block, n_block, offset=-1, device=device)
+        count = design.analysed_per_query[rows]
         return cls(rows=rows, keys=keys, chunk=max(1, _CHUNK_BYTES // (n_batch * n_block * n_keys * 8)),
-                   count=design.analysed_per_query[rows], hidden=hidden,
+                   count=count, hidden=hidden,
                    hidden_runs=[(a, b, hidden[:, a:b], (~hidden[:, a:b]).to(torch.float64))
                                 for a, b in _runs(hidden.any(0).tolist())],
                    unanalysed_runs=[(a, b, unanalysed[:, a:b]) for a, b in _runs(unanalysed.any(0).tolist())],
                    top_offset=top_offset, tri_cells=tri_row * n_keys + tri_key,
-                   tri_offsets=top_offset + tri_row - tri_key)
+                   tri_offsets=top_offset + tri_row - tri_key, query_bins=design.query_bin[rows],
+                   key_bins=design.key_bin[keys], reach=design.max_offset[rows].clamp(min=0),
+                   reach_top=int(count.max()) - 1 if n_block else -1)
 
 
 def _reduce_block(block: torch.Tensor, design: PairDesign, rb: _RowBlock, groups: _Groups, stats: HeadStatistics,
@@ -241,7 +248,11 @@ def _reduce_block(block: torch.Tensor, design: PairDesign, rb: _RowBlock, groups
     sum_y2 = (row_t2 - 2 * z * row_t + rb.count * z * z).sum(-1)
     t_sum = groups.sum(t).contiguous()  # [group, head, rows, keys]
     row_sum = groups.sum(row_t)
-    xty_t = row_sum @ design.query_indicator[rb.rows] + t_sum.sum(-2) @ design.key_indicator[rb.keys]
+    n_off, n_bins = design.length, design.n_pos_bins
+    xty_t = torch.zeros(*row_sum.shape[:2], design.n_features, dtype=torch.float64, device=device)
+    xty_t[..., n_off:n_off + n_bins].index_add_(2, rb.query_bins, row_sum)  # each row's query bin
+    xty_t[..., n_off + n_bins:-1].index_add_(2, rb.key_bins, t_sum.sum(-2))  # each key's bin
+    xty_t[..., -1] = row_sum.sum(-1)
     size, stride = t_sum.shape, t_sum.stride()
     along = t_sum.as_strided((*size[:2], size[2], rb.top_offset + 1), (*stride[:2], size[3] + 1, 1))
     xty_t[..., :rb.top_offset + 1] += along.sum(-2).flip(-1)
@@ -249,10 +260,29 @@ def _reduce_block(block: torch.Tensor, design: PairDesign, rb: _RowBlock, groups
     # the sums stay where the statistics are (the scores' device; back on the CPU in result())
     to, target = groups.to, stats.xty_t.device
     stats.xty_t[to, heads] += xty_t.to(target)
-    stats.xty_z[to, heads] += (groups.sum(z) @ design.row_features[rb.rows]).to(target)
+    stats.xty_z[to, heads] += _xty_z(groups.sum(z), design, rb).to(target)
     stats.row_t[to, heads, rb.rows] += row_sum.to(target)
     stats.sum_y[to, heads] += groups.sum(sum_y).to(target)
     stats.sum_y2[to, heads] += groups.sum(sum_y2).to(target)
+
+
+def _xty_z(z: Float[torch.Tensor, "group head row"], design: PairDesign, rb: _RowBlock
+           ) -> Float[torch.Tensor, "group head feature"]:
+    """``X'z`` of a block's rows, ``z`` constant along each row: a row's pairs are its offsets
+    ``0 .. m_i`` (so ``z_i`` on every offset up to its largest, a reverse cumulative sum), ``n_i``
+    times its query bin and the intercept, and its keys' bins (``key_bins_per_query``)."""
+    n_off, n_bins = design.length, design.n_pos_bins
+    out = torch.zeros(*z.shape[:2], design.n_features, dtype=torch.float64, device=z.device)
+    if rb.reach_top < 0:
+        return out
+    weighted = z * rb.count
+    at_top = torch.zeros(*z.shape[:2], rb.reach_top + 1, dtype=torch.float64, device=z.device)
+    at_top.index_add_(2, rb.reach, torch.where(rb.count > 0, z, 0.0))
+    out[..., :rb.reach_top + 1] = at_top.flip(-1).cumsum(-1).flip(-1)
+    out[..., n_off:n_off + n_bins].index_add_(2, rb.query_bins, weighted)
+    out[..., n_off + n_bins:-1] = z @ design.key_bins_per_query[rb.rows]
+    out[..., -1] = weighted.sum(-1)
+    return out
 
 
 def visible_keys(scores: torch.Tensor) -> torch.Tensor:
