@@ -57,6 +57,17 @@ def test_the_structured_fit_gives_the_dense_fits_components(design, seed):
         torch.testing.assert_close(ours[name], value, rtol=1e-7, atol=1e-9, equal_nan=True, msg=name)
 
 
+@pytest.mark.parametrize("window, query_start, keys", [(None, 0, "all"), (32, 0, "all"), (None, 1, "no-bos")])
+def test_at_the_reproductions_length_the_components_are_the_dense_fits(window, query_start, keys):
+    """T = 128 with the default bins: the decomposition's numbers as the dense fitter gave them."""
+    design = PairDesign.build(128, window, query_start, 128, keys, PositionBins())
+    stats = _statistics(design, 7, n_groups=6, n_heads=3)
+    weights = torch.randint(0, 3, (20, 6), generator=torch.Generator().manual_seed(1)).double()
+    ours, dense = components(Fitter(design), stats, weights), components(DenseFitter(design), stats, weights)
+    for name, value in dense.items():
+        torch.testing.assert_close(ours[name], value, rtol=1e-8, atol=1e-10, equal_nan=True, msg=name)
+
+
 @settings(max_examples=40, deadline=None)
 @given(_designs(), st.integers(0, 2**16))
 def test_the_offset_fit_has_the_dense_fits_values_on_every_pair(design, seed):
