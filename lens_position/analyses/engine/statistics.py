@@ -89,15 +89,13 @@ _CHUNK_BYTES = 8 * 2**20  # heads are reduced in chunks of about this many float
 BLOCK_ROWS = 32
 
 
-def _runs(flags: Sequence[bool]) -> list[tuple[int, int]]:
-    """``(start, stop)`` of every run of consecutive True values in ``flags``."""
-    runs: list[tuple[int, int]] = []
-    for k, flag in enumerate(flags):
-        if flag and runs and runs[-1][1] == k:
-            runs[-1] = (runs[-1][0], k + 1)
-        elif flag:
-            runs.append((k, k + 1))
-    return runs
+def _runs(flags: torch.Tensor) -> list[tuple[int, int]]:
+    """``(start, stop)`` of every run of consecutive True values in the boolean vector ``flags``
+    (found by comparing neighbours in one pass, not one Python step per value: a block's keys reach
+    the sequence's length)."""
+    padded = torch.nn.functional.pad(flags.to(torch.int8).cpu(), (1, 1))
+    edges = torch.nonzero(padded[1:] != padded[:-1]).flatten().tolist()
+    return list(zip(edges[::2], edges[1::2]))
 
 
 class Workspace:
@@ -215,8 +213,8 @@ class _RowBlock:
         return cls(rows=rows, keys=keys, chunk=max(1, _CHUNK_BYTES // (n_batch * n_block * n_keys * 8)),
                    count=count, hidden=hidden,
                    hidden_runs=[(a, b, hidden[:, a:b], (~hidden[:, a:b]).to(torch.float64))
-                                for a, b in _runs(hidden.any(0).tolist())],
-                   unanalysed_runs=[(a, b, unanalysed[:, a:b]) for a, b in _runs(unanalysed.any(0).tolist())],
+                                for a, b in _runs(hidden.any(0))],
+                   unanalysed_runs=[(a, b, unanalysed[:, a:b]) for a, b in _runs(unanalysed.any(0))],
                    top_offset=top_offset, tri_cells=tri_row * n_keys + tri_key,
                    tri_offsets=top_offset + tri_row - tri_key, query_bins=design.query_bin[rows],
                    key_bins=design.key_bin[keys], reach=design.max_offset[rows].clamp(min=0),

@@ -95,3 +95,17 @@ def test_a_long_design_holds_no_matrix_of_its_length_squared():
                and v.dtype != torch.bool]
     assert max(v.numel() for v in numbers) < 4096 * 200
     assert design._built == {}
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.booleans(), max_size=40))
+def test_the_runs_of_masked_columns_are_found_in_one_pass(flags):
+    from lens_position.analyses.engine.statistics import _runs
+
+    expected: list[tuple[int, int]] = []
+    for k, flag in enumerate(flags):
+        if flag and expected and expected[-1][1] == k:
+            expected[-1] = (expected[-1][0], k + 1)
+        elif flag:
+            expected.append((k, k + 1))
+    assert _runs(torch.tensor(flags, dtype=torch.bool)) == expected
