@@ -169,8 +169,13 @@ class PairDesign:
     @property
     def gram(self) -> Float[torch.Tensor, "feature feature"]:
         """``X'X`` of one sequence, float64 (``n_features^2``: reference code only)."""
-        x = self.dense()
-        return x.T @ x
+        n, columns = self.n_features, self.columns
+        gram = torch.zeros(n * n, dtype=torch.float64)
+        ones = torch.ones(len(columns), dtype=torch.float64)
+        for a in range(4):
+            for b in range(4):
+                gram.index_add_(0, columns[:, a] * n + columns[:, b], ones)
+        return gram.view(n, n)
 
     @property
     def row_features(self) -> Float[torch.Tensor, "query feature"]:
