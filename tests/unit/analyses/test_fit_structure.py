@@ -14,6 +14,7 @@ from lens_position.analyses.engine.design import PairDesign, PositionBins
 from lens_position.analyses.engine.fit import Fitter, components
 from lens_position.analyses.engine.statistics import HeadStatistics
 from tests.helpers.dense_fitter import DenseFitter
+from tests.helpers.design_strategies import key_set_shapes
 
 pytestmark = pytest.mark.tl4
 
@@ -37,13 +38,9 @@ def _statistics(design: PairDesign, seed: int, n_groups: int = 4, n_heads: int =
 
 @st.composite
 def _designs(draw):
-    length = draw(st.integers(3, 48))
-    window = draw(st.one_of(st.none(), st.integers(2, length + 4)))
-    start = draw(st.integers(0, length - 2))
-    stop = draw(st.integers(start + 2, length))
-    keys = draw(st.sampled_from(["all", "no-bos"]))
+    shape = draw(key_set_shapes(min_length=3, max_length=48, min_window=2, min_queries=2))
     exact = draw(st.sampled_from([4, 16]))
-    return PairDesign.build(length, window, start, stop, keys, PositionBins(exact_until=exact, per_octave=2))
+    return PairDesign.build(*shape, PositionBins(exact_until=exact, per_octave=2))
 
 
 @settings(max_examples=40, deadline=None)

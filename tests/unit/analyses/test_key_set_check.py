@@ -15,15 +15,12 @@ from hypothesis import strategies as st
 from lens_position.analyses.engine.design import PairDesign, PositionBins
 from lens_position.analyses.engine.statistics import check_key_set, shows_key_set, visible_keys
 from lens_position.ground.errors import NonFiniteError, UnsupportedArchitectureError
+from tests.helpers.design_strategies import key_set_shapes
 
 
 @st.composite
 def masked_scores(draw):
-    length = draw(st.integers(2, 80))
-    window = draw(st.one_of(st.none(), st.integers(1, length + 3)))
-    start = draw(st.integers(0, length - 1))
-    stop = draw(st.integers(start + 1, length))
-    keys = draw(st.sampled_from(["all", "no-bos"]))
+    length, window, start, stop, keys = draw(key_set_shapes())
     dtype = draw(st.sampled_from([torch.float32, torch.float64, torch.bfloat16, torch.float16]))
     design = PairDesign.build(length, window, start, stop, keys, PositionBins())
     batch, heads = draw(st.integers(1, 2)), draw(st.integers(1, 3))
