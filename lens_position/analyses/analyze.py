@@ -51,6 +51,7 @@ from lens_position.core.summaries import Headline, is_untrained, row_estimate
 from lens_position.ground.progress import note
 from lens_position.ground.progress import progress as progress_bar
 from lens_position.models.spec import LoadedModel, ModelLike, as_loaded
+from lens_position.models.weights_scope import one_look_per_call
 
 
 @dataclass(repr=False)
@@ -144,6 +145,7 @@ def _estimate(
     return estimate([(work, cost)], calibrate(loaded.backend.device.type, dtype, model=loaded))[1]
 
 
+@one_look_per_call
 def analyze(
     model: ModelLike,
     prompts: Prompts,

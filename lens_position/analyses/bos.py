@@ -54,6 +54,7 @@ from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError
 from lens_position.ground.progress import progress as progress_bar
 from lens_position.models.spec import ModelLike, as_loaded
+from lens_position.models.weights_scope import one_look_per_call
 
 REPLACEMENTS = ("token", "mean", "random")
 
@@ -110,6 +111,7 @@ class BosReplacement(SavedResult):
              "1 - R'_replaced / R'_base (negative: added; not defined where R'_base's interval contains 0)")])
 
 
+@one_look_per_call
 def bos_replacement(
     model: ModelLike,
     prompts: Prompts,

@@ -66,6 +66,7 @@ from lens_position.core.summaries import Headline, headlines_from_rows
 from lens_position.ground.errors import BadInputError
 from lens_position.ground.progress import progress as progress_bar
 from lens_position.models.spec import ModelLike, as_loaded
+from lens_position.models.weights_scope import one_look_per_call
 
 HEAD_KEYS = ["layer", "head"]
 
@@ -329,6 +330,7 @@ def compare(base: Decomposition, conditions: Mapping[Name, Decomposition]) -> Co
                                   "per_head": [f"{name}_lo/_hi" for name in HEAD_CHANGES]}})
 
 
+@one_look_per_call
 def decompose_conditions(
     model: ModelLike,
     prompts: Prompts,

@@ -48,6 +48,7 @@ from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError
 from lens_position.models.backends import ModelBackend
 from lens_position.models.spec import LoadedModel, ModelLike, as_loaded
+from lens_position.models.weights_scope import one_look_per_call
 
 REPLACEMENTS = ("token", "mean", "random")
 DEFAULT_TOLERANCE = 0.02  # converged: cosine to the unreplaced state at least 0.98
@@ -259,6 +260,7 @@ def _restoration(backend: ModelBackend, unit_tokens: torch.Tensor, unit_embeddin
     return rows
 
 
+@one_look_per_call
 def position0_convergence(
     model: ModelLike,
     prompts: Prompts,

@@ -83,6 +83,7 @@ from lens_position.core.summaries import Headline, layer_mean
 from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError, UnsupportedArchitectureError
 from lens_position.models.spec import LoadedModel, ModelLike, as_loaded
+from lens_position.models.weights_scope import one_look_per_call
 
 __all__ = ["COMPONENTS", "HEAD_COLUMNS", "HEAD_REPLICATE_COMPONENTS", "INTERVAL_COLUMNS", "MAX_GROUPS", "Decomposition",
            "DecompositionReducer", "HeadStatistics", "KeySet", "PairDesign", "PositionBins", "check_identity",
@@ -442,6 +443,7 @@ class DecompositionReducer:
         )
 
 
+@one_look_per_call
 def decompose(
     model: ModelLike,
     prompts: Prompts,
@@ -529,6 +531,7 @@ def decompose(
 # ---------------------------------------------------------------------------------------
 
 
+@one_look_per_call
 def decompose_dense(
     model: ModelLike,
     prompts: Prompts,
@@ -653,6 +656,7 @@ def _dense_components(y: torch.Tensor, fits: Sequence[torch.Tensor], k: int, n_h
     return values
 
 
+@one_look_per_call
 def check_identity(
     model: ModelLike,
     prompts: Prompts,

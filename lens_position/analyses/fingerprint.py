@@ -38,6 +38,7 @@ from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError
 from lens_position.ground.progress import progress as progress_bar
 from lens_position.models.spec import ModelLike, as_loaded
+from lens_position.models.weights_scope import one_look_per_call
 
 
 def auto_bos_policy(model: ModelLike) -> str:
@@ -166,6 +167,7 @@ def _summarise(x: Float[torch.Tensor, "batch d_model"], bos_mean: Float[torch.Te
     }
 
 
+@one_look_per_call
 def fingerprint_prompts(
     model: ModelLike,
     *,
@@ -204,6 +206,7 @@ def position0_reducer(model: ModelLike) -> WholeActivations:
     return WholeActivations(residual_names(model), select=lambda activation: activation[:, 0])
 
 
+@one_look_per_call
 def fingerprint(
     model: ModelLike,
     *,

@@ -49,7 +49,7 @@ from jaxtyping import Float, Int
 from lens_position.analyses import leakage_stats as stats
 from lens_position.analyses.rotary_bands import frequency_bands
 from lens_position.core.checks import check_count, check_layers
-from lens_position.core.inputs import checked_prompts
+from lens_position.core.inputs import checked_prompts, checked_rows
 from lens_position.core.intervals import Bootstrap, Estimate, benjamini_hochberg, bootstrap_mean
 from lens_position.core.results import SavedResult, Table
 from lens_position.core.stream import stream
@@ -60,6 +60,7 @@ from lens_position.ground.progress import progress as progress_bar
 from lens_position.models.backends import rotate
 from lens_position.models.corpus import read_corpus
 from lens_position.models.spec import LoadedModel, ModelLike, as_loaded
+from lens_position.models.weights_scope import one_look_per_call
 
 __all__ = ["PUBLISHED", "PositionalLeakage", "leakage_texts", "positional_leakage", "published_table"]
 
@@ -114,8 +115,7 @@ def _token_pool(loaded: LoadedModel, texts: Any, max_length: int) -> tuple[list[
         if len(row) < MIN_TOKENS:
             raise BadInputError(f"text {k} is {len(row)} tokens, fewer than {MIN_TOKENS}: the held-out fits need "
                                 "causal pairs on both sides of the split; drop it or pass longer texts")
-        checked_prompts(loaded, row[None], min_length=MIN_TOKENS, hygiene=False)
-    return rows, strings
+    return checked_rows(loaded, rows, min_length=MIN_TOKENS), strings
 
 
 class _RotatedCapture:
@@ -344,6 +344,7 @@ def _checked_options(mode: Any, alpha: Any, n_samples: Any, n_seeds: Any,
     return mode, n_samples, n_seeds, check_count("max_length", max_length, minimum=MIN_TOKENS)
 
 
+@one_look_per_call
 def positional_leakage(
     model: ModelLike,
     texts: Sequence[str] | Any = None,

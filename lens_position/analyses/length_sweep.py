@@ -43,6 +43,7 @@ from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError
 from lens_position.ground.progress import progress as progress_bar
 from lens_position.models.spec import ModelLike, as_loaded
+from lens_position.models.weights_scope import one_look_per_call
 
 __all__ = ["DEFAULT_LENGTHS", "QUANTITIES", "SUMMARY_COLUMNS", "LengthSweep", "length_sweep", "lengths_within"]
 
@@ -118,6 +119,7 @@ def _summary_rows(T: int, layers: pd.DataFrame, replicates: pd.DataFrame | None,
     return rows
 
 
+@one_look_per_call
 def length_sweep(
     model: ModelLike,
     lengths: Sequence[int] = DEFAULT_LENGTHS,

@@ -49,6 +49,7 @@ from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError
 from lens_position.ground.progress import progress as progress_bar
 from lens_position.models.spec import LoadedModel, ModelLike, as_loaded
+from lens_position.models.weights_scope import one_look_per_call
 
 __all__ = ["MassiveActivations", "MassiveIntervention", "massive_activations", "massive_intervention"]
 
@@ -201,6 +202,7 @@ def _entry_table(reducer: MassiveReducer, n_prompts: int) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns)
 
 
+@one_look_per_call
 def massive_activations(
     model: ModelLike,
     prompts: Prompts,
@@ -327,6 +329,7 @@ def _paired(row: dict[str, Any], name: str, base: np.ndarray, changed: np.ndarra
     row[f"{name}_change"], row[f"{name}_change_lo"], row[f"{name}_change_hi"] = float(change), float(lo), float(hi)
 
 
+@one_look_per_call
 def massive_intervention(
     model: ModelLike,
     prompts: Prompts,

@@ -81,6 +81,7 @@ from lens_position.core.summaries import Headline, row_estimate
 from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError
 from lens_position.models.spec import ModelLike, as_loaded
+from lens_position.models.weights_scope import one_look_per_call
 
 RIDGE_GRID = tuple(float(x) for x in 10.0 ** np.arange(-4, 3.01, 0.5))
 
@@ -476,6 +477,7 @@ class ProbeReducer:
         return out
 
 
+@one_look_per_call
 def position_probe(
     model: ModelLike,
     prompts: Prompts,

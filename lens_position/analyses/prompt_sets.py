@@ -54,6 +54,7 @@ from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError
 from lens_position.ground.progress import progress as progress_bar
 from lens_position.models.spec import ModelLike, as_loaded
+from lens_position.models.weights_scope import one_look_per_call
 
 # quantity -> the claim decided on it (module docstring)
 QUANTITIES = {"total_heldout": "C1", "R_rf_heldout": "C2", "M_rf_heldout": "C2"}
@@ -62,6 +63,7 @@ SUMMARY_COLUMNS = ["claim", "quantity", "n_sets", "mean_over_sets", "between_sd"
                    "sd_ratio_lo", "sd_ratio_hi", "min_over_sets", "max_over_sets", "verdicts"]
 
 
+@one_look_per_call
 def disjoint_prompt_sets(
     model: ModelLike,
     K: int,
@@ -230,6 +232,7 @@ def between_sets(decompositions: Sequence[Decomposition], *, name: str = "model"
     return PromptSetSpread(sets=sets, spread=pd.DataFrame(summary, columns=SUMMARY_COLUMNS), provenance=prov)
 
 
+@one_look_per_call
 def across_prompt_sets(
     model: ModelLike,
     K: int = 4,

@@ -39,6 +39,7 @@ from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError
 from lens_position.ground.progress import progress as progress_bar
 from lens_position.models.spec import ModelLike, as_loaded
+from lens_position.models.weights_scope import one_look_per_call
 
 __all__ = ["AttentionRollout", "RolloutReducer", "attention_rollout", "rollout_step"]
 
@@ -111,6 +112,7 @@ class AttentionRollout(SavedResult):
                 for v in VARIANTS]
 
 
+@one_look_per_call
 def attention_rollout(model: ModelLike, prompts: Prompts, *, batch_size: int = BATCH_SIZE,
                       bootstrap: Bootstrap = Bootstrap(), progress: bool = True) -> AttentionRollout:
     """The attention rollout to position 0 of ``model`` on ``prompts``, per layer, with and without

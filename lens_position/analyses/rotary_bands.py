@@ -54,6 +54,7 @@ from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError, UnsupportedArchitectureError
 from lens_position.models.backends import RotaryLayout, rotate
 from lens_position.models.spec import ModelLike, as_loaded
+from lens_position.models.weights_scope import one_look_per_call
 
 DEFAULT_BANDS = 4
 # The bands' scores must add up to the model's own within float32 forward noise (measured: ~1e-6 of
@@ -402,6 +403,7 @@ class _LayerFits:
         return rows
 
 
+@one_look_per_call
 def rotary_bands(
     model: ModelLike,
     prompts: Prompts,

@@ -57,6 +57,7 @@ from lens_position.core.summaries import Headline, row_estimate
 from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError
 from lens_position.models.spec import LoadedModel, ModelLike, as_loaded
+from lens_position.models.weights_scope import one_look_per_call
 
 __all__ = ["DEFINITIONS", "SinkMetric", "eviction_mask", "sink_metric"]
 
@@ -134,6 +135,7 @@ def _default_prompts(loaded: LoadedModel, definition: str, condition: str, T: in
     return sink_rate_prompts(loaded, conditions=[condition], T=length, N=N, seed=seed, protocol="documents")[condition]
 
 
+@one_look_per_call
 def sink_metric(
     model: ModelLike,
     prompts: Prompts | None = None,

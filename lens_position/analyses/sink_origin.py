@@ -72,6 +72,7 @@ from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError
 from lens_position.ground.progress import progress as progress_bar
 from lens_position.models.spec import LoadedModel, ModelLike, as_loaded
+from lens_position.models.weights_scope import one_look_per_call
 
 __all__ = ["CONDITIONS", "LOCATIONS", "SinkOrigin", "origin_verdict", "sink_origin", "sink_origin_tokens"]
 
@@ -355,6 +356,7 @@ def _measure(loaded: LoadedModel, body: torch.Tensor, conditions: Sequence[str],
     return out
 
 
+@one_look_per_call
 def sink_origin(
     model: ModelLike,
     prompts: Prompts | None = None,

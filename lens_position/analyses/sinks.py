@@ -55,6 +55,7 @@ from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError, NonFiniteError
 from lens_position.ground.progress import progress as progress_bar
 from lens_position.models.spec import LoadedModel, ModelLike, as_loaded
+from lens_position.models.weights_scope import one_look_per_call
 
 SINK_EPS = 0.3
 GU_CONDITIONS = ("natural", "random", "repeated")
@@ -221,6 +222,7 @@ def _checked_scores(scores: Any, loaded: LoadedModel, n_prompts: int) -> torch.T
     return scores
 
 
+@one_look_per_call
 def sink_heads(
     model: ModelLike,
     prompts: Prompts,
@@ -306,6 +308,7 @@ class SinkRate(SavedResult):
 SINK_PROTOCOLS = ("documents", "windows")
 
 
+@one_look_per_call
 def sink_rate_prompts(
     model: ModelLike,
     *,
@@ -348,6 +351,7 @@ def sink_rate_prompts(
     return out
 
 
+@one_look_per_call
 def sink_rate(
     model: ModelLike,
     *,
@@ -566,6 +570,7 @@ def _output_change(base_z: Sequence[torch.Tensor], patched_z: Sequence[torch.Ten
     return torch.where(change == 0, torch.zeros_like(change), change / scale).cpu()
 
 
+@one_look_per_call
 def sink_reading_scores(
     model: ModelLike,
     prompts: Prompts,
@@ -617,6 +622,7 @@ def sink_reading_scores(
     return frame.sort_values("reading_rank").reset_index(drop=True)
 
 
+@one_look_per_call
 def head_ablation_effect(
     model: ModelLike,
     prompts: Prompts,
@@ -658,6 +664,7 @@ def head_ablation_effect(
     return layers, per_head
 
 
+@one_look_per_call
 def sink_reading_heads(
     model: ModelLike,
     prompts: Prompts,
@@ -882,6 +889,7 @@ class WindowSinks(SavedResult):
         return out
 
 
+@one_look_per_call
 def window_sinks(
     model: ModelLike,
     prompts: Prompts,

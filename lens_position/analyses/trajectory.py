@@ -38,6 +38,7 @@ from lens_position.core.summaries import Headline
 from lens_position.ground import provenance
 from lens_position.ground.progress import progress as progress_bar
 from lens_position.models.spec import LoadedModel, ModelLike, as_loaded
+from lens_position.models.weights_scope import one_look_per_call
 
 
 @dataclass(repr=False)
@@ -108,6 +109,7 @@ def _pattern_change(
                        batch_size=batch_size * len(tokens))
 
 
+@one_look_per_call
 def trajectory_patching(
     model: ModelLike,
     prompts: Prompts,

@@ -239,6 +239,30 @@ def _tensor_prompt_set(loaded: LoadedModel, tokens: torch.Tensor, bos_id: int | 
     return PromptSet(tokens=tokens, spec=spec, bos_token_id=bos_id)
 
 
+def checked_rows(model: ModelLike, rows: Sequence[torch.Tensor], *, min_length: int = 1,
+                 what: str = "texts") -> list[torch.Tensor]:
+    """Sequences of different lengths (``[T_k]`` token ids each, analysed one at a time) through the
+    door in one pass: the model taken once, then each row checked as :func:`checked_prompts` checks
+    token ids (integers, in the vocabulary, at least ``min_length`` positions, within the context).
+    Returns the rows as ``int64`` tensors. Error messages name the row by its index."""
+    loaded = as_loaded(model)
+    if isinstance(rows, torch.Tensor) or not isinstance(rows, Sequence) or not rows:
+        raise BadInputError(f"{what}: pass a non-empty list of token id rows [T], got {type(rows).__name__}")
+    out = []
+    for k, row in enumerate(rows):
+        if not isinstance(row, torch.Tensor):
+            raise BadInputError(f"{what} row {k} is a {type(row).__name__}, not a tensor of token ids")
+        if row.ndim != 1:
+            raise BadInputError(f"{what} row {k} has shape {tuple(row.shape)}; each row is one sequence [T]")
+        try:
+            tokens = _check_dtype_and_shape(row)
+        except BadInputError as error:
+            raise BadInputError(f"{what} row {k}: {error}") from None
+        _check_tokens(loaded, tokens, min_length, f"{what} row {k}")
+        out.append(tokens[0].to(torch.int64))
+    return out
+
+
 def _checked_texts(loaded: LoadedModel, texts: list[str], *, bos: str | None, T: int | None, min_length: int,
                    what: str, distinct: bool, hygiene: bool) -> CheckedPrompts:
     """A list of strings through the door: tokenised under ``bos``, cut to ``T``, checked, and the
@@ -247,7 +271,7 @@ def _checked_texts(loaded: LoadedModel, texts: list[str], *, bos: str | None, T:
     _check_tokens(loaded, built.tokens, min_length, what)
     if hygiene:
         positions.warn(positions.position_warnings(loaded, built.tokens, bos_expected=False),
-                       only=("bos_doubled", "bos_inside"), stacklevel=4)
+                       only=("bos_doubled", "bos_inside"))
     if distinct:
         check_distinct(built.tokens, what)
     return _mark_checked(built, loaded, distinct)
@@ -329,7 +353,7 @@ def checked_prompts(
     if distinct:
         check_distinct(tokens, what)
     if hygiene:
-        positions.warn(positions.position_warnings(loaded, tokens), stacklevel=3)
+        positions.warn(positions.position_warnings(loaded, tokens))
     bos_id = getattr(loaded.tokenizer, "bos_token_id", None) if loaded.tokenizer is not None else None
     checked = _tensor_prompt_set(loaded, tokens, bos_id if bos_id is not None else loaded.spec.bos_token_id)
     return _mark_checked(checked, loaded, distinct)

@@ -114,7 +114,7 @@ def check_positions(model: ModelLike, prompts: Any, *, texts: Sequence[str] | No
     flagged = [(row["check"], row["message"]) for row in rows if row["status"] == "warning"]
     if failed or (strict and flagged):
         raise BadInputError("; ".join(failed + [f"{check}: {message}" for check, message in flagged]))
-    warn(found, stacklevel=3)
+    warn(found)
     return report
 
 

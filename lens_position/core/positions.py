@@ -30,6 +30,7 @@ from collections.abc import Sequence
 import torch
 from jaxtyping import Int
 
+from lens_position.ground.caller import outside_stacklevel
 from lens_position.models.spec import LoadedModel
 
 __all__ = ["BosInsideWarning", "DoubledBosWarning", "MissingBosWarning", "PaddedStartWarning", "PositionWarning",
@@ -123,8 +124,9 @@ def position_warnings(loaded: LoadedModel, tokens: Int[torch.Tensor, "N T"], *,
     return out
 
 
-def warn(found: list[Finding], *, only: Sequence[str] | None = None, stacklevel: int = 2) -> None:
-    """Issue each flagged finding as its warning class (``only``: these checks alone)."""
+def warn(found: list[Finding], *, only: Sequence[str] | None = None) -> None:
+    """Issue each flagged finding as its warning class (``only``: these checks alone), pointing at
+    the researcher's line that called into lens_position."""
     for check, warning, _, message in found:
         if warning is not None and (only is None or check in only):
-            warnings.warn(message, warning, stacklevel=stacklevel + 1)
+            warnings.warn(message, warning, stacklevel=outside_stacklevel())

@@ -14,6 +14,7 @@ import torch
 
 from lens_position.ground.errors import BadInputError, ContextLengthError, UnsupportedArchitectureError
 from lens_position.models.backends import ModelBackend, backend_for, bridge_class, is_model
+from lens_position.models.weights_scope import bytes_read, mark_read
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -346,14 +347,17 @@ def _checksum(storage: torch.UntypedStorage) -> bytes:
     return runs.cpu().numpy().tobytes() + words[whole:].cpu().numpy().tobytes()
 
 
-def weights_version(model: torch.nn.Module) -> tuple[Any, ...]:
+def weights_version(model: torch.nn.Module, *, read_bytes: bool = True) -> tuple[Any, ...]:
     """What says whether a model's weights may have changed since it was last taken: each tensor's
     ``_version`` (bumped by in-place writes), dtype, storage, offset, shape and strides (changed by a
     cast or a ``.data`` swap), and a checksum of the bytes of every storage (:func:`_checksum`:
     writes through ``.data`` bump no version). About 0.1 s per GB of weights on a CPU. Weights that
     accelerate keeps offloaded (on ``meta`` between forwards, read in from disk or the host at each
-    one) have no bytes here to change: only their layout is taken."""
+    one) have no bytes here to change: only their layout is taken. ``read_bytes=False``: the layout
+    alone, with ``None`` in place of the checksum."""
     state = model.state_dict(keep_vars=True)
+    if not read_bytes:
+        return (*_layout(state), None)
     digest = hashlib.sha256()
     storages: dict[int, torch.UntypedStorage] = {}
     for tensor in state.values():
@@ -363,16 +367,25 @@ def weights_version(model: torch.nn.Module) -> tuple[Any, ...]:
         storages.setdefault(storage.data_ptr(), storage)
     for pointer in sorted(storages):
         digest.update(_checksum(storages[pointer]))
-    layout = tuple((t._version, t.dtype, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
-                    t.stride()) for t in state.values())
-    return (*layout, digest.hexdigest())
+    return (*_layout(state), digest.hexdigest())
+
+
+def _layout(state: dict[str, torch.Tensor]) -> tuple[Any, ...]:
+    return tuple((t._version, t.dtype, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
+                  t.stride()) for t in state.values())
 
 
 def _current(loaded: LoadedModel) -> LoadedModel:
     """``loaded`` with a spec that states the weights as they are now: when a weight was written
     to, cast or replaced since the spec's hash was taken, its sha256 is taken again (the load-time one
-    is kept as ``extra["weights_sha256_at_load"]``); ``extra["dtype"]`` is the dtype computed in."""
+    is kept as ``extra["weights_sha256_at_load"]``); ``extra["dtype"]`` is the dtype computed in.
+    Within one call of a public function the bytes are read at the first look only
+    (:mod:`lens_position.models.weights_scope`)."""
+    if (bytes_read(loaded) and loaded.hashed_weights_version is not None
+            and weights_version(loaded.model, read_bytes=False)[:-1] == loaded.hashed_weights_version[:-1]):
+        return loaded  # looked at in full earlier in this call, and no tensor's layout or version changed since
     version = weights_version(loaded.model)
+    mark_read(loaded)
     dtype = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
     spec = loaded.spec
     if loaded.hashed_weights_version != version:

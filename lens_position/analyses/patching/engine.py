@@ -34,6 +34,7 @@ from lens_position.core.stream import LOGITS, WholeActivations, checked_fwd_hook
 from lens_position.ground.errors import BadInputError
 from lens_position.ground.progress import progress as progress_bar
 from lens_position.models.spec import LoadedModel, ModelLike, as_loaded
+from lens_position.models.weights_scope import one_look_per_call
 
 
 def as_tokens(loaded: LoadedModel, prompts: Prompts) -> Int[torch.Tensor, "batch pos"]:
@@ -243,6 +244,7 @@ def _prefix_hooks(
     return hooks
 
 
+@one_look_per_call
 def run_patches(
     model: ModelLike,
     prompts: Prompts,

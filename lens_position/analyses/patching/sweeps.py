@@ -44,6 +44,7 @@ from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError
 from lens_position.ground.progress import progress as progress_bar
 from lens_position.models.spec import LoadedModel, ModelLike, as_loaded
+from lens_position.models.weights_scope import one_look_per_call
 
 # The activations a sweep patches, as TransformerLens names them; "z" is per head.
 SWEPT_ACTIVATIONS = {
@@ -138,6 +139,7 @@ class PatchSweep(SavedResult):
         return torch.as_tensor(sign_flip_pvalue(effects, n_permutations=n_permutations, seed=seed))
 
 
+@one_look_per_call
 def activation_sweep(
     model: ModelLike,
     target: Prompts,

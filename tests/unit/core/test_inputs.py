@@ -6,12 +6,14 @@ import hashlib
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from lens_position.analyses import bos, decompose, patching, probes, sinks, trajectory
 from lens_position.analyses.decompose import PositionBins
 from lens_position.core.checks import check_count, check_layers, check_query_range, check_seed
 from lens_position.core.data import DEFAULT_BOS, build_prompts, prompts_from_texts
-from lens_position.core.inputs import checked_prompts
+from lens_position.core.inputs import checked_prompts, checked_rows
 from lens_position.ground.errors import BadInputError, ContextLengthError, PaddedPromptsError
 from lens_position.models.tiny import BOS_ID, PAD_ID, VOCAB_SIZE
 
@@ -243,3 +245,40 @@ def test_one_bos_default_in_python_the_command_line_and_the_pipeline(tiny_llama)
     spec = build_prompts(tiny_llama, source="random", T=8, N=2).spec
     assert spec.bos == DEFAULT_BOS and spec.position0 == "bos" and "Gemma-3" in spec.extra["bos_default_reason"]
     assert prompts_from_texts(tiny_llama, TEXTS).spec.extra["bos_default"] == DEFAULT_BOS
+
+
+def test_rows_of_different_lengths_pass_the_door_in_one_look(tiny_llama):
+    rows = [torch.tensor([5, 6, 7]), torch.tensor([8, 9, 10, 11, 12], dtype=torch.int32)]
+    checked = checked_rows(tiny_llama, rows, min_length=3)
+    assert [r.tolist() for r in checked] == [r.tolist() for r in rows]
+    assert all(r.dtype == torch.int64 for r in checked)
+
+
+BAD_ROWS = st.one_of(
+    st.just([]).map(lambda r: (r, "non-empty list")),
+    st.integers(1, 4).map(lambda n: ([torch.tensor([5] * n)], "needs T >=")),
+    st.integers(-50, -1).map(lambda i: ([torch.tensor([5, 6, i, 7, 8])], "vocabulary")),
+    st.integers(VOCAB_SIZE, VOCAB_SIZE + 1000).map(lambda i: ([torch.tensor([5, 6, i, 7, 8])], "vocabulary")),
+    st.just(([torch.tensor([5.0, 6.0, 7.0, 8.0, 9.0])], "integers")),
+    st.just(([torch.tensor([[5, 6, 7, 8, 9]])], "one sequence")),
+    st.just(([[5, 6, 7, 8, 9]], "not a tensor")),
+    st.just((torch.tensor([[5, 6, 7, 8, 9]]), "non-empty list")),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(bad=BAD_ROWS, position=st.integers(0, 3))
+def test_bad_rows_are_refused_by_what_is_wrong_and_which_row(tiny_llama, bad, position):
+    rows, reason = bad
+    if isinstance(rows, list) and rows:
+        rows = [torch.tensor([5, 6, 7, 8, 9])] * position + rows
+    with pytest.raises(BadInputError, match=reason) as error:
+        checked_rows(tiny_llama, rows, min_length=5)
+    if isinstance(rows, list) and rows and reason != "non-empty list":
+        assert f"row {position}" in str(error.value)
+
+
+def test_a_row_longer_than_the_context_is_refused(tiny_llama):
+    n_ctx = tiny_llama.spec.n_ctx
+    with pytest.raises(ContextLengthError):
+        checked_rows(tiny_llama, [torch.tensor([5] * 8), torch.full((n_ctx + 1,), 5)])

@@ -124,3 +124,23 @@ def test_the_input_door_warns_before_any_analysis(llama):
     with warnings.catch_warnings():  # the policy none is deliberate: no missing-BOS warning
         warnings.simplefilter("error", lp.PositionWarning)
         checked_prompts(llama, ["the quick brown fox", "a second text here"], bos="none")
+
+
+@pytest.mark.parametrize("route", ["decompose", "checked_prompts", "check_positions"])
+def test_a_position_warning_names_the_researchers_own_line(route):
+    from lens_position.analyses.decompose import decompose
+    from lens_position.core.inputs import checked_prompts
+    from lens_position.core.intervals import NO_INTERVALS
+    from lens_position.core.position_check import check_positions
+    from lens_position.core.positions import BosInsideWarning
+    from lens_position.models.toy import random_model
+
+    loaded = random_model(n_layers=1, d_vocab=50, seed=1)
+    tokens = torch.randint(2, 50, (3, 10))
+    tokens[1, 4] = loaded.spec.bos_token_id
+    calls = {"decompose": lambda: decompose(loaded, tokens, bootstrap=NO_INTERVALS, progress=False),
+             "checked_prompts": lambda: checked_prompts(loaded, tokens),
+             "check_positions": lambda: check_positions(loaded, tokens)}
+    with pytest.warns(BosInsideWarning) as record:
+        calls[route]()
+    assert {w.filename for w in record if issubclass(w.category, BosInsideWarning)} == {__file__}

@@ -15,6 +15,7 @@ from lens_position.ground.errors import BadInputError
 from lens_position.models.cache import state_dict_sha256
 from lens_position.models.spec import as_loaded, weights_version
 from lens_position.models.toy import random_model
+from lens_position.models.weights_scope import bytes_read, one_look
 
 MODEL = random_model(n_layers=2, d_vocab=50)
 NAMES = sorted(name for name, tensor in MODEL.model.state_dict().items() if tensor.numel())
@@ -61,3 +62,64 @@ def test_unchanged_weights_keep_their_hash_without_hashing_again(monkeypatch):
 
     monkeypatch.setattr(cache, "state_dict_sha256", lambda state: pytest.fail("hashed again"))
     assert as_loaded(loaded).spec.weights_sha256 is not None
+
+
+def _counted_checksums(monkeypatch) -> list[int]:
+    from lens_position.models import spec
+
+    calls: list[int] = []
+    real = spec._checksum
+    monkeypatch.setattr(spec, "_checksum", lambda storage: calls.append(1) or real(storage))
+    return calls
+
+
+def test_one_call_reads_the_weight_bytes_once_however_many_helpers_take_the_model(monkeypatch):
+    loaded = random_model(n_layers=2, d_vocab=50, seed=5)
+    tokens = torch.randint(1, 50, (4, 12))
+    n_storages = len({t.untyped_storage().data_ptr() for t in loaded.model.state_dict().values()})
+    calls = _counted_checksums(monkeypatch)
+    decompose(loaded, tokens, bootstrap=NO_INTERVALS, progress=False)
+    assert len(calls) == n_storages  # one look in full, however many times the door was passed
+    calls.clear()
+    for _ in range(3):
+        as_loaded(loaded)
+    assert len(calls) == 3 * n_storages  # outside a call every look reads the bytes
+
+
+@settings(max_examples=20, deadline=None)
+@given(name=st.sampled_from(NAMES), how=st.sampled_from(["in place", "cast", "swap"]))
+def test_within_one_call_a_change_of_layout_or_version_is_still_seen(name, how):
+    loaded = random_model(n_layers=2, d_vocab=50, seed=6)
+    with one_look():
+        first = as_loaded(loaded).spec.weights_sha256
+        parameter = dict(loaded.model.named_parameters()).get(name)
+        if parameter is None:
+            return
+        with torch.no_grad():
+            if how == "in place":
+                parameter.add_(1.0)  # bumps the version counter
+            elif how == "cast":
+                parameter.data = parameter.data.double()
+            else:
+                parameter.data = parameter.data.clone() + 1.0
+        assert as_loaded(loaded).spec.weights_sha256 != first
+
+
+def test_a_write_through_data_between_two_calls_is_seen(monkeypatch):
+    loaded = random_model(n_layers=2, d_vocab=50, seed=7)
+    with one_look():
+        first = as_loaded(loaded).spec.weights_sha256
+    loaded.model.blocks[0].attn.W_Q.data[0, 0, 0] += 1.0
+    with one_look():
+        assert as_loaded(loaded).spec.weights_sha256 != first
+
+
+def test_scopes_nest_into_the_outermost_and_end_with_it():
+    loaded = random_model(n_layers=2, d_vocab=50, seed=8)
+    assert not bytes_read(loaded)
+    with one_look():
+        as_loaded(loaded)
+        with one_look():
+            assert bytes_read(loaded)
+        assert bytes_read(loaded)
+    assert not bytes_read(loaded)
