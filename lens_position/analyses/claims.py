@@ -892,3 +892,84 @@ def claims_table(results: Tables, criteria: Criteria = Criteria()) -> pd.DataFra
         "explanation": e.explanation,
     } for e in evaluate(results, criteria)]
     return pd.DataFrame(rows, columns=COLUMNS).astype({"n_sequences": "Int64", "seq_len": "Int64"})
+
+
+# --------------------------------------------------------------------------- C3 at every T
+
+BY_LENGTH_COLUMNS = ["claim", "architecture", "versus", "quantity", "seq_len", "value", "value_lo", "value_hi",
+                     "level", "verdict", "n_sequences", "window", "source"]
+
+
+def _lengths_of(results: Tables, arch: str) -> set[int]:
+    """Every T ``arch`` was decomposed at: its own decomposition's and its length sweep's."""
+    own = _summary(results, arch)
+    own_T = None if own is None else _length(own)
+    return _swept_lengths(results, arch) | (set() if own_T is None else {own_T})
+
+
+def _decomposed_at(results: Tables, arch: str, T: int) -> tuple[_ModelSummary | None, str]:
+    """``arch``'s decomposition at ``T`` (its own where that is at ``T``: more sequences) and where from."""
+    own = _summary(results, arch)
+    if own is not None and _length(own) == T and _has_split(own, CLAIM_SPLIT):
+        return own, "decomposition"
+    swept = _swept(results, arch, T)
+    return (swept, "length sweep") if swept is not None and _has_split(swept, CLAIM_SPLIT) else (None, "")
+
+
+def c3_by_length(results: Tables) -> pd.DataFrame:
+    """C3's comparisons at every sequence length ``T`` both sides were measured at (their own
+    decompositions and their length sweeps), where the claims table decides each at one ``T``: so
+    that a reader sees at which ``T`` each verdict holds, NTK scaling included beyond the original
+    training length.
+
+    Rows (columns :data:`BY_LENGTH_COLUMNS`): per NTK-scaled model, standard model and ``T``,
+    R'/(R'+M') of the NTK model minus the standard one's (held-out reference-free split; holds where
+    the whole interval is below 0: NTK scaling lowers the residual share); per sliding-window model
+    and ``T`` longer than its window, the depth slope of R' (holds above 0) and the same slope minus
+    each standard model's (holds above 0). ``value`` is the difference or slope with its interval
+    (``level``, the replicate-by-replicate difference when both sides share their replicates), ``n_sequences``
+    the fewer sequences of the two sides, ``source`` where the numbers come from. Empty without an
+    NTK or sliding-window model beside a standard one."""
+    archs = _architectures(results)
+    standard = [arch for arch, role in archs if role == "standard"]
+    rows: list[dict[str, object]] = []
+    for arch, role in archs:
+        if role not in ("ntk", "sliding"):
+            continue
+        window = window_of(results, arch) if role == "sliding" else None
+        for T in sorted(_lengths_of(results, arch)):
+            if window is not None and T <= window:
+                continue
+            mine, source = _decomposed_at(results, arch, T)
+            if mine is None:
+                continue
+            b = _balance_of(mine, arch, role)
+            if role == "sliding":
+                rows.append(_by_length_row(arch, "", "depth slope of R'", T, b.slope, above(b.slope, 0.0), b.n,
+                                           window, source))
+            for other in standard:
+                theirs, their_source = _decomposed_at(results, other, T)
+                if theirs is None:
+                    continue
+                s = _balance_of(theirs, other, "standard")
+                n = _min_n(b.n, s.n)
+                if role == "ntk":
+                    diff = _difference(b.share, b.share_reps, s.share, s.share_reps, n)
+                    rows.append(_by_length_row(arch, other, "R'/(R'+M') minus the standard model's", T, diff,
+                                               below(diff, 0.0), n, window, _sources(source, their_source)))
+                else:
+                    diff = _difference(b.slope, b.slope_reps, s.slope, s.slope_reps, n)
+                    rows.append(_by_length_row(arch, other, "depth slope of R' minus the standard model's", T, diff,
+                                               above(diff, 0.0), n, window, _sources(source, their_source)))
+    return pd.DataFrame(rows, columns=BY_LENGTH_COLUMNS).astype({"seq_len": "Int64", "n_sequences": "Int64"})
+
+
+def _sources(a: str, b: str) -> str:
+    return a if a == b else f"{a}, {b}"
+
+
+def _by_length_row(arch: str, versus: str, quantity: str, T: int, estimate: Estimate, verdict: str, n: int | None,
+                   window: int | None, source: str) -> dict[str, object]:
+    return {"claim": "C3", "architecture": arch, "versus": versus, "quantity": quantity, "seq_len": T,
+            "value": estimate.value, "value_lo": estimate.lo, "value_hi": estimate.hi, "level": estimate.level,
+            "verdict": verdict, "n_sequences": n, "window": window, "source": source}

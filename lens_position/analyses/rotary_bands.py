@@ -30,6 +30,7 @@ uses, not what a config says.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -207,23 +208,85 @@ class BandReducer:
             cos, sin = self._pending.pop("hook_cos"), self._pending.pop("hook_sin")
             rot_q, rot_k = (rotate(x.to(torch.float64), cos.to(torch.float64), sin.to(torch.float64), layout)
                             for x in (rot_q, rot_k))
-        parts = band_scores(rot_q, rot_k, bands, layout.scale)
-        visible = visible_keys(scores)
-        total = parts.sum(0)
-        error = float((total - scores.to(torch.float64)).abs().masked_fill(~visible, 0.0).amax())
+        split = _BandBlocks(rot_q, rot_k, scores, bands, layout.scale, removed=False)
+        error, size = split.check()
         self.score_error[layer] = max(self.score_error[layer], error)
-        size = float(scores.to(torch.float64).abs().masked_fill(~visible, 0.0).amax())
         self.score_size[layer] = max(self.score_size[layer], size)
-        masked = parts.masked_fill(~visible, -math.inf)
-        removed = (scores.to(torch.float64) - parts).masked_fill(~visible, -math.inf)
         design = self.full.designs[self.full.windows[layer]]
         groups = rows % self.full.n_groups
+        reduce_scores(split, design, groups, self.band_stats[layer], self._workspace)
+        reduce_scores(dataclasses.replace(split, removed=True), design, groups, self.removed_stats[layer],
+                      self._workspace)
 
-        def side_by_side(x: torch.Tensor) -> torch.Tensor:  # [band, batch, head, q, k] -> [batch, band*head, q, k]
-            return x.permute(1, 0, 2, 3, 4).reshape(x.shape[1], -1, *x.shape[3:])
 
-        reduce_scores(side_by_side(masked), design, groups, self.band_stats[layer], self._workspace)
-        reduce_scores(side_by_side(removed), design, groups, self.removed_stats[layer], self._workspace)
+#: query rows per block of the score check (float64 [batch, head, rows, T]: 150 MB for nine heads at T = 8192)
+_CHECK_ROWS = 256
+
+
+@dataclass
+class _BandBlocks:
+    """One layer's band scores laid side by side, ``[batch, band * head, query, key]`` (band-major),
+    computed one block at a time for :func:`~lens_position.analyses.engine.statistics.reduce_scores`:
+    each band's ``s_b`` (``removed=False``) or the scores without it, ``s - s_b``, float64, ``-inf`` where
+    the model masks. Never whole: ``[band, batch, head, T, T]`` in float64 is 19 GB for SmolLM2's nine
+    heads in four bands at T = 8192."""
+
+    rot_q: Float[torch.Tensor, "batch query head d_head"]
+    rot_k: Float[torch.Tensor, "batch key kv_head d_head"]
+    scores: Float[torch.Tensor, "batch head query key"]
+    bands: Sequence[Band]
+    scale: float
+    removed: bool
+    q: torch.Tensor = field(init=False, repr=False)
+    k: torch.Tensor = field(init=False, repr=False)
+    n_heads: int = field(init=False)
+    shape: tuple[int, int, int, int] = field(init=False)
+    device: torch.device = field(init=False)
+
+    def __post_init__(self) -> None:
+        n_heads, n_kv = self.rot_q.shape[2], self.rot_k.shape[2]
+        self.q = self.rot_q.to(torch.float64)
+        k = self.rot_k if n_kv == n_heads else torch.repeat_interleave(self.rot_k, n_heads // n_kv, dim=2)
+        self.k = k.to(torch.float64)
+        self.n_heads = n_heads
+        batch, _, n_queries, n_keys = self.scores.shape
+        self.shape = (batch, len(self.bands) * n_heads, n_queries, n_keys)
+        self.device = self.scores.device
+
+    def _part(self, band: Band, heads: slice, queries: slice, keys: slice) -> torch.Tensor:
+        dims = list(band.dims)
+        return torch.einsum("bqhd,bkhd->bhqk", self.q[:, queries, heads][..., dims],
+                            self.k[:, keys, heads][..., dims]) / self.scale
+
+    def block(self, heads: slice, queries: slice, keys: slice) -> Float[torch.Tensor, "batch head query key"]:
+        out = []
+        for b, band in enumerate(self.bands):  # the requested side-by-side heads of each band
+            first, stop = max(heads.start, b * self.n_heads), min(heads.stop, (b + 1) * self.n_heads)
+            if first >= stop:
+                continue
+            mine = slice(first - b * self.n_heads, stop - b * self.n_heads)
+            part = self._part(band, mine, queries, keys)
+            real = self.scores[:, mine, queries, keys]
+            if self.removed:
+                part = real.to(torch.float64) - part
+            out.append(part.masked_fill_(~visible_keys(real), -math.inf))
+        return torch.cat(out, dim=1)
+
+    def check(self) -> tuple[float, float]:
+        """The largest ``|sum_b s_b - s|`` and the largest ``|s|`` over the visible cells (score units),
+        in blocks of query rows: what :meth:`BandReducer.check_scores` holds the split to."""
+        error = size = 0.0
+        every = slice(0, self.n_heads)
+        for first in range(0, self.shape[2], _CHECK_ROWS):
+            queries = slice(first, min(first + _CHECK_ROWS, self.shape[2]))
+            keys = slice(0, self.shape[3])
+            real = self.scores[:, :, queries, keys]
+            visible = visible_keys(real)
+            total = sum(self._part(band, every, queries, keys) for band in self.bands)
+            real64 = real.to(torch.float64)
+            error = max(error, float((total - real64).abs().masked_fill_(~visible, 0.0).amax()))
+            size = max(size, float(real64.abs().masked_fill_(~visible, 0.0).amax()))
+        return error, size
 
 
 @dataclass(repr=False)

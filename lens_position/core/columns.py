@@ -231,6 +231,9 @@ COLUMNS: dict[str, str] = {
     "label": "the quantity in words",
     "value": "the quantity on this set or at this length (mean over layers and heads)",
     "beyond_window": "whether T exceeds the model's sliding window (its local layers slide)",
+    # C3 at each length (claims_by_length.csv)
+    "versus": "the standard-RoPE model a comparison is made against (empty: the model's own quantity)",
+    "source": "where the row's decompositions come from: the models' own decompositions or their length sweeps",
     "lo": "lower end of the value's bootstrap interval",
     "hi": "upper end of the value's bootstrap interval",
     "level": "the interval's confidence level",

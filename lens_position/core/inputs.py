@@ -64,7 +64,7 @@ class CheckedPrompts(PromptSet):
 
     d_vocab: int = field(default=0, repr=False, compare=False)
     n_ctx: int = field(default=0, repr=False, compare=False)
-    tokens_identity: tuple[int, int] = field(default=(0, -1), repr=False, compare=False)
+    tokens_identity: tuple[int, int | str] = field(default=(0, -1), repr=False, compare=False)
     #: whether the door also found every sequence distinct (:func:`check_distinct`)
     distinct: bool = field(default=False, repr=False, compare=False)
 
@@ -74,7 +74,11 @@ class CheckedPrompts(PromptSet):
                 and self.tokens_identity == _identity(self.tokens))
 
 
-def _identity(tokens: torch.Tensor) -> tuple[int, int]:
+def _identity(tokens: torch.Tensor) -> tuple[int, int | str]:
+    """Which token tensor, and whether it was written to: its version counter, or the hash of its bytes
+    for a tensor made under ``torch.inference_mode()`` (which keeps no counter)."""
+    if tokens.is_inference():
+        return id(tokens), hashlib.sha256(tokens.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
     return id(tokens), tokens._version
 
 

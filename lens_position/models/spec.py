@@ -371,8 +371,10 @@ def weights_version(model: torch.nn.Module, *, read_bytes: bool = True) -> tuple
 
 
 def _layout(state: dict[str, torch.Tensor]) -> tuple[Any, ...]:
-    return tuple((t._version, t.dtype, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
-                  t.stride()) for t in state.values())
+    """Each tensor's version counter (None for a tensor made under ``torch.inference_mode()``, which keeps
+    none: its writes are seen by the checksum), dtype, storage, offset, shape and strides."""
+    return tuple((None if t.is_inference() else t._version, t.dtype, t.untyped_storage().data_ptr(),
+                  t.storage_offset(), tuple(t.shape), t.stride()) for t in state.values())
 
 
 def _current(loaded: LoadedModel) -> LoadedModel:

@@ -206,7 +206,7 @@ def stack_tables(plan: Plan, collected: Collected, factors: tuple[str, ...] = ()
 
 def known_output_names() -> set[str]:
     """Every file name a run of this package may write in its output folder."""
-    names = {"claims.csv", "report.html", "report.png", *zoo_c3.ZOO_OUTPUTS}
+    names = {"claims.csv", "claims_by_length.csv", "report.html", "report.png", *zoo_c3.ZOO_OUTPUTS}
     for table in steps_module.TABLES:
         names |= {f"{table}.parquet", f"{table}.csv"}
     return names
@@ -312,6 +312,10 @@ def _run_into(folder: OutputFolder, config: RunConfig, plan: Plan, started: floa
     prov = run_provenance(config, plan, collected)
     folder.begin({"command": config.command, "started": prov["created"]})
     files = write_outputs(folder, tables, claims, config.fmt)
+    if not factors:  # a sweep's conditions each have their report, which shows C3 at each T
+        by_length = claims_module.c3_by_length(zoo_c3.split_tables(tables)[0])
+        if len(by_length):
+            files["claims_by_length"] = folder.table("claims_by_length", by_length, "csv")
     files.update(zoo_c3.write_outputs(folder, tables))
     prov["wall_time_s"] = round(time.perf_counter() - started, 3)
     if factors:

@@ -54,6 +54,7 @@ from lens_position.ground.errors import BadInputError
 from lens_position.ground.paths import checked_path
 from lens_position.report import plots
 from lens_position.report.browser import NETWORK_OFF, find_chromium
+from lens_position.report.by_length import by_length_html
 from lens_position.report.markup import verdict_class
 from lens_position.report.plots import ReportFigure
 from lens_position.report.takeaways import small_run_banner
@@ -607,7 +608,8 @@ def build_report(results: Mapping[str, pd.DataFrame], *, provenance: Mapping[str
 
     main, zoo = zoo_c3.split_tables(results)
     claims = claims_table(main, criteria)
-    sections = [_figure_section(fig) for fig in report_figures(main)]
+    sections = [_figure_section(fig) + (by_length_html(main) if fig.key == "length_sweep" else "")
+                for fig in report_figures(main)]
     if zoo:
         zoo_claims = claims if zoo_c3.has_zoo_models(main) else claims_table(zoo, criteria)
         before, figures, after = zoo_c3.report_section(zoo, zoo_claims)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -114,9 +115,22 @@ class Workspace:
         return kept[:size].view(*shape)
 
 
-def reduce_scores(scores: Float[torch.Tensor, "batch head query key"], design: PairDesign,
-            group_of_row: Int[torch.Tensor, "batch"], stats: HeadStatistics,
-            workspace: Workspace | None = None) -> None:
+class ScoreBlocks(Protocol):
+    """Scores :func:`reduce_scores` reads one block at a time, computed on demand instead of held
+    whole (a ``[batch, head, query, key]`` float64 tensor per derived score is T² per head: 19 GB for
+    SmolLM2's nine heads in four bands at T = 8192)."""
+
+    shape: tuple[int, int, int, int]  # [batch, head, query, key]
+    device: torch.device
+
+    def block(self, heads: slice, queries: slice, keys: slice) -> Float[torch.Tensor, "batch head query key"]:
+        """The scores of ``heads`` for the absolute query positions ``queries`` and keys ``keys``."""
+        ...
+
+
+def reduce_scores(scores: Float[torch.Tensor, "batch head query key"] | ScoreBlocks, design: PairDesign,
+                  group_of_row: Int[torch.Tensor, "batch"], stats: HeadStatistics,
+                  workspace: Workspace | None = None) -> None:
     """Add one batch's statistics to ``stats``; batch row ``b`` belongs to group
     ``group_of_row[b]``.
 
@@ -127,18 +141,22 @@ def reduce_scores(scores: Float[torch.Tensor, "batch head query key"], design: P
     distinct groups in it, not with the number of groups kept. Queries are processed in blocks of
     rows, each over the keys its rows can see (the others are masked and add nothing), and heads a
     few at a time so that each float64 buffer stays in cache; the per-offset sums are read along
-    the block's diagonals (a strided view) instead of scattered cell by cell.
+    the block's diagonals (a strided view) instead of scattered cell by cell. ``scores``: a tensor,
+    or a :class:`ScoreBlocks` that computes each block when it is read.
     """
-    s = scores[:, :, design.query_start:design.query_stop]
     workspace = workspace if workspace is not None else Workspace()
-    n_batch, n_heads, n_rows, _ = s.shape
-    rows_per_block = BLOCK_ROWS if s.device.type == "cpu" else n_rows
-    groups = _Groups.of(group_of_row, s.device)
+    n_batch, n_heads = scores.shape[:2]
+    n_rows, device = design.query_stop - design.query_start, scores.device
+    rows_per_block = BLOCK_ROWS if device.type == "cpu" else n_rows
+    groups = _Groups.of(group_of_row, device)
     for first_row in range(0, n_rows, rows_per_block):
-        block = _RowBlock.of(design, first_row, min(first_row + rows_per_block, n_rows), n_batch, s.device)
+        block = _RowBlock.of(design, first_row, min(first_row + rows_per_block, n_rows), n_batch, device)
+        queries = slice(design.query_start + block.rows.start, design.query_start + block.rows.stop)
         for first in range(0, n_heads, block.chunk):
             heads = slice(first, min(first + block.chunk, n_heads))
-            _reduce_block(s[:, heads, block.rows, block.keys], design, block, groups, stats, heads, workspace)
+            cells = (scores[:, heads, queries, block.keys] if isinstance(scores, torch.Tensor)
+                     else scores.block(heads, queries, block.keys))
+            _reduce_block(cells, design, block, groups, stats, heads, workspace)
     stats.n_sequences.index_add_(0, groups.groups, torch.bincount(groups.inverse.cpu(), minlength=len(groups.groups))
                                  .to(torch.float64))
 

@@ -4,6 +4,7 @@ either analysed as what it is or refused with an error that says what to do."""
 import hashlib
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -282,3 +283,25 @@ def test_a_row_longer_than_the_context_is_refused(tiny_llama):
     n_ctx = tiny_llama.spec.n_ctx
     with pytest.raises(ContextLengthError):
         checked_rows(tiny_llama, [torch.tensor([5] * 8), torch.full((n_ctx + 1,), 5)])
+
+
+@pytest.mark.fault(area="prompts", given="an analysis called inside torch.inference_mode() (tokens and activations "
+                                         "are inference tensors, which keep no version counter)",
+                   happens="analysed as outside it, with the same numbers")
+@pytest.mark.parametrize("analysis", sorted(ANALYSES))
+def test_every_analysis_runs_under_inference_mode(tiny_llama, analysis):
+    tokens = build_prompts(tiny_llama, source="random", T=12, N=3, bos="force").tokens
+    with torch.inference_mode():
+        inside = ANALYSES[analysis](tiny_llama, tokens.clone())
+    outside = ANALYSES[analysis](tiny_llama, tokens)
+    if hasattr(outside, "layers") and isinstance(outside.layers, pd.DataFrame):
+        pd.testing.assert_frame_equal(inside.layers, outside.layers)
+
+
+def test_tokens_written_to_under_inference_mode_are_checked_again(tiny_llama):
+    with torch.inference_mode():
+        tokens = _tokens()
+        checked = checked_prompts(tiny_llama, tokens)
+        checked.tokens[0, 3] = -1
+        with pytest.raises(BadInputError, match="vocabulary"):
+            checked_prompts(tiny_llama, checked)
