@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 
 from lens_position.analyses.compare import compare, decompose_conditions
 from lens_position.analyses.decompose import Decomposition, DecompositionReducer
@@ -766,6 +766,10 @@ def uniform_window_score(length: int, window: int | None, query_range: tuple[int
     return float((1 / counts).mean())
 
 
+#: query rows per block of the window-aware sink scores
+_WINDOW_ROWS = 256
+
+
 class WindowSinkReducer:
     """Both sink metrics, per prompt, layer and head, as a reducer for
     :func:`lens_position.core.stream.stream` (read at ``hook_pattern`` of every layer):
@@ -799,27 +803,49 @@ class WindowSinkReducer:
                rows: torch.Tensor) -> None:
         layer = self._layer_of[hook_name]
         window = self.windows[layer]
-        a = pattern[:, :, self.start:self.stop].to(torch.float64).cpu()
         first = first_visible_keys(self.length, window, self.start, self.stop)
-        queries = torch.arange(self.start, self.stop)
-        keys = torch.arange(self.length)
-        visible_keys = (keys[None, :] >= first[:, None]) & (keys[None, :] <= queries[:, None])
-        outside = float(a.masked_fill(visible_keys, 0.0).abs().amax()) if a.numel() else 0.0
+        on_first, total, on_zero, outside = self._read(pattern, first)
         if outside > 1e-6:
             raise BadInputError(
                 f"layer {layer}: attention of up to {outside:.3g} falls outside the keys the spec's "
                 f"window ({window}) lets a query see; the model's mask is not the declared one, so the "
                 "window-aware sink metric cannot assign it")
-        on_first = a.gather(-1, first.view(1, 1, -1, 1).expand(a.shape[0], a.shape[1], -1, 1))[..., 0]
-        total = a.masked_fill(~visible_keys, 0.0).sum(-1)
         sees_zero = first == 0
-        self.scores["gu"][rows, layer] = a[..., 0].mean(-1)
+        self.scores["gu"][rows, layer] = on_zero.mean(-1)
         self.scores["window_aware"][rows, layer] = (on_first / total).mean(-1)
         if bool(sees_zero.any()):
-            self.scores["visible"][rows, layer] = a[:, :, sees_zero, 0].mean(-1)
+            self.scores["visible"][rows, layer] = on_zero[:, :, sees_zero].mean(-1)
         if bool((~sees_zero).any()):
             self.scores["past"][rows, layer] = (on_first / total)[:, :, ~sees_zero].mean(-1)
         self.seen[rows] = True
+
+    def _read(self, pattern: Float[torch.Tensor, "batch head query key"], first: Int[torch.Tensor, "query"]
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+        """Per analysed query, float64 ``[batch, head, query]``: the attention on its first visible key, the
+        total over its visible keys, the attention on position 0; and the largest attention outside the
+        visible keys. In blocks of query rows, each over the keys its rows can see (a float64 copy of a
+        whole ``[head, T, T]`` pattern is 4.8 GB for nine heads at T = 8192)."""
+        batch, heads = pattern.shape[:2]
+        shape = (batch, heads, self.stop - self.start)
+        on_first, total, on_zero = (torch.empty(shape, dtype=torch.float64) for _ in range(3))
+        outside = 0.0
+        for r0 in range(0, shape[2], _WINDOW_ROWS):
+            r1 = min(r0 + _WINDOW_ROWS, shape[2])
+            q0, q1 = self.start + r0, self.start + r1
+            block, firsts = pattern[:, :, q0:q1], first[r0:r1]
+            lo = int(firsts.min())
+            for hidden in (block[..., q1:], block[..., :lo]):  # keys no row of the block can see
+                if hidden.numel():
+                    outside = max(outside, float(hidden.abs().amax()))
+            a = block[..., lo:q1].to(torch.float64).cpu()
+            keys, queries = torch.arange(lo, q1), torch.arange(q0, q1)
+            visible = (keys[None, :] >= firsts[:, None]) & (keys[None, :] <= queries[:, None])
+            if a.numel():
+                outside = max(outside, float(a.masked_fill(visible, 0.0).abs().amax()))
+            on_first[..., r0:r1] = a.gather(-1, (firsts - lo).view(1, 1, -1, 1).expand(batch, heads, -1, 1))[..., 0]
+            total[..., r0:r1] = a.masked_fill(~visible, 0.0).sum(-1)
+            on_zero[..., r0:r1] = block[..., 0].to(torch.float64).cpu()
+        return on_first, total, on_zero, outside
 
     def result(self) -> dict[str, Float[torch.Tensor, "prompt layer head"]]:
         """Per metric (``gu``, ``window_aware``, ``visible``, ``past``) the scores per prompt,

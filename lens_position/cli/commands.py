@@ -54,6 +54,18 @@ def _layer_list(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _length_list(text: str) -> tuple[int, ...]:
+    """``128,512,2048``: the length sweep's grid, each length a whole number >= 2 (a decomposition
+    needs a query with an earlier key)."""
+    lengths = []
+    for part in text.split(","):
+        value = positive_int(part.strip())
+        if value < 2:
+            raise argparse.ArgumentTypeError(f"a length must be at least 2 positions, got {value}")
+        lengths.append(value)
+    return tuple(sorted(set(lengths)))
+
+
 def _query_range(text: str) -> tuple[int, int]:
     """``START:STOP``: queries ``START <= i < STOP``."""
     try:
@@ -124,7 +136,7 @@ def _add_common(sub: argparse.ArgumentParser, *, many_models: bool, out: Path,
 
 def _add_analysis(sub: argparse.ArgumentParser, wanted: set[str]) -> None:
     analysis = sub.add_argument_group("analysis")
-    sub.set_defaults(layers=None, query_range=None, keys=None, prompt_sets=0)
+    sub.set_defaults(layers=None, query_range=None, keys=None, prompt_sets=0, lengths=None)
     if "layers" in wanted:
         analysis.add_argument("--layers", type=_layer_list, default=None, metavar="LAYERS",
                               help="layers to analyse, e.g. 0,4,8 or 2:6 = layers 2 to 5, as Python's "
@@ -142,6 +154,12 @@ def _add_analysis(sub: argparse.ArgumentParser, wanted: set[str]) -> None:
                               help="also measure C1's and C2's numbers on K disjoint prompt sets of N sequences "
                                    "and report their spread beside the bootstrap's (opt-in: K more decomposition "
                                    "passes per model; default: off)")
+    if "lengths" in wanted:
+        analysis.add_argument("--lengths", type=_length_list, default=None, metavar="T1,T2,...",
+                              help="the length sweep's grid: each model is decomposed at every length that fits its "
+                                   "context, and C3 is compared at every length both sides share (e.g. "
+                                   "128,512,2048,8192,32768 up to each model's context; default: 32,...,1024, "
+                                   "16,80 with --quick); each length costs N passes of that length per model")
     analysis.add_argument("--batch-size", dest="batch_size", type=positive_int, default=None, metavar="B",
                           help=f"sequences per forward pass (default: {BATCH_SIZE}, as in Python); memory grows "
                                "with it")
@@ -317,6 +335,7 @@ def _config(args: argparse.Namespace, argv: Sequence[str]):
     return RunConfig(
         out=args.out, models=models, steps=steps, prompt_sets=args.prompt_sets,
         layers=args.layers, query_range=args.query_range, keys=args.keys, batch_size=args.batch_size,
+        lengths=args.lengths,
         data=DataOptions(source=args.source, corpus=args.corpus, bos=args.bos, seed=args.seed),
         T=args.T, N=args.N, quick=args.quick, fmt=args.fmt, use_cache=args.use_cache,
         browser_check=args.browser_check, progress=args.progress,

@@ -217,6 +217,7 @@ class RunConfig:
     batch_size: int | None = None
     n_resamples: int | None = None  # bootstrap replicates (None: the mode's default; 0: no intervals)
     prompt_sets: int = 0  # K disjoint prompt sets for the opt-in step prompt_sets (0: off)
+    lengths: tuple[int, ...] | None = None  # the length sweep's grid (None: the mode's default)
     force: bool = False  # write into a non-empty folder that holds no run (its files are kept)
 
     def __post_init__(self) -> None:
@@ -247,6 +248,8 @@ class RunConfig:
             changes.update(keys=self.keys)
         if self.batch_size is not None:
             changes.update(batch_size=self.batch_size)
+        if self.lengths is not None:
+            changes.update(lengths=tuple(self.lengths))
         return dataclasses.replace(base, **changes)
 
     def all_conditions(self) -> tuple[DataOptions, ...]:

@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from lens_position.core.results import SavedResult
 
 #: The command-line options a step may read (``--layers``, ``--query-range``, ``--keys``,
-#: ``--prompt-sets``); a sub-command shows those of its steps.
-ANALYSIS_OPTIONS = ("layers", "query_range", "keys", "prompt_sets")
+#: ``--prompt-sets``, ``--lengths``); a sub-command shows those of its steps.
+ANALYSIS_OPTIONS = ("layers", "query_range", "keys", "prompt_sets", "lengths")
 
 
 @dataclass(frozen=True)

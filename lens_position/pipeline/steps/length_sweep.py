@@ -33,4 +33,4 @@ def work(sizes: Sizes, cost: ModelCost) -> Work:
     return sum(parts[1:], parts[0])
 
 
-STEP = Step("length_sweep", "decompose", sizes=sizes, run=run, work=work, result=LengthSweep)
+STEP = Step("length_sweep", "decompose", sizes=sizes, run=run, work=work, result=LengthSweep, options=("lengths",))

@@ -123,3 +123,37 @@ def test_the_first_visible_key_is_the_oldest_key_a_query_sees(length, window):
         assert bool(((older < 0) | (queries - older + 1 > window)).all())  # the key before is not
     else:
         assert bool((first == 0).all())
+
+
+@settings(max_examples=40, deadline=None)
+@given(T=st.integers(2, 40), window=st.one_of(st.none(), st.integers(1, 40)), rows=st.integers(1, 7),
+       data=st.data())
+def test_the_scores_read_in_blocks_of_queries_equal_those_read_whole(T, window, rows, data):
+    """The window-aware scores read a pattern in blocks of query rows (never a float64 copy of the whole
+    [head, T, T]): any block size gives the numbers of one block, and a leak outside the keys is seen
+    in any block."""
+    start = data.draw(st.integers(0, T - 1))
+    stop = data.draw(st.integers(start + 1, T))
+    first = sinks.first_visible_keys(T, window)
+    keys, queries = torch.arange(T), torch.arange(T)
+    visible = (keys[None] >= first[:, None]) & (keys[None] <= queries[:, None])
+    generator = torch.Generator().manual_seed(data.draw(st.integers(0, 99)))
+    pattern = torch.randn(2, 3, T, T, generator=generator).masked_fill(~visible, -torch.inf).softmax(-1)
+    reducer = sinks.WindowSinkReducer.__new__(sinks.WindowSinkReducer)
+    reducer.length, reducer.start, reducer.stop = T, start, stop
+
+    def read(block_rows, p):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(sinks, "_WINDOW_ROWS", block_rows)
+            return reducer._read(p, sinks.first_visible_keys(T, window, start, stop))
+
+    whole, blocked = read(10_000, pattern), read(rows, pattern)
+    for a, b in zip(whole[:3], blocked[:3]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert whole[3] == blocked[3] == 0.0
+    leak = pattern.clone()
+    hidden = (~visible[start:stop]).nonzero()
+    if len(hidden):
+        q, k = hidden[data.draw(st.integers(0, len(hidden) - 1))].tolist()
+        leak[1, 2, start + q, k] = 0.25
+        assert read(rows, leak)[3] == pytest.approx(0.25)

@@ -18,6 +18,7 @@ import pytest
 
 import lens_position as lp
 from lens_position.analyses.convergence import position0_convergence
+from lens_position.analyses.length_sweep import length_sweep
 from lens_position.analyses.prompt_sets import across_prompt_sets
 from lens_position.analyses.rotary_bands import rotary_bands
 from lens_position.analyses.sinks import window_sinks
@@ -70,6 +71,7 @@ COUNTERPARTS: dict[str, tuple[Callable[[Any, RunConfig, Any], Any], list[tuple[C
                                 (across_prompt_sets, "N")]),
     "layers": (lambda a, c, s: s.layers, [(lp.decompose, "layers"), (lp.position_probe, "layers")]),
     "keys": (lambda a, c, s: s.keys, [(lp.decompose, "keys")]),
+    "lengths": (lambda a, c, s: s.lengths, [(length_sweep, "lengths")]),
 }
 # The early queries of BOS replacement and sink reading (--query-range's default for those steps)
 # and the decomposition's query range (all queries) are two defaults of one option.
@@ -169,3 +171,25 @@ def test_the_batch_size_help_states_the_shared_default():
     sub = _subcommands()["decompose"]
     action = next(a for a in sub._actions if a.dest == "batch_size")
     assert f"default: {BATCH_SIZE}" in action.help
+
+
+@pytest.mark.parametrize("text,expected", [("128,512", (128, 512)), ("8192, 128,128", (128, 8192))])
+def test_lengths_on_the_command_line_become_the_sweeps_grid(text, expected):
+    import dataclasses
+
+    from lens_position.models.toy import random_model
+    from lens_position.pipeline.steps import length_sweep as step
+
+    argv = ["decompose", "tiny-llama", "--lengths", text]
+    config = _config(build_parser().parse_args(argv), argv)
+    assert config.settings().lengths == expected
+    spec = dataclasses.replace(random_model(n_layers=1).spec, n_ctx=1024)
+    assert step.sizes(config.settings(), spec).lengths == tuple(T for T in sorted({*expected, config.settings().T})
+                                                                 if T <= spec.n_ctx)
+
+
+@pytest.mark.parametrize("text", ["1", "0,128", "-4", "12x", "128,,512", ""])
+def test_a_bad_length_grid_is_refused_by_the_parser(text, capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["decompose", "tiny-llama", "--lengths", text])
+    assert "--lengths" in capsys.readouterr().err
