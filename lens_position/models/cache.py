@@ -43,7 +43,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,12 +98,30 @@ def _add_tensor(digest: Any, name: str, tensor: torch.Tensor) -> None:
     digest.update(tensor.reshape(-1).view(torch.uint8).numpy() if tensor.numel() else b"")
 
 
+#: TransformerLens's buffers computed from the config, not read from a checkpoint: the rotary tables
+#: (TransformerLens 3.x builds 2048 rows and extends them the first time a longer sequence runs), the
+#: causal mask and its fill value. The config that makes them is the spec's (rotary base, NTK options,
+#: context), so they are not part of a model's weights: a pass at T = 8192 changes no weight hash.
+DERIVED_BUFFERS = frozenset({"rotary_sin", "rotary_cos", "mask", "IGNORE"})
+
+
+def is_derived(name: str) -> bool:
+    """Whether the state-dict entry ``name`` is one of :data:`DERIVED_BUFFERS`."""
+    return name.rpartition(".")[2] in DERIVED_BUFFERS
+
+
+def weights_of(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A state dict without its :data:`DERIVED_BUFFERS`: the weights a hash stands for."""
+    return {name: tensor for name, tensor in state.items() if not is_derived(name)}
+
+
 def model_weights_sha256(model: torch.nn.Module) -> str:
-    """:func:`state_dict_sha256` of a model's state dict, read one tensor at a time where accelerate
+    """:func:`state_dict_sha256` of a model's weights (its state dict less :data:`DERIVED_BUFFERS`: the
+    hash ``load_model`` records for the same weights), read one tensor at a time where accelerate
     offloaded part of the model (``device_map`` with host or disk targets): a weight offloaded to
     disk or the host (on ``meta`` between forwards) is read in for its turn only, so hashing never
     holds more than one module's weights at once. Equal to the hash of the same weights loaded whole."""
-    state = model.state_dict(keep_vars=True)
+    state = weights_of(model.state_dict(keep_vars=True))
     if not any(tensor.is_meta for tensor in state.values()):
         return state_dict_sha256(state)
     from accelerate.utils import align_module_device

@@ -354,8 +354,12 @@ def weights_version(model: torch.nn.Module, *, read_bytes: bool = True) -> tuple
     writes through ``.data`` bump no version). About 0.1 s per GB of weights on a CPU. Weights that
     accelerate keeps offloaded (on ``meta`` between forwards, read in from disk or the host at each
     one) have no bytes here to change: only their layout is taken. ``read_bytes=False``: the layout
-    alone, with ``None`` in place of the checksum."""
-    state = model.state_dict(keep_vars=True)
+    alone, with ``None`` in place of the checksum. TransformerLens's buffers made from the config (the
+    rotary tables it extends on a long pass, the mask) are not weights and are left out
+    (:data:`lens_position.models.cache.DERIVED_BUFFERS`)."""
+    from lens_position.models.cache import weights_of
+
+    state = weights_of(model.state_dict(keep_vars=True))
     if not read_bytes:
         return (*_layout(state), None)
     digest = hashlib.sha256()
@@ -408,7 +412,7 @@ def _current(loaded: LoadedModel) -> LoadedModel:
 def _bare_spec(model: Any, tokenizer: Any) -> ModelSpec:
     """The spec of a model built outside ``load_model``: its config, its weights' hash, its
     tokenizer and BOS policy, so its results carry the same provenance as a loaded model's."""
-    from lens_position.models.cache import state_dict_sha256
+    from lens_position.models.cache import model_weights_sha256
 
     prepends_bos, bos_id, tokenizer_name = False, None, None
     if tokenizer is not None:
@@ -418,7 +422,7 @@ def _bare_spec(model: Any, tokenizer: Any) -> ModelSpec:
     name = getattr(model.cfg, "model_name", None) or "custom"
     cls = f"{type(model).__module__}.{type(model).__qualname__}"
     common: dict[str, Any] = dict(name=name, source=f"custom:{cls}", tokenizer_prepends_bos=prepends_bos,
-                                  bos_token_id=bos_id, weights_sha256=state_dict_sha256(model.state_dict()))
+                                  bos_token_id=bos_id, weights_sha256=model_weights_sha256(model))
     bridge = bridge_class()
     if bridge is not None and isinstance(model, bridge):
         from lens_position.models.backends.bridge import prepare_bare_bridge

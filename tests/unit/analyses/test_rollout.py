@@ -68,3 +68,24 @@ def test_the_curve_matches_a_plain_hook_computation(llama):
     for column in ("flow_with_residual", "flow_without_residual"):
         lo, hi = result.layers[f"{column}_lo"], result.layers[f"{column}_hi"]
         assert ((0 <= lo) & (lo <= result.layers[column]) & (result.layers[column] <= hi) & (hi <= 1)).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(T=st.integers(1, 20), n_heads=st.integers(1, 4), layers=st.integers(1, 5), residual=st.booleans(),
+       rows=st.integers(1, 7), seed=st.integers(0, 10_000))
+def test_following_position_0s_column_alone_equals_the_whole_product(T, n_heads, layers, residual, rows, seed):
+    """The reducer follows P_l[:, 0] as a vector (O(T²) per layer, read in blocks of query rows): the
+    same column as the whole product of rollout_step, for any block size."""
+    from lens_position.analyses import rollout
+
+    g = torch.Generator().manual_seed(seed)
+    product = torch.eye(T, dtype=torch.float64)[None].repeat(2, 1, 1)
+    column = product[:, :, 0].clone()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(rollout, "FLOW_ROWS", rows)
+        for _ in range(layers):
+            weights = torch.tril(torch.rand(2, n_heads, T, T, generator=g))
+            pattern = (weights / weights.sum(-1, keepdim=True)).to(torch.float32)
+            product = rollout_step(product, pattern.to(torch.float64).mean(1), residual)
+            column = rollout.flow_step(column, pattern, residual)
+            torch.testing.assert_close(column, product[:, :, 0], rtol=1e-12, atol=1e-12)

@@ -12,13 +12,13 @@ from lens_position.analyses.compare import compare
 from lens_position.analyses.decompose import decompose
 from lens_position.core.intervals import NO_INTERVALS
 from lens_position.ground.errors import BadInputError
-from lens_position.models.cache import state_dict_sha256
+from lens_position.models.cache import DERIVED_BUFFERS, model_weights_sha256, state_dict_sha256, weights_of
 from lens_position.models.spec import as_loaded, weights_version
 from lens_position.models.toy import random_model
 from lens_position.models.weights_scope import bytes_read, one_look
 
 MODEL = random_model(n_layers=2, d_vocab=50)
-NAMES = sorted(name for name, tensor in MODEL.model.state_dict().items() if tensor.numel())
+NAMES = sorted(name for name, tensor in weights_of(MODEL.model.state_dict()).items() if tensor.numel())
 
 
 @settings(max_examples=60, deadline=None)
@@ -49,7 +49,7 @@ def test_weights_edited_through_data_are_hashed_again():
     before = decompose(loaded, tokens, bootstrap=NO_INTERVALS, progress=False)
     loaded.model.blocks[1].attn.W_O.data[0, 0, 0] += 0.5
     after = decompose(loaded, tokens, bootstrap=NO_INTERVALS, progress=False)
-    assert after.provenance["model"]["weights_sha256"] == state_dict_sha256(loaded.model.state_dict())
+    assert after.provenance["model"]["weights_sha256"] == state_dict_sha256(weights_of(loaded.model.state_dict()))
     assert after.provenance["model"]["weights_sha256"] != before.provenance["model"]["weights_sha256"]
     with pytest.raises(BadInputError, match="model weights"):
         compare(before, {"edited": after})
@@ -76,7 +76,7 @@ def _counted_checksums(monkeypatch) -> list[int]:
 def test_one_call_reads_the_weight_bytes_once_however_many_helpers_take_the_model(monkeypatch):
     loaded = random_model(n_layers=2, d_vocab=50, seed=5)
     tokens = torch.randint(1, 50, (4, 12))
-    n_storages = len({t.untyped_storage().data_ptr() for t in loaded.model.state_dict().values()})
+    n_storages = len({t.untyped_storage().data_ptr() for t in weights_of(loaded.model.state_dict()).values()})
     calls = _counted_checksums(monkeypatch)
     decompose(loaded, tokens, bootstrap=NO_INTERVALS, progress=False)
     assert len(calls) == n_storages  # one look in full, however many times the door was passed
@@ -123,3 +123,35 @@ def test_scopes_nest_into_the_outermost_and_end_with_it():
             assert bytes_read(loaded)
         assert bytes_read(loaded)
     assert not bytes_read(loaded)
+
+
+
+@pytest.mark.fault(area="provenance", given="a pass longer than TransformerLens 3.x's first rotary tables (2048 rows: it "
+                                            "extends them on the first longer pass) inside a paired analysis",
+                   happens="no weight hash moves: the tables are made from the config, not weights; BOS replacement "
+                           "pairs its base and its condition as at any other length")
+def test_a_pass_that_extends_the_rotary_tables_changes_no_weight_hash():
+    from lens_position.analyses.bos import bos_replacement
+    from lens_position.core.data import build_prompts
+
+    loaded = random_model(n_layers=1, d_vocab=50, n_ctx=2200, window=None, attn_types=None, seed=9)
+    attn = loaded.model.blocks[0].attn
+    rows_before = attn.rotary_cos.shape[0]
+    first = as_loaded(loaded).spec.weights_sha256
+    prompts = build_prompts(loaded, source="random", T=2100, N=2, bos="force")
+    result = bos_replacement(loaded, prompts, replacements=("mean",), query_range=(0, 8), bootstrap=NO_INTERVALS,
+                             progress=False)
+    if rows_before < 2100:  # TransformerLens 3.x: the tables grew during the analysis
+        assert attn.rotary_cos.shape[0] >= 2100
+    assert result.provenance["model"]["weights_sha256"] == first == as_loaded(loaded).spec.weights_sha256
+
+
+def test_a_loaded_models_weights_hash_to_the_hash_recorded_at_load():
+    """What a weight hash stands for is the same at load and after: the weights without the buffers
+    TransformerLens makes from the config."""
+    from lens_position.models import load_model
+
+    loaded = load_model("tiny-llama")
+    state = loaded.model.state_dict()
+    assert any(name.rpartition(".")[2] in DERIVED_BUFFERS for name in state)
+    assert model_weights_sha256(loaded.model) == loaded.spec.weights_sha256
