@@ -43,6 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 ANALYSES = {
     "bare": "m.backend.forward(p.tokens, stop_at_layer=m.spec.n_layers)",
     "decompose": "A.decompose.decompose(m, p, bootstrap=I, progress=False)",
+    # with its default bootstrap intervals (200 refits per layer), on two sequences one pass each
+    "decompose_intervals": "A.decompose.decompose(m, build_prompts(m, T=T, N=max(N, 2), seed=0), batch_size=1, "
+                           "progress=False)",
     # a held-out probe needs two sequences at least
     "probe": "A.probes.position_probe(m, build_prompts(m, T=T, N=max(N, 2), seed=0), ridge=1.0, batch_size=1, "
              "bootstrap=I, progress=False)",

@@ -237,35 +237,35 @@ class _BandBlocks:
     bands: Sequence[Band]
     scale: float
     removed: bool
-    q: torch.Tensor = field(init=False, repr=False)
-    k: torch.Tensor = field(init=False, repr=False)
+    q: list[torch.Tensor] = field(init=False, repr=False)
+    k: list[torch.Tensor] = field(init=False, repr=False)
     n_heads: int = field(init=False)
     shape: tuple[int, int, int, int] = field(init=False)
     device: torch.device = field(init=False)
 
     def __post_init__(self) -> None:
         n_heads, n_kv = self.rot_q.shape[2], self.rot_k.shape[2]
-        self.q = self.rot_q.to(torch.float64)
         k = self.rot_k if n_kv == n_heads else torch.repeat_interleave(self.rot_k, n_heads // n_kv, dim=2)
-        self.k = k.to(torch.float64)
+        # each band's dimensions, contiguous and in float64 once per layer (a block then reads a view)
+        self.q = [self.rot_q[..., list(band.dims)].to(torch.float64).contiguous() for band in self.bands]
+        self.k = [k[..., list(band.dims)].to(torch.float64).contiguous() for band in self.bands]
         self.n_heads = n_heads
         batch, _, n_queries, n_keys = self.scores.shape
         self.shape = (batch, len(self.bands) * n_heads, n_queries, n_keys)
         self.device = self.scores.device
 
-    def _part(self, band: Band, heads: slice, queries: slice, keys: slice) -> torch.Tensor:
-        dims = list(band.dims)
-        return torch.einsum("bqhd,bkhd->bhqk", self.q[:, queries, heads][..., dims],
-                            self.k[:, keys, heads][..., dims]) / self.scale
+    def _part(self, band: int, heads: slice, queries: slice, keys: slice) -> torch.Tensor:
+        q, k = self.q[band][:, queries, heads], self.k[band][:, keys, heads]
+        return torch.einsum("bqhd,bkhd->bhqk", q, k) / self.scale
 
     def block(self, heads: slice, queries: slice, keys: slice) -> Float[torch.Tensor, "batch head query key"]:
         out = []
-        for b, band in enumerate(self.bands):  # the requested side-by-side heads of each band
+        for b in range(len(self.bands)):  # the requested side-by-side heads of each band
             first, stop = max(heads.start, b * self.n_heads), min(heads.stop, (b + 1) * self.n_heads)
             if first >= stop:
                 continue
             mine = slice(first - b * self.n_heads, stop - b * self.n_heads)
-            part = self._part(band, mine, queries, keys)
+            part = self._part(b, mine, queries, keys)
             real = self.scores[:, mine, queries, keys]
             if self.removed:
                 part = real.to(torch.float64) - part
@@ -276,16 +276,14 @@ class _BandBlocks:
         """The largest ``|sum_b s_b - s|`` and the largest ``|s|`` over the visible cells (score units),
         in blocks of query rows: what :meth:`BandReducer.check_scores` holds the split to."""
         error = size = 0.0
-        every = slice(0, self.n_heads)
+        q, k = torch.cat(self.q, dim=-1), torch.cat(self.k, dim=-1)  # every band's dimensions: the whole score
         for first in range(0, self.shape[2], _CHECK_ROWS):
             queries = slice(first, min(first + _CHECK_ROWS, self.shape[2]))
-            keys = slice(0, self.shape[3])
-            real = self.scores[:, :, queries, keys]
-            visible = visible_keys(real)
-            total = sum(self._part(band, every, queries, keys) for band in self.bands)
-            real64 = real.to(torch.float64)
-            error = max(error, float((total - real64).abs().masked_fill_(~visible, 0.0).amax()))
-            size = max(size, float(real64.abs().masked_fill_(~visible, 0.0).amax()))
+            real = self.scores[:, :, queries].to(torch.float64)
+            visible = visible_keys(self.scores[:, :, queries])
+            total = torch.einsum("bqhd,bkhd->bhqk", q[:, queries], k) / self.scale
+            error = max(error, float(total.sub_(real).abs_().masked_fill_(~visible, 0.0).amax()))
+            size = max(size, float(real.abs().masked_fill_(~visible, 0.0).amax()))  # real may be the model's own
         return error, size
 
 
