@@ -837,13 +837,14 @@ class WindowSinkReducer:
             for hidden in (block[..., q1:], block[..., :lo]):  # keys no row of the block can see
                 if hidden.numel():
                     outside = max(outside, float(hidden.abs().amax()))
-            a = block[..., lo:q1].to(torch.float64).cpu()
-            keys, queries = torch.arange(lo, q1), torch.arange(q0, q1)
-            visible = (keys[None, :] >= firsts[:, None]) & (keys[None, :] <= queries[:, None])
+            a = block[..., lo:q1]  # in the pattern's dtype: sums are taken in float64
+            keys, queries = torch.arange(lo, q1, device=a.device), torch.arange(q0, q1, device=a.device)
+            visible = (keys[None, :] >= firsts[:, None].to(a.device)) & (keys[None, :] <= queries[:, None])
             if a.numel():
                 outside = max(outside, float(a.masked_fill(visible, 0.0).abs().amax()))
-            on_first[..., r0:r1] = a.gather(-1, (firsts - lo).view(1, 1, -1, 1).expand(batch, heads, -1, 1))[..., 0]
-            total[..., r0:r1] = a.masked_fill(~visible, 0.0).sum(-1)
+            at_first = (firsts - lo).to(a.device).view(1, 1, -1, 1).expand(batch, heads, -1, 1)
+            on_first[..., r0:r1] = a.gather(-1, at_first)[..., 0].to(torch.float64).cpu()
+            total[..., r0:r1] = a.masked_fill(~visible, 0.0).sum(-1, dtype=torch.float64).cpu()
             on_zero[..., r0:r1] = block[..., 0].to(torch.float64).cpu()
         return on_first, total, on_zero, outside
 
