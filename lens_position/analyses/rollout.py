@@ -21,6 +21,7 @@ variant while a batch streams, ``O(T²)`` per layer; nothing per layer is kept b
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,7 @@ from lens_position.models.weights_scope import one_look_per_call
 __all__ = ["AttentionRollout", "RolloutReducer", "attention_rollout", "flow_step", "rollout_step"]
 
 VARIANTS = ("with_residual", "without_residual")
+RESIDUAL = (True, False)  # whether each variant keeps the residual path
 
 
 def rollout_step(product: Float[torch.Tensor, "batch query key"], pattern: Float[torch.Tensor, "batch query key"],
@@ -60,19 +62,24 @@ def rollout_step(product: Float[torch.Tensor, "batch query key"], pattern: Float
 FLOW_ROWS = 256
 
 
-def flow_step(flow: Float[torch.Tensor, "batch query"], pattern: Float[torch.Tensor, "batch head query key"],
-              residual: bool) -> Float[torch.Tensor, "batch query"]:
+def flow_step(flow: Float[torch.Tensor, "batch query *variant"], pattern: Float[torch.Tensor, "batch head query key"],
+              residual: bool | Sequence[bool]) -> Float[torch.Tensor, "batch query *variant"]:
     """One layer of rollout on position 0's column alone, ``P_l[:, 0] = Â_l P_{l-1}[:, 0]``
     (``flow`` is ``P_{l-1}[:, 0]``, ``Â`` the head mean of ``pattern``, mixed half and half with the
     identity when ``residual``): the column :func:`rollout_step` would give, in ``O(T²)`` per layer
-    instead of ``O(T³)``, reading the pattern in blocks of :data:`FLOW_ROWS` query rows in float64."""
-    out = torch.empty_like(flow)
+    instead of ``O(T³)``, reading the pattern in blocks of :data:`FLOW_ROWS` query rows in float64.
+    Several columns at once: ``flow`` ``[batch, query, variant]`` and one ``residual`` per variant (the
+    pattern is then read once for all of them)."""
+    columns = flow if flow.ndim == 3 else flow[..., None]
+    mixes = torch.tensor([residual] if isinstance(residual, bool) else list(residual))
+    out = torch.empty_like(columns)
     n_heads, n_queries = pattern.shape[1], pattern.shape[2]
     for first in range(0, n_queries, FLOW_ROWS):
         rows = slice(first, min(first + FLOW_ROWS, n_queries))
-        block = pattern[:, :, rows].to(device=flow.device, dtype=torch.float64)
-        out[:, rows] = torch.einsum("bhqk,bk->bq", block, flow) / n_heads
-    return 0.5 * (out + flow) if residual else out
+        block = pattern[:, :, rows].to(device=columns.device, dtype=torch.float64)
+        out[:, rows] = torch.einsum("bhqk,bkv->bqv", block, columns) / n_heads
+    out[..., mixes] = 0.5 * (out[..., mixes] + columns[..., mixes])
+    return out if flow.ndim == 3 else out[..., 0]
 
 
 class RolloutReducer:
@@ -88,18 +95,16 @@ class RolloutReducer:
         self.hook_names = tuple(f"blocks.{layer}.attn.hook_pattern" for layer in range(n_layers))
         self._layer_of = {name: layer for layer, name in enumerate(self.hook_names)}
         self.flow = torch.full((tokens.shape[0], n_layers, len(VARIANTS)), float("nan"), dtype=torch.float64)
-        self._columns: dict[bool, torch.Tensor] = {}
+        self._columns = torch.zeros(0)
 
     def update(self, hook_name: str, pattern: Float[torch.Tensor, "batch head query key"],
                rows: torch.Tensor) -> None:
         layer = self._layer_of[hook_name]
         if layer == 0:  # a new batch: every product starts at the identity, whose column 0 is e_0
-            start = torch.zeros(pattern.shape[0], pattern.shape[-1], dtype=torch.float64)
-            start[:, 0] = 1.0
-            self._columns = {residual: start for residual in (True, False)}
-        for v, residual in enumerate((True, False)):
-            self._columns[residual] = flow_step(self._columns[residual], pattern, residual)
-            self.flow[rows, layer, v] = self._columns[residual][:, 1:].mean(1)
+            self._columns = torch.zeros(pattern.shape[0], pattern.shape[-1], len(VARIANTS), dtype=torch.float64)
+            self._columns[:, 0] = 1.0
+        self._columns = flow_step(self._columns, pattern, RESIDUAL)
+        self.flow[rows, layer] = self._columns[:, 1:].mean(1)
 
     def result(self) -> Float[torch.Tensor, "prompt layer variant"]:
         """The flow to position 0 per prompt, layer and variant, in [0, 1]."""

@@ -89,3 +89,6 @@ def test_following_position_0s_column_alone_equals_the_whole_product(T, n_heads,
             product = rollout_step(product, pattern.to(torch.float64).mean(1), residual)
             column = rollout.flow_step(column, pattern, residual)
             torch.testing.assert_close(column, product[:, :, 0], rtol=1e-12, atol=1e-12)
+            both = rollout.flow_step(torch.stack([column, column], -1), pattern, (residual, not residual))
+            torch.testing.assert_close(both[..., 0], rollout.flow_step(column, pattern, residual))
+            torch.testing.assert_close(both[..., 1], rollout.flow_step(column, pattern, not residual))
