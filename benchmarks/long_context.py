@@ -13,7 +13,8 @@ them, one per pass) and the sink-origin conditions place BOS themselves on ``T -
 ``bare``, is one forward pass of the same prompts with no hook, in its own process in the same run.
 
 For each analysis the script prints its wall and CPU time, how many forward passes it made (counted
-at the embedding), the ratio of its CPU time to that many bare passes, and its peak memory over the
+at the embedding), the ratio of its CPU time to the bare run's CPU time per position times the
+positions it embedded (a pass that stops early, or a one-token pass, counts in full), and its peak memory over the
 process's memory before the analysis (the model's weights are not counted) against the bare pass's,
 as anonymous memory (memory-mapped weights read in are not the analysis's). Ratios are printed, never
 asserted; the load average is printed with them. ``--json`` appends one record per analysis as it
@@ -41,7 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 #: analysis name -> code run with ``m`` (the model), ``p`` (the prompts), ``T``, ``N``, ``I`` (no intervals)
 ANALYSES = {
-    "bare": "m.backend.forward(p.tokens, stop_at_layer=m.spec.n_layers)",
+    # the model's own forward pass (grouped keys and values as the model has them), no hook
+    "bare": "m.model(p.tokens, stop_at_layer=m.spec.n_layers) if m.spec.extra.get('backend') == 'hooked' "
+            "else m.backend.forward(p.tokens, stop_at_layer=m.spec.n_layers)",
     "decompose": "A.decompose.decompose(m, p, bootstrap=I, progress=False)",
     # with its default bootstrap intervals (200 refits per layer), on two sequences one pass each
     "decompose_intervals": "A.decompose.decompose(m, build_prompts(m, T=T, N=max(N, 2), seed=0), batch_size=1, "
@@ -88,14 +91,15 @@ if {keep}:  # the first blocks only: each layer's cost and memory as in the whol
     m.spec = dataclasses.replace(m.spec, n_layers={keep}, attn_types=m.spec.attn_types[:{keep}])
 T, N = {T}, {N}
 p = build_prompts(m, T=T, N=N, seed=0)
-passes = []
-m.model.embed.register_forward_pre_hook(lambda *_: passes.append(1))
+passes = []  # positions embedded per forward pass
+m.model.embed.register_forward_pre_hook(lambda module, args: passes.append(args[0].numel()))
 before = anonymous_mib()
 wall, cpu = time.perf_counter(), time.process_time()
 with Peaks() as peaks, torch.inference_mode():
     exec({code!r})
 wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-print("RESULT " + json.dumps(dict(wall_s=wall, cpu_s=cpu, passes=len(passes), peak_mib=peaks.anonymous - before)))
+print("RESULT " + json.dumps(dict(wall_s=wall, cpu_s=cpu, passes=len(passes), positions=sum(passes),
+                                  peak_mib=peaks.anonymous - before)))
 """
 
 
@@ -142,7 +146,9 @@ def main() -> None:
         if "error" in record:
             print(f"{name:22s} FAILED after {time.time() - start:.0f} s: {record['error']}", flush=True)
         else:
-            record["cpu_over_bare_passes"] = record["cpu_s"] / (bare["cpu_s"] * max(record["passes"], 1))
+            # the bare run's CPU time per position, times the positions this analysis embedded
+            record["cpu_over_bare_passes"] = record["cpu_s"] / (bare["cpu_s"] * max(record["positions"], 1)
+                                                                / bare["positions"])
             record["peak_over_bare"] = record["peak_mib"] / max(bare["peak_mib"], 1.0)
             print(f"{name:22s} {record['wall_s']:9.1f} s wall {record['cpu_s']:9.1f} s CPU {record['passes']:2d} "
                   f"passes  {record['cpu_over_bare_passes']:.2f}x their bare CPU  peak +{record['peak_mib']:.0f} MiB "

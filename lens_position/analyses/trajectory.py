@@ -28,12 +28,12 @@ from jaxtyping import Float
 from lens_position.analyses.compare import compare, decompose_conditions
 from lens_position.analyses.decompose import Decomposition, decompose
 from lens_position.analyses.fingerprint import counterfactual_token0, position0_activations
-from lens_position.analyses.patching import Patch, as_tokens, cache_activations, run_patches
+from lens_position.analyses.patching import Patch, as_tokens, run_patches
 from lens_position.core.checks import check_count, check_layers, check_query_range
 from lens_position.core.inputs import Prompts, checked_prompts
 from lens_position.core.intervals import Estimate
 from lens_position.core.results import SavedResult, Table
-from lens_position.core.stream import BATCH_SIZE
+from lens_position.core.stream import BATCH_SIZE, WholeActivations, stream
 from lens_position.core.summaries import Headline
 from lens_position.ground import provenance
 from lens_position.ground.progress import progress as progress_bar
@@ -95,17 +95,23 @@ def _pattern_change(
     n_layers = loaded.spec.n_layers
     names = [f"blocks.{layer}.attn.hook_pattern" for layer in range(n_layers)]
     start, stop = query_range
-    base = cache_activations(loaded, tokens, names)
+
+    def rows(pattern: torch.Tensor) -> torch.Tensor:  # the query rows measured, never [layer, T, T] kept
+        return pattern[:, :, start:stop]
+
+    kept = WholeActivations(names, select=rows)
+    stream(loaded, tokens, [kept], batch_size=max(1, len(tokens)), progress=False, desc="trajectory patching")
+    base = kept.result()
 
     def tv_distance(acts: dict[str, torch.Tensor]) -> torch.Tensor:
         out = torch.full((n_layers, loaded.spec.n_heads), float("nan"), dtype=torch.float64)
         for layer, name in enumerate(names):
             if name in acts:
-                diff = (acts[name][:, :, start:stop] - base[name][:, :, start:stop]).to(torch.float64)
+                diff = (acts[name] - base[name]).to(torch.float64)
                 out[layer] = 0.5 * diff.abs().sum(-1).mean((0, 2))
         return out
 
-    return run_patches(loaded, tokens, [[p] for p in patches.values()], tv_distance, read=names,
+    return run_patches(loaded, tokens, [[p] for p in patches.values()], tv_distance, read=names, select=rows,
                        batch_size=batch_size * len(tokens))
 
 

@@ -252,6 +252,7 @@ def run_patches(
     metric: Callable[[Any], torch.Tensor],
     *,
     read: Sequence[str] = (),
+    select: Callable[[torch.Tensor], torch.Tensor] | None = None,
     resid_pre: Float[torch.Tensor, "layer batch pos d_model"] | None = None,
     batch_size: int = 64,
     reuse_prefix: bool | None = None,
@@ -272,6 +273,8 @@ def run_patches(
             are absent: read them from an unpatched run).
         read: hook names (any :func:`act_name` form) to hand to ``metric`` instead of the
             logits, keyed by full hook name; the pass then stops after the last block read.
+        select: narrows each activation in ``read`` as it is captured (e.g. some query rows of a
+            pattern, ``lambda a: a[:, :, :32]``), so a pass keeps only what ``metric`` reads.
         resid_pre: the target run's ``resid_pre`` stack (:func:`resid_pre_stack`); computed
             here when some condition can resume from it and it is not given.
         batch_size: most rows per forward pass (conditions x B); at least one condition.
@@ -318,7 +321,7 @@ def run_patches(
                     results[index] = metric_value(metric(target[LOGITS]))
             else:
                 acts = _run_pass(loaded, step, [conditions[index] for index in step.conditions], tokens, resid_pre,
-                                 target, read)
+                                 target, read, select)
                 for k, index in enumerate(step.conditions):
                     rows = slice(k * n_rows, (k + 1) * n_rows)
                     view = {name: act[rows] for name, act in acts.items()} if read else acts[LOGITS][rows]
@@ -365,13 +368,15 @@ def _start_of(condition: list[Patch], n_pos: int, reuse: bool, reads: bool) -> t
 
 def _run_pass(loaded: LoadedModel, step: PatchPass, conditions: Sequence[list[Patch]],
               tokens: Int[torch.Tensor, "batch pos"], resid_pre: torch.Tensor | None,
-              target: Mapping[str, torch.Tensor], read: Sequence[str]) -> dict[str, torch.Tensor]:
+              target: Mapping[str, torch.Tensor], read: Sequence[str],
+              select: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """One forward pass of ``step``: the target rows repeated once per condition, each condition's
-    patches bound to its own block of rows; the activations ``read`` (or the logits)."""
+    patches bound to its own block of rows; the activations ``read`` (narrowed by ``select``) or the
+    logits."""
     n_rows, repeats = tokens.shape[0], len(conditions)
     patches = [dataclasses.replace(patch, rows=range(k * n_rows, (k + 1) * n_rows))
                for k, condition in enumerate(conditions) for patch in condition]
-    captured = WholeActivations(list(read) or [LOGITS])
+    captured = WholeActivations(list(read) or [LOGITS], select=select if read else None)
     if step.layer < 0:
         x = tokens.repeat(repeats, 1)
     else:

@@ -187,3 +187,25 @@ def test_bad_input_gets_a_clear_error(model, tokens):
     source = PromptSet(tokens, dataclasses.replace(checked.spec, tokenizer="gemma3"))
     with pytest.raises(BadInputError, match="tokenized with"):
         patching.resid_pre_sweep(model, target, source, last_logit_gap)
+
+
+@pytest.mark.parametrize("rows", [slice(0, 3), slice(4, 10), slice(9, 10)])
+def test_select_keeps_only_what_the_metric_reads_with_the_same_numbers(model, tokens, rows):
+    """``select`` narrows each read activation as it is captured (a pass then holds a few query rows
+    of every pattern, not [layer, T, T]); the metric's values are those of the whole activations."""
+    names = [f"blocks.{layer}.attn.hook_pattern" for layer in range(3)]
+    conditions = [[], [patching.Patch("blocks.1.hook_resid_pre", 0.0, position=2)]]
+    seen_shapes = []
+
+    def narrowed(acts):
+        seen_shapes.extend(a.shape[2] for a in acts.values())
+        return torch.stack([acts[n].sum() if n in acts else torch.tensor(-1.0) for n in names])
+
+    def whole(acts):
+        return torch.stack([acts[n][:, :, rows].sum() if n in acts else torch.tensor(-1.0) for n in names])
+
+    got = patching.run_patches(model, tokens, conditions, narrowed, read=names, select=lambda a: a[:, :, rows],
+                               progress=False)
+    expected = patching.run_patches(model, tokens, conditions, whole, read=names, progress=False)
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)  # the same cells, summed in another order
+    assert set(seen_shapes) == {rows.stop - rows.start}
