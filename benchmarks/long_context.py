@@ -42,10 +42,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 #: analysis name -> code run with ``m`` (the model), ``p`` (the prompts), ``T``, ``N``, ``I`` (no intervals)
 ANALYSES = {
-    # the model's own forward pass (grouped keys and values as the model has them), no hook
-    "bare": "m.model(p.tokens, stop_at_layer=m.spec.n_layers) if m.spec.extra.get('backend') == 'hooked' "
-            "else m.backend.forward(p.tokens, stop_at_layer=m.spec.n_layers)",
-    "decompose": "A.decompose.decompose(m, p, bootstrap=I, progress=False)",
+    # the model's own forward pass (grouped keys and values as the model has them), no hook, one sequence
+    # per pass as in the analyses below
+    "bare": "run = m.model if m.spec.extra.get('backend') == 'hooked' else m.backend.forward\n"
+            "for i in range(len(p.tokens)):\n"
+            "    run(p.tokens[i:i + 1], stop_at_layer=m.spec.n_layers)",
+    "decompose": "A.decompose.decompose(m, p, batch_size=1, bootstrap=I, progress=False)",
     # with its default bootstrap intervals (200 refits per layer), on two sequences one pass each
     "decompose_intervals": "A.decompose.decompose(m, build_prompts(m, T=T, N=max(N, 2), seed=0), batch_size=1, "
                            "progress=False)",
@@ -136,7 +138,7 @@ def main() -> None:
     bare = measure("bare", args)
     if "error" in bare:
         sys.exit(f"the bare pass failed: {bare['error']}")
-    print(f"{'bare':22s} {bare['wall_s']:9.1f} s wall {bare['cpu_s']:9.1f} s CPU  1 pass  "
+    print(f"{'bare':22s} {bare['wall_s']:9.1f} s wall {bare['cpu_s']:9.1f} s CPU {bare['passes']:2d} passes  "
           f"peak +{bare['peak_mib']:.0f} MiB", flush=True)
     common = dict(model=args.model, keep_layers=args.keep_layers, T=args.T, N=args.N)
     records = [dict(bare, **common, loadavg=os.getloadavg()[0])]

@@ -105,6 +105,18 @@ class Workspace:
 
     def __init__(self) -> None:
         self._buffers: dict[str, torch.Tensor] = {}
+        self._blocks: dict[tuple[int, int, int, int, str], tuple[PairDesign, _RowBlock]] = {}
+
+    def row_block(self, design: PairDesign, first_row: int, stop_row: int, n_batch: int,
+                  device: torch.device) -> _RowBlock:
+        """:meth:`_RowBlock.of`, made once per design, rows, batch size and device: every layer that
+        shares a design, and every batch, reduces the same blocks (the design is held with it, so
+        its id is not reused)."""
+        key = (id(design), first_row, stop_row, n_batch, str(device))
+        kept = self._blocks.get(key)
+        if kept is None or kept[0] is not design:
+            kept = self._blocks[key] = (design, _RowBlock.of(design, first_row, stop_row, n_batch, device))
+        return kept[1]
 
     def buffer(self, name: str, shape: Sequence[int], device: torch.device) -> torch.Tensor:
         """An uninitialised float64 tensor of ``shape`` on ``device``, the same memory on every call."""
@@ -150,7 +162,7 @@ def reduce_scores(scores: Float[torch.Tensor, "batch head query key"] | ScoreBlo
     rows_per_block = BLOCK_ROWS if device.type == "cpu" else n_rows
     groups = _Groups.of(group_of_row, device)
     for first_row in range(0, n_rows, rows_per_block):
-        block = _RowBlock.of(design, first_row, min(first_row + rows_per_block, n_rows), n_batch, device)
+        block = workspace.row_block(design, first_row, min(first_row + rows_per_block, n_rows), n_batch, device)
         queries = slice(design.query_start + block.rows.start, design.query_start + block.rows.stop)
         for first in range(0, n_heads, block.chunk):
             heads = slice(first, min(first + block.chunk, n_heads))
