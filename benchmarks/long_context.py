@@ -64,6 +64,8 @@ ANALYSES = {
     "trajectory_patching": "A.trajectory.trajectory_patching(m, p, layers=[1, m.spec.n_layers // 2], progress=False)",
     "rollout": "A.rollout.attention_rollout(m, p, bootstrap=I, progress=False)",
     "massive": "A.massive.massive_activations(m, p, bootstrap=I, progress=False)",
+    "fingerprint": "A.fingerprint.fingerprint(m, T=T, N=max(N, 2), progress=False)",
+    "sink_metric": "A.sink_definitions.sink_metric(m, p, definition='gu', bootstrap=I, progress=False)",
     "sink_origin": "A.sink_origin.sink_origin(m, build_prompts(m, T=T - 1, N=N, seed=0, bos='none'), "
                    "conditions=('bos', 'no_bos'), bootstrap=I, progress=False)",
 }
@@ -73,14 +75,15 @@ import json, sys, time, torch
 sys.path.insert(0, {bench!r})
 from host_memory import Peaks, anonymous_mib
 import lens_position.analyses as _
-from lens_position.analyses import bos, convergence, decompose, massive, probes, rollout, rotary_bands, sink_origin
-from lens_position.analyses import sinks, trajectory
+from lens_position.analyses import bos, convergence, decompose, fingerprint, massive, probes, rollout, rotary_bands
+from lens_position.analyses import sink_definitions, sink_origin, sinks, trajectory
 from lens_position import load_model
 from lens_position.core.data import build_prompts
 from lens_position.core.intervals import NO_INTERVALS as I
 import types
-A = types.SimpleNamespace(bos=bos, convergence=convergence, decompose=decompose, massive=massive, probes=probes,
-                          rollout=rollout, rotary_bands=rotary_bands, sink_origin=sink_origin, sinks=sinks,
+A = types.SimpleNamespace(bos=bos, convergence=convergence, decompose=decompose, fingerprint=fingerprint,
+                          massive=massive, probes=probes, rollout=rollout, rotary_bands=rotary_bands,
+                          sink_definitions=sink_definitions, sink_origin=sink_origin, sinks=sinks,
                           trajectory=trajectory)
 if {threads}:
     torch.set_num_threads({threads})
