@@ -20,6 +20,17 @@ def _swept(lengths: dict[str, tuple[int, ...]], window: int = 512) -> dict[str, 
     return with_length_sweep(tables, lengths, window={"sliding": window})
 
 
+def _ntk_raised_at_2048() -> dict[str, pd.DataFrame]:
+    """Every role swept at 128, 1024 and 2048, NTK's residual share raised tenfold at 2048 only."""
+    tables = _swept({role: (128, 1024, 2048) for role in ("standard", "ntk", "sliding")})
+    for name in ("length_sweep_layers", "length_sweep_replicates"):
+        frame = tables[name].copy()
+        at = (frame["role"] == "ntk") & (frame["seq_len"] == 2048)
+        frame.loc[at, "R_rf_heldout"] = frame.loc[at, "R_rf_heldout"] * 10 + 0.5
+        tables[name] = frame
+    return tables
+
+
 def test_every_common_length_gets_its_comparison_and_the_windowed_ones_only_beyond_the_window():
     tables = _swept({role: (128, 1024, 2048) for role in ("standard", "ntk", "sliding")})
     table = c3_by_length(tables)
@@ -45,12 +56,7 @@ def test_at_the_claims_own_length_the_verdict_and_value_are_the_claims_tables():
 def test_a_verdict_that_changes_with_T_is_shown_at_each_T():
     """NTK's residual share raised tenfold at T = 2048 only: the comparison holds at 128 and 1024
     and fails at 2048, where NTK scaling acts beyond the standard model's range in this table."""
-    tables = _swept({role: (128, 1024, 2048) for role in ("standard", "ntk", "sliding")})
-    for name in ("length_sweep_layers", "length_sweep_replicates"):
-        frame = tables[name].copy()
-        at = (frame["role"] == "ntk") & (frame["seq_len"] == 2048)
-        frame.loc[at, "R_rf_heldout"] = frame.loc[at, "R_rf_heldout"] * 10 + 0.5
-        tables[name] = frame
+    tables = _ntk_raised_at_2048()
     ntk = c3_by_length(tables).query("architecture == @NTK").set_index("seq_len")["verdict"]
     assert ntk.to_dict() == {128: HOLDS, 1024: HOLDS, 2048: FAILS}
 
@@ -84,12 +90,7 @@ def test_without_an_ntk_or_windowed_model_the_table_is_empty():
 def test_the_report_says_at_which_T_each_verdict_holds():
     from lens_position.report.html import build_report
 
-    tables = _swept({role: (128, 1024, 2048) for role in ("standard", "ntk", "sliding")})
-    for name in ("length_sweep_layers", "length_sweep_replicates"):
-        frame = tables[name].copy()
-        at = (frame["role"] == "ntk") & (frame["seq_len"] == 2048)
-        frame.loc[at, "R_rf_heldout"] = frame.loc[at, "R_rf_heldout"] * 10 + 0.5
-        tables[name] = frame
+    tables = _ntk_raised_at_2048()
     page = build_report(tables)
     section = page[page.index('<section id="c3-by-length">'):]
     section = section[:section.index("</section>")]

@@ -126,8 +126,8 @@ def test_scopes_nest_into_the_outermost_and_end_with_it():
 
 
 
-@pytest.mark.fault(area="provenance", given="a pass longer than TransformerLens 3.x's first rotary tables (2048 rows: it "
-                                            "extends them on the first longer pass) inside a paired analysis",
+@pytest.mark.fault(area="provenance", given="a pass longer than TransformerLens 3.x's first rotary tables (2048 "
+                                            "rows: it extends them on the first longer pass) inside a paired analysis",
                    happens="no weight hash moves: the tables are made from the config, not weights; BOS replacement "
                            "pairs its base and its condition as at any other length")
 def test_a_pass_that_extends_the_rotary_tables_changes_no_weight_hash():
