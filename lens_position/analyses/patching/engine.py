@@ -273,8 +273,8 @@ def run_patches(
             are absent: read them from an unpatched run).
         read: hook names (any :func:`act_name` form) to hand to ``metric`` instead of the
             logits, keyed by full hook name; the pass then stops after the last block read.
-        select: narrows each activation in ``read`` as it is captured (e.g. some query rows of a
-            pattern, ``lambda a: a[:, :, :32]``), so a pass keeps only what ``metric`` reads.
+        select: narrows each activation in ``read`` as it is captured (``lambda a: a[:, :, :32]``:
+            32 query rows of a pattern), so a pass keeps only what ``metric`` reads.
         resid_pre: the target run's ``resid_pre`` stack (:func:`resid_pre_stack`); computed
             here when some condition can resume from it and it is not given.
         batch_size: most rows per forward pass (conditions x B); at least one condition.
@@ -297,17 +297,14 @@ def run_patches(
     conditions = _checked_conditions(loaded, conditions, n_pos)
     read = [act_name(n) for n in read]
     hook_dict = loaded.backend.hook_dict  # once (a TransformerBridge resolves its aliases on every access)
-    missing = [n for n in read if n not in hook_dict]
-    if missing:
+    if missing := [n for n in read if n not in hook_dict]:
         raise BadInputError(f"the model has no hooks named {missing}")
     reuse = _decide_reuse(loaded, reuse_prefix, read)
     passes = plan_passes([_start_of(condition, n_pos, reuse, bool(read)) for condition in conditions],
                          n_rows, n_pos, batch_size)
     if resid_pre is not None and tuple(resid_pre.shape[1:3]) != (n_rows, n_pos):
-        raise BadInputError(
-            f"resid_pre cache has batch x pos {tuple(resid_pre.shape[1:3])} but the target "
-            f"prompts are {(n_rows, n_pos)}; cache the same prompts"
-        )
+        raise BadInputError(f"resid_pre cache has batch x pos {tuple(resid_pre.shape[1:3])} but the target "
+                            f"prompts are {(n_rows, n_pos)}; cache the same prompts")
     target = _target_run(loaded, tokens, passes, resid_pre is None)
     if resid_pre is None and any(step.layer >= 0 for step in passes):
         resid_pre = torch.stack([target[f"blocks.{layer}.hook_resid_pre"] for layer in range(loaded.backend.n_layers)])
