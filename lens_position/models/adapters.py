@@ -15,6 +15,7 @@ import torch
 from lens_position.ground.errors import UnsupportedArchitectureError
 from lens_position.models import gemma3, llama, mistral, qwen2
 from lens_position.models.backends.hooked import new_hooked_transformer
+from lens_position.models.cache import inverse_order
 
 ADAPTERS: dict[str, ModuleType] = {
     model_type: module for module in (llama, mistral, qwen2, gemma3) for model_type in module.MODEL_TYPES
@@ -142,12 +143,49 @@ def _apply_rotary(self: Any, x: torch.Tensor, past_kv_pos_offset: int = 0,
 
 
 def convert_state_dict(hf_model: Any, cfg_kwargs: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """HookedTransformer-format state dict (fp32, contiguous, detached) of an HF model."""
+    """HookedTransformer-format state dict of an HF model: fp32, detached, each weight in the layout
+    the hooked model computes with (:func:`in_linear_layout`), without a second copy of the weights
+    (the HF model is read once and dropped; the tensors it leaves are the hooked model's)."""
     from transformer_lens import HookedTransformerConfig
 
     adapter = adapter_for(hf_model.config)
     cfg = HookedTransformerConfig(**cfg_kwargs)
     with torch.no_grad():
         state_dict = adapter.convert_weights(hf_model, cfg)
-    # clone: the model takes these tensors as its parameters, and must not share them with HF's.
-    return {k: v.detach().to(torch.float32).contiguous().clone() for k, v in state_dict.items()}
+    return in_linear_layout(state_dict, gated_mlp=bool(cfg_kwargs.get("gated_mlp")))
+
+
+def linear_layout(name: str, ndim: int, gated_mlp: bool) -> tuple[int, ...]:
+    """The order of axes :func:`lay_out_for_linear` stores the state-dict entry ``name`` in (the
+    weight with its axes permuted so is contiguous); the identity for every weight it leaves alone."""
+    if name == "unembed.W_U" and ndim == 2:
+        return (1, 0)
+    parts = name.split(".")
+    if len(parts) == 4 and parts[0] == "blocks" and (gated_mlp or parts[2] != "mlp"):
+        for suffix, permutation, _ in _LINEAR_LAYOUTS:
+            if f"{parts[2]}.{parts[3]}" == suffix and ndim == len(permutation):
+                return permutation
+    return tuple(range(ndim))
+
+
+def in_linear_layout(state_dict: dict[str, torch.Tensor], *, gated_mlp: bool) -> dict[str, torch.Tensor]:
+    """Each tensor of ``state_dict`` fp32 and detached, in the layout :func:`linear_layout` names, and
+    owning its memory: one that already is so laid out and is the whole of a storage no earlier entry
+    took is kept as it is (no copy: a converter's transposed views of the HF weights); any other is
+    copied (a slice of a fused matrix, a second use of tied embeddings, another layout). So no two
+    entries share memory (an edit of one weight never changes another, as in a model loaded whole)."""
+    taken: set[int] = set()
+    laid_out = {}
+    for name, tensor in state_dict.items():
+        tensor = tensor.detach().to(torch.float32)
+        order = linear_layout(name, tensor.ndim, gated_mlp)
+        permuted = tensor.permute(order)
+        storage = permuted.untyped_storage()
+        whole = (permuted.is_contiguous() and permuted.storage_offset() == 0
+                 and storage.nbytes() == permuted.numel() * permuted.element_size())
+        if not whole or storage.data_ptr() in taken or not permuted.numel():
+            permuted = permuted.clone(memory_format=torch.contiguous_format)
+        taken.add(permuted.untyped_storage().data_ptr())
+        laid_out[name] = permuted.permute(inverse_order(order))
+    return laid_out
+

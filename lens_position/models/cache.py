@@ -7,7 +7,12 @@ option is applied (options only change the config, never the weights):
     $LENS_POSITION_CACHE/<key>/weights.safetensors   HookedTransformer state dict, fp32
     $LENS_POSITION_CACHE/<key>/hooked_config.json    HookedTransformerConfig kwargs
     $LENS_POSITION_CACHE/<key>/tokenizer/            tokenizer.save_pretrained(...)
-    $LENS_POSITION_CACHE/<key>/meta.json             source identity, format, versions, sha256
+    $LENS_POSITION_CACHE/<key>/meta.json             source identity, format, versions, sha256, layouts
+
+Each weight is stored as it lies in memory (the hooked model keeps ``W_Q``, ``W_O``, the gated MLP
+and the unembedding transposed, :func:`~lens_position.models.adapters.lay_out_for_linear`), its
+order of axes in ``meta.json``'s ``layouts``: a load maps the file (safetensors) and gives each
+weight back with the strides it was written with, copying nothing.
 
 ``<key>`` hashes the source's identity (its absolute path and the sha256 of its content,
 :mod:`lens_position.models.source_hash`), the cache format and the versions of lens_position,
@@ -60,7 +65,7 @@ from lens_position.ground.provenance import package_versions
 log = logging.getLogger(__name__)
 
 CACHE_ENV = "LENS_POSITION_CACHE"
-CACHE_FORMAT = 2  # 2: keyed by the source's content sha256
+CACHE_FORMAT = 3  # 2: keyed by the source's content sha256; 3: each weight in its own layout
 # Versions whose change can change the converted weights or the config mapping.
 _VERSION_KEYS = ("lens_position", "transformer_lens", "transformers")
 # The hashes every entry's meta.json records; an entry lacking one is rebuilt.
@@ -92,10 +97,33 @@ def state_dict_sha256(state_dict: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
+#: The most bytes a hash copies at once: a weight in another layout than its own (a transposed
+#: unembedding, 1 GB for a 128k vocabulary) is hashed in blocks of rows of at most this size.
+HASH_BLOCK_BYTES = 64 * 2**20
+
+
 def _add_tensor(digest: Any, name: str, tensor: torch.Tensor) -> None:
-    tensor = tensor.detach().cpu().contiguous()
+    """``name``, dtype, shape, then the bytes of ``tensor`` in row-major order, whatever its strides:
+    read in place when it is contiguous on the host, else copied block by block of rows."""
+    tensor = tensor.detach()
     digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
-    digest.update(tensor.reshape(-1).view(torch.uint8).numpy() if tensor.numel() else b"")
+    if not tensor.numel():
+        return
+    if tensor.ndim == 0 or (tensor.is_contiguous() and tensor.device.type == "cpu"):
+        digest.update(_row_major_bytes(tensor))
+        return
+    rows = max(1, HASH_BLOCK_BYTES // (tensor[0].numel() * tensor.element_size() or 1))
+    for block in tensor.split(rows):
+        digest.update(_row_major_bytes(block))
+
+
+def _row_major_bytes(tensor: torch.Tensor) -> Any:
+    """The bytes of ``tensor`` in row-major order, as a NumPy view (a copy only where it is not
+    contiguous on the host; any dtype, bfloat16 included)."""
+    flat = tensor.cpu().reshape(-1)
+    if flat.stride(0) != 1:  # a strided view, or one element with a stride left from its parent
+        flat = torch.empty(flat.shape, dtype=flat.dtype).copy_(flat)
+    return flat.view(torch.uint8).numpy()
 
 
 #: TransformerLens's buffers computed from the config, not read from a checkpoint: the rotary tables
@@ -220,6 +248,7 @@ def read_entry(entry: Path, identity: dict[str, Any], tokenizer_loader: Callable
         state_dict = load_file(entry / "weights.safetensors")
     except Exception as error:  # safetensors raises its own error types for bad headers
         raise StaleEntry(f"unreadable weights ({type(error).__name__}: {error})") from error
+    state_dict = _restored(state_dict, meta.get("layouts"))
     # Hashing (GIL released by hashlib) and parsing the tokenizer each take seconds for
     # Gemma-3's 262k vocabulary: do them at the same time.
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -234,6 +263,59 @@ def read_entry(entry: Path, identity: dict[str, Any], tokenizer_loader: Callable
                          f"{str(meta.get('weights_sha256'))[:12]}…")
     _check(meta, "bos_token_id", getattr(tokenizer, "bos_token_id", None), "the tokenizer's BOS token id")
     return CachedModel(cfg, state_dict, tokenizer, sha, meta, from_cache=True)
+
+
+def storage_order(tensor: torch.Tensor) -> tuple[int, ...]:
+    """The order of axes in which ``tensor`` lies in memory (``tensor.permute(order)`` is
+    contiguous), or the identity when its strides are no permutation of a contiguous layout."""
+    order = tuple(sorted(range(tensor.ndim), key=lambda axis: -tensor.stride(axis)))
+    return order if tensor.permute(order).is_contiguous() else tuple(range(tensor.ndim))
+
+
+def stored_layouts(state_dict: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, list[int]]]:
+    """What :func:`write_entry` saves: each weight as it lies in memory (permuted to contiguous, no
+    copy), and the order of axes of each one not stored in its own (``meta.json``'s ``layouts``), so a
+    read gives every weight back with the strides it was written with. A weight that shares memory
+    with an earlier one (safetensors refuses those) or lies in no permutation of a contiguous layout
+    is copied, one at a time."""
+    tensors: dict[str, torch.Tensor] = {}
+    layouts: dict[str, list[int]] = {}
+    taken: set[int] = set()
+    for name, tensor in state_dict.items():
+        tensor = tensor.detach().cpu()
+        order = storage_order(tensor)
+        stored = tensor.permute(order)
+        pointer = stored.untyped_storage().data_ptr()
+        if not stored.is_contiguous() or (stored.numel() and pointer in taken):
+            stored = stored.clone(memory_format=torch.contiguous_format)
+        taken.add(stored.untyped_storage().data_ptr())
+        tensors[name] = stored
+        if order != tuple(range(tensor.ndim)):
+            layouts[name] = list(order)
+    return tensors, layouts
+
+
+def _restored(state_dict: dict[str, torch.Tensor], layouts: Any) -> dict[str, torch.Tensor]:
+    """The weights of an entry with the strides they were written with (views, no copy); StaleEntry
+    when ``layouts`` names a weight the file lacks or an order that is no permutation of its axes."""
+    if not isinstance(layouts, dict):
+        raise StaleEntry("its meta.json records no layouts")
+    restored = dict(state_dict)
+    for name, order in layouts.items():
+        tensor = state_dict.get(name)
+        if (tensor is None or not isinstance(order, list) or not all(type(axis) is int for axis in order)
+                or sorted(order) != list(range(tensor.ndim))):
+            raise StaleEntry(f"its layout of {name!r} ({order!r}) does not fit its weights")
+        restored[name] = tensor.permute(inverse_order(tuple(order)))
+    return restored
+
+
+def inverse_order(order: tuple[int, ...]) -> tuple[int, ...]:
+    """The permutation that undoes ``order`` (``t.permute(order).permute(inverse_order(order))`` is ``t``)."""
+    inverse = [0] * len(order)
+    for position, axis in enumerate(order):
+        inverse[axis] = position
+    return tuple(inverse)
 
 
 def temporary_name(entry: Path) -> Path:
@@ -289,17 +371,16 @@ def write_entry(entry: Path, identity: dict[str, Any], cfg: dict[str, Any],
     tmp = temporary_name(entry)
     tmp.mkdir()
     try:
-        # safetensors refuses tensors that share memory (tied embeddings): store copies.
-        tensors = {k: v.detach().cpu().clone().contiguous() for k, v in state_dict.items()}
+        tensors, layouts = stored_layouts(state_dict)
         save_file(tensors, tmp / "weights.safetensors")
-        sha = state_dict_sha256(tensors)
+        sha = state_dict_sha256(state_dict)
         cfg_json = _cfg_to_json(cfg)
         (tmp / "hooked_config.json").write_text(json.dumps(cfg_json, indent=1))
         tokenizer.save_pretrained(tmp / "tokenizer")
         meta = {"format": CACHE_FORMAT, "identity": identity, "versions": _versions(),
                 "weights_sha256": sha, "config_sha256": _config_sha256(cfg_json),
                 "tokenizer_sha256": _folder_sha256(tmp / "tokenizer"),
-                "bos_token_id": getattr(tokenizer, "bos_token_id", None), **extra_meta}
+                "bos_token_id": getattr(tokenizer, "bos_token_id", None), "layouts": layouts, **extra_meta}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
         discard_entry(entry)
         try:
