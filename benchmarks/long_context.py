@@ -64,7 +64,7 @@ ANALYSES = {
     "trajectory_patching": "A.trajectory.trajectory_patching(m, p, layers=[1, m.spec.n_layers // 2], progress=False)",
     "rollout": "A.rollout.attention_rollout(m, p, bootstrap=I, progress=False)",
     "massive": "A.massive.massive_activations(m, p, bootstrap=I, progress=False)",
-    "fingerprint": "A.fingerprint.fingerprint(m, T=T, N=max(N, 2), progress=False)",
+    "fingerprint": "A.fingerprint.fingerprint(m, T=T, N=max(N, 2), batch_size=1, progress=False)",
     "sink_metric": "A.sink_definitions.sink_metric(m, p, definition='gu', bootstrap=I, progress=False)",
     "sink_origin": "A.sink_origin.sink_origin(m, build_prompts(m, T=T - 1, N=N, seed=0, bos='none'), "
                    "conditions=('bos', 'no_bos'), bootstrap=I, progress=False)",

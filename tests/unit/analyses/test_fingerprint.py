@@ -31,6 +31,27 @@ def test_auto_bos_fingerprint_is_identical_across_inputs_and_varying_token0_is_n
     assert result.provenance["options"]["bos_policy"]["auto-bos"] == auto_bos_policy(model)
 
 
+@pytest.mark.parametrize("batch_size", [1, 2, 3])
+def test_a_batch_size_holds_fewer_sequences_per_pass_with_the_same_fingerprint(tiny_gemma3, batch_size):
+    passes = []
+    hook = tiny_gemma3.model.embed.register_forward_pre_hook(lambda module, args: passes.append(args[0].shape[0]))
+    try:
+        batched = fingerprint(tiny_gemma3, T=24, N=5, seed=0, batch_size=batch_size, progress=False).frame
+    finally:
+        hook.remove()
+    assert max(passes) == batch_size and sum(passes) == 2 * 5
+    whole = fingerprint(tiny_gemma3, T=24, N=5, seed=0, progress=False).frame
+    assert batched["is_float_noise"].equals(whole["is_float_noise"])
+    for column in ("norm", "cos_to_bos", "spread_relative"):
+        assert batched[column].to_numpy() == pytest.approx(whole[column].to_numpy(), rel=1e-5, abs=1e-6), column
+
+
+@pytest.mark.parametrize("batch_size", [0, -1, 1.5, "2", True])
+def test_a_batch_size_that_is_no_count_is_refused(tiny_llama, batch_size):
+    with pytest.raises(BadInputError, match="batch_size"):
+        fingerprint(tiny_llama, T=8, N=2, batch_size=batch_size, progress=False)
+
+
 def test_bos_policy_follows_the_tokenizer(tiny_llama, tiny_gemma3):
     assert auto_bos_policy(tiny_llama) == "force"  # like SmolLM2: no BOS from the tokenizer
     assert auto_bos_policy(tiny_gemma3) == "tokenizer"  # like Gemma-3: prepends <bos>
