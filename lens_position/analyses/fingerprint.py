@@ -32,7 +32,7 @@ from lens_position.core.data import PromptSet
 from lens_position.core.inputs import Prompts
 from lens_position.core.intervals import Estimate
 from lens_position.core.results import SavedResult, Table
-from lens_position.core.stream import WholeActivations, stream
+from lens_position.core.stream import BATCH_SIZE, WholeActivations, stream
 from lens_position.core.summaries import Headline
 from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError
@@ -217,7 +217,7 @@ def fingerprint(
     text: str | None = None,
     noise_tolerance: float = 1e-5,
     position0: Mapping[str, Mapping[str, torch.Tensor]] | None = None,
-    batch_size: int | None = None,
+    batch_size: int = BATCH_SIZE,
     progress: bool = True,
 ) -> Fingerprint:
     """Measure the position-0 fingerprint per layer under two conditions:
@@ -233,9 +233,9 @@ def fingerprint(
     prompts, whose fingerprints are expected to differ, only need their token 0
     (:func:`fingerprint_tokens`). ``position0``: per condition, the :func:`position0_reducer`
     results of :func:`fingerprint_tokens` when already streamed (each prompt set in one
-    batch; then no pass is made). ``batch_size``: sequences per forward pass (default None: each
-    condition's N prompts in one pass, every row computed alike); at long T, 1 holds one sequence's
-    attention at a time (equal shapes, so position 0 is still computed alike in every pass).
+    batch; then no pass is made). ``batch_size``: sequences per forward pass (at most ``N``; the defaults,
+    N = batch_size = 16, run each condition in one pass, every row computed alike); at long T, 1 holds
+    one sequence's attention at a time (passes of equal shapes, so position 0 is still computed alike).
     ``progress``: one bar, "fingerprint", counting the sequences of both conditions.
     """
     loaded = as_loaded(model)
@@ -243,8 +243,7 @@ def fingerprint(
     if check_count("N", N) < 2:  # one input has no spread: "identical across inputs" would hold by construction
         raise BadInputError(f"N = {N}: the fingerprint's spread across inputs needs at least 2 prompts per "
                             "condition; use N >= 2 (default 16)")
-    if batch_size is not None:
-        batch_size = check_count("batch_size", batch_size)
+    batch_size = check_count("batch_size", batch_size)
     policy = auto_bos_policy(loaded)
     names = residual_names(loaded)
     sets = fingerprint_prompts(loaded, T=T, N=N, seed=seed, source=source, text=text)
@@ -255,7 +254,7 @@ def fingerprint(
         for condition, prompts in streamed.items():
             reducer = position0_reducer(loaded)
             stream(loaded, fingerprint_tokens(condition, as_tokens(loaded, prompts)), [reducer],
-                   batch_size=batch_size or len(prompts.tokens), desc=f"fingerprint ({condition})")
+                   batch_size=min(batch_size, len(prompts.tokens)), desc=f"fingerprint ({condition})")
             residuals[condition] = reducer.result()
     rows = []
     for layer, name in enumerate(names):

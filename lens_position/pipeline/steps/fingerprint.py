@@ -21,7 +21,7 @@ from lens_position.pipeline.steps.base import Position0Request, Sizes, Step, Ste
 
 def sizes(s: Settings, spec: ModelSpec) -> Sizes:
     """The sizes this step runs with under the run's settings, for this model (T within its context)."""
-    return Sizes(T=s.sink_T, N=s.N)
+    return Sizes(T=s.sink_T, N=s.N, batch_size=s.batch_size)
 
 
 def _prompts(ctx: StepContext, sizes: Sizes) -> dict[str, Any]:
@@ -32,9 +32,9 @@ def _prompts(ctx: StepContext, sizes: Sizes) -> dict[str, Any]:
 
 def requests(ctx: StepContext, sizes: Sizes) -> list[Request]:
     """The streamed passes this step reads, as requests (steps reading the same pass share it)."""
-    # each prompt set in one batch, as fingerprint() runs it, over the positions it runs
+    # each prompt set in batches of the run's size (one batch at the defaults), over the positions it runs
     return [Request(Position0Request(), fingerprint_tokens(condition, prompts), lambda: position0_reducer(ctx.loaded),
-                    len(prompts.tokens))
+                    min(sizes.batch, len(prompts.tokens)))
             for condition, prompts in _prompts(ctx, sizes).items()]
 
 
@@ -43,12 +43,12 @@ def run(ctx: StepContext, sizes: Sizes) -> StepOutput:
     conditions = list(_prompts(ctx, sizes))
     position0 = dict(zip(conditions, (ctx.passes.get(request) for request in requests(ctx, sizes))))
     result = fingerprint(ctx.loaded, T=sizes.T, N=sizes.N, seed=ctx.data.seed, source=ctx.data.source,
-                         text=ctx.text(), position0=position0, progress=ctx.progress)
+                         text=ctx.text(), position0=position0, batch_size=sizes.batch, progress=ctx.progress)
     return STEP.output(result, {**sizes.to_dict(), "corpus": ctx.data.corpus})
 
 
 def work(sizes: Sizes, cost: ModelCost) -> Work:
-    """With and without BOS, each set in one batch."""
+    """With and without BOS, each set in batches of the run's size."""
     return forward_passes(sizes, cost, passes=2, reads_scores=False)
 
 

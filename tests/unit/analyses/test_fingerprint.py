@@ -40,7 +40,7 @@ def test_a_batch_size_holds_fewer_sequences_per_pass_with_the_same_fingerprint(t
     finally:
         hook.remove()
     assert max(passes) == batch_size and sum(passes) == 2 * 5
-    whole = fingerprint(tiny_gemma3, T=24, N=5, seed=0, progress=False).frame
+    whole = fingerprint(tiny_gemma3, T=24, N=5, seed=0, progress=False).frame  # N <= the default: one pass
     assert batched["is_float_noise"].equals(whole["is_float_noise"])
     for column in ("norm", "cos_to_bos", "spread_relative"):
         assert batched[column].to_numpy() == pytest.approx(whole[column].to_numpy(), rel=1e-5, abs=1e-6), column
