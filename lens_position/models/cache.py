@@ -397,8 +397,9 @@ def write_entry(entry: Path, identity: dict[str, Any], cfg: dict[str, Any],
 
 
 def _remove_superseded(cache_dir: Path, identity: dict[str, Any], keep: Path) -> None:
-    """Delete this format's and these versions' entries for the same source path with another
-    content (the file changed); entries other versions wrote are left to them."""
+    """Delete these versions' entries for the same source path with another content (the file
+    changed) or of an earlier cache format (never read again: this format's key differs); entries
+    other versions wrote are left to them."""
     if identity.get("path") is None:
         return
     for meta_path in cache_dir.glob("*/meta.json"):
@@ -409,7 +410,8 @@ def _remove_superseded(cache_dir: Path, identity: dict[str, Any], keep: Path) ->
             old = meta.get("identity", {})
         except (OSError, ValueError, AttributeError):
             continue
-        if not (meta.get("format") == CACHE_FORMAT and meta.get("versions") == _versions()):
+        earlier_format = isinstance(meta.get("format"), int) and meta["format"] <= CACHE_FORMAT
+        if not (earlier_format and meta.get("versions") == _versions()):
             continue  # another version's entry: its environment may still use it
         if old.get("path") == identity.get("path"):
             log.info("removing superseded cache entry %s", meta_path.parent)

@@ -3,6 +3,7 @@ concurrent and killed writers."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -128,6 +129,21 @@ def test_a_rewrite_with_the_same_size_and_mtime_is_detected(checkpoint, tmp_path
     assert not second.spec.extra["from_cache"]
     assert second.spec.weights_sha256 != first.spec.weights_sha256
     assert torch.equal(second.model.ln_final.w, first.model.ln_final.w * 2)
+
+
+def test_an_entry_of_an_earlier_cache_format_for_the_same_source_is_removed(checkpoint, tmp_path):
+    cache_dir = tmp_path / "cache"
+    load_model(str(checkpoint), cache_dir=str(cache_dir))
+    earlier = cache_dir / "0123456789abcdef01234567"
+    os.replace(only_entry(cache_dir), earlier)
+    edit_json(earlier / "meta.json", format=weight_cache.CACHE_FORMAT - 1)
+    other_versions = cache_dir / "fedcba9876543210fedcba98"
+    shutil.copytree(earlier, other_versions)
+    edit_json(other_versions / "meta.json", versions={"lens_position": "0.0.1"})
+    assert not load_model(str(checkpoint), cache_dir=str(cache_dir)).spec.extra["from_cache"]
+    assert not earlier.exists()  # never read again by this version
+    assert other_versions.exists()  # another version's: its environment may still read it
+    assert load_model(str(checkpoint), cache_dir=str(cache_dir)).spec.extra["from_cache"]
 
 
 def test_the_content_hash_is_taken_once_while_the_files_are_unchanged(checkpoint, tmp_path, monkeypatch):
