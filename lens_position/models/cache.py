@@ -18,8 +18,9 @@ weight back with the strides it was written with, copying nothing.
 :mod:`lens_position.models.source_hash`), the cache format and the versions of lens_position,
 TransformerLens and transformers, so a changed source file lands in a new entry, even one rewritten
 with the same size and modification time, and two environments with other versions sharing a cache
-keep an entry each. A new entry replaces the older one of the same source (same versions); entries
-of other versions stay until you delete them (each a folder of ``$LENS_POSITION_CACHE``).
+keep an entry each. A new entry replaces the older one of the same source (same versions), and one
+of an earlier cache format; entries of other versions stay until you delete them (each a folder of
+``$LENS_POSITION_CACHE``).
 
 Everything an entry holds is verified on every load: ``meta.json`` records the canonical
 sha256 of the weights (``state_dict_sha256``), of the hooked config (its JSON, canonical)
