@@ -30,9 +30,8 @@ uses, not what a config says.
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +43,7 @@ from jaxtyping import Float, Int
 from lens_position.analyses.decompose import DecompositionReducer
 from lens_position.analyses.engine.design import PositionBins
 from lens_position.analyses.engine.fit import Fitter, components
-from lens_position.analyses.engine.statistics import HeadStatistics, Workspace, reduce_scores, visible_keys
+from lens_position.analyses.engine.statistics import HeadStatistics, Target, Workspace, reduce_score_sets
 from lens_position.core.checks import check_count
 from lens_position.core.inputs import Prompts, checked_prompts
 from lens_position.core.intervals import Bootstrap, Estimate, bootstrap_interval, interval_method, small_sample_widening
@@ -162,12 +161,15 @@ class BandReducer:
                 "a sum over frequency bands, so the split is not exact")
         n_heads = self.loaded.spec.n_heads
         n_queries = self.full.query_stop - self.full.query_start
-        self.band_stats, self.removed_stats = {}, {}
+        # per layer, one statistics per band: of its scores (only their sums of t are read: the exact split
+        # is a fit of t) and of the scores without them
+        self.band_stats: dict[int, list[HeadStatistics]] = {}
+        self.removed_stats: dict[int, list[HeadStatistics]] = {}
         for layer in self.layers:
             design = self.full.designs[self.full.windows[layer]]
-            width = len(self.bands[layer]) * n_heads
-            self.band_stats[layer] = HeadStatistics.zeros(width, design.n_features, n_queries, self.full.n_groups)
-            self.removed_stats[layer] = HeadStatistics.zeros(width, design.n_features, n_queries, self.full.n_groups)
+            self.band_stats[layer], self.removed_stats[layer] = (
+                [HeadStatistics.zeros(n_heads, design.n_features, n_queries, self.full.n_groups)
+                 for _ in self.bands[layer]] for _ in range(2))
         self.score_error = {layer: 0.0 for layer in self.layers}
         self.score_size = {layer: 0.0 for layer in self.layers}
         self.hook_names = tuple(f"blocks.{layer}.attn.{name}" for layer in self.layers
@@ -208,38 +210,35 @@ class BandReducer:
             cos, sin = self._pending.pop("hook_cos"), self._pending.pop("hook_sin")
             rot_q, rot_k = (rotate(x.to(torch.float64), cos.to(torch.float64), sin.to(torch.float64), layout)
                             for x in (rot_q, rot_k))
-        split = _BandBlocks(rot_q, rot_k, scores, bands, layout.scale, removed=False)
-        error, size = split.check()
-        self.score_error[layer] = max(self.score_error[layer], error)
-        self.score_size[layer] = max(self.score_size[layer], size)
+        split = _BandSets(rot_q, rot_k, scores, bands, layout.scale)
         design = self.full.designs[self.full.windows[layer]]
-        groups = rows % self.full.n_groups
-        reduce_scores(split, design, groups, self.band_stats[layer], self._workspace)
-        reduce_scores(dataclasses.replace(split, removed=True), design, groups, self.removed_stats[layer],
-                      self._workspace)
-
-
-#: query rows per block of the score check (float64 [batch, head, rows, T]: 150 MB for nine heads at T = 8192)
-_CHECK_ROWS = 256
+        targets = ([Target(stats, t_only=True) for stats in self.band_stats[layer]]
+                   + [Target(stats) for stats in self.removed_stats[layer]])
+        reduce_score_sets(split, design, rows % self.full.n_groups, targets, self._workspace)
+        self.score_error[layer] = larger(self.score_error[layer], split.error)
+        self.score_size[layer] = larger(self.score_size[layer], split.size)
 
 
 @dataclass
-class _BandBlocks:
-    """One layer's band scores laid side by side, ``[batch, band * head, query, key]`` (band-major),
-    computed one block at a time for :func:`~lens_position.analyses.engine.statistics.reduce_scores`:
-    each band's ``s_b`` (``removed=False``) or the scores without it, ``s - s_b``, float64, ``-inf`` where
-    the model masks. Never whole: ``[band, batch, head, T, T]`` in float64 is 19 GB for SmolLM2's nine
-    heads in four bands at T = 8192."""
+class _BandSets:
+    """One layer's band scores, computed one block at a time for
+    :func:`~lens_position.analyses.engine.statistics.reduce_score_sets`: for a block of heads, rows and
+    keys, each band's ``s_b`` (target ``b``) and the scores without it, ``s - s_b`` (target
+    ``bands + b``), float64, each band's product computed once for both. Never whole:
+    ``[band, batch, head, T, T]`` in float64 is 19 GB for SmolLM2's nine heads in four bands at
+    T = 8192. While it goes, it keeps the largest ``|sum_b s_b - s|`` (``error``) and ``|s|``
+    (``size``) over the cells it reads that the model shows (the split's check against the model's
+    own scores); the values at the cells the model masks are not read by the reduction."""
 
     rot_q: Float[torch.Tensor, "batch query head d_head"]
     rot_k: Float[torch.Tensor, "batch key kv_head d_head"]
     scores: Float[torch.Tensor, "batch head query key"]
     bands: Sequence[Band]
     scale: float
-    removed: bool
+    error: float = 0.0
+    size: float = 0.0
     q: list[torch.Tensor] = field(init=False, repr=False)
     k: list[torch.Tensor] = field(init=False, repr=False)
-    n_heads: int = field(init=False)
     shape: tuple[int, int, int, int] = field(init=False)
     device: torch.device = field(init=False)
 
@@ -249,42 +248,28 @@ class _BandBlocks:
         # each band's dimensions, contiguous and in float64 once per layer (a block then reads a view)
         self.q = [self.rot_q[..., list(band.dims)].to(torch.float64).contiguous() for band in self.bands]
         self.k = [k[..., list(band.dims)].to(torch.float64).contiguous() for band in self.bands]
-        self.n_heads = n_heads
-        batch, _, n_queries, n_keys = self.scores.shape
-        self.shape = (batch, len(self.bands) * n_heads, n_queries, n_keys)
+        batch, heads, queries, keys = self.scores.shape
+        self.shape = (batch, heads, queries, keys)
         self.device = self.scores.device
 
-    def _part(self, band: int, heads: slice, queries: slice, keys: slice) -> torch.Tensor:
-        q, k = self.q[band][:, queries, heads], self.k[band][:, keys, heads]
-        return torch.einsum("bqhd,bkhd->bhqk", q, k) / self.scale
+    def blocks(self, heads: slice, queries: slice, keys: slice) -> Iterator[tuple[int, torch.Tensor]]:
+        real = self.scores[:, heads, queries, keys].to(torch.float64)
+        total = torch.zeros_like(real)
+        for b in range(len(self.bands)):
+            part = torch.einsum("bqhd,bkhd->bhqk", self.q[b][:, queries, heads], self.k[b][:, keys, heads])
+            part /= self.scale
+            total += part
+            yield b, part
+            yield len(self.bands) + b, real - part
+        # shown cells only: a masked cell is -inf or finfo.min (below half of it); NaN is compared, and fails
+        masked = self.scores[:, heads, queries, keys] <= torch.finfo(self.scores.dtype).min / 2
+        self.error = larger(self.error, float(total.sub_(real).abs_().masked_fill_(masked, 0.0).amax()))
+        self.size = larger(self.size, float(real.abs_().masked_fill_(masked, 0.0).amax()))
 
-    def block(self, heads: slice, queries: slice, keys: slice) -> Float[torch.Tensor, "batch head query key"]:
-        out = []
-        for b in range(len(self.bands)):  # the requested side-by-side heads of each band
-            first, stop = max(heads.start, b * self.n_heads), min(heads.stop, (b + 1) * self.n_heads)
-            if first >= stop:
-                continue
-            mine = slice(first - b * self.n_heads, stop - b * self.n_heads)
-            part = self._part(b, mine, queries, keys)
-            real = self.scores[:, mine, queries, keys]
-            if self.removed:
-                part = real.to(torch.float64) - part
-            out.append(part.masked_fill_(~visible_keys(real), -math.inf))
-        return torch.cat(out, dim=1)
 
-    def check(self) -> tuple[float, float]:
-        """The largest ``|sum_b s_b - s|`` and the largest ``|s|`` over the visible cells (score units),
-        in blocks of query rows: what :meth:`BandReducer.check_scores` holds the split to."""
-        error = size = 0.0
-        q, k = torch.cat(self.q, dim=-1), torch.cat(self.k, dim=-1)  # every band's dimensions: the whole score
-        for first in range(0, self.shape[2], _CHECK_ROWS):
-            queries = slice(first, min(first + _CHECK_ROWS, self.shape[2]))
-            real = self.scores[:, :, queries].to(torch.float64)
-            visible = visible_keys(self.scores[:, :, queries])
-            total = torch.einsum("bqhd,bkhd->bhqk", q[:, queries], k) / self.scale
-            error = max(error, float(total.sub_(real).abs_().masked_fill_(~visible, 0.0).amax()))
-            size = max(size, float(real.abs().masked_fill_(~visible, 0.0).amax()))  # real may be the model's own
-        return error, size
+def larger(a: float, b: float) -> float:
+    """The larger of ``a`` and ``b``, NaN if either is (``max`` keeps its first argument against NaN)."""
+    return math.nan if math.isnan(a) or math.isnan(b) else max(a, b)
 
 
 @dataclass(repr=False)
@@ -408,8 +393,9 @@ class _LayerFits:
         full = reducer.full
         bands = reducer.bands[layer]
         fit = Fitter(full.designs[full.windows[layer]])
-        stats, full_stats = reducer.band_stats[layer].to("cpu"), full.stats[layer].to("cpu")
-        removed_stats = reducer.removed_stats[layer].to("cpu")
+        stats = HeadStatistics.side_by_side(reducer.band_stats[layer]).to("cpu")  # band-major: band * head
+        removed_stats = HeadStatistics.side_by_side(reducer.removed_stats[layer]).to("cpu")
+        full_stats = full.stats[layer].to("cpu")
         ones = torch.ones(1, full_stats.n_groups, dtype=torch.float64)
         with_weights = weights is not None
         return cls(

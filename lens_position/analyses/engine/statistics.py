@@ -10,7 +10,7 @@ sequence), the row sums of ``t`` and the sums of ``log A`` and its square. Memor
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -127,20 +127,58 @@ class Workspace:
         return kept[:size].view(*shape)
 
 
-class ScoreBlocks(Protocol):
-    """Scores :func:`reduce_scores` reads one block at a time, computed on demand instead of held
-    whole (a ``[batch, head, query, key]`` float64 tensor per derived score is T² per head: 19 GB for
-    SmolLM2's nine heads in four bands at T = 8192)."""
+@dataclass(frozen=True)
+class Target:
+    """Where one of a :class:`ScoreSets`' score tensors is reduced: its statistics, and whether only
+    the sums of ``t`` are wanted (``t_only``: ``xty_t`` and ``row_t``, no softmax normaliser, about
+    half the work; ``xty_z``, ``sum_y`` and ``sum_y2`` then stay 0, so such statistics serve a fit of
+    ``t`` alone, never :func:`~lens_position.analyses.engine.fit.components`)."""
 
-    shape: tuple[int, int, int, int]  # [batch, head, query, key]
-    device: torch.device
+    stats: HeadStatistics
+    t_only: bool = False
 
-    def block(self, heads: slice, queries: slice, keys: slice) -> Float[torch.Tensor, "batch head query key"]:
-        """The scores of ``heads`` for the absolute query positions ``queries`` and keys ``keys``."""
+
+class ScoreSets(Protocol):
+    """Several score tensors of one shape that :func:`reduce_score_sets` reads together, one block at a
+    time, computed on demand instead of held whole (a ``[batch, head, query, key]`` float64 tensor per
+    derived score is T² per head: 19 GB for SmolLM2's nine heads in four bands at T = 8192)."""
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """``[batch, head, query, key]``."""
+        ...
+
+    @property
+    def device(self) -> torch.device:
+        ...
+
+    def blocks(self, heads: slice, queries: slice, keys: slice
+               ) -> Iterator[tuple[int, Float[torch.Tensor, "batch head query key"]]]:
+        """For ``heads``, the absolute query positions ``queries`` and keys ``keys``: every target's
+        scores, as ``(index into the targets, scores)``, one at a time (each may be freed once read)."""
         ...
 
 
-def reduce_scores(scores: Float[torch.Tensor, "batch head query key"] | ScoreBlocks, design: PairDesign,
+@dataclass
+class _Whole:
+    """One score tensor, held whole, as :class:`ScoreSets` of one target."""
+
+    scores: torch.Tensor
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        batch, heads, queries, keys = self.scores.shape
+        return batch, heads, queries, keys
+
+    @property
+    def device(self) -> torch.device:
+        return self.scores.device
+
+    def blocks(self, heads: slice, queries: slice, keys: slice) -> Iterator[tuple[int, torch.Tensor]]:
+        yield 0, self.scores[:, heads, queries, keys]
+
+
+def reduce_scores(scores: Float[torch.Tensor, "batch head query key"], design: PairDesign,
                   group_of_row: Int[torch.Tensor, "batch"], stats: HeadStatistics,
                   workspace: Workspace | None = None) -> None:
     """Add one batch's statistics to ``stats``; batch row ``b`` belongs to group
@@ -151,14 +189,23 @@ def reduce_scores(scores: Float[torch.Tensor, "batch head query key"] | ScoreBlo
     1 and no row maximum is needed), ``log A = t - z``. Rows of the same group are summed first
     (every statistic is linear in ``t`` and ``z``), so the cost per batch grows with the number of
     distinct groups in it, not with the number of groups kept. Queries are processed in blocks of
-    rows, each over the keys its rows can see (the others are masked and add nothing), and heads a
-    few at a time so that each float64 buffer stays in cache; the per-offset sums are read along
-    the block's diagonals (a strided view) instead of scattered cell by cell. ``scores``: a tensor,
-    or a :class:`ScoreBlocks` that computes each block when it is read.
+    rows, each over the keys its rows can see (the others are masked and add nothing, whatever
+    value they hold: the design's key set decides, not the scores), and heads a few at a time so
+    that each float64 buffer stays in cache; the per-offset sums are read along the block's
+    diagonals (a strided view) instead of scattered cell by cell.
     """
+    reduce_score_sets(_Whole(scores), design, group_of_row, [Target(stats)], workspace)
+
+
+def reduce_score_sets(sets: ScoreSets, design: PairDesign, group_of_row: Int[torch.Tensor, "batch"],
+                      targets: Sequence[Target], workspace: Workspace | None = None) -> None:
+    """:func:`reduce_scores` of several score tensors read together block by block (``sets`` yields,
+    for each block, the scores of every target in turn): whatever one block of one tensor needs
+    computing (bands of a rotary split, the scores less one of them) is computed once and reduced into
+    each statistics that reads it. Cells outside the design's key set are never read for their value."""
     workspace = workspace if workspace is not None else Workspace()
-    n_batch, n_heads = scores.shape[:2]
-    n_rows, device = design.query_stop - design.query_start, scores.device
+    n_batch, n_heads = sets.shape[:2]
+    n_rows, device = design.query_stop - design.query_start, sets.device
     rows_per_block = BLOCK_ROWS if device.type == "cpu" else n_rows
     groups = _Groups.of(group_of_row, device)
     for first_row in range(0, n_rows, rows_per_block):
@@ -166,11 +213,11 @@ def reduce_scores(scores: Float[torch.Tensor, "batch head query key"] | ScoreBlo
         queries = slice(design.query_start + block.rows.start, design.query_start + block.rows.stop)
         for first in range(0, n_heads, block.chunk):
             heads = slice(first, min(first + block.chunk, n_heads))
-            cells = (scores[:, heads, queries, block.keys] if isinstance(scores, torch.Tensor)
-                     else scores.block(heads, queries, block.keys))
-            _reduce_block(cells, design, block, groups, stats, heads, workspace)
-    stats.n_sequences.index_add_(0, groups.groups, torch.bincount(groups.inverse.cpu(), minlength=len(groups.groups))
-                                 .to(torch.float64))
+            for index, cells in sets.blocks(heads, queries, block.keys):
+                _reduce_block(cells, design, block, groups, targets[index], heads, workspace)
+    counts = torch.bincount(groups.inverse.cpu(), minlength=len(groups.groups)).to(torch.float64)
+    for stats in {id(target.stats): target.stats for target in targets}.values():
+        stats.n_sequences.index_add_(0, groups.groups, counts)
 
 
 @dataclass
@@ -251,10 +298,10 @@ class _RowBlock:
                    reach_top=int(count.max()) - 1 if n_block else -1)
 
 
-def _reduce_block(block: torch.Tensor, design: PairDesign, rb: _RowBlock, groups: _Groups, stats: HeadStatistics,
+def _reduce_block(block: torch.Tensor, design: PairDesign, rb: _RowBlock, groups: _Groups, target: Target,
                   heads: slice, workspace: Workspace) -> None:
     """Add the statistics of one block of scores (some heads, a block of rows and its keys)."""
-    device = block.device
+    device, stats = block.device, target.stats
     diagonal = block.diagonal(offset=rb.top_offset, dim1=-2, dim2=-1).to(torch.float64)
     # float64, in a buffer of the workspace (the scores untouched)
     t = torch.sub(block, diagonal[..., None], out=workspace.buffer("t", block.shape, device))
@@ -262,18 +309,19 @@ def _reduce_block(block: torch.Tensor, design: PairDesign, rb: _RowBlock, groups
     # the time of exp on finite values; exp(t) is then zeroed there, exactly the 0 exp(-inf) gives
     for a, b, cells, _ in rb.hidden_runs:
         t[..., a:b].masked_fill_(cells, 0.0)
-    exp = fast_exp(t, out=workspace.buffer("exp", block.shape, device))
-    for a, b, _, shown in rb.hidden_runs:
-        exp[..., a:b].mul_(shown)
-    z = exp.sum(-1).log_()  # about the diagonal
-    if not torch.isfinite(z).all():  # exp overflowed (a score more than ~700 above its diagonal)
-        z = torch.logsumexp(t.masked_fill(rb.hidden, -torch.inf), dim=-1)
-    for a, b, cells in rb.unanalysed_runs:
-        t[..., a:b].masked_fill_(cells, 0.0)
+    to, target_device = groups.to, stats.xty_t.device
+    if not target.t_only:
+        z = _normaliser(t, rb, workspace)
+        row_t2 = _unanalysed_to_zero(t, rb)
+        stats.xty_z[to, heads] += _xty_z(groups.sum(z), design, rb).to(target_device)
+    else:
+        _unanalysed_to_zero(t, rb, squares=False)
     row_t = t.sum(-1)
-    row_t2 = torch.einsum("bhqk,bhqk->bhq", t, t)  # a batched matmul: 10x faster than (t*t).sum
-    sum_y = (row_t - rb.count * z).sum(-1)  # log A = t - z; [batch, head]
-    sum_y2 = (row_t2 - 2 * z * row_t + rb.count * z * z).sum(-1)
+    if not target.t_only:
+        sum_y = (row_t - rb.count * z).sum(-1)  # log A = t - z; [batch, head]
+        sum_y2 = (row_t2 - 2 * z * row_t + rb.count * z * z).sum(-1)
+        stats.sum_y[to, heads] += groups.sum(sum_y).to(target_device)
+        stats.sum_y2[to, heads] += groups.sum(sum_y2).to(target_device)
     t_sum = groups.sum(t).contiguous()  # [group, head, rows, keys]
     row_sum = groups.sum(row_t)
     n_off, n_bins = design.length, design.n_pos_bins
@@ -286,12 +334,28 @@ def _reduce_block(block: torch.Tensor, design: PairDesign, rb: _RowBlock, groups
     xty_t[..., :rb.top_offset + 1] += along.sum(-2).flip(-1)
     xty_t[..., :design.length].index_add_(2, rb.tri_offsets, t_sum.flatten(2)[..., rb.tri_cells])
     # the sums stay where the statistics are (the scores' device; back on the CPU in result())
-    to, target = groups.to, stats.xty_t.device
-    stats.xty_t[to, heads] += xty_t.to(target)
-    stats.xty_z[to, heads] += _xty_z(groups.sum(z), design, rb).to(target)
-    stats.row_t[to, heads, rb.rows] += row_sum.to(target)
-    stats.sum_y[to, heads] += groups.sum(sum_y).to(target)
-    stats.sum_y2[to, heads] += groups.sum(sum_y2).to(target)
+    stats.xty_t[to, heads] += xty_t.to(target_device)
+    stats.row_t[to, heads, rb.rows] += row_sum.to(target_device)
+
+
+def _normaliser(t: torch.Tensor, rb: _RowBlock, workspace: Workspace) -> Float[torch.Tensor, "batch head row"]:
+    """``z = log sum exp t`` over each row's key set (``t`` with the mask's cells at 0)."""
+    exp = fast_exp(t, out=workspace.buffer("exp", t.shape, t.device))
+    for a, b, _, shown in rb.hidden_runs:
+        exp[..., a:b].mul_(shown)
+    z = exp.sum(-1).log_()  # about the diagonal
+    if not torch.isfinite(z).all():  # exp overflowed (a score more than ~700 above its diagonal)
+        z = torch.logsumexp(t.masked_fill(rb.hidden, -torch.inf), dim=-1)
+    return z
+
+
+def _unanalysed_to_zero(t: torch.Tensor, rb: _RowBlock, squares: bool = True
+                        ) -> Float[torch.Tensor, "batch head row"] | None:
+    """Set the shown keys left out of the analysis to 0 in ``t``; with ``squares``, return each row's
+    sum of ``t**2``."""
+    for a, b, cells in rb.unanalysed_runs:
+        t[..., a:b].masked_fill_(cells, 0.0)
+    return torch.einsum("bhqk,bhqk->bhq", t, t) if squares else None  # a batched matmul: 10x faster than (t*t).sum
 
 
 def _xty_z(z: Float[torch.Tensor, "group head row"], design: PairDesign, rb: _RowBlock

@@ -476,6 +476,55 @@ def test_reduced_statistics_equal_explicit_sums(monkeypatch, fill, keys, window,
     assert torch.equal(stats.n_sequences, torch.tensor([3.0, 0.0], dtype=torch.float64))
 
 
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), fill=st.sampled_from(["-inf", "finfo.min", "finite", "nan", "+inf"]),
+       keys=st.sampled_from(["all", "no-bos"]), window=st.sampled_from([None, 5]), block_rows=st.integers(3, 40))
+def test_the_masked_cells_values_are_never_read_and_t_only_targets_sum_t_alone(seed, fill, keys, window, block_rows):
+    """The design's key set decides which cells count, whatever a masked cell holds (the model's -inf or
+    finfo.min, or the finite, NaN or infinite values a derived score has there): every statistic is the
+    same. A ``t_only`` target, read in the same pass as a full one, gets the same sums of ``t`` and
+    leaves the normaliser's statistics at 0."""
+    from lens_position.analyses.engine import statistics
+    from lens_position.analyses.engine.statistics import HeadStatistics, Target, reduce_score_sets, reduce_scores
+
+    length = 24
+    design = PairDesign.build(length, window, 0, length, keys, PositionBins())
+    gen = torch.Generator().manual_seed(seed)
+    scores = torch.randn(3, 2, length, length, generator=gen, dtype=torch.float64) * 4
+    i, j = torch.meshgrid(torch.arange(length), torch.arange(length), indexing="ij")
+    shown = (j <= i) & ((j > i - window) if window else True)
+    masked = scores.masked_fill(~shown, -torch.inf)
+    other = {"-inf": masked, "finfo.min": scores.masked_fill(~shown, torch.finfo(torch.float64).min),
+             "finite": scores * 1e3, "nan": scores.masked_fill(~shown, torch.nan),
+             "+inf": scores.masked_fill(~shown, torch.inf)}[fill]
+    other = torch.where(shown, masked, other)
+    groups = torch.tensor([0, 1, 0])
+
+    def zeros() -> HeadStatistics:
+        return HeadStatistics.zeros(2, design.n_features, length, n_groups=2)
+
+    expected = zeros()
+    reduce_scores(masked, design, groups, expected)
+
+    class Sets:  # the full reduction of one tensor and the t-sums of the other, block by block
+        shape, device = tuple(other.shape), other.device
+
+        def blocks(self, heads, queries, keys):
+            yield 0, other[:, heads, queries, keys]
+            yield 1, masked[:, heads, queries, keys]
+
+    full, t_only = zeros(), zeros()
+    with pytest.MonkeyPatch.context() as patch:  # blocks of rows that need not divide the length
+        patch.setattr(statistics, "BLOCK_ROWS", block_rows)
+        reduce_score_sets(Sets(), design, groups, [Target(full), Target(t_only, t_only=True)])
+    for name in ("xty_t", "xty_z", "row_t", "sum_y", "sum_y2", "n_sequences"):
+        torch.testing.assert_close(getattr(full, name), getattr(expected, name), rtol=1e-12, atol=1e-9)
+    for name in ("xty_t", "row_t", "n_sequences"):
+        torch.testing.assert_close(getattr(t_only, name), getattr(expected, name), rtol=1e-12, atol=1e-9)
+    for name in ("xty_z", "sum_y", "sum_y2"):
+        assert not getattr(t_only, name).any()
+
+
 def test_shifted_logcumsumexp_equals_torchs():
     """With ``shifted`` (the caller subtracted an upper bound of every row) no maximum is taken:
     float64 round-off against torch.logcumsumexp on ordinary rows, torch's own values where the

@@ -124,11 +124,13 @@ def test_the_result_saves_and_loads(tmp_path):
 
 
 @settings(max_examples=40, deadline=None)
-@given(n_kv=st.sampled_from([1, 2, 4]), removed=st.booleans(), data=st.data())
-def test_band_scores_read_block_by_block_equal_the_whole_tensor(n_kv, removed, data):
-    """The split's scores are computed one block at a time (never [band, batch, head, T, T] whole):
-    any block equals the same cells of the whole tensor, masked cells -inf."""
-    from lens_position.analyses.rotary_bands import Band, _BandBlocks, band_scores
+@given(n_kv=st.sampled_from([1, 2, 4]), data=st.data())
+def test_band_scores_read_block_by_block_equal_the_whole_tensor(n_kv, data):
+    """The split's scores are computed one block at a time (never [band, batch, head, T, T] whole): any
+    block gives every band's scores (target b) and the scores without them (target bands + b) equal to
+    the same cells of the whole tensors where the model shows them, and the check against the model's
+    scores reads them: a wrong scale is an error of the scores' size."""
+    from lens_position.analyses.rotary_bands import Band, _BandSets, band_scores
 
     batch, T, n_heads, d = 2, 12, 4, 8
     generator = torch.Generator().manual_seed(data.draw(st.integers(0, 1000)))
@@ -136,19 +138,26 @@ def test_band_scores_read_block_by_block_equal_the_whole_tensor(n_kv, removed, d
     bands = [Band(name=f"band {i}", dims=dims, first_pair=0, stop_pair=0, inv_freq_min=0.0,
                   inv_freq_max=0.0) for i, dims in enumerate([(0, 4), (1, 5), (2, 3, 6, 7)])]
     whole = band_scores(q, k, bands, 2.0)  # [band, batch, head, q, k]
-    scores = whole.sum(0).to(torch.float32).masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), -torch.inf)
-    expected = (scores.to(torch.float64) - whole) if removed else whole
-    expected = expected.masked_fill(~torch.isfinite(scores), -torch.inf)
-    expected = expected.permute(1, 0, 2, 3, 4).reshape(batch, -1, T, T)
-    blocks = _BandBlocks(q, k, scores, bands, 2.0, removed=removed)
-    assert blocks.shape == tuple(expected.shape)
-    h0 = data.draw(st.integers(0, 3 * n_heads - 1))
-    h1 = data.draw(st.integers(h0 + 1, 3 * n_heads))
+    fill = data.draw(st.sampled_from([-torch.inf, torch.finfo(torch.float32).min]))
+    shown = torch.ones(T, T, dtype=torch.bool).tril()
+    scores = whole.sum(0).to(torch.float32).masked_fill(~shown, fill)
+    h0 = data.draw(st.integers(0, n_heads - 1))
+    h1 = data.draw(st.integers(h0 + 1, n_heads))
     q0 = data.draw(st.integers(0, T - 1))
     q1 = data.draw(st.integers(q0 + 1, T))
-    k0 = data.draw(st.integers(0, T - 1))
+    k0 = data.draw(st.integers(0, q1 - 1))
     k1 = data.draw(st.integers(k0 + 1, T))
-    got = blocks.block(slice(h0, h1), slice(q0, q1), slice(k0, k1))
-    torch.testing.assert_close(got, expected[:, h0:h1, q0:q1, k0:k1], rtol=1e-6, atol=1e-5)
-    error, size = blocks.check()
-    assert error < 1e-4 and size > 0
+    cells = (slice(None), slice(h0, h1), slice(q0, q1), slice(k0, k1))
+    sets = _BandSets(q, k, scores, bands, 2.0)
+    assert sets.shape == tuple(scores.shape)
+    got = dict(sets.blocks(slice(h0, h1), slice(q0, q1), slice(k0, k1)))
+    assert sorted(got) == list(range(2 * len(bands)))
+    visible = shown[q0:q1, k0:k1]
+    for b in range(len(bands)):
+        torch.testing.assert_close(got[b][..., visible], whole[b][cells][..., visible], rtol=1e-6, atol=1e-5)
+        without = scores.to(torch.float64)[cells] - whole[b][cells]
+        torch.testing.assert_close(got[len(bands) + b][..., visible], without[..., visible], rtol=1e-6, atol=1e-5)
+    assert sets.error < 1e-4 and sets.size == pytest.approx(float(scores[cells][..., visible].abs().max()))
+    wrong = _BandSets(q, k, scores, bands, 1.0)  # another scale: the bands do not add up to the scores
+    list(wrong.blocks(slice(h0, h1), slice(q0, q1), slice(k0, k1)))
+    assert wrong.error == pytest.approx(sets.size)
