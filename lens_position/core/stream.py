@@ -316,24 +316,25 @@ def check_finite_activation(hook_name: str, activation: torch.Tensor, rows: Int[
     if not activation.is_floating_point():
         return
     scores = hook_name.endswith("hook_attn_scores") and activation.ndim == 4
+    pattern = hook_name.endswith("hook_pattern") and activation.ndim == 4
+    row_error = None
     if scores:
         top = activation.amax()  # NaN propagates through max
         own = activation.diagonal(dim1=-2, dim2=-1)
         ok = bool(torch.isfinite(top)) and bool(torch.isfinite(own.amin()))
+    elif pattern and activation.numel():
+        # one read: NaN and infinities reach their row's sum, and TransformerLens turns a NaN pattern
+        # into zeros, so a row that does not sum to 1 is that (summed in float32 at least)
+        row_error = (activation.sum(-1, dtype=torch.promote_types(activation.dtype, torch.float32)) - 1).abs()
+        ok = bool(row_error.amax() <= PATTERN_ROW_TOLERANCE)
     else:
         ok = bool(torch.isfinite(activation.sum() if activation.numel() else activation.new_zeros(())))
         if not ok:  # a sum can overflow where every element is finite
             ok = bool(torch.isfinite(activation).all())
-    pattern = hook_name.endswith("hook_pattern") and activation.ndim == 4
-    row_error = None
-    if ok and pattern:
-        # TransformerLens turns a NaN pattern into zeros: a row that does not sum to 1 is that
-        row_error = (activation.sum(-1, dtype=torch.float64) - 1).abs()
-        ok = bool(row_error.amax() <= PATTERN_ROW_TOLERANCE)
     if ok:
         return
     if row_error is not None:
-        bad = (row_error > PATTERN_ROW_TOLERANCE)[..., None].expand_as(activation)
+        bad = (~(row_error <= PATTERN_ROW_TOLERANCE))[..., None].expand_as(activation)  # NaN included
     elif scores:
         bad = torch.isnan(activation) | (activation == float("inf"))
         diag = ~torch.isfinite(activation.diagonal(dim1=-2, dim2=-1))

@@ -3,6 +3,8 @@ stops at the last layer needed, and applies patches to the prompts they name."""
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lens_position.analyses.decompose import DecompositionReducer, decompose
 from lens_position.analyses.patching import Patch
@@ -146,3 +148,31 @@ def test_unknown_hooks_are_refused():
 
     with pytest.raises(BadInputError, match="no hooks named"):
         stream(loaded, torch.zeros(1, 4, dtype=torch.long), [Bad()], progress=False)
+
+
+@settings(max_examples=60, deadline=None)
+@given(dtype=st.sampled_from([torch.float16, torch.bfloat16, torch.float32, torch.float64]),
+       length=st.integers(2, 3000), fault=st.sampled_from([None, "nan", "+inf", "-inf", "zeroed row"]),
+       data=st.data())
+def test_a_pattern_passes_the_check_exactly_when_every_row_is_a_distribution(dtype, length, fault, data):
+    """A causal softmax pattern of any dtype and length passes; one NaN, infinity or zeroed row (the
+    zeros TransformerLens writes for a NaN row) is a NonFiniteError naming its head and position."""
+    from lens_position.core.stream import check_finite_activation
+    from lens_position.ground.errors import NonFiniteError
+
+    generator = torch.Generator().manual_seed(data.draw(st.integers(0, 1000)))
+    n_heads, n_queries = 2, min(length, 5)
+    logits = torch.randn(1, n_heads, n_queries, length, generator=generator, dtype=torch.float64) * 3
+    queries = torch.arange(length - n_queries, length)[:, None]
+    pattern = logits.masked_fill(torch.arange(length) > queries, -torch.inf).softmax(-1).to(dtype)
+    head, query = data.draw(st.integers(0, n_heads - 1)), data.draw(st.integers(0, n_queries - 1))
+    if fault == "zeroed row":
+        pattern[0, head, query] = 0.0
+    elif fault is not None:
+        pattern[0, head, query, data.draw(st.integers(0, length - 1))] = float(fault)
+    model = torch.nn.Linear(1, 1)
+    if fault is None:
+        check_finite_activation("blocks.0.attn.hook_pattern", pattern, torch.tensor([3]), model)
+        return
+    with pytest.raises(NonFiniteError, match=rf"hook_pattern \(layer 0, head {head}, prompt 3, position {query}"):
+        check_finite_activation("blocks.0.attn.hook_pattern", pattern, torch.tensor([3]), model)
