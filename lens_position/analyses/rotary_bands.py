@@ -168,8 +168,8 @@ class BandReducer:
         for layer in self.layers:
             design = self.full.designs[self.full.windows[layer]]
             self.band_stats[layer], self.removed_stats[layer] = (
-                [HeadStatistics.zeros(n_heads, design.n_features, n_queries, self.full.n_groups)
-                 for _ in self.bands[layer]] for _ in range(2))
+                [HeadStatistics.zeros(n_heads, design.n_features, n_queries, self.full.n_groups, t_only=t_only)
+                 for _ in self.bands[layer]] for t_only in (True, False))
         self.score_error = {layer: 0.0 for layer in self.layers}
         self.score_size = {layer: 0.0 for layer in self.layers}
         self.hook_names = tuple(f"blocks.{layer}.attn.{name}" for layer in self.layers

@@ -48,10 +48,14 @@ class HeadStatistics:
                               self.sum_y.to(device), self.sum_y2.to(device), self.n_sequences)
 
     @classmethod
-    def zeros(cls, n_heads: int, n_features: int, n_queries: int, n_groups: int = 2) -> HeadStatistics:
+    def zeros(cls, n_heads: int, n_features: int, n_queries: int, n_groups: int = 2, *,
+              t_only: bool = False) -> HeadStatistics:
+        """Zero statistics; ``t_only``: for a :class:`Target` that sums ``t`` alone, ``xty_z`` and
+        ``row_t`` empty (no feature, no query: a third of the memory, which grows with T)."""
         z = lambda *shape: torch.zeros(*shape, dtype=torch.float64)  # noqa: E731
-        return cls(z(n_groups, n_heads, n_features), z(n_groups, n_heads, n_features),
-                   z(n_groups, n_heads, n_queries), z(n_groups, n_heads), z(n_groups, n_heads), z(n_groups))
+        return cls(z(n_groups, n_heads, n_features), z(n_groups, n_heads, 0 if t_only else n_features),
+                   z(n_groups, n_heads, 0 if t_only else n_queries), z(n_groups, n_heads), z(n_groups, n_heads),
+                   z(n_groups))
 
     @property
     def n_groups(self) -> int:
@@ -130,9 +134,10 @@ class Workspace:
 @dataclass(frozen=True)
 class Target:
     """Where one of a :class:`ScoreSets`' score tensors is reduced: its statistics, and whether only
-    the sums of ``t`` are wanted (``t_only``: ``xty_t`` and ``row_t``, no softmax normaliser, about
-    half the work; ``xty_z``, ``sum_y`` and ``sum_y2`` then stay 0, so such statistics serve a fit of
-    ``t`` alone, never :func:`~lens_position.analyses.engine.fit.components`)."""
+    ``X't`` is wanted (``t_only``: ``xty_t`` alone, no softmax normaliser, about half the work;
+    ``xty_z``, ``row_t``, ``sum_y`` and ``sum_y2`` are left as they are, and may be empty
+    (``HeadStatistics.zeros(..., t_only=True)``), so such statistics serve a fit of ``t`` alone,
+    never :func:`~lens_position.analyses.engine.fit.components`)."""
 
     stats: HeadStatistics
     t_only: bool = False
@@ -335,7 +340,8 @@ def _reduce_block(block: torch.Tensor, design: PairDesign, rb: _RowBlock, groups
     xty_t[..., :design.length].index_add_(2, rb.tri_offsets, t_sum.flatten(2)[..., rb.tri_cells])
     # the sums stay where the statistics are (the scores' device; back on the CPU in result())
     stats.xty_t[to, heads] += xty_t.to(target_device)
-    stats.row_t[to, heads, rb.rows] += row_sum.to(target_device)
+    if not target.t_only:
+        stats.row_t[to, heads, rb.rows] += row_sum.to(target_device)
 
 
 def _normaliser(t: torch.Tensor, rb: _RowBlock, workspace: Workspace) -> Float[torch.Tensor, "batch head row"]:
