@@ -17,6 +17,7 @@ resumed from the cached residual at its layer).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,6 +93,9 @@ def _pattern_change(
     loaded: LoadedModel, tokens: torch.Tensor, patches: dict[int, Patch],
     query_range: tuple[int, int], batch_size: int,
 ) -> Float[torch.Tensor, "patch_layer layer head"]:
+    """Each patch's total-variation change of every head's pattern rows ``query_range``, mean over
+    prompts and queries; the prompts ``batch_size`` at a time, so no pass holds more sequences than
+    the decompositions' (at long T a pass's scores are what memory holds)."""
     n_layers = loaded.spec.n_layers
     names = [f"blocks.{layer}.attn.hook_pattern" for layer in range(n_layers)]
     start, stop = query_range
@@ -99,20 +103,27 @@ def _pattern_change(
     def rows(pattern: torch.Tensor) -> torch.Tensor:  # the query rows measured, never [layer, T, T] kept
         return pattern[:, :, start:stop]
 
-    kept = WholeActivations(names, select=rows)
-    stream(loaded, tokens, [kept], batch_size=max(1, len(tokens)), progress=False, desc="trajectory patching")
-    base = kept.result()
+    total = torch.zeros(len(patches), n_layers, loaded.spec.n_heads, dtype=torch.float64)
+    for first in range(0, len(tokens), batch_size):
+        chunk = tokens[first:first + batch_size]
+        mine = [dataclasses.replace(patch, value=torch.as_tensor(patch.value)[first:first + batch_size])
+                for patch in patches.values()]  # one value per prompt
+        kept = WholeActivations(names, select=rows)
+        stream(loaded, chunk, [kept], batch_size=len(chunk), progress=False, desc="trajectory patching")
+        base = kept.result()
 
-    def tv_distance(acts: dict[str, torch.Tensor]) -> torch.Tensor:
-        out = torch.full((n_layers, loaded.spec.n_heads), float("nan"), dtype=torch.float64)
-        for layer, name in enumerate(names):
-            if name in acts:
-                diff = (acts[name] - base[name]).to(torch.float64)
-                out[layer] = 0.5 * diff.abs().sum(-1).mean((0, 2))
-        return out
+        def tv_distance(acts: dict[str, torch.Tensor], base: dict[str, torch.Tensor] = base) -> torch.Tensor:
+            out = torch.full((n_layers, loaded.spec.n_heads), float("nan"), dtype=torch.float64)
+            for layer, name in enumerate(names):
+                if name in acts:
+                    diff = (acts[name] - base[name]).to(torch.float64)
+                    out[layer] = 0.5 * diff.abs().sum(-1).mean((0, 2))
+            return out
 
-    return run_patches(loaded, tokens, [[p] for p in patches.values()], tv_distance, read=names, select=rows,
-                       batch_size=batch_size * len(tokens))
+        # one patch's rows per pass (a pass holds at least one condition's prompts)
+        total += len(chunk) * run_patches(loaded, chunk, [[p] for p in mine], tv_distance, read=names,
+                                          select=rows, batch_size=len(chunk))
+    return total / len(tokens)
 
 
 @one_look_per_call

@@ -52,3 +52,20 @@ def test_frame_lists_only_downstream_heads_with_provenance(result):
 def test_bad_layers_are_refused():
     with pytest.raises(BadInputError, match="layers"):
         trajectory_patching(sink_reading_model(), toy_tokens(2, 8), layers=[3])
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_no_pass_holds_more_sequences_than_the_batch_size_and_the_numbers_stay(result, batch_size):
+    """At long T a pass's scores are what memory holds: the pattern change, like the decompositions,
+    runs ``batch_size`` sequences at a time (it ran every prompt of every patch layer in one pass), with
+    the same numbers."""
+    model, passes = sink_reading_model(), []
+    hook = model.model.embed.register_forward_pre_hook(lambda module, args: passes.append(tuple(args[0].shape)))
+    try:
+        again = trajectory_patching(model, toy_tokens(4, 32, bos=True, seed=1), counterfactual="no-bos",
+                                    query_range=(0, 32), batch_size=batch_size)
+    finally:
+        hook.remove()
+    assert max(n for n, length in passes if length > 1) <= batch_size  # one-token runs hold no T x T scores
+    for column in ("pattern_change", "R_base", "R_patched"):
+        assert again.frame[column].to_numpy() == pytest.approx(result.frame[column].to_numpy(), rel=1e-9, abs=1e-12)
