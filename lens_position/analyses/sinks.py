@@ -836,15 +836,20 @@ class WindowSinkReducer:
             lo = int(firsts.min())
             for hidden in (block[..., q1:], block[..., :lo]):  # keys no row of the block can see
                 if hidden.numel():
-                    outside = max(outside, float(hidden.abs().amax()))
+                    outside = max(outside, *(abs(float(v)) for v in torch.aminmax(hidden)))  # one read, no copy
             a = block[..., lo:q1]  # in the pattern's dtype: sums are taken in float64
-            keys, queries = torch.arange(lo, q1, device=a.device), torch.arange(q0, q1, device=a.device)
+            # the keys some row of the block cannot see lie in a's first columns (before the last row's
+            # first key) and its last (after the first row's query); every column between is seen by all
+            left, right = int(firsts.max()) - lo, max(q0 - lo + 1, int(firsts.max()) - lo)
+            cols = torch.cat([torch.arange(0, left), torch.arange(right, q1 - lo)]).to(a.device)
+            keys, queries = cols + lo, torch.arange(q0, q1, device=a.device)
             visible = (keys[None, :] >= firsts[:, None].to(a.device)) & (keys[None, :] <= queries[:, None])
-            if a.numel():
-                outside = max(outside, float(a.masked_fill(visible, 0.0).abs().amax()))
+            masked = a[..., cols].masked_fill(visible, 0.0)  # the cells no row sees, 0 where it sees them
+            if masked.numel():
+                outside = max(outside, float(masked.abs().amax()))
             at_first = (firsts - lo).to(a.device).view(1, 1, -1, 1).expand(batch, heads, -1, 1)
             on_first[..., r0:r1] = a.gather(-1, at_first)[..., 0].to(torch.float64).cpu()
-            total[..., r0:r1] = a.masked_fill(~visible, 0.0).sum(-1, dtype=torch.float64).cpu()
+            total[..., r0:r1] = (a.sum(-1, dtype=torch.float64) - masked.sum(-1, dtype=torch.float64)).cpu()
             on_zero[..., r0:r1] = block[..., 0].to(torch.float64).cpu()
         return on_first, total, on_zero, outside
 

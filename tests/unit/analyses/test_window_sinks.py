@@ -151,6 +151,9 @@ def test_the_scores_read_in_blocks_of_queries_equal_those_read_whole(T, window, 
     for a, b in zip(whole[:3], blocked[:3]):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     assert whole[3] == blocked[3] == 0.0
+    direct = pattern[:, :, start:stop].to(torch.float64).masked_fill(~visible[start:stop], 0.0)
+    torch.testing.assert_close(blocked[1], direct.sum(-1), rtol=1e-12, atol=1e-12)  # the mass on the visible keys
+    torch.testing.assert_close(blocked[2], direct[..., 0], rtol=0, atol=0)
     leak = pattern.clone()
     hidden = (~visible[start:stop]).nonzero()
     if len(hidden):
