@@ -58,7 +58,7 @@ def rollout_step(product: Float[torch.Tensor, "batch query key"], pattern: Float
     return pattern @ product
 
 
-#: query rows of a pattern read together by :func:`flow_step` (float64 ``[batch, head, rows, T]``)
+#: query rows of a pattern read together by :func:`flow_step` (their head sum: float64 ``[batch, rows, T]``)
 FLOW_ROWS = 256
 
 
@@ -67,7 +67,8 @@ def flow_step(flow: Float[torch.Tensor, "batch query *variant"], pattern: Float[
     """One layer of rollout on position 0's column alone, ``P_l[:, 0] = Â_l P_{l-1}[:, 0]``
     (``flow`` is ``P_{l-1}[:, 0]``, ``Â`` the head mean of ``pattern``, mixed half and half with the
     identity when ``residual``): the column :func:`rollout_step` would give, in ``O(T²)`` per layer
-    instead of ``O(T³)``, reading the pattern in blocks of :data:`FLOW_ROWS` query rows in float64.
+    instead of ``O(T³)``, reading the pattern in blocks of :data:`FLOW_ROWS` query rows, its heads
+    summed in float64.
     Several columns at once: ``flow`` ``[batch, query, variant]`` and one ``residual`` per variant (the
     pattern is then read once for all of them)."""
     columns = flow if flow.ndim == 3 else flow[..., None]
@@ -76,8 +77,9 @@ def flow_step(flow: Float[torch.Tensor, "batch query *variant"], pattern: Float[
     n_heads, n_queries = pattern.shape[1], pattern.shape[2]
     for first in range(0, n_queries, FLOW_ROWS):
         rows = slice(first, min(first + FLOW_ROWS, n_queries))
-        block = pattern[:, :, rows].to(device=columns.device, dtype=torch.float64)
-        out[:, rows] = torch.einsum("bhqk,bkv->bqv", block, columns) / n_heads
+        # the heads summed as they are read (float64 sums, one read of the pattern, no float64 copy of it)
+        head_sum = pattern[:, :, rows].sum(1, dtype=torch.float64).to(columns.device)
+        out[:, rows] = torch.bmm(head_sum, columns) / n_heads
     out[..., mixes] = 0.5 * (out[..., mixes] + columns[..., mixes])
     return out if flow.ndim == 3 else out[..., 0]
 

@@ -21,7 +21,10 @@ leaves unrotated, if any, are one more band, ``"unrotated"``): ``s = sum_b s_b``
 The statistics are the decomposition's (:class:`~lens_position.analyses.decompose.HeadStatistics`,
 reduced by the same code, fitted by the same ``Fitter``): each band's ``t_b`` and each
 band-removed score tensor is reduced as one more "head" of the layer, so a band costs no extra
-forward pass, and the bootstrap resamples the same groups of sequences as the decomposition.
+forward pass, and the bootstrap resamples the same groups of sequences as the decomposition. Both
+are read in one sweep over blocks of query rows (each band's ``q_b . k_b`` computed once for the
+two), and the band's own scores only to ``X't`` (the exact split is a fit of ``t``, with no
+normaliser): ``bands + 1`` full reductions and ``bands`` of ``t`` alone per layer.
 
 Frequencies are read off the model's own rotary tables (``rotary_sin``/``rotary_cos`` at
 position 1), so NTK-aware and NTK-by-parts scaling, and Gemma-3's local base, are what the model
