@@ -295,7 +295,7 @@ class RotaryBands(SavedResult):
     ``R_bands + R_cross - R`` (float round-off: the split is exact), ``R_rf_attribution_sum`` and
     ``R_rf_attribution_error`` = that sum minus ``R_rf`` (the attribution's stated error; the same
     for the held-out values), and ``score_error``: the layer's largest ``|sum_b s_b - s|``
-    against the model's ``hook_attn_scores`` (score units).
+    against the model's ``hook_attn_scores`` over the cells the split reads (score units).
 
     ``layers``: one row per (layer, band): the mean over heads of ``R_band`` and
     ``R_rf_attribution`` (and held-out), with the band's frequencies."""
