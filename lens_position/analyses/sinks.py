@@ -555,13 +555,13 @@ def sink_reading_base(
     return decomposition.result(batch_size=batch_size), activations.result()
 
 
-def _output_change(base_z: Sequence[torch.Tensor], patched_z: Sequence[torch.Tensor],
-                   query_range: tuple[int, int]) -> Float[torch.Tensor, "layer head"]:
-    """RMS over prompts and queries of ``||z_patched - z_base||`` over the RMS of ``||z_base||``."""
-    start, stop = query_range
+def _output_change(base_z: Sequence[torch.Tensor], patched_z: Sequence[torch.Tensor]
+                   ) -> Float[torch.Tensor, "layer head"]:
+    """RMS over prompts and queries of ``||z_patched - z_base||`` over the RMS of ``||z_base||`` (each
+    layer's ``hook_z`` at the measured queries only)."""
 
     def stack(acts: Sequence[torch.Tensor]) -> torch.Tensor:
-        return torch.stack([act[:, start:stop].to(torch.float64) for act in acts])
+        return torch.stack([act.to(torch.float64) for act in acts])
 
     base, patched = stack(base_z), stack(patched_z)
     # [layer, batch, query, head, d_head] -> per (layer, head)
@@ -592,7 +592,8 @@ def sink_reading_scores(
     query_range = check_query_range(query_range, prompts.tokens.shape[1])
     z_names = [f"blocks.{layer}.attn.hook_z" for layer in range(loaded.spec.n_layers)]
     patched = DecompositionReducer(loaded, prompts, query_range=query_range, bootstrap=bootstrap)
-    patched_z = WholeActivations(z_names)
+    start, stop = query_range
+    patched_z = WholeActivations(z_names, select=lambda z: z[:, start:stop])  # only the measured queries are kept
     stream(
         loaded,
         prompts,
@@ -602,9 +603,9 @@ def sink_reading_scores(
         progress=progress,
         desc="sink reading: patched",
     )
-    output_change = _output_change(
-        [base_activations[n] for n in z_names], [patched_z.result()[n] for n in z_names], query_range
-    )
+    patched_at_queries = patched_z.result()
+    output_change = _output_change([base_activations[n][:, start:stop] for n in z_names],
+                                   [patched_at_queries[n] for n in z_names])
     comparison = compare(base, {"patched": patched.result(batch_size=batch_size)})
     frame = base.heads[["layer", "head", "layer_type"]].copy()
     frame["output_change"] = output_change.reshape(-1).numpy()

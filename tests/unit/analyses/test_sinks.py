@@ -249,3 +249,24 @@ def test_sink_score_and_sink_rate_intervals_are_probabilities(tiny_llama):
     frame = sinks.sink_heads(tiny_llama, tokens, scores=scores, progress=False).frame
     assert (frame["sink_score_hi"] <= 1.0).all() and (frame["sink_score_lo"] >= 0.0).all()
     assert (frame["sink_score_hi"] == 1.0).any()
+
+
+def test_the_patched_run_keeps_only_the_measured_queries_of_hook_z(monkeypatch):
+    """At long T the detector's memory is what it keeps per layer: the patched run's ``hook_z`` is kept
+    at the measured queries only (``query_range``), not ``layers x T x d_model``; the base run's
+    ``hook_z`` stays whole (the mean ablation averages it over every position)."""
+    kept = []
+    result = sinks.WholeActivations.result
+
+    def spy(self):
+        out = result(self)
+        kept.append({name: tuple(value.shape) for name, value in out.items()})
+        return out
+
+    monkeypatch.setattr(sinks.WholeActivations, "result", spy)
+    sinks.sink_reading_heads(sink_reading_model(), toy_tokens(3, 24, bos=True, seed=2), query_range=(2, 10),
+                             n_ablate=0, progress=False)
+    z_only = [shapes for shapes in kept if shapes and all(name.endswith("hook_z") for name in shapes)]
+    assert len(z_only) == 1 and all(shape[1] == 8 for shape in z_only[0].values())
+    base = [shapes for shapes in kept if any(name.endswith("hook_resid_pre") for name in shapes)]
+    assert base and all(shape[1] == 24 for name, shape in base[0].items() if name.endswith("hook_z"))
