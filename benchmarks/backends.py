@@ -15,8 +15,8 @@ bridge), a fresh subprocess, one after the other, measures:
 - ``bare``: the forward passes alone, the same batches as the decomposition (``batch_size``
   rows of ``T`` tokens, through the backend's own ``forward``), each ended after the last block
   by a plain torch forward hook that raises: no TransformerLens hooks, and on both backends the
-  same work (``TransformerBridge``'s ``stop_at_layer`` stops before block ``stop_at_layer``, so
-  ``stop_at_layer=n_layers`` alone runs its final norm and unembedding too);
+  same work (``TransformerBridge``'s own ``stop_at_layer`` stops before block ``stop_at_layer``, so
+  given ``stop_at_layer=n_layers`` it would run its final norm and unembedding too);
 - ``decompose``: :func:`lens_position.analyses.decompose.decompose` on the same tokens (all layers,
   default bootstrap intervals), the whole call: forward passes, the reducer's hooks, the fit.
 
@@ -101,10 +101,11 @@ def worker(model_name: str, backend: str, N: int, T: int, batch_size: int, repea
     tokens = build_prompts(loaded, source="natural", T=T, N=N, bos="force", seed=seed).tokens
     n_layers = loaded.backend.n_layers
 
-    # The bare pass ends after the last block on both backends. TransformerBridge's stop_at_layer stops *before*
-    # block stop_at_layer, and there is no block n_layers: given n_layers it runs the final norm and the
-    # unembedding too (a 49,152 x 576 product per SmolLM2 position, about a quarter of its 30 blocks), which
-    # the decomposition's pass never runs. A plain torch forward hook on the last block ends both the same way.
+    # The bare pass ends after the last block on both backends. TransformerBridge's own stop_at_layer stops
+    # *before* block stop_at_layer, and there is no block n_layers: given n_layers it would run the final norm
+    # and the unembedding too (a 49,152 x 576 product per SmolLM2 position, about a quarter of its 30 blocks),
+    # which lens_position's bridge backend ends before. A plain torch forward hook on the last block ends
+    # both backends' passes at the same place, whatever either backend does after it.
     class AfterLastBlock(Exception):
         pass
 

@@ -148,7 +148,7 @@ def _run(backend: ModelBackend, tokens: Int[torch.Tensor, "unit one"],
             kept[name].append(activation[:, 0].detach().to(torch.float64).cpu())
         hooks.extend((f"blocks.{layer}.{name}", keep) for layer in range(backend.n_layers))
     with torch.no_grad(), backend.hooks(hooks):
-        backend.forward(tokens, return_type=None)
+        backend.forward(tokens, stop_at_layer=backend.n_layers, return_type=None)  # no unembedding
     return {name.removeprefix("hook_"): torch.stack(values) for name, values in kept.items()}
 
 
@@ -193,7 +193,7 @@ def _run_patched(backend: ModelBackend, tokens: Int[torch.Tensor, "unit one"],
                  *((name, functools.partial(set_values, values=values)) for name, values in by_hook.items()),
                  *((f"blocks.{layer}.hook_resid_post", keep) for layer in range(backend.n_layers))]
         with torch.no_grad(), backend.hooks(hooks):
-            backend.forward(rows, return_type=None)
+            backend.forward(rows, stop_at_layer=backend.n_layers, return_type=None)
         post = torch.stack(kept)  # [layer, condition * unit, d_model]
         out.extend(post[:, k * units:(k + 1) * units] for k in range(len(chunk)))
     return torch.stack(out)

@@ -311,7 +311,7 @@ def _patched_moves(backend: Any, tokens: torch.Tensor, base: dict[str, torch.Ten
         hooks += [(f"blocks.{layer}.attn.hook_{part}", nudge), (f"blocks.{layer}.attn.hook_{observe}", keep),
                   (f"blocks.{layer}.hook_resid_post", restore)]
     with backend.hooks(hooks):
-        backend.forward(tokens, return_type=None)
+        backend.forward(tokens, stop_at_layer=n_layers, return_type=None)
     moves = []
     for layer in range(n_layers):
         name = f"blocks.{layer}.attn.hook_{observe}"

@@ -163,7 +163,12 @@ class ModelBackend(Protocol):
     def hooks(self, fwd_hooks: Sequence[FwdHook]) -> AbstractContextManager: ...
 
     def forward(self, inputs: torch.Tensor, *, stop_at_layer: int | None = None,
-                start_at_layer: int | None = None, return_type: str | None = "logits") -> torch.Tensor | None: ...
+                start_at_layer: int | None = None, return_type: str | None = "logits") -> torch.Tensor | None:
+        """One pass of ``inputs`` (tokens, or with ``start_at_layer`` the residual entering that
+        block). With ``stop_at_layer`` it ends before that block and returns the residual there; at
+        the number of blocks, the residual after the last one, before the final norm and the
+        unembedding (neither runs), on every backend."""
+        ...
 
     def run_with_cache(self, tokens: torch.Tensor, names: Sequence[str], *,
                        stop_at_layer: int | None = None) -> dict[str, torch.Tensor]: ...

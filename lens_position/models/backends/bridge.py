@@ -373,6 +373,18 @@ class _NamedHook:
         return getattr(self._point, attribute)
 
 
+class _AfterLastBlock(Exception):
+    """Raised at the residual after the last block to end a pass there (``stop_at_layer = n_layers``)."""
+
+    def __init__(self, residual: torch.Tensor) -> None:
+        super().__init__()
+        self.residual = residual
+
+
+# Where the residual after the last block first appears: the final norm's input, else the unembedding's
+_AFTER_BLOCKS = ("ln_final.hook_in", "unembed.hook_in")
+
+
 class BridgeBackend:
     """The seam (:class:`~lens_position.models.backends.ModelBackend`) over a TransformerBridge in
     compatibility mode."""
@@ -506,6 +518,17 @@ class BridgeBackend:
 
     def forward(self, inputs: torch.Tensor, *, stop_at_layer: int | None = None,
                 start_at_layer: int | None = None, return_type: str | None = "logits") -> torch.Tensor | None:
+        """The bridge's forward pass, with ``HookedTransformer``'s ``stop_at_layer``: at the number of
+        blocks it returns the residual after the last block, before the final norm and the
+        unembedding (the bridge would run both, a ``[batch, T, d_vocab]`` float tensor for nothing)."""
+        try:
+            with self._stop_after_blocks(stop_at_layer):
+                return self._forward(inputs, stop_at_layer, start_at_layer, return_type)
+        except _AfterLastBlock as stop:
+            return stop.residual
+
+    def _forward(self, inputs: torch.Tensor, stop_at_layer: int | None, start_at_layer: int | None,
+                 return_type: str | None) -> torch.Tensor | None:
         if start_at_layer is None or start_at_layer == 0 and not inputs.is_floating_point():
             return self.model(inputs, stop_at_layer=stop_at_layer, return_type=return_type)
         if not self.native_start_at_layer:
@@ -518,6 +541,26 @@ class BridgeBackend:
                               return_type=return_type)
         finally:
             self._silent_below = None
+
+    @contextlib.contextmanager
+    def _stop_after_blocks(self, stop_at_layer: int | None) -> Iterator[None]:
+        """With ``stop_at_layer`` at (or past) the number of blocks, end the pass where the residual
+        after the last block enters the final norm (or the unembedding, for a model without one),
+        after every other hook there has seen it."""
+        points = self.model.hook_dict
+        name = next((n for n in _AFTER_BLOCKS if n in points), None)
+        if stop_at_layer is None or stop_at_layer < self.n_layers or name is None:
+            yield
+            return
+
+        def stop(_module: torch.nn.Module, _args: Any, residual: torch.Tensor) -> None:
+            raise _AfterLastBlock(residual)
+
+        handle = points[name].register_forward_hook(stop)
+        try:
+            yield
+        finally:
+            handle.remove()
 
     def _emulated_start(self, residual: torch.Tensor, start: int, stop: int | None,
                         return_type: str | None) -> torch.Tensor | None:

@@ -115,6 +115,43 @@ def test_the_bridge_computes_what_the_hugging_face_model_computes(name, bridged)
 
 
 @pytest.mark.parametrize("name", TINY)
+def test_a_pass_to_the_last_block_returns_its_residual_without_the_unembedding(name, bridged):
+    """``stop_at_layer = n_layers`` ends the pass as HookedTransformer does: it returns the residual
+    the HF model's last decoder layer puts out, with every hook of the blocks fired and neither the
+    final norm nor the unembedding run (the bridge would compute ``[batch, T, d_vocab]`` logits)."""
+    loaded = bridged[name]
+    backend, n_layers = loaded.backend, loaded.spec.n_layers
+    tokens = build_prompts(loaded, N=2, T=24, source="random", seed=2).tokens
+    hf_model, _ = tiny_hf_model(name)
+    hf_model.config._attn_implementation = "eager"
+    last = {}
+    hf_model.model.layers[-1].register_forward_hook(
+        lambda _m, _a, out: last.setdefault("out", out[0] if isinstance(out, tuple) else out))
+    with torch.no_grad():
+        hf_model(tokens)
+    fired, unembedded = [], []
+    post = f"blocks.{n_layers - 1}.hook_resid_post"
+    handles = [module.register_forward_pre_hook(lambda *_: unembedded.append(1))
+               for name_, module in loaded.model.named_modules()
+               if name_.startswith("unembed") and isinstance(module, torch.nn.Linear) or name_ == "ln_final.hook_out"]
+    assert handles
+    try:
+        with torch.no_grad(), backend.hooks([(post, lambda a, hook: fired.append(a.clone()))]):
+            residual = backend.forward(tokens, stop_at_layer=n_layers, return_type=None)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert not unembedded
+    assert residual.shape == (*tokens.shape, loaded.spec.d_model)
+    assert (residual - last["out"]).abs().max() < LOGIT_TOL
+    assert len(fired) == 1 and torch.equal(fired[0], residual)
+    with torch.no_grad():  # the stop is undone: a full pass still gives the logits
+        assert backend.forward(tokens).shape[-1] == backend.d_vocab
+        assert torch.equal(backend.forward(tokens, stop_at_layer=n_layers + 3, return_type=None), residual)
+        assert backend.forward(tokens, stop_at_layer=n_layers - 1, return_type=None).shape == residual.shape
+
+
+@pytest.mark.parametrize("name", TINY)
 def test_the_decomposition_identity_holds_on_the_bridge(name, bridged):
     """log A = t - z exactly (DESIGN §2.3): the scores the bridge hands over are the ones its
     softmax used, with the causal or window key set of the spec."""
