@@ -42,6 +42,7 @@ from lens_position.core.summaries import Headline, row_estimate
 from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError
 from lens_position.ground.progress import progress as progress_bar
+from lens_position.models.pass_memory import check_pass_fits
 from lens_position.models.spec import ModelLike, as_loaded
 from lens_position.models.weights_scope import one_look_per_call
 
@@ -137,8 +138,10 @@ def length_sweep(
     """Decompose ``model`` on ``N`` prompts at each length of ``lengths`` (module docstring).
 
     Every length must fit the model's context (ContextLengthError otherwise: leave it out, or
-    use :func:`lengths_within`). Costs one decomposition per length; the longest dominates
-    (a decomposition's cost grows faster than ``T``). ``progress``: one bar counting sequences.
+    use :func:`lengths_within`), and one pass of it the memory of the model's device
+    (ResourceError otherwise, before the first pass: :mod:`lens_position.models.pass_memory`).
+    Costs one decomposition per length; the longest dominates (a decomposition's cost grows
+    faster than ``T``). ``progress``: one bar counting sequences.
 
     ``leave_out_short_text``: a length at which the text gives fewer than ``N`` distinct sequences
     (a short corpus, long ``T``) is left out and named in the provenance's ``left_out``, instead of
@@ -151,6 +154,7 @@ def length_sweep(
         raise BadInputError("give at least one length T to sweep")
     for T in grid:
         loaded.spec.check_context(T)
+        check_pass_fits(loaded.backend, min(batch_size, N), T)  # before hours of shorter lengths
     window = loaded.spec.window if loaded.spec.has_sliding_window else None
     layer_frames, replicate_frames, rows, prompt_specs, left_out = [], [], [], [], []
     with progress_bar("length sweep", total=N * len(grid), enabled=progress):

@@ -41,6 +41,7 @@ import torch
 from lens_position.ground.errors import BadInputError, UnsupportedArchitectureError
 from lens_position.models.backends import COUPLED_KV, RotaryLayout, config_score_scale_and_cap, rotate
 from lens_position.models.hook_names import block_of
+from lens_position.models.pass_memory import check_pass_memory
 
 log = logging.getLogger(__name__)
 
@@ -521,6 +522,7 @@ class BridgeBackend:
         """The bridge's forward pass, with ``HookedTransformer``'s ``stop_at_layer``: at the number of
         blocks it returns the residual after the last block, before the final norm and the
         unembedding (the bridge would run both, a ``[batch, T, d_vocab]`` float tensor for nothing)."""
+        check_pass_memory(self, inputs)
         try:
             with self._stop_after_blocks(stop_at_layer):
                 return self._forward(inputs, stop_at_layer, start_at_layer, return_type)

@@ -12,6 +12,7 @@ import torch
 
 from lens_position.ground.errors import UnsupportedArchitectureError
 from lens_position.models.backends import COUPLED_KV, RotaryLayout, config_score_scale_and_cap
+from lens_position.models.pass_memory import check_pass_memory
 
 
 class HookedBackend:
@@ -109,6 +110,7 @@ class HookedBackend:
 
     def forward(self, inputs: torch.Tensor, *, stop_at_layer: int | None = None,
                 start_at_layer: int | None = None, return_type: str | None = "logits") -> torch.Tensor | None:
+        check_pass_memory(self, inputs)
         with self._kv_per_query_head():
             return self.model(inputs, stop_at_layer=stop_at_layer, start_at_layer=start_at_layer,
                               return_type=return_type)
@@ -116,6 +118,7 @@ class HookedBackend:
     def run_with_cache(self, tokens: torch.Tensor, names: Sequence[str], *,
                        stop_at_layer: int | None = None) -> dict[str, torch.Tensor]:
         wanted = set(names)
+        check_pass_memory(self, tokens)
         with self._kv_per_query_head():
             _, cache = self.model.run_with_cache(tokens, names_filter=lambda name: name in wanted, return_type=None,
                                                  stop_at_layer=stop_at_layer)
