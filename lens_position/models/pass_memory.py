@@ -127,4 +127,4 @@ def _either(routes: list[str]) -> str:
 
 
 def _gib(n_bytes: float) -> str:
-    return f"{n_bytes / 2**30:.1f} GiB"
+    return f"{n_bytes / 2**30:.1f} GiB" if n_bytes >= 2**30 else f"{n_bytes / 2**20:.1f} MiB"
