@@ -144,25 +144,111 @@ def weights_of(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {name: tensor for name, tensor in state.items() if not is_derived(name)}
 
 
+#: The attribute a module whose rows the bridge backend repeated (grouped-query keys and values made
+#: one per query head, :func:`lens_position.models.backends.bridge.ungroup_kv`) keeps:
+#: ``{attribute: [(heads, d_head, times), ...]}``, the blocks of rows each copy repeats.
+REPEATED_ROWS = "_lens_position_repeated_rows"
+
+
+def weight_owners(model: torch.nn.Module) -> dict[str, tuple[torch.nn.Module, str]] | None:
+    """Each weight of a Hugging Face model a TransformerLens ``TransformerBridge`` has booted on, by
+    its checkpoint name, with the module holding it and its attribute name there; None for a model
+    without the bridge's wrappers, whose state dict names its weights as loaded.
+
+    After booting, the model's modules sit inside the bridge's wrappers (each a module whose
+    ``_original_component`` is the module it replaced, beside aliases of its parts): its state dict
+    then names each weight several times, none of them the checkpoint's name. Here a wrapper stands
+    where the module it wraps stood and its aliases are not followed, so every weight keeps its
+    checkpoint name, once. The zero ``bias`` the bridge gives an unembedding that has none is not a
+    weight of the checkpoint and is left out while it is zero (so is a checkpoint's own unembedding
+    bias while all of it is zero: its hash then differs from the load's, a false alarm, never a
+    change unseen). :data:`DERIVED_BUFFERS` are left out, as from every hash."""
+    owners: dict[str, tuple[torch.nn.Module, str]] = {}
+    if not _unwrapped_owners(model, "", owners):
+        return None
+    return {name: owner for name, owner in owners.items() if not is_derived(name)}
+
+
+def _owner(model: torch.nn.Module, name: str) -> tuple[torch.nn.Module, str]:
+    """The module holding the state-dict entry ``name`` of ``model``, and its attribute name there."""
+    owner_name, _, leaf = name.rpartition(".")
+    return (model.get_submodule(owner_name) if owner_name else model), leaf
+
+
+def _unwrapped_owners(module: torch.nn.Module, prefix: str, owners: dict[str, tuple[torch.nn.Module, str]],
+                      unembedding: bool = False) -> bool:
+    """Fill ``owners`` for ``module`` as :func:`weight_owners` names them; whether a bridge wrapper
+    was met. ``unembedding``: ``module`` is what a bridge's ``UnembeddingBridge`` wraps, whose zero
+    ``bias`` the bridge added (a parameter on TransformerLens 3.9, a buffer on 4.x)."""
+    original = module._modules.get("_original_component")
+    if original is not None:
+        _unwrapped_owners(original, prefix, owners, unembedding=type(module).__name__ == "UnembeddingBridge")
+        return True
+    tensors = [*module._parameters.items(),
+               *((name, b) for name, b in module._buffers.items() if name not in module._non_persistent_buffers_set)]
+    for name, tensor in tensors:
+        added_bias = unembedding and name == "bias" and tensor is not None and not tensor.is_meta and not tensor.any()
+        if tensor is not None and not added_bias:
+            owners[prefix + name] = (module, name)
+    wrapped = False
+    for name, child in module._modules.items():
+        if child is not None:
+            wrapped |= _unwrapped_owners(child, f"{prefix}{name}.", owners)
+    return wrapped
+
+
 def model_weights_sha256(model: torch.nn.Module) -> str:
-    """:func:`state_dict_sha256` of a model's weights (its state dict less :data:`DERIVED_BUFFERS`: the
-    hash ``load_model`` records for the same weights), read one tensor at a time where accelerate
-    offloaded part of the model (``device_map`` with host or disk targets): a weight offloaded to
-    disk or the host (on ``meta`` between forwards) is read in for its turn only, so hashing never
-    holds more than one module's weights at once. Equal to the hash of the same weights loaded whole."""
-    state = weights_of(model.state_dict(keep_vars=True))
+    """:func:`state_dict_sha256` of a model's weights (its state dict less :data:`DERIVED_BUFFERS`; a
+    booted bridge's Hugging Face model by its checkpoint's names and rows, :func:`weight_owners` and
+    :func:`_as_checkpointed`: the hash ``load_model`` records for the same weights), read one tensor
+    at a time where accelerate offloaded part of the model (``device_map`` with host or disk
+    targets): a weight offloaded to disk or the host (on ``meta`` between forwards) is read in for its
+    turn only, so hashing never holds more than one module's weights at once. Equal to the hash of
+    the same weights loaded whole."""
+    owners = weight_owners(model)
+    if owners is None:  # the state dict's own tensors
+        state = weights_of(model.state_dict(keep_vars=True))
+        owner_of: Callable[[str], tuple[torch.nn.Module, str]] = lambda name: _owner(model, name)  # noqa: E731
+    else:
+        state = {name: getattr(owner, leaf) for name, (owner, leaf) in owners.items()}
+        owner_of = owners.__getitem__
+    repeated = any(REPEATED_ROWS in module.__dict__ for module in model.modules())
+
+    def as_hashed(name: str, tensor: torch.Tensor) -> torch.Tensor:
+        return _as_checkpointed(*owner_of(name), tensor) if repeated else tensor
+
     if not any(tensor.is_meta for tensor in state.values()):
-        return state_dict_sha256(state)
+        return state_dict_sha256({name: as_hashed(name, tensor) for name, tensor in state.items()})
     from accelerate.utils import align_module_device
 
     digest = hashlib.sha256()
     for name in sorted(state):
-        owner_name, _, leaf = name.rpartition(".")
-        owner = model.get_submodule(owner_name) if owner_name else model
+        owner, leaf = owner_of(name)
         offloaded = state[name].is_meta
         with align_module_device(owner, torch.device("cpu")) if offloaded else contextlib.nullcontext():
-            _add_tensor(digest, name, getattr(owner, leaf) if offloaded else state[name])
+            _add_tensor(digest, name, as_hashed(name, getattr(owner, leaf) if offloaded else state[name]))
     return digest.hexdigest()
+
+
+def _as_checkpointed(owner: torch.nn.Module, leaf: str, tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as the checkpoint holds it: a weight whose rows the bridge backend repeated
+    (:data:`REPEATED_ROWS`) with each block's first copy only, while every copy still equals it (the
+    same keys and values as the checkpoint's); one whose copies differ (a single query head's key
+    edited) is hashed as it is, so the edit shows."""
+    blocks = getattr(owner, REPEATED_ROWS, {}).get(leaf)
+    if blocks is None or tensor.is_meta:
+        return tensor
+    pieces, start = [], 0
+    for heads, d_head, times in blocks:
+        rows = heads * times * d_head
+        if start + rows > tensor.shape[0]:
+            return tensor
+        copies = tensor[start:start + rows].reshape(heads, times, d_head, *tensor.shape[1:])
+        if not torch.equal(copies, copies[:, :1].expand_as(copies)):
+            return tensor
+        pieces.append(copies[:, 0].reshape(heads * d_head, *tensor.shape[1:]))
+        start += rows
+    return torch.cat(pieces) if start == tensor.shape[0] else tensor
 
 
 @dataclass

@@ -40,6 +40,7 @@ import torch
 
 from lens_position.ground.errors import BadInputError, UnsupportedArchitectureError
 from lens_position.models.backends import COUPLED_KV, RotaryLayout, config_score_scale_and_cap, rotate
+from lens_position.models.cache import REPEATED_ROWS
 from lens_position.models.hook_names import block_of
 from lens_position.models.pass_memory import check_pass_memory
 
@@ -100,6 +101,8 @@ def _repeat_rows(module: torch.nn.Module, blocks: list[tuple[int, int, int]], na
     present = [name for name in names if getattr(module, name, None) is not None]
     for name in present:
         setattr(module, name, torch.nn.Parameter(_repeated(getattr(module, name).data, blocks), requires_grad=False))
+    # so the weights' hash reads the checkpoint's rows while the copies agree
+    module.__dict__.setdefault(REPEATED_ROWS, {}).update({name: blocks for name in present})
     if hook is not None:
         hook.weights_map = _RepeatedOnRead(hook.weights_map, {name: blocks for name in present})
     if hasattr(module, "out_features"):

@@ -1,0 +1,98 @@
+"""The weights' sha256 a result records says which weights made it, on either backend: the hash
+taken again after a weight changed names and lays out the weights as the load hashed them, so an
+edit shows and an edit undone gives the load's hash back.
+
+On the bridge the Hugging Face model's modules sit inside the bridge's wrappers after booting (its
+state dict names each weight several times, none by its checkpoint name) and its grouped keys and
+values are repeated once per query head; both are read back to the checkpoint's names and rows.
+Marked ``tl4``: it runs on TransformerLens 3.9 (both backends) and 4.3 (the bridge).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lens_position.models import load_model
+from lens_position.models.backends import hooked_available
+from lens_position.models.cache import model_weights_sha256, weight_owners, weights_of
+from lens_position.models.spec import as_loaded
+from lens_position.models.tiny import TINY_CONFIGS, tiny_hf_model
+
+pytestmark = pytest.mark.tl4
+
+TINY = sorted(TINY_CONFIGS)
+BACKENDS = ("bridge", "hooked") if hooked_available() else ("bridge",)
+
+
+@pytest.fixture(scope="module")
+def models() -> dict[tuple[str, str], object]:
+    return {(name, backend): load_model(name, backend=backend) for name in TINY for backend in BACKENDS}
+
+
+def _weights(loaded) -> dict[str, torch.Tensor]:
+    model = getattr(loaded.model, "original_model", loaded.model)
+    owners = weight_owners(model)
+    if owners is None:  # the hooked backend: no wrappers
+        return weights_of(model.state_dict(keep_vars=True))
+    return {name: getattr(owner, leaf) for name, (owner, leaf) in owners.items()}
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_a_booted_bridge_hashes_as_the_checkpoint_it_was_loaded_from(name, models):
+    """After booting, the Hugging Face model's weights are found under their checkpoint names, once
+    each, with the checkpoint's key/value rows: the hash equals the one taken before booting and the
+    one of the same model built afresh."""
+    loaded = models[(name, "bridge")]
+    hf_model, _ = tiny_hf_model(name)
+    assert set(_weights(loaded)) == set(hf_model.state_dict())
+    assert model_weights_sha256(loaded.model.original_model) == loaded.spec.weights_sha256
+    assert model_weights_sha256(hf_model) == loaded.spec.weights_sha256
+    assert as_loaded(loaded.model, loaded.tokenizer).spec.weights_sha256 == loaded.spec.weights_sha256
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=st.tuples(st.sampled_from(TINY), st.sampled_from(BACKENDS)), which=st.integers(0, 10**6),
+       where=st.integers(0, 10**9), delta=st.sampled_from([1.0, -0.5, 1e-3]))
+def test_an_edit_shows_in_the_hash_and_an_edit_undone_does_not(case, which, where, delta, models):
+    """Any one element of any weight, changed: the recorded hash changes and the load's is kept
+    beside it; set back: the load's hash again, with nothing kept beside it."""
+    loaded = models[case]
+    at_load = loaded.spec.weights_sha256
+    weights = _weights(loaded)
+    weight = weights[sorted(weights)[which % len(weights)]]
+    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(where % weight.numel()), weight.shape))
+    before = weight.data[index].clone()
+    try:
+        with torch.no_grad():
+            weight.data[index] += delta
+        edited = as_loaded(loaded).spec
+        assert edited.weights_sha256 != at_load
+        assert edited.extra["weights_sha256_at_load"] == at_load
+    finally:
+        with torch.no_grad():
+            weight.data[index] = before
+    undone = as_loaded(loaded).spec
+    assert undone.weights_sha256 == at_load
+    assert "weights_sha256_at_load" not in undone.extra
+
+
+@pytest.mark.parametrize("name", [n for n in TINY if TINY_CONFIGS[n][1].get("num_key_value_heads")
+                                  not in (None, TINY_CONFIGS[n][1].get("num_attention_heads"))])
+def test_an_edit_of_every_copy_of_a_repeated_key_head_shows_too(name, models):
+    """The bridge's keys are repeated once per query head: an edit of all copies of one key head
+    alike (the checkpoint's own key edited) changes the hash, as an edit of one copy does."""
+    loaded = models[(name, "bridge")]
+    at_load = loaded.spec.weights_sha256
+    key = next(w for n, w in _weights(loaded).items() if n.endswith("k_proj.weight"))
+    before = key.data.clone()
+    try:
+        with torch.no_grad():
+            key.data += 0.25  # every row, so every copy alike
+        assert as_loaded(loaded).spec.weights_sha256 not in (at_load, None)
+    finally:
+        with torch.no_grad():
+            key.data.copy_(before)
+    assert as_loaded(loaded).spec.weights_sha256 == at_load
