@@ -66,6 +66,7 @@ def build_hooked(cfg_kwargs: dict[str, Any], state_dict: dict[str, torch.Tensor]
     torch.nn.Module.to(model, device)  # HookedTransformer.to prints a line per call
     lay_out_for_linear(model)
     rotate_without_copies(model)
+    group_keys_values_without_copies(model)
     model.eval()
     return model
 
@@ -78,6 +79,10 @@ _LINEAR_LAYOUTS = (
     ("mlp.W_in", (1, 0), (1, 0)),
     ("mlp.W_out", (1, 0), (1, 0)),
     ("attn.W_Q", (0, 2, 1), (0, 2, 1)),  # simple_attn_linear: "head d_model d_head -> (head d_head) d_model"
+    ("attn.W_K", (0, 2, 1), (0, 2, 1)),
+    ("attn.W_V", (0, 2, 1), (0, 2, 1)),
+    ("attn._W_K", (0, 2, 1), (0, 2, 1)),  # grouped-query attention's own key/value heads
+    ("attn._W_V", (0, 2, 1), (0, 2, 1)),
     ("attn.W_O", (2, 0, 1), (1, 2, 0)),  # "head d_head d_model -> d_model (head d_head)", then .contiguous()
 )
 
@@ -115,6 +120,43 @@ def rotate_without_copies(model: Any) -> None:
         attn = getattr(block, "attn", None)
         if attn is not None and attn.cfg.positional_embedding_type == "rotary":
             attn.apply_rotary = MethodType(_apply_rotary, attn)
+
+
+def group_keys_values_without_copies(model: Any) -> None:
+    """Give every grouped-query attention layer a ``calculate_qkv_matrices``
+    (:func:`_calculate_qkv_matrices`) that, with ``cfg.ungroup_grouped_query_attention`` set, computes
+    the keys and values of the model's own key/value heads and repeats them once per query head,
+    where TransformerLens repeats the weights (``W_K``, ``W_V``: a new ``[heads, d_model, d_head]``
+    tensor each, then a transposed copy of each) on every forward pass: 64 MiB of copies per layer
+    and pass on a Llama-3.2-1B shape, 1 GiB on a 70B one, whatever the length of the pass. The
+    same values reach ``hook_k`` and ``hook_v`` (one entry per query head) and the attention."""
+    from transformer_lens.components import GroupedQueryAttention
+
+    for block in model.blocks:
+        attn = getattr(block, "attn", None)
+        if isinstance(attn, GroupedQueryAttention):
+            attn.calculate_qkv_matrices = MethodType(_calculate_qkv_matrices, attn)
+
+
+def _calculate_qkv_matrices(self: Any, query_input: torch.Tensor, key_input: torch.Tensor,
+                            value_input: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """TransformerLens's ``GroupedQueryAttention.calculate_qkv_matrices`` with ungrouped hooks, with
+    each key (value) computed once per key/value head and repeated along the heads
+    (``repeat_interleave``, as ``W_K`` repeats its heads) instead of computed from repeated weights.
+    Inputs split per head, or the flag unset, go to TransformerLens's own method."""
+    cfg = self.cfg
+    if not cfg.ungroup_grouped_query_attention or cfg.use_split_qkv_input or cfg.use_attn_in:
+        return type(self).calculate_qkv_matrices(self, query_input, key_input, value_input)
+    from transformer_lens.utilities.attention import simple_attn_linear
+
+    repeats = self.repeat_kv_heads
+    q = self.hook_q(simple_attn_linear(query_input, self.W_Q, self.b_Q))
+    k = self.hook_k(simple_attn_linear(key_input, self._W_K, self._b_K).repeat_interleave(repeats, dim=2))
+    v = self.hook_v(simple_attn_linear(value_input, self._W_V, self._b_V).repeat_interleave(repeats, dim=2))
+    if cfg.use_qk_norm:
+        q = self._apply_qk_norm(q, self.q_norm)
+        k = self._apply_qk_norm(k, self.k_norm)
+    return q, k, v
 
 
 def _apply_rotary(self: Any, x: torch.Tensor, past_kv_pos_offset: int = 0,

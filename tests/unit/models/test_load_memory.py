@@ -94,7 +94,8 @@ def test_the_linear_layouts_are_the_ones_the_hooked_model_lays_out():
     assert linear_layout("blocks.3.mlp.W_in", 2, True) == (1, 0)
     assert linear_layout("blocks.3.mlp.W_in", 2, False) == (0, 1)  # an ungated MLP is left alone
     assert linear_layout("unembed.W_U", 2, False) == (1, 0)
-    assert linear_layout("blocks.3.attn._W_K", 3, True) == (0, 1, 2)
+    assert linear_layout("blocks.3.attn._W_K", 3, True) == (0, 2, 1)  # used as it lies (grouped keys computed once)
+    assert linear_layout("blocks.3.attn.W_V", 3, False) == (0, 2, 1)
     assert linear_layout("embed.W_E", 2, True) == (0, 1)
 
 

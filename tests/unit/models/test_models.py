@@ -468,6 +468,64 @@ def test_rotary_without_copies_gives_transformerlens_bits(name):
     assert all(torch.equal(cache[key], plain_cache[key]) for key in plain_cache.keys())
 
 
+@pytest.mark.parametrize("name", sorted(TINY_CONFIGS))
+def test_grouped_keys_and_values_computed_once_per_key_head_give_transformerlens_bits(name):
+    """A grouped-query layer computes each key and value once per key/value head and repeats it per
+    query head, where TransformerLens repeats the weights on every pass: the logits and every
+    activation (hook_k and hook_v with one entry per query head included) are TransformerLens's, bit
+    for bit, with the flag set (the loaded model's) and unset (a user's own setting, left to
+    TransformerLens); a patch of one query head's key still reaches that head alone; and no pass
+    reads the repeated weights, which TransformerLens reads on every pass with the flag set."""
+    from transformer_lens.components import GroupedQueryAttention
+
+    from lens_position.models.adapters import _calculate_qkv_matrices
+
+    model = load_model(name).model
+    assert all(isinstance(b.attn, GroupedQueryAttention) for b in model.blocks)
+    assert all(b.attn.calculate_qkv_matrices.__func__ is _calculate_qkv_matrices for b in model.blocks)
+    tokens = torch.randint(0, model.cfg.d_vocab, (2, 24), generator=torch.Generator().manual_seed(1))
+    repeated = []
+
+    def runs(patch=None):
+        hooks = [] if patch is None else [("blocks.1.attn.hook_k", patch)]
+        with model.hooks(fwd_hooks=hooks):
+            return model.run_with_cache(tokens)
+
+    def one_head(k, hook):
+        k = k.clone()
+        k[:, 5, -1] += 1.0
+        return k
+
+    cls = type(model.blocks[0].attn)
+    original = {prop: getattr(cls, prop) for prop in ("W_K", "W_V")}
+    for ungroup in (True, False):
+        model.cfg.ungroup_grouped_query_attention = ungroup
+        for prop in original:  # count every read of the repeated weights
+            setattr(cls, prop, property(lambda self, p=original[prop]: repeated.append(1) or p.fget(self)))
+        try:
+            ours = [runs(), runs(one_head)]
+            assert not repeated
+            for block in model.blocks:
+                del block.attn.calculate_qkv_matrices
+            try:
+                plain = [runs(), runs(one_head)]
+            finally:
+                for block in model.blocks:
+                    block.attn.calculate_qkv_matrices = MethodType(_calculate_qkv_matrices, block.attn)
+            assert bool(repeated) == ungroup  # TransformerLens repeats them with the flag set
+        finally:
+            model.cfg.ungroup_grouped_query_attention = True
+            for prop, value in original.items():
+                setattr(cls, prop, value)
+        for (logits, cache), (plain_logits, plain_cache) in zip(ours, plain):
+            assert torch.equal(logits, plain_logits)
+            assert all(torch.equal(cache[key], plain_cache[key]) for key in plain_cache.keys())
+        if ungroup:
+            moved = (ours[1][1]["blocks.1.attn.hook_attn_scores"] != ours[0][1]["blocks.1.attn.hook_attn_scores"])
+            assert moved.any(dim=(0, 2, 3)).nonzero().flatten().tolist() == [model.cfg.n_heads - 1]
+        repeated.clear()
+
+
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-gemma3"])
 def test_weights_laid_out_for_linear_give_the_same_bits_without_a_copy_per_pass(name):
     """The weights TransformerLens transposes and copies on every forward pass (gated MLP, W_Q, W_O,
