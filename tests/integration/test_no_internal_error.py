@@ -213,6 +213,7 @@ BENCHMARKS = [
     ["benchmarks/backends.py", "--models", "tiny-llama", "--N", "4", "--T", "16", "--repeats", "1"],
     ["benchmarks/probe_intervals.py", "--model", "tiny-llama", "--sets", "2", "--T", "16", "--N", "4", "--layers", "0"],
     ["benchmarks/reproduce.py", "--models", "tiny-llama", "--quick", "--T", "16", "--N", "4"],
+    ["benchmarks/grouped_kv.py", "--model", "tiny-llama", "--T", "8", "--passes", "1", "--repeats", "1"],
 ]
 # The ones that need a real model (the embedded SmolLM2, read offline), marked slow.
 REAL_MODEL_BENCHMARKS = [
