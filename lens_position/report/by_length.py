@@ -49,8 +49,10 @@ def by_length_html(tables: Mapping[str, pd.DataFrame]) -> str:
     return ('<section id="c3-by-length"><h2>C3 at each sequence length</h2><p class="caption">The claims table '
             "decides each comparison of C3 at one T; here each is made again at every T both models were measured at "
             "(their own decompositions and their length sweeps; a sliding-window model only beyond its window), with "
-            "the 95% interval of the difference over bootstrap replicates. NTK scaling acts beyond the original "
-            "training length, and the mask component shrinks as T grows, so a verdict may hold at some T and not "
-            f"at others.</p><ul>{summary}</ul><table class=\"compact\"><thead><tr><th>model</th><th>against</th>"
-            "<th>quantity</th><th>T</th><th>value [95% interval]</th><th>verdict</th><th>N</th><th>from</th></tr>"
+            "the 95% interval of the difference over bootstrap replicates. NTK scaling is made for lengths beyond "
+            "the original training length (a static scaling rotates every position differently, a dynamic one "
+            "only past that length), and the mask component shrinks as T grows, so a verdict may hold at some T "
+            f"and not at others.</p><ul>{summary}</ul><table class=\"compact\"><thead><tr><th>model</th>"
+            "<th>against</th><th>quantity</th><th>T</th><th>value [95% interval]</th><th>verdict</th><th>N</th>"
+            "<th>from</th></tr>"
             f"</thead><tbody>{rows}</tbody></table></section>")
