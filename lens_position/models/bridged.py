@@ -12,7 +12,7 @@ from typing import Any
 
 from lens_position.ground.errors import BadInputError, LensPositionError, UnsupportedArchitectureError
 from lens_position.models import sources
-from lens_position.models.cache import model_weights_sha256
+from lens_position.models.cache import hashes_other_than_its_checkpoint, model_weights_sha256
 from lens_position.models.hf_cache import read_gguf_cached
 from lens_position.models.placement import Placement, check_bridge_takes, placed_summary, torch_dtype
 from lens_position.models.rope import normalise_ntk_by_parts, ntk_aware_base
@@ -219,6 +219,9 @@ def load_bridged(name: str, source: str, kind: str, target: Any, options: dict[s
             f"({type(crash).__name__}: {str(crash)[:200]}): an error inside TransformerLens (or the family's Hugging "
             f"Face code), not in your checkpoint. {routes}") from crash
     bridge.__dict__[COUPLED_KV] = dict(verified.get("kv_single_head", {}))
+    if hashes_other_than_its_checkpoint(bridge):  # it computes with tensors of its own (a fused QKV split in
+        # three): the hash stands for what it holds, so an edit shows and an edit undone hashes as loaded
+        spec = dataclasses.replace(spec, weights_sha256=model_weights_sha256(bridge))
     extra = {**spec.extra, "verified": verified, "load_seconds": round(time.perf_counter() - started, 3)}
     return LoadedModel(model=bridge, tokenizer=tokenizer, spec=dataclasses.replace(spec, extra=extra))
 

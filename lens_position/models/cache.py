@@ -150,23 +150,57 @@ def weights_of(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 REPEATED_ROWS = "_lens_position_repeated_rows"
 
 
-def weight_owners(model: torch.nn.Module) -> dict[str, tuple[torch.nn.Module, str]] | None:
-    """Each weight of a Hugging Face model a TransformerLens ``TransformerBridge`` has booted on, by
-    its checkpoint name, with the module holding it and its attribute name there; None for a model
-    without the bridge's wrappers, whose state dict names its weights as loaded.
+#: The prefix of the names :func:`weight_owners` gives the tensors a booted bridge made of its own
+#: (a fused query/key/value projection split into three, say), which the checkpoint does not name.
+BRIDGE_COPY = "bridge:"
 
-    After booting, the model's modules sit inside the bridge's wrappers (each a module whose
-    ``_original_component`` is the module it replaced, beside aliases of its parts): its state dict
-    then names each weight several times, none of them the checkpoint's name. Here a wrapper stands
+
+def weight_owners(model: torch.nn.Module) -> dict[str, tuple[torch.nn.Module, str]] | None:
+    """Each weight a TransformerLens ``TransformerBridge`` computes with, by its checkpoint name, with
+    the module holding it and its attribute name there; None for a model without the bridge's
+    wrappers (a ``HookedTransformer``, a Hugging Face model not booted on), whose state dict names
+    its weights as loaded.
+
+    After booting, the Hugging Face model's modules sit inside the bridge's wrappers (each a module
+    whose ``_original_component`` is the module it replaced, beside aliases of its parts): the state
+    dict names each weight several times, none of them the checkpoint's name. Here a wrapper stands
     where the module it wraps stood and its aliases are not followed, so every weight keeps its
-    checkpoint name, once. The zero ``bias`` the bridge gives an unembedding that has none is not a
-    weight of the checkpoint and is left out while it is zero (so is a checkpoint's own unembedding
-    bias while all of it is zero: its hash then differs from the load's, a false alarm, never a
-    change unseen). :data:`DERIVED_BUFFERS` are left out, as from every hash."""
+    checkpoint name, once. Given the bridge itself (not its ``original_model``), a checkpoint weight
+    the bridge no longer holds (a fused ``query_key_value`` it split) is left out, and a tensor it
+    made of its own and computes with (the three projections) is in, named :data:`BRIDGE_COPY` and
+    its state-dict name: the weights are those whose edit changes what the bridge computes. The zero
+    ``bias`` the bridge gives an unembedding that has none is not a weight of the checkpoint and is
+    left out while it is zero (so is a checkpoint's own unembedding bias while all of it is zero: its
+    hash then differs from the load's, a false alarm, never a change unseen). :data:`DERIVED_BUFFERS`
+    are left out, as from every hash."""
+    hf_model = getattr(model, "original_model", None)
+    root = hf_model if isinstance(hf_model, torch.nn.Module) else model
     owners: dict[str, tuple[torch.nn.Module, str]] = {}
-    if not _unwrapped_owners(model, "", owners):
+    added_biases: set[int] = set()
+    if not _unwrapped_owners(root, "", owners, added_biases):
         return None
+    held = model.state_dict(keep_vars=True)
+    if root is not model:  # the bridge: what it holds, no more
+        live = {id(tensor) for tensor in held.values()}
+        owners = {name: (owner, leaf) for name, (owner, leaf) in owners.items() if id(getattr(owner, leaf)) in live}
+    seen = {id(getattr(owner, leaf)) for owner, leaf in owners.values()} | added_biases
+    for key, tensor in sorted(held.items()):
+        if id(tensor) not in seen and not is_derived(key):
+            seen.add(id(tensor))
+            owners[BRIDGE_COPY + key.replace("._original_component", "")] = _owner(model, key)
     return {name: owner for name, owner in owners.items() if not is_derived(name)}
+
+
+def hashes_other_than_its_checkpoint(bridge: torch.nn.Module) -> bool:
+    """Whether the weights a booted bridge computes with (:func:`weight_owners`) are not its
+    checkpoint's, name for name: tensors of its own, or checkpoint weights it no longer holds. The
+    hash taken before booting then cannot stand for them."""
+    owners = weight_owners(bridge)
+    if owners is None:
+        return False
+    checkpoint: dict[str, tuple[torch.nn.Module, str]] = {}
+    _unwrapped_owners(getattr(bridge, "original_model", bridge), "", checkpoint, set())
+    return set(owners) != {name for name in checkpoint if not is_derived(name)}
 
 
 def _owner(model: torch.nn.Module, name: str) -> tuple[torch.nn.Module, str]:
@@ -176,24 +210,29 @@ def _owner(model: torch.nn.Module, name: str) -> tuple[torch.nn.Module, str]:
 
 
 def _unwrapped_owners(module: torch.nn.Module, prefix: str, owners: dict[str, tuple[torch.nn.Module, str]],
-                      unembedding: bool = False) -> bool:
-    """Fill ``owners`` for ``module`` as :func:`weight_owners` names them; whether a bridge wrapper
-    was met. ``unembedding``: ``module`` is what a bridge's ``UnembeddingBridge`` wraps, whose zero
+                      added_biases: set[int], unembedding: bool = False) -> bool:
+    """Fill ``owners`` for ``module`` as :func:`weight_owners` names the checkpoint's weights, and
+    ``added_biases`` with the ids of the zero biases the bridge added; whether a bridge wrapper was
+    met. ``unembedding``: ``module`` is what a bridge's ``UnembeddingBridge`` wraps, whose zero
     ``bias`` the bridge added (a parameter on TransformerLens 3.9, a buffer on 4.x)."""
     original = module._modules.get("_original_component")
     if original is not None:
-        _unwrapped_owners(original, prefix, owners, unembedding=type(module).__name__ == "UnembeddingBridge")
+        _unwrapped_owners(original, prefix, owners, added_biases,
+                          unembedding=type(module).__name__ == "UnembeddingBridge")
         return True
     tensors = [*module._parameters.items(),
                *((name, b) for name, b in module._buffers.items() if name not in module._non_persistent_buffers_set)]
     for name, tensor in tensors:
-        added_bias = unembedding and name == "bias" and tensor is not None and not tensor.is_meta and not tensor.any()
-        if tensor is not None and not added_bias:
+        if tensor is None:
+            continue
+        if unembedding and name == "bias" and not tensor.is_meta and not tensor.any():
+            added_biases.add(id(tensor))
+        else:
             owners[prefix + name] = (module, name)
     wrapped = False
     for name, child in module._modules.items():
         if child is not None:
-            wrapped |= _unwrapped_owners(child, f"{prefix}{name}.", owners)
+            wrapped |= _unwrapped_owners(child, f"{prefix}{name}.", owners, added_biases)
     return wrapped
 
 

@@ -381,16 +381,6 @@ def _layout(state: dict[str, torch.Tensor]) -> tuple[Any, ...]:
                   t.storage_offset(), tuple(t.shape), t.stride()) for t in state.values())
 
 
-def _hashed_module(model: torch.nn.Module) -> torch.nn.Module:
-    """The module whose weights a spec's ``weights_sha256`` hashes: a ``TransformerBridge``'s Hugging
-    Face model, whose weights keep their checkpoint names (:func:`~lens_position.models.cache.weight_owners`),
-    as the load hashed them; any other model itself."""
-    bridge = bridge_class()
-    if bridge is not None and isinstance(model, bridge):
-        return model.original_model
-    return model
-
-
 def _current(loaded: LoadedModel) -> LoadedModel:
     """``loaded`` with a spec that states the weights as they are now: when a weight was written
     to, cast or replaced since the spec's hash was taken, its sha256 is taken again (the load-time one
@@ -408,7 +398,7 @@ def _current(loaded: LoadedModel) -> LoadedModel:
         from lens_position.models.cache import model_weights_sha256
 
         at_load = spec.extra.get("weights_sha256_at_load", spec.weights_sha256)
-        fresh = model_weights_sha256(_hashed_module(loaded.model))
+        fresh = model_weights_sha256(loaded.model)
         extra = {**spec.extra, "dtype": dtype}
         if fresh != at_load and at_load is not None:
             extra["weights_sha256_at_load"] = at_load
@@ -434,7 +424,7 @@ def _bare_spec(model: Any, tokenizer: Any) -> ModelSpec:
     name = getattr(model.cfg, "model_name", None) or "custom"
     cls = f"{type(model).__module__}.{type(model).__qualname__}"
     common: dict[str, Any] = dict(name=name, source=f"custom:{cls}", tokenizer_prepends_bos=prepends_bos,
-                                  bos_token_id=bos_id, weights_sha256=model_weights_sha256(_hashed_module(model)))
+                                  bos_token_id=bos_id, weights_sha256=model_weights_sha256(model))
     bridge = bridge_class()
     if bridge is not None and isinstance(model, bridge):
         from lens_position.models.backends.bridge import prepare_bare_bridge

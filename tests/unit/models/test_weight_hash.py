@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from lens_position.models import load_model
 from lens_position.models.backends import hooked_available
 from lens_position.models.cache import model_weights_sha256, weight_owners, weights_of
+from lens_position.models.family_checkpoints import write_family_checkpoint
 from lens_position.models.spec import as_loaded
 from lens_position.models.tiny import TINY_CONFIGS, tiny_hf_model
 
@@ -33,10 +34,9 @@ def models() -> dict[tuple[str, str], object]:
 
 
 def _weights(loaded) -> dict[str, torch.Tensor]:
-    model = getattr(loaded.model, "original_model", loaded.model)
-    owners = weight_owners(model)
+    owners = weight_owners(loaded.model)
     if owners is None:  # the hooked backend: no wrappers
-        return weights_of(model.state_dict(keep_vars=True))
+        return weights_of(loaded.model.state_dict(keep_vars=True))
     return {name: getattr(owner, leaf) for name, (owner, leaf) in owners.items()}
 
 
@@ -48,7 +48,7 @@ def test_a_booted_bridge_hashes_as_the_checkpoint_it_was_loaded_from(name, model
     loaded = models[(name, "bridge")]
     hf_model, _ = tiny_hf_model(name)
     assert set(_weights(loaded)) == set(hf_model.state_dict())
-    assert model_weights_sha256(loaded.model.original_model) == loaded.spec.weights_sha256
+    assert model_weights_sha256(loaded.model) == loaded.spec.weights_sha256
     assert model_weights_sha256(hf_model) == loaded.spec.weights_sha256
     assert as_loaded(loaded.model, loaded.tokenizer).spec.weights_sha256 == loaded.spec.weights_sha256
 
@@ -95,4 +95,36 @@ def test_an_edit_of_every_copy_of_a_repeated_key_head_shows_too(name, models):
     finally:
         with torch.no_grad():
             key.data.copy_(before)
+    assert as_loaded(loaded).spec.weights_sha256 == at_load
+
+
+@pytest.mark.parametrize("model_type", ["phi3", "olmo2", "qwen2", "gpt_neox", "starcoder2"])
+def test_a_booted_bridge_of_any_layout_hashes_as_its_checkpoint(model_type, tmp_path):
+    """Checkpoint folders of families whose keys and values the bridge backend repeats in other
+    layouts (Phi-3's fused ``qkv_proj``, OLMo-2's key norm over all heads, Qwen2's key and value
+    biases) or splits into copies of its own (GPT-NeoX's fused multi-head projection): after booting,
+    the weights hash as at load, and every key weight the model holds (the checkpoint's and the
+    bridge's copies), edited, shows, and set back gives that hash again."""
+    loaded = load_model(str(write_family_checkpoint(model_type, tmp_path / model_type)), backend="bridge")
+    at_load = loaded.spec.weights_sha256
+    assert model_weights_sha256(loaded.model) == at_load
+    assert as_loaded(loaded.model, loaded.tokenizer).spec.weights_sha256 == at_load
+    for name, weight in _weights(loaded).items():
+        if not any(part in name for part in ("k_proj.weight", "qkv_proj.weight", "query_key_value.weight",
+                                             ".k.weight")):
+            continue
+        _edit_and_undo(loaded, weight, at_load)
+    assert "weights_sha256_at_load" not in as_loaded(loaded).spec.extra
+
+
+def _edit_and_undo(loaded, weight: torch.Tensor, at_load: str) -> None:
+    before = weight.data.clone()
+    try:
+        with torch.no_grad():
+            weight.data[-1, 0] += 0.5
+        edited = as_loaded(loaded).spec
+        assert edited.weights_sha256 != at_load and edited.extra["weights_sha256_at_load"] == at_load
+    finally:
+        with torch.no_grad():
+            weight.data.copy_(before)
     assert as_loaded(loaded).spec.weights_sha256 == at_load
