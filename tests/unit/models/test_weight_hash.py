@@ -10,6 +10,9 @@ Marked ``tl4``: it runs on TransformerLens 3.9 (both backends) and 4.3 (the brid
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -21,6 +24,7 @@ from lens_position.models.cache import model_weights_sha256, weight_owners, weig
 from lens_position.models.family_checkpoints import write_family_checkpoint
 from lens_position.models.spec import as_loaded
 from lens_position.models.tiny import TINY_CONFIGS, tiny_hf_model
+from lens_position.pipeline.family_matrix import MATRIX_FILE, line
 
 pytestmark = pytest.mark.tl4
 
@@ -121,10 +125,29 @@ def _edit_and_undo(loaded, weight: torch.Tensor, at_load: str) -> None:
     before = weight.data.clone()
     try:
         with torch.no_grad():
-            weight.data[-1, 0] += 0.5
+            weight.data[(-1,) + (0,) * (weight.ndim - 1)] += 0.5
         edited = as_loaded(loaded).spec
         assert edited.weights_sha256 != at_load and edited.extra["weights_sha256_at_load"] == at_load
     finally:
         with torch.no_grad():
             weight.data.copy_(before)
     assert as_loaded(loaded).spec.weights_sha256 == at_load
+
+
+_MATRIX = json.loads((Path(__file__).resolve().parents[3] / MATRIX_FILE).read_text(encoding="utf-8"))
+BRIDGED_FAMILIES = sorted(name for name, row in _MATRIX[f"transformer_lens {line()}"]["rows"].items()
+                          if row["status"] == "works" and row.get("backend") == "bridge")
+
+
+@pytest.mark.parametrize("model_type", BRIDGED_FAMILIES)
+def test_on_every_family_the_bridge_loads_an_edit_shows_and_an_edit_undone_does_not(model_type, tmp_path):
+    """Each family the family matrix records as working on the bridge: the hash after booting is the
+    load's and a bare wrap's, an edit of any weight the bridge computes with shows, and set back,
+    gives the load's hash again."""
+    loaded = load_model(str(write_family_checkpoint(model_type, tmp_path / model_type)), backend="bridge")
+    at_load = loaded.spec.weights_sha256
+    assert model_weights_sha256(loaded.model) == at_load
+    assert as_loaded(loaded.model, loaded.tokenizer).spec.weights_sha256 == at_load
+    for weight in _weights(loaded).values():
+        if weight.ndim and weight.is_floating_point() and not weight.is_meta:
+            _edit_and_undo(loaded, weight, at_load)
