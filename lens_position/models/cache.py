@@ -238,7 +238,7 @@ def _unwrapped_owners(module: torch.nn.Module, prefix: str, owners: dict[str, tu
 
 def model_weights_sha256(model: torch.nn.Module) -> str:
     """:func:`state_dict_sha256` of a model's weights (its state dict less :data:`DERIVED_BUFFERS`; a
-    booted bridge's Hugging Face model by its checkpoint's names and rows, :func:`weight_owners` and
+    booted bridge's by the names and rows of its checkpoint, :func:`weight_owners` and
     :func:`_as_checkpointed`: the hash ``load_model`` records for the same weights), read one tensor
     at a time where accelerate offloaded part of the model (``device_map`` with host or disk
     targets): a weight offloaded to disk or the host (on ``meta`` between forwards) is read in for its
