@@ -7,11 +7,18 @@ attention come from?
 1. the decomposition over all queries (:func:`lens_position.analyses.decompose.decompose`): how
    much of the attention's absolute-position signal is the causal mask's (M') and how much the
    residual stream's (R'), held out and reference-free, with intervals;
-2. the sink heads (:func:`lens_position.analyses.sinks.sink_heads`): whether any head attends
-   mostly to position 0;
-3. BOS replacement at early queries (:func:`lens_position.analyses.bos.bos_replacement`): how much
-   of R' depends on the vector at position 0 (only when the prompts start with BOS; the answer
-   says when it was not run, and why).
+2. the sink heads (:func:`lens_position.analyses.sinks.sink_heads`) on the first ``sink_length``
+   positions of the prompts (Gu et al.'s T = 64): whether any head attends mostly to position 0;
+3. BOS replacement at early queries (:func:`lens_position.analyses.bos.bos_replacement`) on the
+   first ``early_queries`` positions of the prompts: how much of R' depends on the vector at
+   position 0, per replacement and as C4's mean over replacements
+   (:func:`lens_position.analyses.claims.c4_fraction`), only when the prompts start with BOS (the
+   answer says when it was not run, and why).
+
+These are the prompt sets, estimators and code of the reproduction's ``decompose``, ``sink_heads``
+and ``bos`` steps, which cut their early-query and sink prompts from the decomposition's in the
+same way: ``analyze(model, build_prompts(model, T=T, N=N, seed=seed))`` and ``lens-position
+reproduce`` at the same model, ``T``, ``N`` and seed print the same numbers.
 
 Example::
 
@@ -36,10 +43,16 @@ import torch
 from jaxtyping import Float
 
 from lens_position.analyses.bos import REPLACEMENTS, BosReplacement, bos_replacement
-from lens_position.analyses.claims import PAPER
+from lens_position.analyses.claims import PAPER, c4_fraction
 from lens_position.analyses.decompose import Decomposition, decompose
-from lens_position.analyses.sentences import UNTRAINED_NOTE, bos_sentence, components_sentence, sinks_sentence
-from lens_position.analyses.sinks import SINK_EPS, SinkHeads, sink_heads
+from lens_position.analyses.sentences import (
+    UNTRAINED_NOTE,
+    bos_sentence,
+    components_sentence,
+    early_queries_text,
+    sinks_sentence,
+)
+from lens_position.analyses.sinks import SINK_EPS, SINK_T, SinkHeads, sink_heads
 from lens_position.core import summaries
 from lens_position.core.checks import check_query_range
 from lens_position.core.estimate import ModelCost, calibrate, decomposition_work, estimate, forward_work
@@ -106,12 +119,12 @@ class Analysis(SavedResult):
         out = self.decomposition.headline()
         out += self.sink_heads.headline()[:1]
         if self.bos is not None:
-            column = "fraction_removed_rf_heldout" if "fraction_removed_rf_heldout" in self.bos.columns \
-                else "fraction_removed_rf"  # the held-out R' claim C4 is decided on
-            out += [Headline(column, f"R' removed by BOS replacement ({row['replacement']})",
-                             row_estimate(row, column),
-                             f"held-out, at early queries; the paper: about {PAPER.c4_fraction_removed:.0%}")
-                    for _, row in self.bos.iterrows()]
+            column, _, mean = c4_fraction(self.bos, self.bos_replicates)
+            at = early_queries_text(self.bos) or "early queries"
+            out.append(Headline(column, "R' removed by BOS replacement (C4: mean)", mean,
+                                f"held-out, {at}; the paper: about {PAPER.c4_fraction_removed:.0%}"))
+            out += [Headline(column, f"  of which {row['replacement']}", row_estimate(row, column),
+                             "the fraction with this replacement") for _, row in self.bos.iterrows()]
         return out
 
     def __repr__(self) -> str:
@@ -123,14 +136,15 @@ class Analysis(SavedResult):
 
 
 def _estimate(
-    loaded: LoadedModel, prompts: CheckedPrompts, early_queries: int, batch_size: int, bootstrap: Bootstrap
+    loaded: LoadedModel, prompts: CheckedPrompts, early_queries: int, sink_length: int, batch_size: int,
+    bootstrap: Bootstrap
 ) -> str:
     """How long :func:`analyze` should take here (:mod:`lens_position.core.estimate`)."""
     cost = ModelCost.of(loaded)
     n_seq, length = (int(x) for x in prompts.tokens.shape)
     replicates = bootstrap.n_resamples if bootstrap.enabled else 0
     work = decomposition_work(cost, sequences=n_seq, positions=length, batch_size=batch_size, replicates=replicates)
-    work = work + forward_work(cost, sequences=n_seq, positions=length, batch_size=batch_size,
+    work = work + forward_work(cost, sequences=n_seq, positions=sink_length, batch_size=batch_size,
                                score_layers=cost.n_layers)
     if prompts.has_bos:  # the unreplaced decomposition at early queries and one per replacement
         work = work + decomposition_work(
@@ -151,33 +165,38 @@ def analyze(
     prompts: Prompts,
     *,
     early_queries: int = PAPER.early_queries,
+    sink_length: int = SINK_T,
     eps: float = SINK_EPS,
     batch_size: int = BATCH_SIZE,
     bootstrap: Bootstrap = Bootstrap(),
     progress: bool = True,
 ) -> Analysis:
     """Decompose ``prompts`` (all queries), find the sink heads (threshold ``eps`` on mean attention
-    to position 0) and, when the prompts start with BOS, replace the BOS embedding and measure the
-    share of R' removed at queries ``i < early_queries``; return one :class:`Analysis` with the answer
-    in words (module docstring). Every number has its bootstrap interval over sequences (``bootstrap``).
-    ``prompts``: anything :func:`lens_position.core.inputs.checked_prompts` accepts."""
+    to position 0) on their first ``sink_length`` positions and, when the prompts start with BOS,
+    replace the BOS embedding and measure the share of R' removed on their first ``early_queries``
+    positions; return one :class:`Analysis` with the answer in words (module docstring). Every
+    number has its bootstrap interval over sequences (``bootstrap``). ``prompts``: anything
+    :func:`lens_position.core.inputs.checked_prompts` accepts."""
     loaded = as_loaded(model)
     prompts = checked_prompts(loaded, prompts, min_length=2, distinct=bootstrap.enabled)
     length = prompts.tokens.shape[1]
     early = check_query_range((0, early_queries), length, "early_queries")  # checked whether BOS replacement runs
+    sink_length = check_query_range((0, sink_length), length, "sink_length")[1]
+    seed = prompts.spec.seed if prompts.spec.seed is not None else 0  # the reproduction's: its data seed
     name = loaded.spec.name
     with progress_bar("analyze", enabled=progress):  # the three analyses count into one bar
         if progress:
-            note(f"analyze on {name}: {_estimate(loaded, prompts, early_queries, batch_size, bootstrap)}")
+            note(f"analyze on {name}: {_estimate(loaded, prompts, early[1], sink_length, batch_size, bootstrap)}")
         decomposition = decompose(loaded, prompts, batch_size=batch_size, bootstrap=bootstrap, progress=progress)
-        sinks = sink_heads(loaded, prompts, eps=eps, batch_size=batch_size, bootstrap=bootstrap, progress=progress)
+        sinks = sink_heads(loaded, prompts.first(sink_length), eps=eps, batch_size=batch_size, bootstrap=bootstrap,
+                           progress=progress)
         bos = None
         if prompts.has_bos:
-            bos = bos_replacement(loaded, prompts, query_range=early,
+            bos = bos_replacement(loaded, prompts.first(early[1]), query_range=early, seed=seed,
                                   batch_size=batch_size, bootstrap=bootstrap, progress=progress)
     sentences = [components_sentence(decomposition.layers, name, decomposition.replicates, in_sample=False),
                  sinks_sentence(sinks.frame, None, name)]
-    sentences.append(bos_sentence(bos.overall, name) if bos is not None else
+    sentences.append(bos_sentence(bos.overall, name, bos.replicates) if bos is not None else
                      "BOS replacement was not run: these prompts do not start with BOS (build them with "
                      "build_prompts(..., bos='force')).")
     if is_untrained(decomposition.provenance):

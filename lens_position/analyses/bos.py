@@ -68,7 +68,8 @@ class BosReplacement(SavedResult):
     ``R_heldout_replaced``, ``var_abs_t_base``, ``var_abs_t_replaced``,
     ``fraction_removed_raw``, ``R_rf_base``, ``R_rf_replaced``, ``fraction_removed_rf`` and the
     intervals ``fraction_removed_lo``/``_hi``, ``fraction_removed_rf_lo``/``_hi``. ``overall``:
-    one row per replacement with the same columns over all layers, and ``n_sequences``.
+    one row per replacement with the same columns over all layers, ``n_sequences`` and the early
+    queries ``query_start``/``query_stop``.
     ``heads``: per-head ``R`` base and replaced. ``replicates``: one row per (replacement,
     bootstrap replicate) with the overall fractions (None without intervals).
     ``base_layers`` / ``base_replicates``: the base decomposition's per-layer table and
@@ -176,7 +177,8 @@ def bos_replacement(
                                                     "R_replaced"]]
     spec = getattr(prompts, "spec", None)
     return BosReplacement(
-        frame=comparison.layers.rename(columns=names), overall=comparison.overall.rename(columns=names),
+        frame=comparison.layers.rename(columns=names),
+        overall=comparison.overall.rename(columns=names).assign(query_start=query_range[0], query_stop=query_range[1]),
         heads=heads, base_layers=base.layers, base_replicates=base.replicates,
         replicates=None if comparison.replicates is None else comparison.replicates.rename(columns=names),
         provenance=provenance.collect(

@@ -682,6 +682,35 @@ def _c3_fail_text(arch: str, text: str, estimate: Estimate) -> str:
 
 # --------------------------------------------------------------------------- C4
 
+# The fraction columns of BosReplacement's tables, best first: the held-out reference-free R' (what C4
+# is decided on: an in-sample R' of the replaced run carries the fit's upward bias, largest where R' is
+# small, so an in-sample fraction climbs with N), then the in-sample R', then R (tables of older versions)
+C4_COLUMNS = {"fraction_removed_rf_heldout": "R' (held-out)", "fraction_removed_rf": "R'",
+              "fraction_removed": "R (self-referenced)"}
+
+
+def c4_column(frame: pd.DataFrame) -> tuple[str, str]:
+    """The fraction column of a BOS-replacement table (``overall`` or ``frame``) that C4 reads, and
+    how it is named: the first of :data:`C4_COLUMNS` the table has."""
+    column = next((c for c in C4_COLUMNS if c in frame.columns), "fraction_removed")
+    return column, C4_COLUMNS[column]
+
+
+def c4_fraction(overall: pd.DataFrame, replicates: pd.DataFrame | None) -> tuple[str, str, Estimate]:
+    """C4's number from ``BosReplacement.overall`` and ``.replicates``: the fraction of R' removed at
+    early queries, the mean over replacements, with its interval from the same mean taken replicate by
+    replicate (a paired bootstrap); NaN where R' of the unreplaced run is not resolved from 0. Returns
+    the column, its name and the estimate. ``analyze``, the claims table and every sentence about C4
+    read this one value."""
+    column, label = c4_column(overall)
+    value = float(overall[column].astype(float).mean())
+    reps = None
+    if replicates is not None and column in replicates.columns:
+        reps = replicates.pivot(index="replicate", columns="replacement", values=column
+                                ).mean(axis=1).to_numpy(dtype=float)
+    n = int(overall["n_sequences"].iloc[0]) if "n_sequences" in overall.columns and len(overall) else None
+    return column, label, from_replicates(value, reps, n=n, method=interval_method(column))
+
 
 def _evaluate_c4(results: Tables, criteria: Criteria) -> list[Evaluation]:
     target = PAPER.c4_fraction_removed
@@ -692,21 +721,9 @@ def _evaluate_c4(results: Tables, criteria: Criteria) -> list[Evaluation]:
         if overall is None:
             rows.append(_not_measured("C4", arch))
             continue
-        # the held-out reference-free R' when the table has it: an in-sample R' of the replaced run carries the
-        # fit's upward bias, largest where R' is small, so an in-sample fraction climbs with N; tables from
-        # older versions: the in-sample R', else R, said so
-        column = ([c for c in ("fraction_removed_rf_heldout", "fraction_removed_rf") if c in overall.columns]
-                  or ["fraction_removed"])[0]
-        label = {"fraction_removed_rf_heldout": "R' (held-out)", "fraction_removed_rf": "R'"}.get(
-            column, "R (self-referenced)")
-        value = float(overall[column].astype(float).mean())
         reps_frame = _part(results, "bos_replicates", arch)
-        reps = None
-        if reps_frame is not None and column in reps_frame.columns:
-            reps = reps_frame.pivot(index="replicate", columns="replacement", values=column
-                                    ).mean(axis=1).to_numpy(dtype=float)
-        n = int(overall["n_sequences"].iloc[0]) if "n_sequences" in overall.columns else None
-        mean = from_replicates(value, reps, n=n, method=interval_method(column))
+        column, label, mean = c4_fraction(overall, reps_frame)
+        n = mean.n
         per = []
         for _, row in overall.iterrows():
             est = Estimate(float(row[column]), float(row.get(f"{column}_lo", math.nan)),

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from lens_position.analyses.claims import PAPER
-from lens_position.core.intervals import RATIO_FLOOR, Estimate, from_replicates
+from lens_position.analyses.claims import PAPER, c4_column, c4_fraction
+from lens_position.core.intervals import RATIO_FLOOR, Estimate, format_percent, from_replicates
 from lens_position.core.summaries import fmt, layer_mean, missing_layers_note, row_estimate
 
 UNTRAINED_NOTE = ("These numbers come from a small model with random weights, built in code: they exercise the "
@@ -123,11 +123,13 @@ def sinks_sentence(sinks: pd.DataFrame, reading: pd.DataFrame | None = None, arc
     n_sinks, n_heads = int(sinks["is_sink"].sum()), len(sinks)
     top = sinks.loc[sinks["sink_score"].astype(float).idxmax()]
     strongest = f"L{int(top['layer'])}.H{int(top['head'])} at {fmt(row_estimate(top, 'sink_score'))}"
+    at = (f" over the first {int(sinks['seq_len'].iloc[0])} positions of each prompt"
+          if "seq_len" in sinks.columns and sinks["seq_len"].nunique() == 1 else "")
     if n_sinks:
-        sinks_part = (f"{n_sinks} of {n_heads} heads are attention sinks (mean attention on position 0 above "
+        sinks_part = (f"{n_sinks} of {n_heads} heads are attention sinks (mean attention on position 0{at} above "
                       f"{eps:g}), the strongest {strongest}")
     else:
-        sinks_part = (f"no head is an attention sink (mean attention on position 0 above {eps:g}); "
+        sinks_part = (f"no head is an attention sink (mean attention on position 0{at} above {eps:g}); "
                       f"the largest is {strongest}")
     if reading is None or not len(reading):
         return f"{who}, {sinks_part}; which heads read position 0 was not measured (sink_reading_heads)."
@@ -139,60 +141,90 @@ def sinks_sentence(sinks: pd.DataFrame, reading: pd.DataFrame | None = None, arc
             f"patched (the sink readers) are {named}.")
 
 
-def bos_sentence(overall: pd.DataFrame, architecture: str | None = None) -> str:
-    """What replacing the BOS embedding does to R' at early queries (``BosReplacement.overall``)."""
+def early_queries_text(overall: pd.DataFrame) -> str:
+    """Which queries and prompts BOS replacement was measured at, from ``BosReplacement.overall``:
+    "queries 0-31 of 16 prompts" ("" for a table without the columns)."""
+    if not {"query_start", "query_stop"} <= set(overall.columns) or not len(overall):
+        return ""
+    start, stop = int(overall["query_start"].iloc[0]), int(overall["query_stop"].iloc[0])
+    n = f" of {int(overall['n_sequences'].iloc[0])} prompts" if "n_sequences" in overall.columns else ""
+    return f"queries {start}–{stop - 1}{n}"
+
+
+def how_much_removed(estimate: Estimate) -> str:
+    """What a fraction of R' removed says, decided from its interval (the point alone without one):
+    ``"little"`` (within ±:data:`LITTLE`), ``"removes"`` / ``"adds"`` (resolved from 0 and not
+    little), ``"unresolved"`` (neither: its interval holds 0 and reaches past ±LITTLE), or
+    ``"not defined"`` (NaN: the unreplaced R' is not resolved from 0)."""
+    if not math.isfinite(estimate.value):
+        return "not defined"
+    lo, hi = estimate.decision_bounds if estimate.has_interval else (estimate.value, estimate.value)
+    if -LITTLE < lo and hi < LITTLE:
+        return "little"
+    if lo > 0:
+        return "removes"
+    if hi < 0:
+        return "adds"
+    return "unresolved"
+
+
+#: "Little" for a fraction of R' removed: within ±10% (the paper's 40% is four times that).
+LITTLE = 0.10
+
+
+def bos_sentence(overall: pd.DataFrame, architecture: str | None = None,
+                 replicates: pd.DataFrame | None = None) -> str:
+    """What replacing the BOS embedding does to R' at early queries (``BosReplacement.overall`` and
+    ``.replicates``): each replacement's fraction and C4's number, their mean
+    (:func:`lens_position.analyses.claims.c4_fraction`), with the queries and prompts they rest on."""
     where = f" on {architecture}" if architecture else ""
-    column = ([c for c in ("fraction_removed_rf_heldout", "fraction_removed_rf") if c in overall.columns]
-              or ["fraction_removed"])[0]  # the held-out fraction claim C4 is decided on, where the table has it
-    label = {"fraction_removed_rf_heldout": "the held-out R'", "fraction_removed_rf": "R'"}.get(column, "R")
-    if overall[column].astype(float).isna().all():
-        return (f"Replacing the BOS embedding{where}: the share of {label} it removes at early queries is not "
+    column, label, mean = c4_fraction(overall, replicates)
+    at = early_queries_text(overall) or "early queries"
+    if not math.isfinite(mean.value):
+        return (f"Replacing the BOS embedding{where}: the share of {label} it removes at {at} is not "
                 f"defined, because {label} of the unreplaced run is not resolved from 0.")
     parts = [f"{row['replacement']} {fmt(row_estimate(row, column), percent=True)}" for _, row in overall.iterrows()]
-    return (f"Replacing the BOS embedding{where} removes these shares of {label} at early queries "
-            f"(negative: adds): {', '.join(parts)}.")
+    return (f"Replacing the BOS embedding{where} removes {fmt(mean, percent=True)} of {label} at {at}, the mean "
+            f"over replacements C4 is decided on ({', '.join(parts)}; negative: adds).")
 
 
 # --------------------------------------------------------------------------- the report's words
 
 
-def bos_direction(overall: pd.DataFrame, architecture: str | None = None) -> str:
+def bos_direction(overall: pd.DataFrame, architecture: str | None = None,
+                  replicates: pd.DataFrame | None = None) -> str:
     """Which way BOS replacement moved the residual component, per replacement and on average,
-    from ``BosReplacement.overall``, against the paper's fraction (``claims.PAPER``)."""
-    column = ([c for c in ("fraction_removed_rf_heldout", "fraction_removed_rf") if c in overall.columns]
-              or ["fraction_removed"])[0]
-    label = {"fraction_removed_rf_heldout": "R' (held-out)", "fraction_removed_rf": "R'"}.get(column, "R")
+    from ``BosReplacement.overall`` (and ``.replicates``, for the mean's interval), against the
+    paper's fraction (``claims.PAPER``)."""
+    column, label, mean = c4_fraction(overall, replicates)
     where = f" on {architecture}" if architecture else ""
-    if overall[column].astype(float).isna().all():
+    if not math.isfinite(mean.value):
         return (f"Replacing the BOS embedding{where}: the fraction of {label} it removes at early queries is not "
                 f"defined, because {label} of the unreplaced run is not resolved from 0 (its interval contains 0, "
                 "or it is below 0.005 of Var(log A)): a ratio to it would be noise, so nothing is said about "
                 "its direction or its share.")
     parts, signs = [], []
     for _, row in overall.iterrows():
-        est = Estimate(float(row[column]), float(row.get(f"{column}_lo", math.nan)),
-                       float(row.get(f"{column}_hi", math.nan)))
+        est = row_estimate(row, column)
         parts.append(f"{row['replacement']} {est.format('+.0f', percent=True)}")
-        if est.has_interval:
-            signs.append("removed" if est.lo > 0 else "added" if est.hi < 0 else "unchanged")
-        else:
-            signs.append("removed" if est.value > 0 else "added" if est.value < 0 else "unchanged")
-    mean = float(overall[column].astype(float).mean())
+        lo, hi = est.decision_bounds if est.has_interval else (est.value, est.value)
+        signs.append("removed" if lo > 0 else "added" if hi < 0 else "unchanged")
     text = (f"Replacing the BOS embedding{where} changes {label} at early queries by these fractions removed: "
-            + ", ".join(parts) + f" (average over replacements {mean:+.0%}; the paper: about "
+            + ", ".join(parts) + f" (mean over replacements {mean.format('+.0f', percent=True)}; the paper: about "
                                  f"{PAPER.c4_fraction_removed:.0%} removed). ")
     if all(s == "removed" for s in signs):
         text += (f"Every replacement removes residual component: part of {label} at early queries depends on which "
                  "vector sits at position 0, as the paper says (C4 below compares the share with the paper's).")
     elif all(s == "added" for s in signs):
         text += (f"Every replacement *adds* residual component, the opposite sign of the paper's: here {label} at "
-                 "early "
-                 "queries does not come from the BOS embedding itself, and a foreign vector at position 0 makes "
-                 "attention depend more on absolute position, not less.")
+                 "early queries does not come from the BOS embedding itself, and a foreign vector at position 0 "
+                 "makes attention depend more on absolute position, not less.")
+    elif all(s == "unchanged" for s in signs):
+        text += ("No replacement's change is resolved from 0 (every interval contains it): at this N it cannot be "
+                 f"said whether {label} at early queries depends on which vector sits at position 0.")
     elif all(s in ("unchanged", "added") for s in signs):
-        text += (f"No replacement removes residual component (intervals containing 0 or below it): here {label} at "
-                 f"early queries does not depend on which vector sits at position 0, where the paper finds about "
-                 f"{PAPER.c4_fraction_removed:.0%} of it tied to the BOS embedding.")
+        text += (f"No replacement removes residual component (intervals containing 0 or below it), where the paper "
+                 f"finds about {PAPER.c4_fraction_removed:.0%} of it tied to the BOS embedding.")
     else:
         text += ("The replacements disagree "
                  f"({', '.join(f'{r}: {s}' for r, s in zip(overall['replacement'], signs))}): "
@@ -268,14 +300,17 @@ def ground_truth_sentences(frame: pd.DataFrame, components: Sequence[str] = ("to
 
 
 def convergence_sentence(convergence: pd.DataFrame, bos_layers: pd.DataFrame | None = None,
-                         bos_overall: pd.DataFrame | None = None, architecture: str | None = None) -> str:
+                         bos_overall: pd.DataFrame | None = None, architecture: str | None = None,
+                         bos_replicates: pd.DataFrame | None = None) -> str:
     """Whether the position-0 state's convergence accounts for the C4 result, from the numbers:
     ``Position0Convergence.layers`` (``converged``, ``cosine``, ``tolerance``) and, when given,
-    ``BosReplacement.frame`` / ``.overall`` (the fraction of R' removed, held-out when present).
+    ``BosReplacement.frame`` / ``.overall`` / ``.replicates`` (the fraction of R' removed, held-out
+    when present; C4's mean over replacements, :func:`lens_position.analyses.claims.c4_fraction`).
 
     "Accounts" needs both halves: the replaced state has re-formed over most of the depth (at least
-    half of the layers converged) *and* BOS replacement removes little (|mean fraction| < 10%, or
-    every replacement's interval holding 0)."""
+    half of the layers converged) *and* BOS replacement removes little (:func:`how_much_removed`:
+    the mean's interval within ±10%). Where the interval is too wide to tell little from much, the
+    sentence says so and draws no conclusion."""
     layers = convergence.sort_values("layer")
     where = f"On {architecture}, t" if architecture else "T"
     converged = layers["converged"].astype(bool).to_numpy()
@@ -288,9 +323,7 @@ def convergence_sentence(convergence: pd.DataFrame, bos_layers: pd.DataFrame | N
              f"any layer (mean cosine {layers['cosine'].astype(float).mean():.2f})")
     if bos_layers is None or len(bos_layers) == 0:
         return state + "; BOS replacement was not measured, so whether this accounts for C4 is not said."
-    column = ([c for c in ("fraction_removed_rf_heldout", "fraction_removed_rf") if c in bos_layers.columns]
-              or ["fraction_removed"])[0]
-    label = {"fraction_removed_rf_heldout": "held-out R'", "fraction_removed_rf": "R'"}.get(column, "R")
+    column, label = c4_column(bos_layers)
 
     def pooled(group_layers: Any) -> float:
         """The fraction removed over a group of layers, pooled (1 - mean replaced / mean base over the
@@ -303,14 +336,13 @@ def convergence_sentence(convergence: pd.DataFrame, bos_layers: pd.DataFrame | N
         return 1 - replaced / base if abs(base) >= RATIO_FLOOR else math.nan
 
     def said(value: float) -> str:
-        return f"{value:+.0%}" if math.isfinite(value) else f"a fraction not defined ({label} not resolved from 0)"
+        return format_percent(value, "+.0f") if math.isfinite(value) else \
+            f"a fraction not defined ({label} not resolved from 0)"
 
     if bos_overall is not None and column in bos_overall.columns and len(bos_overall):
-        overall = float(bos_overall[column].astype(float).mean())
-        holds_zero = all(float(r.get(f"{column}_lo", math.nan)) <= 0 <= float(r.get(f"{column}_hi", math.nan))
-                         for _, r in bos_overall.iterrows())
+        _, _, overall = c4_fraction(bos_overall, bos_replicates)
     else:
-        overall, holds_zero = pooled(layers["layer"]), False
+        overall = Estimate(pooled(layers["layer"]))
     converged_layers, other_layers = layers.loc[converged, "layer"], layers.loc[~converged, "layer"]
     if len(converged_layers):
         split = f"pooled over the layers where the state has converged it removes {said(pooled(converged_layers))}"
@@ -319,20 +351,24 @@ def convergence_sentence(convergence: pd.DataFrame, bos_layers: pd.DataFrame | N
     else:
         split = f"pooled over the layers, none of which has converged, {said(pooled(other_layers))}"
     reformed = n_converged >= n_layers / 2
-    if not math.isfinite(overall):
+    how_much = how_much_removed(overall)
+    if how_much == "not defined":
         return (state + f"; the fraction of {label} BOS replacement removes is not defined: {label} of the unreplaced "
                 f"run is not resolved from 0 ({split}), so whether convergence accounts for C4 is not said.")
-    little = abs(overall) < 0.1 or holds_zero
-    numbers = f"; BOS replacement removes {overall:+.0%} of {label} (mean over replacements; {split})"
-    if reformed and little:
+    verb = "adds" if how_much == "adds" else "removes"
+    numbers = f"; BOS replacement removes {fmt(overall, percent=True)} of {label} (mean over replacements; {split})"
+    if how_much == "unresolved":
+        verdict = (f": whether the replacement removes little (within ±{LITTLE:.0%}) or much is not resolved at this "
+                   "N, so whether convergence accounts for the C4 result is not said.")
+    elif reformed and how_much == "little":
         verdict = (": convergence accounts for the C4 result. Whatever vector sits at position 0, the state that "
                    "later heads read there re-forms, so there is little for the replacement to remove.")
     elif reformed:
-        verdict = (": convergence does not account for the C4 result. The state re-forms, yet the replacement "
-                   "removes residual component, so part of R' is read before the state has converged or does not "
+        verdict = (f": convergence does not account for the C4 result. The state re-forms, yet the replacement "
+                   f"{verb} residual component, so part of R' is read before the state has converged or does not "
                    "go through the position-0 state.")
-    elif not little:
-        verdict = (": the state does not re-form and the replacement removes residual component, as a residual "
+    elif how_much != "little":
+        verdict = (f": the state does not re-form and the replacement {verb} residual component, as a residual "
                    "component read from a position-0 state that depends on its token would make it; convergence "
                    "is absent here and does not explain the C4 result.")
     else:

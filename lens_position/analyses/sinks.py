@@ -58,6 +58,9 @@ from lens_position.models.spec import LoadedModel, ModelLike, as_loaded
 from lens_position.models.weights_scope import one_look_per_call
 
 SINK_EPS = 0.3
+#: positions per prompt of the sink-head step (Gu et al.'s T = 64 set-up): ``analyze`` and the reproduction
+#: measure sink heads on the first ``SINK_T`` positions of their prompts
+SINK_T = 64
 GU_CONDITIONS = ("natural", "random", "repeated")
 SINK_CONDITIONS = (*GU_CONDITIONS, "repeated_bos")
 # What each condition is made of: its token source, and the BOS policy of position 0 (None: the
@@ -85,7 +88,8 @@ class SinkHeads(SavedResult):
     """Result of :func:`sink_heads`. ``frame``: one row per (layer, head) with ``sink_score``
     (mean attention on position 0 over prompts and queries, in [0, 1]), its bootstrap
     interval over prompts ``sink_score_lo``/``sink_score_hi``, ``is_sink``
-    (``sink_score > eps``) and ``eps``. ``scores``: ``Float[Tensor, "layer head"]``;
+    (``sink_score > eps``), ``eps`` and ``seq_len`` (positions per prompt: the score depends on
+    it). ``scores``: ``Float[Tensor, "layer head"]``;
     ``prompt_scores``: the same per prompt, ``Float[Tensor, "prompt layer head"]`` (None when
     only pooled scores were given).
 
@@ -266,6 +270,7 @@ def sink_heads(
     })
     frame["is_sink"] = frame["sink_score"] > eps
     frame["eps"] = eps
+    frame["seq_len"] = int(prompts.tokens.shape[1])  # the score depends on it: the sentences say it
     return SinkHeads(frame=frame, scores=scores, eps=eps, prompt_scores=prompt_scores, provenance=provenance.collect(
         model=loaded.spec, data=_data_spec(prompts), seed=getattr(getattr(prompts, "spec", None), "seed", None),
         eps=eps, query_range=query_range, bos_policy=_bos_policy(prompts),

@@ -379,7 +379,7 @@ def _headlines(tables) -> list[str]:
             sentences.append(sinks_sentence(sinks, part("sink_reading", arch), arch))
         bos = part("bos_overall", arch)
         if bos is not None:
-            sentences.append(bos_sentence(bos, arch))
+            sentences.append(bos_sentence(bos, arch, part("bos_replicates", arch)))
         probe = part("probe_layers", arch)
         if probe is not None:
             best = probe.loc[probe["r2_heldout"].astype(float).idxmax()]
@@ -391,7 +391,8 @@ def _headlines(tables) -> list[str]:
                 f"{r['condition']} {100 * float(r['sink_rate']):.3g}%" for _, r in rate.iterrows()) + ".")
         convergence = part("convergence_layers", arch)
         if convergence is not None:
-            sentences.append(takeaways.convergence_sentence(convergence, part("bos_layers", arch), bos, arch))
+            sentences.append(takeaways.convergence_sentence(convergence, part("bos_layers", arch), bos, arch,
+                                                            part("bos_replicates", arch)))
         window_sinks = part("window_sinks_types", arch)
         if window_sinks is not None:
             sentences.append(takeaways.window_sinks_sentence(window_sinks, arch))

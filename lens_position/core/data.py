@@ -113,6 +113,18 @@ class PromptSet:
     def __len__(self) -> int:
         return self.tokens.shape[0]
 
+    def first(self, T: int) -> PromptSet:
+        """The first ``T`` positions of every sequence, as a prompt set whose spec says so
+        (``extra["first_of"]``: the length they were cut from). Under causal attention a query
+        ``i < T`` sees the same keys in either set, so an analysis of early queries (BOS replacement,
+        sink heads at Gu et al.'s T = 64) reads the same tokens whether it is given the whole set or
+        its first positions: the reproduction and :func:`lens_position.analyze` use these."""
+        if T >= self.tokens.shape[1]:
+            return self
+        extra = {**self.spec.extra, "first_of": self.spec.extra.get("first_of", self.spec.T)}
+        return PromptSet(self.tokens[:, :T].clone(), dataclasses.replace(self.spec, T=T, extra=extra),
+                         self.bos_token_id)
+
     def to_dict(self) -> dict[str, Any]:
         return self.spec.to_dict()
 

@@ -73,6 +73,17 @@ class CheckedPrompts(PromptSet):
         return (self.d_vocab == loaded.backend.d_vocab and self.tokens.shape[1] <= loaded.spec.n_ctx
                 and self.tokens_identity == _identity(self.tokens))
 
+    def first(self, T: int) -> CheckedPrompts:
+        """The first ``T`` positions (:meth:`PromptSet.first`), still checked: ids and padding hold for a
+        prefix, and its length fits where the whole did; whether its sequences are still distinct is
+        checked here, where the whole's were."""
+        cut = PromptSet.first(self, T)
+        if cut is self:
+            return self
+        distinct = self.distinct and len(torch.unique(cut.tokens, dim=0)) == len(cut.tokens)
+        return CheckedPrompts(cut.tokens, cut.spec, cut.bos_token_id, d_vocab=self.d_vocab, n_ctx=self.n_ctx,
+                              tokens_identity=_identity(cut.tokens), distinct=distinct)
+
 
 def _identity(tokens: torch.Tensor) -> tuple[int, int | str]:
     """Which token tensor, and whether it was written to: its version counter, or the hash of its bytes

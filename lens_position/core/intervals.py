@@ -291,17 +291,43 @@ class Estimate:
         return interval_note(self.method, self.value, self.lo, self.hi)
 
     def format(self, spec: str = ".3f", percent: bool = False) -> str:
-        """``"0.123 [0.100, 0.140]"`` (or in percent), followed by :attr:`note` in brackets; a NaN
-        estimate is "not defined" (a fraction whose denominator is not resolved from 0)."""
+        """``"0.123 [0.100, 0.140]"`` (or in percent, :func:`format_percent`), followed by :attr:`note`
+        in brackets; a NaN estimate is "not defined" (a fraction whose denominator is not resolved
+        from 0)."""
         if math.isnan(self.value):
             return "not defined"
-        scale, unit = (100.0, "%") if percent else (1.0, "")
-        text = f"{self.value * scale:{spec}}{unit}"
+
+        def one(x: float) -> str:
+            return format_percent(x, spec) if percent else f"{x:{spec}}"
+        text = one(self.value)
         if self.has_interval:
-            text += f" [{self.lo * scale:{spec}}{unit}, {self.hi * scale:{spec}}{unit}]"
+            text += f" [{one(self.lo)}, {one(self.hi)}]"
         if self.note:
             text += f" ({self.note})"
         return text
+
+
+#: A percentage beyond this (a fraction of ±3) is printed as "> 300%" / "< -300%": a ratio gets there
+#: when its denominator, or one of its bootstrap replicates, comes near 0, and the digits would be noise.
+PERCENT_LIMIT = 3.0
+#: A percentage of smaller size than this (a fraction of 1e-4) is printed as "< 0.01%" (or "> -0.01%").
+PERCENT_RESOLUTION = 1e-4
+
+
+def format_percent(fraction: float, spec: str = ".3g") -> str:
+    """``fraction`` as a percentage, the one way every door prints one: with ``spec`` (``".3g"``,
+    ``"+.0f"``) inside ±:data:`PERCENT_LIMIT`, as "> 300%" / "< -300%" beyond it, and as "< 0.01%" /
+    "> -0.01%" below :data:`PERCENT_RESOLUTION` in size (exact 0 is "0%"). NaN is "nan"."""
+    if math.isnan(fraction):
+        return "nan"
+    if fraction > PERCENT_LIMIT:
+        return f"> {PERCENT_LIMIT:.0%}"
+    if fraction < -PERCENT_LIMIT:
+        return f"< -{PERCENT_LIMIT:.0%}"
+    if fraction != 0 and abs(fraction) < PERCENT_RESOLUTION:
+        return f"< {PERCENT_RESOLUTION:.2%}" if fraction > 0 else f"> -{PERCENT_RESOLUTION:.2%}"
+    text = f"{fraction * 100:{spec}}"
+    return "0%" if text.lstrip("+-").strip("0.") == "" else f"{text}%"  # rounded to 0 by spec: no sign
 
 
 def interval_note(method: str, value: float, lo: float, hi: float) -> str:

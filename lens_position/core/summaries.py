@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from lens_position.core.intervals import LEVEL, Estimate, from_replicates, interval_method
+from lens_position.core.intervals import LEVEL, Estimate, format_percent, from_replicates, interval_method
 from lens_position.ground.errors import BadInputError
 
 MAX_LINES = 24  # a screen: what __repr__ may print at most
@@ -90,7 +90,7 @@ def fmt(estimate: Estimate, percent: bool = False) -> str:
     def one(x: float) -> str:
         if not math.isfinite(x):
             return "nan"
-        return f"{x * 100:.3g}%" if percent else f"{x:.3g}"
+        return format_percent(x) if percent else f"{x:.3g}"
     text = one(estimate.value)
     if estimate.has_interval:
         text += f" [{one(estimate.lo)}, {one(estimate.hi)}]"

@@ -111,7 +111,7 @@ def _convergence_sentences(results: Mapping[str, pd.DataFrame]) -> list[str]:
 
     archs = (list(dict.fromkeys(convergence["architecture"])) if "architecture" in convergence.columns else [None])
     return [convergence_sentence(part("convergence_layers", arch), part("bos_layers", arch),
-                                 part("bos_overall", arch), arch) for arch in archs]
+                                 part("bos_overall", arch), arch, part("bos_replicates", arch)) for arch in archs]
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from lens_position.analyses.claims import PAPER
+from lens_position.analyses.claims import PAPER, c4_column
 from lens_position.core.intervals import benjamini_hochberg, interval_method, interval_note
 from lens_position.ground.errors import BadInputError
 from lens_position.ground.paths import checked_path
@@ -390,8 +390,7 @@ def bos_fraction_removed(layers: pd.DataFrame, overall: pd.DataFrame | None = No
     on, has its own y axis; a per-layer panel is clipped to [-2, 2] (200% either way) where a layer's
     fraction goes beyond, so one small denominator cannot flatten the rest (hover keeps every value).
     """
-    column = column or ([c for c in ("fraction_removed_rf_heldout", "fraction_removed_rf") if c in layers.columns]
-                        or ["fraction_removed"])[0]
+    column = column or c4_column(layers)[0]
     _require(layers, ["replacement", "layer", column], "bos_fraction_removed")
     replacements = list(dict.fromkeys(layers["replacement"].tolist()))
     n_panels = len(replacements) + (overall is not None)
@@ -908,8 +907,7 @@ def convergence_c4(convergence: pd.DataFrame, bos_layers: pd.DataFrame | None = 
     panels = ["cosine of the replaced position-0 state to the unreplaced one"]
     column = None
     if bos_layers is not None and len(bos_layers):
-        column = ([c for c in ("fraction_removed_rf_heldout", "fraction_removed_rf") if c in bos_layers.columns]
-                  or ["fraction_removed"])[0]
+        column = c4_column(bos_layers)[0]
         _require(bos_layers, ["replacement", "layer", column], "convergence_c4")
         panels.append("fraction of R' removed per layer (mean over replacements)")
     fig = make_subplots(rows=1, cols=len(panels), subplot_titles=panels)

@@ -474,3 +474,40 @@ def test_prompt_sets_are_opt_in_and_reported_beside_the_claims(tmp_path):
     with pytest.raises(SystemExit) as refused:
         main(["probe", "tiny-llama", "--quick", "--prompt-sets", "3", "--out", str(tmp_path / "p"), "--no-progress"])
     assert refused.value.code == 2
+
+
+def test_analyze_and_the_reproduction_print_the_same_numbers(quick_run):
+    """One question, one number: analyze on the reproduction's prompts (same model, N, T, seed, BOS
+    policy and sizes as --quick) gives the reproduction's decomposition, sink heads, BOS replacement
+    and C4's mean over replacements, to float precision, and says which prompts and queries C4 rests on."""
+    import lens_position as lp
+    from lens_position.core.intervals import Bootstrap
+    from lens_position.pipeline.config import QUICK
+
+    model = lp.load_model("tiny-llama")
+    prompts = lp.build_prompts(model, T=QUICK.T, N=QUICK.N, bos="force", seed=0)
+    result = lp.analyze(model, prompts, early_queries=QUICK.query_range[1], sink_length=QUICK.sink_T,
+                        bootstrap=Bootstrap(n_resamples=QUICK.n_resamples), progress=False)
+    arch = "standard RoPE: tiny-llama"
+
+    def ours(name, keys):
+        frame = pd.read_parquet(quick_run / f"{name}.parquet")
+        return frame[frame["architecture"] == arch].sort_values(keys).reset_index(drop=True)
+
+    for name, mine, keys in (("decompose_layers", result.layers, ["layer"]), ("sink_heads", result.sinks,
+                             ["layer", "head"]), ("bos_overall", result.bos, ["replacement"]),
+                             ("bos_layers", result.bos_layers, ["replacement", "layer"])):
+        theirs, mine = ours(name, keys), mine.sort_values(keys).reset_index(drop=True)
+        numeric = [c for c in mine.columns if c in theirs.columns and pd.api.types.is_numeric_dtype(mine[c])]
+        assert len(numeric) > 3, name
+        for column in numeric:
+            np.testing.assert_allclose(mine[column].to_numpy(float), theirs[column].to_numpy(float), rtol=1e-9,
+                                       atol=1e-12, equal_nan=True, err_msg=f"{name}.{column}")
+    claims = pd.read_csv(quick_run / "claims.csv")
+    c4 = claims[(claims["claim"] == "C4") & (claims["architecture"] == arch)].iloc[0]
+    mean, = [h for h in result.headline() if "C4" in h.label]
+    np.testing.assert_allclose([mean.estimate.value, mean.estimate.lo, mean.estimate.hi],
+                               [c4["value"], c4["value_lo"], c4["value_hi"]], rtol=1e-9, equal_nan=True)
+    text = " ".join(repr(result).split())
+    assert "C4: mean" in text and f"queries 0–{QUICK.query_range[1] - 1} of {QUICK.N} prompts" in text
+    assert f"over the first {QUICK.sink_T} positions" in text

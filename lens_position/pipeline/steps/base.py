@@ -47,6 +47,10 @@ class Sizes:
     layers: tuple[int, ...] | None = None
     keys: str | None = None
     n_seeds: int | None = None
+    #: the length of the model's main prompt set (the decomposition's) when these ``T`` positions are
+    #: its first ones (:meth:`~lens_position.core.data.PromptSet.first`): the early-query and sink
+    #: steps read the same tokens as the decomposition, and as :func:`lens_position.analyze`
+    first_of: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The sizes that apply, as JSON-ready values (tuples as lists)."""
@@ -113,10 +117,17 @@ class StepContext:
         """The natural text every step builds its prompts from (None: the default corpus)."""
         return self.corpus_text if self.data.source == "natural" else None
 
-    def prompts(self, T: int, N: int) -> PromptSet:
-        """The condition's ``N`` prompts of ``T`` positions (built once, shared between steps)."""
+    def prompts(self, T: int, N: int, first_of: int | None = None) -> PromptSet:
+        """The condition's ``N`` prompts of ``T`` positions (built once, shared between steps); with
+        ``first_of``, the first ``T`` positions of the ``N`` prompts of that length."""
+        if first_of is not None and first_of > T:
+            return self.shared(("prompts", T, N, first_of), lambda: self.prompts(first_of, N).first(T))
         self.spec.check_context(T)
         return self.shared(("prompts", T, N), lambda: self._build(T, N))
+
+    def prompts_of(self, sizes: Sizes) -> PromptSet:
+        """The prompts a step runs on at ``sizes``."""
+        return self.prompts(sizes.T, sizes.N, sizes.first_of)
 
     def _build(self, T: int, N: int) -> PromptSet:
         prompts = build_prompts(self.loaded, source=self.data.source, T=T, N=N, bos=self.data.bos,
@@ -209,9 +220,15 @@ def model_T(settings: Settings, spec: ModelSpec) -> int:
 def early_sizes(s: Settings, spec: ModelSpec) -> Sizes:
     """The sizes of the steps measured at early queries (BOS replacement, sink reading,
     convergence): sequences as long as the early query range."""
-    early_T = min(s.query_range[1], model_T(s, spec))
+    main_T = model_T(s, spec)
+    early_T = min(s.query_range[1], main_T)
     return Sizes(T=early_T, N=s.early_N, query_range=(s.query_range[0], early_T), batch_size=s.batch_size,
-                 n_resamples=s.n_resamples)
+                 n_resamples=s.n_resamples, first_of=first_of(early_T, main_T))
+
+
+def first_of(T: int, main_T: int) -> int | None:
+    """``main_T`` when a step's ``T`` positions are the first ones of the main prompt set, else None."""
+    return main_T if T < main_T else None
 
 
 def restrictions(s: Settings, *names: str) -> dict[str, Any]:
@@ -257,7 +274,7 @@ def early_decomposition_requests(ctx: StepContext, sizes: Sizes, *, activations:
     from lens_position.analyses.sinks import base_activation_names
     from lens_position.core.stream import WholeActivations
 
-    prompts = ctx.prompts(sizes.T, sizes.N)
+    prompts = ctx.prompts_of(sizes)
     query_range = sizes.query_range
     # with intervals off (n_resamples = 0) the base keeps halves, not sequences, and draws no replicates
     requests = [Request(DecompositionRequest(query_range=query_range, n_resamples=sizes.n_resamples), prompts,

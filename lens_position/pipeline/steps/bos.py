@@ -25,7 +25,7 @@ def requests(ctx: StepContext, sizes: Sizes) -> list[Request]:
 
 def run(ctx: StepContext, sizes: Sizes) -> StepOutput:
     """Run this step on the context's model and prompts: its result tables and provenance."""
-    prompts = ctx.prompts(sizes.T, sizes.N)
+    prompts = ctx.prompts_of(sizes)
     ctx.need_bos(prompts, NEEDS_BOS)
     base, = [ctx.passes.get(request) for request in requests(ctx, sizes)]
     result = bos_replacement(ctx.loaded, prompts, query_range=sizes.query_range or (0, sizes.T), seed=ctx.data.seed,

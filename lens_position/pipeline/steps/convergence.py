@@ -12,7 +12,7 @@ from lens_position.pipeline.steps.base import Sizes, Step, StepContext, StepOutp
 
 def run(ctx: StepContext, sizes: Sizes) -> StepOutput:
     """Run this step on the context's model and prompts: its result tables and provenance."""
-    prompts = ctx.prompts(sizes.T, sizes.N)  # the BOS step's prompts: the same token 0
+    prompts = ctx.prompts_of(sizes)  # the BOS step's prompts: the same token 0
     if not ctx.loaded.backend.has_mlp:  # no MLP to restore the state with
         empty = pd.DataFrame({"layer": pd.Series(dtype="int64")})
         return StepOutput({table.name: empty for table in STEP.tables},

@@ -13,6 +13,7 @@ from lens_position.pipeline.steps.base import (
     Step,
     StepContext,
     StepOutput,
+    first_of,
     forward_passes,
     model_T,
 )
@@ -20,19 +21,21 @@ from lens_position.pipeline.steps.base import (
 
 def sizes(s: Settings, spec: ModelSpec) -> Sizes:
     """The sizes this step runs with under the run's settings, for this model (T within its context)."""
-    return Sizes(T=min(s.sink_T, model_T(s, spec)), N=s.N, eps=s.eps, batch_size=s.batch_size,
+    main_T = model_T(s, spec)
+    T = min(s.sink_T, main_T)
+    return Sizes(T=T, first_of=first_of(T, main_T), N=s.N, eps=s.eps, batch_size=s.batch_size,
                  n_resamples=s.n_resamples)
 
 
 def requests(ctx: StepContext, sizes: Sizes) -> list[Request]:
     """The streamed passes this step reads, as requests (steps reading the same pass share it)."""
-    prompts = ctx.prompts(sizes.T, sizes.N)
+    prompts = ctx.prompts_of(sizes)
     return [Request(SinkScoresRequest(), prompts, lambda: SinkScoreReducer(ctx.loaded, prompts), sizes.batch)]
 
 
 def run(ctx: StepContext, sizes: Sizes) -> StepOutput:
     """Run this step on the context's model and prompts: its result tables and provenance."""
-    prompts = ctx.prompts(sizes.T, sizes.N)
+    prompts = ctx.prompts_of(sizes)
     scores, = [ctx.passes.get(request) for request in requests(ctx, sizes)]
     result = sink_heads(ctx.loaded, prompts, eps=sizes.threshold, scores=scores, batch_size=sizes.batch,
                         bootstrap=sizes.bootstrap, progress=ctx.progress)

@@ -64,22 +64,23 @@ def _overall(fractions, half_width=0.05):
 @pytest.mark.parametrize("fractions, says", [
     ([0.35, 0.40, 0.45], "Every replacement removes residual component"),
     ([-0.20, -0.30, -0.10], "Every replacement *adds* residual component"),
-    ([-0.02, 0.01, -0.03], "No replacement removes residual component"),
+    ([-0.02, 0.01, -0.03], "No replacement's change is resolved from 0"),
+    ([-0.02, -0.12, -0.03], "No replacement removes residual component"),
     ([0.40, -0.30, 0.00], "The replacements disagree"),
 ])
 def test_bos_direction_follows_the_sign_of_the_intervals(fractions, says):
     text = takeaways.bos_direction(_overall(fractions), "model A")
     assert says in text
     for fraction in fractions:
-        assert f"{fraction * 100:+.0f}%" in text
-    assert f"average over replacements {np.mean(fractions):+.0%}" in text
+        assert (f"{fraction * 100:+.0f}%" if fraction else "0%") in text  # no sign on a zero
+    assert f"mean over replacements {np.mean(fractions):+.0%}" in text
     assert f"about {PAPER.c4_fraction_removed:.0%} removed" in text
 
 
 def test_bos_direction_without_intervals_uses_the_point_values():
     overall = pd.DataFrame({"replacement": ["token"], "fraction_removed": [-0.02]})
     text = takeaways.bos_direction(overall)
-    assert "R at early queries" in text and "*adds*" in text and "-2%" in text
+    assert "R (self-referenced) at early queries" in text and "*adds*" in text and "-2%" in text
 
 
 def _layers(T, R, M, C):
