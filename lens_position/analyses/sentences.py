@@ -358,8 +358,8 @@ def convergence_sentence(convergence: pd.DataFrame, bos_layers: pd.DataFrame | N
     verb = "adds" if how_much == "adds" else "removes"
     numbers = f"; BOS replacement removes {fmt(overall, percent=True)} of {label} (mean over replacements; {split})"
     if how_much == "unresolved":
-        verdict = (f": whether the replacement removes little (within ±{LITTLE:.0%}) or much is not resolved at this "
-                   "N, so whether convergence accounts for the C4 result is not said.")
+        verdict = (f": whether the replacement's effect is small (within ±{LITTLE:.0%}) or not is not resolved at "
+                   "this N, so whether convergence accounts for the C4 result is not said.")
     elif reformed and how_much == "little":
         verdict = (": convergence accounts for the C4 result. Whatever vector sits at position 0, the state that "
                    "later heads read there re-forms, so there is little for the replacement to remove.")

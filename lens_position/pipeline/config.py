@@ -29,11 +29,13 @@ class Settings:
     - probe: the same ``T``, and enough sequences for ``probe_positions`` positions in all
       (at least ``N``): a ridge probe on a d_model-wide residual stream needs more samples
       than features on each side of its train/test split;
-    - bos, sink_reading (measured at early queries ``query_range``): ``early_N`` sequences
-      of ``query_range[1]`` positions. Under causal attention a query ``i`` sees keys
-      ``<= i`` only, so longer sequences would not change what is measured, only its cost;
-    - sink_heads, sink_rate, fingerprint: ``N`` sequences of ``sink_T`` positions (Gu et
-      al.'s T = 64 set-up).
+    - bos, sink_reading, convergence (measured at early queries ``query_range``): the first
+      ``query_range[1]`` positions of ``early_N`` decomposition prompts. Under causal attention a
+      query ``i`` sees keys ``<= i`` only, so longer sequences would not change what is measured,
+      only its cost;
+    - sink_heads (and the rotary bands): the first ``sink_T`` positions of the decomposition's
+      prompts (Gu et al.'s T = 64 set-up; ``analyze`` reads the same positions);
+    - sink_rate, fingerprint: ``N`` sequences of ``sink_T`` positions of their own conditions.
 
     ``n_resamples``: bootstrap replicates behind every interval (0: no intervals; see
     :mod:`lens_position.core.intervals`).

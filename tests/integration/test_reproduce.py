@@ -511,3 +511,17 @@ def test_analyze_and_the_reproduction_print_the_same_numbers(quick_run):
     text = " ".join(repr(result).split())
     assert "C4: mean" in text and f"queries 0–{QUICK.query_range[1] - 1} of {QUICK.N} prompts" in text
     assert f"over the first {QUICK.sink_T} positions" in text
+
+
+def test_the_report_prints_no_percentage_past_300_or_with_four_digits(quick_run):
+    """A ratio whose replicates' denominators come near 0 prints as "< -300%", a share below display
+    resolution as "< 0.01%": the report of the tiny models holds no four-digit or unbounded percentage."""
+    import html as html_module
+
+    text = html_module.unescape(re.sub(r"<script.*?</script>|<[^>]+>", " ",
+                                       (quick_run / "report.html").read_text(), flags=re.S))
+    text += (quick_run / "claims.csv").read_text()
+    printed = [float(x) for x in re.findall(r"(?<![\w.])([+-]?\d+(?:\.\d+)?(?:e[+-]?\d+)?)%", text)]
+    assert printed, "the report prints percentages"
+    assert all(abs(x) <= 300 for x in printed), sorted(printed, key=abs)[-5:]
+    assert not re.search(r"\d{4,}(\.\d+)?%|e-?\d+%", text)

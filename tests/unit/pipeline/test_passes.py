@@ -56,3 +56,15 @@ def test_without_intervals_the_shared_early_base_draws_no_replicates():
     for table, column in (("bos_overall", "fraction_removed_lo"), ("sink_reading", "R_change_lo"),
                           ("sink_ablation", "R_change_hi")):
         assert tables[table][column].isna().all(), (table, column)
+
+
+def test_analyze_defaults_are_the_reproductions_sizes():
+    """analyze's early queries and sink length are the full reproduction's: one number either way."""
+    import inspect
+
+    from lens_position.analyses.analyze import analyze
+    from lens_position.pipeline.config import FULL
+
+    defaults = {name: p.default for name, p in inspect.signature(analyze).parameters.items()}
+    assert (defaults["early_queries"], defaults["sink_length"]) == (FULL.query_range[1], FULL.sink_T)
+    assert FULL.query_range[0] == 0 and FULL.early_N == FULL.N
