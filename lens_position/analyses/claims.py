@@ -47,6 +47,7 @@ from lens_position.core.intervals import (
     interval_method,
     units_to_decide,
 )
+from lens_position.core.run_tables import RunTables
 from lens_position.core.summaries import missing_layers_note
 
 Tables = Mapping[str, pd.DataFrame]
@@ -210,25 +211,13 @@ def _decide_text(n: int | None, estimate: Estimate, threshold: float, what: str)
 # --------------------------------------------------------------------------- reading the tables
 
 
-def _architectures(results: Tables) -> list[tuple[str, str]]:
+def _architectures(results: Tables) -> tuple[tuple[str, str], ...]:
     """(architecture label, role) in order of first appearance over all tables."""
-    seen: dict[str, str] = {}
-    for frame in results.values():
-        if frame is None or "architecture" not in frame.columns:
-            continue
-        roles = frame["role"] if "role" in frame.columns else pd.Series(["standard"] * len(frame))
-        for arch, role in zip(frame["architecture"].tolist(), roles.tolist()):
-            seen.setdefault(arch, role)
-    return list(seen.items())
+    return RunTables.of(results).architectures
 
 
 def _part(results: Tables, table: str, arch: str) -> pd.DataFrame | None:
-    frame = results.get(table)
-    if frame is None or len(frame) == 0:
-        return None
-    if "architecture" in frame.columns:
-        frame = frame[frame["architecture"] == arch]
-    return frame if len(frame) else None
+    return RunTables.of(results).part(table, arch)
 
 
 @dataclass
@@ -868,6 +857,7 @@ COLUMNS = ["claim", "statement", "criterion", "architecture", "verdict", "quanti
 
 def evaluate(results: Tables, criteria: Criteria = Criteria()) -> list[Evaluation]:
     """Every claim on every architecture, plus one ``"overall"`` evaluation per claim."""
+    results = RunTables.of(results)  # each table sliced once per architecture, whichever claim reads it
     out = []
     for claim in CLAIMS:
         rows = claim.evaluate(results, criteria)
@@ -947,6 +937,7 @@ def c3_by_length(results: Tables) -> pd.DataFrame:
     (``level``, the replicate-by-replicate difference when both sides share their replicates), ``n_sequences``
     the fewer sequences of the two sides, ``source`` where the numbers come from. Empty without an
     NTK or sliding-window model beside a standard one."""
+    results = RunTables.of(results)
     archs = _architectures(results)
     standard = [arch for arch, role in archs if role == "standard"]
     rows: list[dict[str, object]] = []

@@ -286,8 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def preflight(args: argparse.Namespace) -> None:
     """Refuse, before any model is loaded, a run that a step would refuse after minutes of
-    work: BOS-dependent steps under ``--bos none``, probes with ``--N`` below 3."""
-    from lens_position.analyses.probes import PROBE_MIN_N
+    work: BOS-dependent steps under ``--bos none``, a ``--N`` below what a step can measure on."""
     from lens_position.pipeline.steps import commands, get_step
 
     if args.command not in commands():  # a sweep checks its own spec
@@ -298,10 +297,11 @@ def preflight(args: argparse.Namespace) -> None:
         if needing:
             raise BadInputError(f"{needing[0]} needs BOS at position 0, which --bos none removes; use --bos force "
                                 f"(the default) or run a command without that step")
-    if "probe" in steps and args.N is not None and args.N < PROBE_MIN_N:
-        raise BadInputError(f"--N {args.N} is too few for the position probes: a held-out probe whose penalty is "
-                            f"chosen by cross-validation needs at least {PROBE_MIN_N} sequences; use --N {PROBE_MIN_N} "
-                            "or more")
+    for name in steps:
+        least = get_step(name).min_N
+        if least is not None and args.N is not None and args.N < least[0]:
+            raise BadInputError(f"--N {args.N} is too few for the {name} step: {least[1]}, at least {least[0]} "
+                                f"sequences; use --N {least[0]} or more")
 
 
 def _config(args: argparse.Namespace, argv: Sequence[str]):
@@ -344,120 +344,23 @@ def _config(args: argparse.Namespace, argv: Sequence[str]):
     )
 
 
-def _headlines(tables) -> list[str]:
-    """What the run measured, per model, in the sentences the report opens with: where absolute
-    position comes from (R', M'), the sink heads and their readers, BOS replacement, the probe,
-    and the instruments' sentences (position-0 convergence, window-aware sinks, rotary bands)."""
-    import textwrap
-
-    from lens_position.analyses.sentences import UNTRAINED_NOTE, bos_sentence, components_sentence, sinks_sentence
-    from lens_position.core.summaries import is_untrained
-    from lens_position.report import takeaways
-
-    def part(name, arch):
-        frame = tables.get(name)
-        if frame is None or not len(frame) or "architecture" not in frame.columns:
-            return None
-        frame = frame[frame["architecture"] == arch]
-        return frame.reset_index(drop=True) if len(frame) else None
-
-    archs = dict.fromkeys(a for frame in tables.values() if frame is not None and "architecture" in frame.columns
-                          for a in frame["architecture"])
-    lines = []
-    for arch in archs:
-        sentences = []
-        names = {str(m) for frame in tables.values() if frame is not None and "model" in frame.columns
-                 and "architecture" in frame.columns for m in frame.loc[frame["architecture"] == arch, "model"]}
-        if any(is_untrained({"model": {"name": name}}) for name in names):
-            sentences.append(f"{arch}: {UNTRAINED_NOTE}")
-        layers = part("decompose_layers", arch)
-        if layers is not None:
-            sentences.append(components_sentence(layers.sort_values("layer"), arch,
-                                                 part("decompose_replicates", arch), in_sample=False))
-        sinks = part("sink_heads", arch)
-        if sinks is not None:
-            sentences.append(sinks_sentence(sinks, part("sink_reading", arch), arch))
-        bos = part("bos_overall", arch)
-        if bos is not None:
-            sentences.append(bos_sentence(bos, arch, part("bos_replicates", arch)))
-        probe = part("probe_layers", arch)
-        if probe is not None:
-            best = probe.loc[probe["r2_heldout"].astype(float).idxmax()]
-            sentences.append(f"On {arch}, the position probe's held-out R² is at most {float(best['r2_heldout']):.3g} "
-                             f"(layer {int(best['layer'])}).")
-        rate = part("sink_rate", arch)
-        if rate is not None:
-            sentences.append(f"On {arch}, Gu et al.'s sink rate: " + ", ".join(
-                f"{r['condition']} {100 * float(r['sink_rate']):.3g}%" for _, r in rate.iterrows()) + ".")
-        convergence = part("convergence_layers", arch)
-        if convergence is not None:
-            sentences.append(takeaways.convergence_sentence(convergence, part("bos_layers", arch), bos, arch,
-                                                            part("bos_replicates", arch)))
-        window_sinks = part("window_sinks_types", arch)
-        if window_sinks is not None:
-            sentences.append(takeaways.window_sinks_sentence(window_sinks, arch))
-        bands, band_layers = part("bands_heads", arch), part("bands_layers", arch)
-        if bands is not None and band_layers is not None:
-            sentences.append(takeaways.rotary_bands_sentence(bands, band_layers, arch))
-        leakage = part("leakage_heads", arch)
-        if leakage is not None:
-            sentences.append(takeaways.leakage_sentence(leakage, part("leakage_seeds", arch), arch))
-        for sentence in sentences:
-            lines += textwrap.wrap(sentence, 110, initial_indent="  ", subsequent_indent="    ")
-    return lines
-
-
-# More architectures than this and the console summary gives one line each (the rest is in the report).
-COMPACT_AFTER = 2
-
-
-def _architectures(tables) -> list:
-    return list(dict.fromkeys(a for frame in tables.values() if frame is not None and "architecture" in frame.columns
-                              for a in frame["architecture"]))
-
-
-def _answers(tables, archs) -> list[str]:
-    """One line per architecture: :func:`lens_position.analyses.sentences.answer_line`."""
-    from lens_position.analyses.sentences import answer_line
-
-    out = []
-    for arch in archs:
-        frames = {name: tables.get(name) for name in ("decompose_layers", "decompose_replicates")}
-        parts = {name: frame[frame["architecture"] == arch] for name, frame in frames.items()
-                 if frame is not None and "architecture" in frame.columns}
-        layers = parts.get("decompose_layers")
-        if layers is not None and len(layers):
-            out.append(answer_line(layers.sort_values("layer"), str(arch), parts.get("decompose_replicates")))
-    return out
-
-
 def _summary(result) -> str:
-    from lens_position.analyses.claims import NOT_MEASURED
+    """What the command prints at the end: the files, what the run found
+    (:meth:`lens_position.findings.Findings.summary_lines`), the steps that did not apply, the
+    claims' verdicts and where the report is."""
+    from lens_position.findings import verdict_lines
     from lens_position.report import takeaways
 
-    overall = result.claims[result.claims["architecture"] == "overall"]
     lines = [f"wrote {len(result.files)} files to {result.files['report'].parent}"]
     banner = takeaways.small_run_banner(result.provenance)
     if banner:
         lines.insert(0, banner)
-    sweep = "seed" in overall.columns
-    archs = _architectures(result.tables)
-    if not sweep and len(archs) > COMPACT_AFTER:  # a reproduction: one screen, the detail is in the report
-        lines.append("  held-out share of Var(log A) explained by absolute position, and its split (the report "
-                     "words each):")
-        lines += [f"  {answer}" for answer in _answers(result.tables, archs)]
-    elif not sweep:  # a sweep's tables hold many conditions per model: its numbers are in the tables
-        lines += _headlines(result.tables)
+    if result.findings is not None:  # a sweep's tables hold many conditions per model: its numbers are in the tables
+        lines += result.findings.summary_lines()
     # a step that does not apply to a model (rotary bands on NoPE, convergence without MLPs) says so
     lines += [f"  {record.step} skipped: {record.provenance['skipped']}" for record in result.steps
               if isinstance(record.provenance, dict) and record.provenance.get("skipped")]
-    overall = overall[overall["verdict"] != NOT_MEASURED]  # one experiment decides one or two claims
-    if sweep:  # a sweep: one verdict per condition would be too long here
-        lines.append(f"  {len(overall)} verdicts over {overall[['source', 'bos', 'seed']].drop_duplicates().shape[0]} "
-                     "conditions in claims.csv")
-        overall = overall.iloc[:0]
-    for _, row in overall.iterrows():
-        lines.append(f"  {row['claim']}: {row['verdict']} ({row['measured']})")
+    lines += verdict_lines(result.claims)
     lines.append(f"report: {result.files['report']}")
     return "\n".join(lines)
 

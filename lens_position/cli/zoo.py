@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from lens_position.analyses.zoo.sweep import SINK_SWEEP
 from lens_position.cli.argtypes import path_option, seed_option
 from lens_position.models.zoo.recipe import DEFAULT_SEEDS, VARIANTS
+from lens_position.pipeline.zoo import SINK_SWEEP_POINTS
 
 
 def add_parser(subs: argparse._SubParsersAction) -> None:
@@ -32,7 +32,7 @@ def add_parser(subs: argparse._SubParsersAction) -> None:
     sweep = actions.add_parser(
         "sink-sweep", help="at what training budget do attention sinks form? (rope recipe, more steps/context/width)",
         description="Train the standard-RoPE recipe at larger budgets (more steps, a longer context, a wider "
-                    "model; points: " + ", ".join(p for p, _, _ in SINK_SWEEP) + ") and measure each model's "
+                    "model; points: " + ", ".join(SINK_SWEEP_POINTS) + ") and measure each model's "
                     "sink rate (Gu et al., eps = 0.3) and largest head sink score. Points already trained in "
                     "--root are read, not retrained.")
     sweep.add_argument("--point", dest="points", action="append", default=None, metavar="POINT",
@@ -49,43 +49,9 @@ def add_parser(subs: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> str:
-    """Do what ``args`` ask; return the text to print."""
-    from lens_position.analyses.zoo.training import list_table, train_variants
-    from lens_position.ground.errors import BadInputError
-    from lens_position.models.zoo.store import SHIPPED
+    """Do what ``args`` ask (:func:`lens_position.pipeline.zoo.run_zoo`); return the text to print."""
+    from lens_position.pipeline.zoo import run_zoo
 
-    if args.zoo_command == "sink-sweep":
-        import pandas as pd
-
-        from lens_position.analyses.zoo.sweep import sink_sweep, sink_trajectory, sweep_markdown, trajectory_sentences
-
-        table = pd.concat([sink_sweep(args.points, root=args.root, seed=seed, device=args.device,
-                                      progress=args.progress) for seed in args.seed], ignore_index=True)
-        trajectories = [sink_trajectory(p, root=args.root, seed=s) for p, s in zip(table["point"], table["seed"])]
-        trajectories = [t for t in trajectories if not t.empty]
-        sentences = trajectory_sentences(pd.concat(trajectories, ignore_index=True)) if trajectories else []
-        text = "\n\n".join([sweep_markdown(table), *sentences])
-        if args.trajectory_out is not None and trajectories:
-            args.trajectory_out.parent.mkdir(parents=True, exist_ok=True)
-            pd.concat(trajectories, ignore_index=True).to_csv(args.trajectory_out, index=False)
-        if args.out is not None:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            if args.out.suffix == ".csv":
-                table.to_csv(args.out, index=False)
-            else:
-                args.out.write_text(text + "\n")
-        return text
-    root = args.root or SHIPPED
-    if args.zoo_command == "list":
-        table = list_table(root)
-        if table.empty:
-            return f"no zoo checkpoints in {root}; train some with `lens-position zoo train all`"
-        return table.drop(columns=["recipe_sha256"]).to_string(index=False, float_format=lambda x: f"{x:.3f}")
-    variants = list(VARIANTS) if args.variants == ["all"] else args.variants
-    unknown = [v for v in variants if v not in VARIANTS]
-    if unknown:
-        raise BadInputError(f"unknown zoo variant(s) {unknown}; the variants are {', '.join(VARIANTS)}, or all")
-    seeds = args.seeds or ([*DEFAULT_SEEDS] if args.variants == ["all"] else [DEFAULT_SEEDS[0]])
-    done = train_variants(variants, seeds, root=root, device=args.device, progress=args.progress,
-                          skip_existing=not args.retrain)
-    return f"{len(done)} zoo checkpoints in {root}: " + ", ".join(c.name for c in done)
+    return run_zoo(args.zoo_command, **{k: v for k, v in vars(args).items()
+                                        if k in ("variants", "seeds", "seed", "root", "device", "retrain", "progress",
+                                                 "points", "out", "trajectory_out")})

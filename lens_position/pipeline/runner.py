@@ -18,8 +18,8 @@ from typing import Any
 
 import pandas as pd
 
-from lens_position.analyses import claims as claims_module
 from lens_position.core.intervals import annotate_intervals
+from lens_position.findings import Findings
 from lens_position.ground import provenance as provenance_module
 from lens_position.ground.errors import LensPositionError, MissingPackageError, is_input_error
 from lens_position.ground.progress import note, progress
@@ -69,6 +69,9 @@ class RunResult:
     provenance: dict[str, Any]
     files: dict[str, Path]
     steps: list[StepRecord]
+    #: what the run found (claims, C3 by length, the console's sentences); None for a sweep, whose
+    #: conditions each have theirs (in their reports)
+    findings: Findings | None = None
 
 
 class CellsFailedError(LensPositionError, RuntimeError):
@@ -252,10 +255,10 @@ def write_outputs(folder: OutputFolder, tables: Mapping[str, pd.DataFrame], clai
     return files
 
 
-def write_report(folder: OutputFolder, tables: Mapping[str, pd.DataFrame], prov: dict[str, Any],
+def write_report(folder: OutputFolder, findings: Findings, prov: dict[str, Any],
                  browser_check: bool) -> tuple[dict[str, Path], Any]:
     """``report.html`` (written whole) and, if asked, its check in Chromium with a screenshot."""
-    files = {"report": folder.text("report", "report.html", report_module.build_report(tables, provenance=prov))}
+    files = {"report": folder.text("report", "report.html", report_module.build_report(findings, provenance=prov))}
     check = None
     if browser_check:
         try:
@@ -308,20 +311,22 @@ def _run_into(folder: OutputFolder, config: RunConfig, plan: Plan, started: floa
 
     factors = tuple(config.factors)
     tables = stack_tables(plan, collected, factors)
-    claims = claims_for(tables, factors)
+    # what the run found, once: one Findings per condition of a sweep, one for a reproduction
+    conditions = findings_by_condition(tables, factors)
+    claims = stack_claims(conditions)
+    findings = conditions[0][1] if not factors else None
     prov = run_provenance(config, plan, collected)
     folder.begin({"command": config.command, "started": prov["created"]})
     files = write_outputs(folder, tables, claims, config.fmt)
-    if not factors:  # a sweep's conditions each have their report, which shows C3 at each T
-        by_length = claims_module.c3_by_length(zoo_c3.split_tables(tables)[0])
-        if len(by_length):
-            files["claims_by_length"] = folder.table("claims_by_length", by_length, "csv")
-    files.update(zoo_c3.write_outputs(folder, tables))
+    if findings is not None:  # a sweep's conditions each have their report, which shows C3 at each T
+        if len(findings.by_length):
+            files["claims_by_length"] = folder.table("claims_by_length", findings.by_length, "csv")
+        files.update(zoo_c3.write_outputs(folder, findings))
     prov["wall_time_s"] = round(time.perf_counter() - started, 3)
-    if factors:
-        report_files, checks = write_sweep_reports(folder, tables, claims, prov, config.browser_check)
+    if findings is None:
+        report_files, checks = write_sweep_reports(folder, conditions, claims, prov, config.browser_check)
     else:
-        report_files, check = write_report(folder, tables, prov, config.browser_check)
+        report_files, check = write_report(folder, findings, prov, config.browser_check)
         checks = {"report.html": check} if check is not None else {}
     files.update(report_files)
     prov["wall_time_s"] = round(time.perf_counter() - started, 3)
@@ -332,34 +337,44 @@ def _run_into(folder: OutputFolder, config: RunConfig, plan: Plan, started: floa
                 f"the report {folder.out / name} failed its browser check: {len(check.undrawn)} figure(s) not "
                 f"drawn ({', '.join(check.undrawn) or 'none'}), JavaScript errors: {check.js_errors or 'none'}")
     records = [collected.records[k] for k in sorted(collected.records)]
-    return RunResult(tables=tables, claims=claims, provenance=prov, files=files, steps=records)
+    return RunResult(tables=tables, claims=claims, provenance=prov, files=files, steps=records, findings=findings)
 
 
-def claims_for(tables: Mapping[str, pd.DataFrame], factors: tuple[str, ...]) -> pd.DataFrame:
-    """The claims table; in a sweep, one per condition (factor values in front), stacked."""
+def findings_by_condition(tables: Mapping[str, pd.DataFrame], factors: tuple[str, ...]
+                          ) -> list[tuple[dict[str, Any], Findings]]:
+    """What the run found: one :class:`~lens_position.findings.Findings` (``({}, findings)``) or, in a
+    sweep, one per condition with its factor values."""
     if not factors:
-        return claims_module.claims_table(zoo_c3.split_tables(tables)[0])
+        return [({}, Findings.of(tables))]
     from lens_position.pipeline.sweep import split_by_condition
 
-    return pd.concat([_tag(claims_module.claims_table(zoo_c3.split_tables(subset)[0]), values)
-                      for values, subset in split_by_condition(tables)], ignore_index=True)
+    return [(values, Findings.of(subset)) for values, subset in split_by_condition(tables)]
 
 
-def write_sweep_reports(folder: OutputFolder, tables: Mapping[str, pd.DataFrame], claims: pd.DataFrame,
-                        prov: dict[str, Any], browser_check: bool) -> tuple[dict[str, Path], dict[str, Any]]:
+def stack_claims(conditions: list[tuple[dict[str, Any], Findings]]) -> pd.DataFrame:
+    """The claims table (``claims.csv``): the findings' own, or a sweep's, one per condition with its
+    factor values in front, stacked."""
+    if len(conditions) == 1 and not conditions[0][0]:
+        return conditions[0][1].claims
+    return pd.concat([_tag(findings.claims, values) for values, findings in conditions], ignore_index=True)
+
+
+def write_sweep_reports(folder: OutputFolder, conditions: list[tuple[dict[str, Any], Findings]],
+                        claims: pd.DataFrame, prov: dict[str, Any], browser_check: bool
+                        ) -> tuple[dict[str, Path], dict[str, Any]]:
     """A report per condition and the sweep's ``report.html`` linking them, each written whole;
     with ``browser_check``, each condition's report is opened in Chromium."""
-    from lens_position.pipeline.sweep import condition_slug, split_by_condition, sweep_index_html
+    from lens_position.pipeline.sweep import condition_slug, sweep_index_html
 
     files: dict[str, Path] = {}
     reports: dict[str, str] = {}
     checks: dict[str, Any] = {}
-    for values, subset in split_by_condition(tables):
+    for values, findings in conditions:
         slug = condition_slug(values)
         name = f"report-{slug}.html"
         reports[slug] = name
         files[f"report-{slug}"] = folder.text(f"report-{slug}", name, report_module.build_report(
-            subset, provenance={**prov, "condition": values},
+            findings, provenance={**prov, "condition": values},
             title=f"lens_position: {values['source']} text, BOS {values['bos']}, seed {values['seed']}"))
         if browser_check:
             try:

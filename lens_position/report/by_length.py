@@ -5,11 +5,10 @@ per comparison, the lengths at which its verdict holds, fails or is undecided.""
 from __future__ import annotations
 
 import html
-from collections.abc import Mapping
 
 import pandas as pd
 
-from lens_position.analyses.claims import FAILS, HOLDS, INCONCLUSIVE, c3_by_length
+from lens_position.analyses.claims import FAILS, HOLDS, INCONCLUSIVE
 from lens_position.report.markup import verdict_class
 
 __all__ = ["by_length_html", "verdict_lengths"]
@@ -29,10 +28,10 @@ def _sentence(by_verdict: dict[str, list[int]]) -> str:
     return "; ".join(f"{words.get(v, v)} at T = {', '.join(map(str, ts))}" for v, ts in by_verdict.items())
 
 
-def by_length_html(tables: Mapping[str, pd.DataFrame]) -> str:
-    """The section (empty when the run has no NTK-scaled or sliding-window model beside a standard
-    one, or measured them at no common T)."""
-    frame = c3_by_length(tables)
+def by_length_html(frame: pd.DataFrame) -> str:
+    """The section, from the run's C3-by-length table (:attr:`lens_position.findings.Findings.by_length`;
+    empty, and the section too, when the run has no NTK-scaled or sliding-window model beside a
+    standard one, or measured them at no common T)."""
     if frame.empty:
         return ""
     summary = "".join(

@@ -38,7 +38,7 @@ import plotly.graph_objects as go
 import plotly.offline
 
 from lens_position.analyses import claims as claim_registry
-from lens_position.analyses.claims import FAILS, INCONCLUSIVE, PAPER, Criteria, claims_table
+from lens_position.analyses.claims import FAILS, INCONCLUSIVE, PAPER, Criteria
 from lens_position.analyses.sentences import (
     UNTRAINED_NOTE,
     components_sentence,
@@ -49,7 +49,9 @@ from lens_position.analyses.sentences import (
     sinks_sentence,
 )
 from lens_position.core.intervals import Estimate
+from lens_position.core.run_tables import RunTables
 from lens_position.core.summaries import fmt, is_untrained
+from lens_position.findings import Findings
 from lens_position.ground.errors import BadInputError
 from lens_position.ground.paths import checked_path
 from lens_position.report import plots
@@ -102,13 +104,7 @@ def _convergence_sentences(results: Mapping[str, pd.DataFrame]) -> list[str]:
     convergence = results.get("convergence_layers")
     if convergence is None or len(convergence) == 0:
         return []
-
-    def part(name: str, arch: str | None) -> pd.DataFrame | None:
-        frame = results.get(name)
-        if frame is None or arch is None or "architecture" not in frame.columns:
-            return frame
-        return frame[frame["architecture"] == arch]
-
+    part = RunTables.of(results).part
     archs = (list(dict.fromkeys(convergence["architecture"])) if "architecture" in convergence.columns else [None])
     return [convergence_sentence(part("convergence_layers", arch), part("bos_layers", arch),
                                  part("bos_overall", arch), arch, part("bos_replicates", arch)) for arch in archs]
@@ -600,19 +596,20 @@ def prompt_sets_html(summary: pd.DataFrame | None) -> str:
             f"</thead><tbody>{''.join(rows)}</tbody></table></section>")
 
 
-def build_report(results: Mapping[str, pd.DataFrame], *, provenance: Mapping[str, Any] | None = None,
+def build_report(results: Mapping[str, pd.DataFrame] | Findings, *, provenance: Mapping[str, Any] | None = None,
                  criteria: Criteria = Criteria(), title: str = "lens_position: where does absolute position come from?"
                  ) -> str:
-    """The whole report as one HTML string (plotly.js inlined once; works offline)."""
+    """The whole report as one HTML string (plotly.js inlined once; works offline), from a run's
+    :class:`~lens_position.findings.Findings` (or its tables, whose findings are then computed here
+    under ``criteria``): the report renders the findings' claims, never computes them again."""
     from lens_position.report import zoo as zoo_c3
 
-    main, zoo = zoo_c3.split_tables(results)
-    claims = claims_table(main, criteria)
-    sections = [_figure_section(fig) + (by_length_html(main) if fig.key == "length_sweep" else "")
+    findings = results if isinstance(results, Findings) else Findings.of(results, criteria)
+    main, zoo, claims = findings.main, findings.zoo, findings.claims
+    sections = [_figure_section(fig) + (by_length_html(findings.by_length) if fig.key == "length_sweep" else "")
                 for fig in report_figures(main)]
-    if zoo:
-        zoo_claims = claims if zoo_c3.has_zoo_models(main) else claims_table(zoo, criteria)
-        before, figures, after = zoo_c3.report_section(zoo, zoo_claims)
+    if zoo and findings.zoo_claims is not None:
+        before, figures, after = zoo_c3.report_section(zoo, findings.zoo_claims)
         sections.append(before + "".join(_figure_section(fig, heading="h3") for fig in figures) + after)
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'

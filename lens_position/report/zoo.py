@@ -39,6 +39,8 @@ from lens_position.analyses.claims import HOLDS, INCONCLUSIVE, NOT_MEASURED
 from lens_position.analyses.claims import slope as depth_slope
 from lens_position.analyses.sentences import zoo_sinks_sentence
 from lens_position.core.intervals import t_interval, t_quantile  # noqa: F401  (t_quantile: part of this module's API)
+from lens_position.core.run_tables import is_zoo_request
+from lens_position.findings import Findings
 from lens_position.ground.errors import BadInputError
 from lens_position.models.zoo.recipe import VARIANTS
 from lens_position.models.zoo.store import parse_name
@@ -77,11 +79,6 @@ def _slope(layers: pd.Series, values: pd.Series) -> float:
     if len(x) < 2:
         return float("nan")
     return float(depth_slope(x, values.to_numpy(dtype=float)))
-
-
-def is_zoo_request(model: str) -> bool:
-    """Whether a run's model request names a zoo checkpoint."""
-    return model.startswith("zoo:")
 
 
 def models_table(tables: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
@@ -217,29 +214,6 @@ ZOO_OUTPUTS = ("zoo_models.csv", "zoo_variants.csv", "zoo_c3.csv", "zoo_claims.c
 _CLAIM_KEYS = ("C1", "C2", "C3", "C4", "C5")
 
 
-def has_zoo_models(tables: Mapping[str, pd.DataFrame]) -> bool:
-    """Whether a run's tables hold a decomposition of at least one zoo model."""
-    layers = tables.get("decompose_layers")
-    return layers is not None and "model" in layers.columns and bool(layers["model"].map(is_zoo_request).any())
-
-
-def split_tables(tables: Mapping[str, pd.DataFrame]) -> tuple[dict[str, pd.DataFrame], dict[str, pd.DataFrame]]:
-    """``(main, zoo)``: a run's tables without and with only its zoo models. The paper's claims
-    compare architectures (C3: every NTK model against every standard one), so in a run that
-    also has other models the main claims and figures are theirs and the zoo gets its own
-    section; in a run of zoo models alone, ``main`` is every table. ``zoo`` is empty without zoo
-    models."""
-    def part(keep_zoo: bool) -> dict[str, pd.DataFrame]:
-        return {name: frame[frame["model"].map(is_zoo_request) == keep_zoo].reset_index(drop=True)
-                if "model" in frame.columns else frame for name, frame in tables.items()}
-
-    if not has_zoo_models(tables):
-        return dict(tables), {}
-    zoo = part(True)
-    others = any("model" in f.columns and not f["model"].map(is_zoo_request).all() for f in tables.values())
-    return (part(False) if others else dict(tables)), zoo
-
-
 def claims_by_model(tables: Mapping[str, pd.DataFrame], claims: pd.DataFrame) -> pd.DataFrame:
     """C1-C5 per zoo model: one row per model (variant, seed), one column per claim holding
     its verdict, and ``<claim>_measured`` with what it rests on (from ``claims``, the run's
@@ -358,19 +332,17 @@ def report_section(tables: Mapping[str, pd.DataFrame], claims: pd.DataFrame) -> 
     return before, figures, "</section>"
 
 
-def write_outputs(folder: Any, tables: Mapping[str, pd.DataFrame]) -> dict[str, Any]:
+def write_outputs(folder: Any, findings: Findings) -> dict[str, Any]:
     """If the run has zoo models, write ``zoo_models.csv`` (per-model metrics),
     ``zoo_variants.csv`` (means and seed-to-seed spread), ``zoo_c3.csv`` (the answers) and
-    ``zoo_claims.csv`` (C1-C5 per model) through ``folder`` (an output folder with a ``table``
-    method); otherwise write nothing. The zoo's figures and answers are a section of
-    ``report.html``."""
-    from lens_position.analyses.claims import claims_table
-
-    _, zoo = split_tables(tables)
-    if not zoo:
+    ``zoo_claims.csv`` (C1-C5 per model, from the findings' zoo claims) through ``folder`` (an output
+    folder with a ``table`` method); otherwise write nothing. The zoo's figures and answers are a
+    section of ``report.html``."""
+    zoo = findings.zoo
+    if not zoo or findings.zoo_claims is None:
         return {}
     models = models_table(zoo)
     return {"zoo_models": folder.table("zoo_models", models, "csv"),
             "zoo_variants": folder.table("zoo_variants", variant_summary(models), "csv"),
             "zoo_c3": folder.table("zoo_c3", answers(models), "csv"),
-            "zoo_claims": folder.table("zoo_claims", claims_by_model(zoo, claims_table(zoo)), "csv")}
+            "zoo_claims": folder.table("zoo_claims", claims_by_model(zoo, findings.zoo_claims), "csv")}

@@ -525,3 +525,34 @@ def test_the_report_prints_no_percentage_past_300_or_with_four_digits(quick_run)
     assert printed, "the report prints percentages"
     assert all(abs(x) <= 300 for x in printed), sorted(printed, key=abs)[-5:]
     assert not re.search(r"\d{4,}(\.\d+)?%|e-?\d+%", text)
+
+
+def test_a_reproduction_evaluates_its_claims_and_c3_by_length_once(tmp_path, monkeypatch):
+    """The findings are computed once per run: claims.csv, the report's claims table, its C3-by-length
+    section and the console summary all read the same values."""
+    from lens_position.analyses import claims as claims_module
+    from lens_position.findings import run as findings_run
+    from lens_position.report import takeaways
+
+    calls = {"evaluate": 0, "c3_by_length": 0}
+
+    def counted(name, function):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return function(*args, **kwargs)
+        return wrapper
+
+    evaluate, by_length = counted("evaluate", claims_module.evaluate), counted("c3_by_length",
+                                                                               claims_module.c3_by_length)
+    for module in (claims_module, takeaways):
+        monkeypatch.setattr(module, "evaluate", evaluate)
+    for module in (claims_module, findings_run):
+        monkeypatch.setattr(module, "c3_by_length", by_length)
+    out = tmp_path / "results"
+    assert main(["reproduce", "--quick", "--models", "tiny-llama,tiny-llama@ntk_alpha=8", "--out", str(out),
+                 "--no-progress", "--no-browser-check"]) == 0
+    assert calls == {"evaluate": 1, "c3_by_length": 1}
+    claims = pd.read_csv(out / "claims.csv")
+    html = (out / "report.html").read_text()
+    for row in claims[claims["architecture"] == "overall"].itertuples():
+        assert escape(row.measured) in html  # the report renders the written table

@@ -167,7 +167,8 @@ class Step:
       (``pipeline.passes``), announced before the model's steps run so that one pass feeds them all;
     - ``options``: the command-line analysis options it reads (:data:`ANALYSIS_OPTIONS`);
     - ``needs_bos``: what needs BOS at position 0 (checked before any forward pass);
-    - ``opt_in``: the command-line option that adds an opt-in step (in no command by default).
+    - ``opt_in``: the command-line option that adds an opt-in step (in no command by default);
+    - ``min_N``: the fewest sequences it can measure on, and why (checked before any model loads).
     """
 
     name: str
@@ -180,6 +181,7 @@ class Step:
     options: tuple[str, ...] = ()
     needs_bos: str | None = None
     opt_in: str | None = None
+    min_N: tuple[int, str] | None = None
 
     def __post_init__(self) -> None:
         unknown = set(self.options) - set(ANALYSIS_OPTIONS)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lens_position.analyses.probes import ProbeReducer, ProbeResult
+from lens_position.analyses.probes import PROBE_MIN_N, ProbeReducer, ProbeResult
 from lens_position.core.estimate import ModelCost, Work, probe_work
 from lens_position.models.spec import ModelSpec
 from lens_position.pipeline.config import Settings
@@ -42,4 +42,6 @@ def work(sizes: Sizes, cost: ModelCost) -> Work:
 
 
 STEP = Step("probe", "probe", sizes=sizes, run=run, work=work, result=ProbeResult, requests=requests,
-            options=("layers",))
+            options=("layers",),
+            min_N=(PROBE_MIN_N, "a held-out probe whose penalty is chosen by cross-validation needs one test "
+                   "half and two training folds"))

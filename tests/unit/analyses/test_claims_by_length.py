@@ -101,8 +101,9 @@ def test_the_report_says_at_which_T_each_verdict_holds():
 
 
 def test_no_section_without_a_comparison():
+    from lens_position.findings import Findings
     from lens_position.report.by_length import by_length_html
 
     tables = {name: frame[frame["role"] == "standard"] if "role" in frame.columns else frame
               for name, frame in _BASE.items()}
-    assert by_length_html(tables) == ""
+    assert by_length_html(Findings.of(tables).by_length) == ""
