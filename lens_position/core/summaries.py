@@ -132,11 +132,95 @@ def _tables(result: Any) -> list[tuple[str, str]]:
     return out
 
 
-def summary_frame(result: Any) -> pd.DataFrame:
-    """One row per headline number: ``quantity``, ``label``, ``value``, ``lo``, ``hi``, ``meaning``."""
+TERMINAL = 80  # what a printed summary or top-heads table fits in
+
+
+class Shown(pd.DataFrame):
+    """A frame that prints what a person reads: each estimate with its interval (:func:`fmt`) in a
+    table that fits :data:`TERMINAL` columns, the columns left out named at the end; the frame itself,
+    for code, is unchanged (every column, the numbers as numbers). ``shown``: the columns that print,
+    each ``(header, column, bounds)``, ``bounds`` the ``(lo, hi)`` columns of its interval or None."""
+
+    _metadata = ["shown"]
+
+    @property
+    def _constructor(self) -> type[pd.DataFrame]:
+        return pd.DataFrame  # a frame derived from this one is a plain frame
+
+    def _cells(self) -> tuple[list[str], list[list[str]], set[str]]:
+        headers: list[str] = []
+        columns: list[list[str]] = []
+        used: set[str] = set()
+        for header, column, bounds in getattr(self, "shown", ()):
+            values = self[column].tolist()
+            if bounds is not None:
+                cells = [fmt(Estimate(float(v), float(lo), float(hi)))  # NaN: "not defined"
+                         if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+                         else str(v) for v, lo, hi in zip(values, self[bounds[0]], self[bounds[1]])]
+            else:
+                cells = [_number(v) for v in values]
+            width = max([len(header), *map(len, cells)])
+            if headers and sum(len(h) + 2 for h in headers) + width > TERMINAL:
+                break
+            headers.append(header.ljust(width))
+            columns.append([c.ljust(width) for c in cells])
+            used |= {column, *(bounds or ())}
+        return headers, [list(row) for row in zip(*columns)], used
+
+    def __repr__(self) -> str:
+        headers, rows, used = self._cells()
+        if not headers:
+            return super().__repr__()
+        left = [str(c) for c in self.columns if c not in used]
+        lines = ["  ".join(headers).rstrip(), *("  ".join(row).rstrip() for row in rows)]
+        if left:
+            more = f"({len(left)} more columns in the frame: "
+            for k, name in enumerate(left):
+                piece = name + (", " if k < len(left) - 1 else ")")
+                if len(more) + len(piece) > TERMINAL - 4:
+                    more += "...)"
+                    break
+                more += piece
+            lines.append(more)
+        return "\n".join(lines)
+
+    __str__ = __repr__
+
+    def _repr_html_(self) -> str:
+        headers, rows, _ = self._cells()
+        if not headers:
+            return str(super()._repr_html_())
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(c.strip())}</td>" for c in row) + "</tr>" for row in rows)
+        return ("<table><thead><tr>" + "".join(f"<th>{html.escape(h.strip())}</th>" for h in headers)
+                + f"</tr></thead><tbody>{body}</tbody></table>")
+
+
+def _is_number(value: Any) -> bool:
+    return (isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+            and math.isfinite(float(value)))
+
+
+def _number(value: Any) -> str:
+    """A count as an integer, another number to three significant figures, anything else as it is."""
+    if not _is_number(value):
+        return str(value)
+    return f"{int(value)}" if float(value).is_integer() else f"{float(value):.3g}"
+
+
+def shown(frame: pd.DataFrame, columns: Sequence[tuple[str, str, tuple[str, str] | None]]) -> Shown:
+    """``frame`` as a :class:`Shown` that prints ``columns`` (those present)."""
+    out = Shown(frame)
+    out.shown = [c for c in columns if c[1] in frame.columns]
+    return out
+
+
+def summary_frame(result: Any) -> Shown:
+    """One row per headline number: ``quantity``, ``label``, ``value``, ``lo``, ``hi``, ``meaning``;
+    printed as the label and the value with its interval, in 80 columns."""
     rows = [{"quantity": h.quantity, "label": h.label, "value": h.estimate.value, "lo": h.estimate.lo,
              "hi": h.estimate.hi, "meaning": h.meaning} for h in result.headline()]
-    return pd.DataFrame(rows, columns=["quantity", "label", "value", "lo", "hi", "meaning"])
+    frame = pd.DataFrame(rows, columns=["quantity", "label", "value", "lo", "hi", "meaning"])
+    return shown(frame, [("", "label", None), ("value [95% interval]", "value", ("lo", "hi"))])
 
 
 def top_heads(result: Any, n: int = 10, by: str | None = None) -> pd.DataFrame:
@@ -159,7 +243,17 @@ def top_heads(result: Any, n: int = 10, by: str | None = None) -> pd.DataFrame:
     keys = [c for c in ("condition", "replacement", "patch_layer", "layer", "head") if c in picked.columns]
     interval = [c for c in (f"{by}_lo", f"{by}_hi") if c in picked.columns]
     rest = [c for c in picked.columns if c not in {*keys, by, *interval}]
-    return picked[keys + [by] + interval + rest].reset_index(drop=True)
+    picked = picked[keys + [by] + interval + rest].reset_index(drop=True)
+
+    def with_bounds(column: str) -> tuple[str, str, tuple[str, str] | None]:
+        bounds = (f"{column}_lo", f"{column}_hi")
+        return column, column, bounds if set(bounds) <= set(picked.columns) else None
+    others = [c for c in RECOMMENDED_HEAD_COLUMNS if c != by and c in picked.columns]
+    return shown(picked, [(k, k, None) for k in keys] + [with_bounds(c) for c in (by, *others)])
+
+
+# what a printed top-heads table shows after its ranking column, as far as 80 columns go
+RECOMMENDED_HEAD_COLUMNS = ("R_rf_heldout", "M_rf_heldout", "total_heldout", "sink_score", "R_change")
 
 
 def _lines(result: Any) -> tuple[str, str, list[tuple[str, str, str]], list[tuple[str, str]], list[str]]:

@@ -126,7 +126,7 @@ class ModelSpec:
         check_length(self.n_ctx, T, self.name)
 
 
-@dataclass
+@dataclass(repr=False)
 class LoadedModel:
     """A TransformerLens model (a HookedTransformer or a TransformerBridge) with its tokenizer and
     spec. ``tokenizer`` may be None for models built in code (then prompts must be given as token
@@ -154,6 +154,39 @@ class LoadedModel:
             known = (self.tokenizer, tokenizer_sha256(self.tokenizer))
             self.__dict__["_tokenizer_hash"] = known
         return known[1]
+
+    def __repr__(self) -> str:
+        """A few lines: what the model is (name, family, backend, shape, window, rotary, dtype, device,
+        the weights' hash); the module tree is ``.model``, the facts in full ``.spec``."""
+        spec = self.spec
+        kv = (f", {spec.n_kv_heads} key/value head{'s' if spec.n_kv_heads > 1 else ''}"
+              if spec.n_kv_heads != spec.n_heads else "")
+        if spec.window is not None:
+            local = sum(1 for t in spec.attn_types if t == "local")
+            window = f"window {spec.window} on {local} of {spec.n_layers} layers"
+        else:
+            window = "no sliding window"
+        rotary = spec.rope_kind if spec.rotary_base is None else f"{spec.rope_kind} (base {spec.rotary_base:,.0f}"
+        if spec.ntk_alpha is not None:
+            rotary += f", NTK alpha {spec.ntk_alpha:g}"
+        rotary += ")" if spec.rotary_base is not None else ""
+        try:
+            placed = f"{str(self.backend.dtype).removeprefix('torch.')} on {self.backend.device}"
+        except StopIteration:  # a model without parameters
+            placed = "no weights"
+        weights = f"weights sha256 {spec.weights_sha256[:12]}…" if spec.weights_sha256 else "weights not hashed"
+        return (f"LoadedModel {spec.name!r} ({spec.family}, {spec.extra.get('backend', 'hooked')} backend, "
+                f"{type(self.model).__name__})\n"
+                f"  {spec.n_layers} layers x {spec.n_heads} heads{kv}, d_model {spec.d_model}, context {spec.n_ctx}\n"
+                f"  rotary: {rotary}; {window}; BOS {spec.bos_token_id}"
+                f"{' (the tokenizer prepends it)' if spec.tokenizer_prepends_bos else ''}\n"
+                f"  {placed}; {weights}\n"
+                f"  .model (the module tree) · .tokenizer · .spec (every fact) · source {spec.source}")
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return f"<pre>{html.escape(repr(self))}</pre>"
 
     def adopt_weights(self) -> LoadedModel:
         """Let the spec's weight hash stand for the weights as they are now (after a cast or a move

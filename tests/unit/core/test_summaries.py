@@ -152,3 +152,39 @@ def test_analysis_without_bos_says_that_bos_replacement_was_not_run():
     analysis = analyze(model, prompts, progress=False)
     assert analysis.bos is None and analysis.bos_replacement is None
     assert "BOS replacement was not run" in analysis.answer
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_printed_summary_and_top_heads_fit_80_columns_with_every_value_and_interval(name):
+    """print(result.summary()) in an 80-column terminal shows each headline value with its interval
+    (counts as integers); top_heads() prints its ranking column with its interval, within 80 columns."""
+    from lens_position.core.summaries import fmt
+
+    result = results()[name]
+    text = str(result.summary())
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+    assert "..." not in text.splitlines()[0]
+    for headline in result.headline():
+        assert fmt(headline.estimate) in text, (headline.label, text)
+        if headline.quantity == "is_sink":
+            assert f"{int(headline.estimate.value)}" in text and ".000000" not in text
+    if getattr(result, "HEADS", None):
+        table = result.top_heads(3)
+        printed = str(table)
+        assert all(len(line) <= 80 for line in printed.splitlines()), printed
+        by = result.HEADS[1]
+        assert by in printed.splitlines()[0]
+        assert isinstance(table, pd.DataFrame) and by in table.columns  # the frame keeps every column
+
+
+def test_a_loaded_model_prints_a_few_lines_with_what_it_is():
+    from lens_position.models import load_model
+
+    model = load_model("tiny-gemma3")
+    text = repr(model)
+    assert len(text) <= 1000 and len(text.splitlines()) <= 6
+    for fact in ("tiny-gemma3", "gemma3", "hooked", "6 layers x 4 heads", "window 16 on 5 of 6 layers", "float32",
+                 model.spec.weights_sha256[:12], ".model"):
+        assert fact in text, fact
+    assert "Embed" not in text  # the module tree is .model's own repr
+    assert model._repr_html_().startswith("<pre>")
