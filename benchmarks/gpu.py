@@ -34,6 +34,7 @@ from host_memory import Peaks, resident_mib  # noqa: E402  (benchmarks/host_memo
 
 from lens_position.analyses.decompose import decompose  # noqa: E402
 from lens_position.core.data import build_prompts  # noqa: E402
+from lens_position.ground.errors import BadInputError  # noqa: E402
 from lens_position.pipeline.config import Compute  # noqa: E402
 from lens_position.pipeline.devices import resolve_device  # noqa: E402
 from lens_position.pipeline.models import load_request  # noqa: E402
@@ -94,7 +95,11 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--placed", action="store_true", help="also check a load placed by device_map='auto'")
     args = parser.parse_args()
-    device = resolve_device(args.device)
+    try:
+        device = resolve_device(args.device)
+    except BadInputError as error:  # no GPU here: say so in one line and fail, never pass silently
+        print(f"benchmarks/gpu.py needs a GPU: {error}", file=sys.stderr)
+        return 2
     compute = Compute(device=device, dtype=args.dtype)
     name = torch.cuda.get_device_name() if device == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
     print(f"device {name}, dtype {args.dtype}, T {args.T}, N {args.N}, batch {args.batch_size}")

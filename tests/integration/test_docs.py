@@ -152,15 +152,21 @@ def test_every_public_function_and_class_has_a_docstring():
     assert not missing, "public names without a docstring:\n" + "\n".join(missing)
 
 
-def test_readme_states_the_two_commands_first_then_links_docs_and_notebooks():
+def test_readme_answers_first_what_it_measures_the_two_commands_and_the_snippet():
+    """The first 15 lines: what the project measures, the two commands with their times and the start
+    of the Python snippet; the whole README at most 8,000 characters; then links to docs and notebooks."""
     readme = (ROOT / "README.md").read_text()
+    assert len(readme) <= 8000, len(readme)
     first_block = re.search(r"```(?:bash|sh)?\n(.*?)```", readme, flags=re.S)
     assert first_block, "README has no command block"
-    before = readme[: readme.index(first_block.group(0))]
-    assert [line for line in before.splitlines() if line.strip()] == [readme.splitlines()[0]], \
-        "only the title may come before the two commands"
+    before = [line for line in readme[: readme.index(first_block.group(0))].splitlines() if line.strip()]
+    assert before[0] == readme.splitlines()[0] and 2 <= len(before) <= 7, "a title and a short description first"
+    assert "attention" in " ".join(before) and "absolute position" in " ".join(before)
     commands = [line.split("#")[0].strip() for line in first_block.group(1).splitlines() if line.strip()]
     assert commands == ["make reproduce", "make test"]
+    assert all(re.search(r"\d+ min", line) for line in first_block.group(1).splitlines() if line.strip())
+    first_15 = "\n".join(readme.splitlines()[:15])
+    assert "```python" in first_15 and "import lens_position" in first_15
     assert "docs/" in readme and "mkdocs" in readme
     assert "notebooks/" in readme
     for notebook in sorted((ROOT / "notebooks").glob("[0-9]*.py")):
@@ -250,3 +256,17 @@ def test_readme_says_why_each_dependency_is_there():
     table = readme[readme.index("## Dependencies"):]
     rows = {m.lower().replace("_", "-") for m in re.findall(r"`([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?`", table)}
     assert names <= rows, f"dependencies without a README row: {sorted(names - rows)}"
+
+
+def test_the_changelog_is_release_notes_with_a_heading_for_this_version():
+    """Keep a Changelog: a heading for the package's version, one line per change, no paragraphs."""
+    from lens_position.ground.version import __version__
+
+    text = (ROOT / "CHANGELOG.md").read_text()
+    assert re.search(rf"^## \[{re.escape(__version__)}\] - \d{{4}}-\d{{2}}-\d{{2}}$", text, flags=re.M)
+    body = text[text.index("\n## ["):]
+    for line in body.splitlines():
+        assert not line.startswith("  "), f"a change continued over lines: {line!r}"
+        if line and not line.startswith(("#", "- ", "|")):
+            raise AssertionError(f"a paragraph in the release notes: {line!r}")
+    assert not re.search(r"\d+(\.\d+)? ?(s|GiB|MiB)\b.*\d+(\.\d+)?x", body), "measurements belong in performance.md"

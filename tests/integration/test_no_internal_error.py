@@ -269,3 +269,12 @@ def test_a_read_only_output_folder_is_the_users_error(tmp_path):
     assert "refused" in proc.stdout, proc.stdout + proc.stderr[-3000:]
     assert f"status={cli.EXIT_ERROR}" in proc.stdout and "read-only file system" in proc.stderr.lower(), \
         proc.stderr[-3000:]
+
+
+def test_the_gpu_benchmark_says_in_one_line_that_it_needs_a_gpu_and_fails_without_one():
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no GPU visible, on any machine
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py")], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT, env=env)
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "needs a GPU" in lines[0] and "Traceback" not in done.stderr, done.stderr
