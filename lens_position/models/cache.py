@@ -59,6 +59,7 @@ import torch
 from filelock import FileLock
 from safetensors.torch import load_file, save_file
 
+from lens_position.ground.errors import BadInputError
 from lens_position.ground.files import pid_alive, resource_error
 from lens_position.ground.paths import checked_path
 from lens_position.ground.provenance import package_versions
@@ -75,11 +76,22 @@ _HASHED = ("weights_sha256", "config_sha256", "tokenizer_sha256")
 
 def default_cache_dir() -> Path:
     """``$LENS_POSITION_CACHE`` if set (and not empty), else ``~/.cache/lens_position``; a value of
-    spaces only is refused (BadInputError), not taken as a folder named by them."""
+    spaces only is refused (BadInputError), not taken as a folder named by them. Without a home folder
+    of its own (``HOME`` empty, relative or ``/``, as under cron or a service unit) the cache goes to
+    ``$XDG_CACHE_HOME/lens_position`` when that is an absolute path, and is otherwise refused with the
+    route: it never lands at the file system's root or in whatever folder the process runs in."""
     env = os.environ.get(CACHE_ENV)
-    if not env:
-        return Path.home() / ".cache" / "lens_position"
-    return checked_path(env, f"${CACHE_ENV}").expanduser()
+    if env:
+        return checked_path(env, f"${CACHE_ENV}").expanduser()
+    home = os.path.expanduser("~")
+    if home and os.path.isabs(home) and Path(home) != Path(Path(home).anchor):
+        return Path(home) / ".cache" / "lens_position"
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg) / "lens_position"
+    raise BadInputError(f"there is no home folder to keep the weight cache in (HOME is {os.environ.get('HOME')!r}): "
+                        f"set {CACHE_ENV} to a writable folder (for instance {CACHE_ENV}=/var/tmp/lens_position), "
+                        "or pass load_model(..., cache_dir=...)")
 
 
 def cache_root(cache_dir: str | Path | None = None) -> Path:

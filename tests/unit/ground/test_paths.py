@@ -89,6 +89,28 @@ def test_a_blank_cache_variable_is_refused_and_an_empty_one_is_unset(monkeypatch
     assert default_cache_dir() == Path.home() / ".cache" / "lens_position"
 
 
+@pytest.mark.fault(area="paths", given="HOME empty, relative or / (cron, a service unit), no $LENS_POSITION_CACHE",
+                   happens="the weight cache goes to $XDG_CACHE_HOME/lens_position when absolute, else BadInputError "
+                           "naming LENS_POSITION_CACHE (it was put at /.cache or in the current folder)")
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(home=st.sampled_from(["", "/", "relative/home", "."]),
+       xdg=st.sampled_from([None, "", "relative", "/var/cache/the-user"]))
+def test_without_a_home_folder_the_cache_is_never_put_at_the_root_or_here(monkeypatch, home, xdg):
+    monkeypatch.delenv(CACHE_ENV, raising=False)
+    monkeypatch.setenv("HOME", home)
+    if xdg is None:
+        monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    else:
+        monkeypatch.setenv("XDG_CACHE_HOME", xdg)
+    if xdg == "/var/cache/the-user":
+        assert default_cache_dir() == Path("/var/cache/the-user/lens_position")
+    else:
+        with pytest.raises(BadInputError, match=CACHE_ENV):
+            default_cache_dir()
+    monkeypatch.setenv("HOME", "/home/someone")
+    assert default_cache_dir() == Path("/home/someone/.cache/lens_position")
+
+
 def test_an_explicit_current_folder_is_still_a_path(a_folder_with_text):
     """'.' is the user's own choice, not an accident: it is read like any folder."""
     corpus = read_corpus(".")
