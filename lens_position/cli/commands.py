@@ -291,6 +291,14 @@ def preflight(args: argparse.Namespace) -> None:
 
     if args.command not in commands():  # a sweep checks its own spec
         return
+    from lens_position.pipeline.models import check_models
+
+    # the model names, before anything is loaded (the zoo's shorthand is expanded with the run)
+    requests = ([m.strip() for m in args.models.split(",") if m.strip()] if args.command == "reproduce"
+                else [args.model])
+    named = [r for r in requests if r != "zoo"]
+    if named or not requests:
+        check_models(named)
     steps = commands()[args.command]
     if args.bos == "none":
         needing = [get_step(name).needs_bos for name in steps if get_step(name).needs_bos]
@@ -382,6 +390,10 @@ _PYTHON_TO_COMMAND_LINE = (
     (re.compile(r"(?:lens_position\.)?load_model\(\.\.\., backend='(\w+)'(?:, [^)]*)?\)"), r"--backend \1"),
     (re.compile(r"backend='(\w+)'"), r"--backend \1"),
     (re.compile(r"\bn_devices\b"), "--n-devices"),
+    # the command line downloads nothing: a hub model is read from a folder downloaded beforehand
+    (re.compile(r"(a hub id \(org/name\)) with offline=False"),
+     r"\1 downloaded first (for instance with `huggingface-cli download org/name --local-dir FOLDER`) and passed as "
+     "that folder: the command line reads local files only"),
 )
 
 

@@ -129,7 +129,11 @@ def lookup(name: str) -> RegistryEntry:
 
 
 def unknown_model_message(name: str) -> str:
-    """What to tell a user who asked for a model we do not know."""
-    return (f"unknown model {name!r}. Known names: {', '.join(KNOWN_MODELS)}, and the controlled zoo's "
+    """What to tell a user who asked for a model we do not know: the names nearest to it first."""
+    import difflib
+
+    near = difflib.get_close_matches(name, KNOWN_MODELS, n=2, cutoff=0.75)
+    guess = f" Did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
+    return (f"unknown model {name!r}.{guess} Known names: {', '.join(KNOWN_MODELS)}, and the controlled zoo's "
             "zoo:<variant>[:seed<k>] (`lens-position zoo list`). Or pass a .gguf file, "
             "a local Hugging Face checkpoint folder, or a hub id (org/name) with offline=False")

@@ -75,8 +75,15 @@ class Plan:
         return f"[{cell.index + 1}/{self.n_cells}] {cell.model} / {cell.step}{condition}"
 
     def cells_for_model(self, model: str, spec: Any, model_index: int) -> list[Cell]:
-        """Every cell of ``model`` with sizes and keys (model-dependent checks first)."""
+        """Every cell of ``model`` with sizes and keys (model-dependent checks first: the context, the
+        layers asked for, BOS; each before any pass, from the model's spec alone)."""
         spec.check_context(steps_module.model_T(self.settings, spec))
+        if self.settings.layers is not None:
+            beyond = [layer for layer in self.settings.layers if not 0 <= layer < spec.n_layers]
+            if beyond:
+                raise BadInputError(f"--layers {','.join(map(str, self.settings.layers))}: {model} has "
+                                    f"{spec.n_layers} layers (0 to {spec.n_layers - 1}), so layer {beyond[0]} does "
+                                    f"not exist; use layers 0 to {spec.n_layers - 1}, e.g. --layers 0:{spec.n_layers}")
         for condition in self.conditions:
             for name in self.steps:
                 what = steps_module.get_step(name).needs_bos

@@ -146,3 +146,24 @@ def test_a_blocked_pickle_is_a_corrupt_file(tmp_path):
     torch.save({"model.embed_tokens.weight": collections.Counter(a=1)}, folder / "pytorch_model.bin")
     with pytest.raises(CorruptFileError, match="safetensors"):
         load_model(str(folder), cache_dir=str(tmp_path / "cache"))
+
+
+@pytest.mark.fault(area="command line", given="a model name one typo away from a known one (tiny-lama)",
+                   happens="error (exit 1) naming the nearest known name ('did you mean'), in command-line words")
+def test_an_unknown_model_name_gets_a_did_you_mean_in_command_line_words(capsys, no_work, tmp_path):
+    status, err = run_cli(capsys, "decompose", "tiny-lama", "--out", str(tmp_path / "out"))
+    assert status == cli.EXIT_ERROR and "Did you mean 'tiny-llama'?" in err
+    assert "offline=False" not in err and "local files only" in err
+    assert err.count("unknown model") == 1
+
+
+@pytest.mark.fault(area="command line", given="--layers beyond the model's depth (--layers 40 on 3 layers)",
+                   happens="error (exit 1) once, from the model's config, before any step runs, naming the range")
+def test_layers_beyond_the_model_fail_once_before_any_step(capsys, tmp_path, monkeypatch):
+    from lens_position.pipeline import worker
+
+    monkeypatch.setattr(worker.ModelWorker, "run", lambda *a, **k: pytest.fail("a step ran"))
+    status, err = run_cli(capsys, "decompose", "tiny-llama", "--layers", "40", "--quick", "--no-progress",
+                          "--out", str(tmp_path / "out"))
+    assert status == cli.EXIT_ERROR and "layer 40 does not exist" in err and "--layers 0:3" in err
+    assert err.count("layer 40") == 1
