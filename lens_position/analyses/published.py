@@ -42,7 +42,17 @@ LEAKAGE = "positional leakage ΔR² (significant heads; largest gap)"
 _LEAKAGE_COMPARABLE = ("the largest gap is the same quantity on the same design; the count is not: the "
                        "authors' multiple-comparison step declares heads on pure noise, this run uses "
                        "Benjamini-Hochberg, and the significant set moves with the draw at small n")
-_SINK_COMPARABLE = "the same metric on the same inputs; the published models are 25-60x larger"
+_SINK_COMPARABLE = ("the same metric (eps = 0.3 on the first 64 tokens of natural-text documents, the tokenizer's "
+                    "BOS) on other documents (CPython's help text, not Gu et al.'s corpus); the published models are "
+                    "25-60x larger")
+# a sweep's factors: a run over several conditions has one row per model and condition
+_CONDITION = ("source", "bos", "seed")
+
+
+def _label(model: object, keys: tuple[object, ...], names: list[str]) -> str:
+    """The model, with the sweep condition its rows come from (``seed 1``, ...)."""
+    extra = ", ".join(f"{name} {value}" for name, value in zip(names, keys))
+    return f"{model} ({extra})" if extra else str(model)
 
 
 def _leakage_rows(heads: pd.DataFrame | None, seeds: pd.DataFrame | None) -> list[dict[str, object]]:
@@ -56,18 +66,25 @@ def _leakage_rows(heads: pd.DataFrame | None, seeds: pd.DataFrame | None) -> lis
         "comparable": _LEAKAGE_COMPARABLE}]
     if heads is None or not len(heads):
         return rows
-    for model, part in heads.groupby("model", sort=False):
+    conditions = [c for c in _CONDITION if c in heads.columns]
+    for keys, part in heads.groupby(["model", *conditions], sort=False):  # each head once per condition
+        model, *values = keys
         top = part.sort_values("leakage_gap", ascending=False).iloc[0]
         jaccard = None
         if seeds is not None and len(seeds) and "model" in seeds.columns:
-            overlap = seeds.loc[seeds["model"] == model, "jaccard"]
+            mine = seeds["model"] == model
+            for name, value in zip(conditions, values):
+                if name in seeds.columns:
+                    mine &= seeds[name] == value
+            overlap = seeds.loc[mine, "jaccard"]
             jaccard = float(overlap.mean()) if len(overlap) else None
         value = (f"{int(part['significant'].sum())} of {len(part)} heads ({float(part['significant'].mean()):.0%}); "
                  f"L{int(top['layer'])}H{int(top['head'])} {float(top['leakage_gap']):+.3f} "
                  f"[{float(top['leakage_gap_lo']):+.3f}, {float(top['leakage_gap_hi']):+.3f}]")
         if jaccard is not None and jaccard == jaccard:
             value += f"; overlap of the seeds' sets (Jaccard) {jaccard:.2f}"
-        rows.append({"measure": LEAKAGE, "model": str(model), "published": False, "value": value,
+        rows.append({"measure": LEAKAGE, "model": _label(model, tuple(values), conditions), "published": False,
+                     "value": value,
                      "inputs": "sentences of the run's corpus without BOS, several seeds, Benjamini-Hochberg",
                      "comparable": _LEAKAGE_COMPARABLE})
     return rows
@@ -87,7 +104,9 @@ def _sink_rows(rates: pd.DataFrame | None) -> list[dict[str, object]]:
         inputs = (f"the first {int(row['seq_len'])} tokens of {int(row['N'])} documents, the tokenizer's own BOS"
                   if protocol == "documents" else f"{int(row['N'])} windows of {int(row['seq_len'])} tokens of "
                                                   "the run's own text (not Gu et al.'s documents)")
-        rows.append({"measure": PUBLISHED_SINKS[0][0], "model": str(row["model"]), "published": False,
+        conditions = [c for c in _CONDITION if c in natural.columns]
+        rows.append({"measure": PUBLISHED_SINKS[0][0], "published": False,
+                     "model": _label(row["model"], tuple(row[c] for c in conditions), conditions),
                      "value": f"{100 * float(row['sink_rate']):.1f}% [{100 * float(row['sink_rate_lo']):.1f}, "
                               f"{100 * float(row['sink_rate_hi']):.1f}]",
                      "inputs": inputs, "comparable": _SINK_COMPARABLE if protocol == "documents" else

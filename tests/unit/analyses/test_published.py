@@ -70,3 +70,24 @@ def test_the_count_and_the_largest_gap_are_the_tables(heads):
     row = published_beside_ours({"leakage_heads": _heads("m", significant, gaps)}).query("model == 'm'").iloc[0]
     assert row["value"].startswith(f"{sum(significant)} of {len(heads)} heads")
     assert f"{max(gaps):+.3f} [" in row["value"]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(2, 4), st.lists(st.booleans(), min_size=2, max_size=12))
+def test_a_sweeps_tables_count_each_head_once_per_condition(n_seeds, significant):
+    """A sweep stacks each seed's tables with a ``seed`` column: every head is counted once per seed, not
+    once per stacked row ("0 of 24 heads" for a 12-head model)."""
+    stacked = pd.concat([_heads("m", significant, [0.1] * len(significant)).assign(seed=seed)
+                         for seed in range(n_seeds)], ignore_index=True)
+    rates = pd.concat([_rates("m").assign(seed=seed) for seed in range(n_seeds)], ignore_index=True)
+    frame = published_beside_ours({"leakage_heads": stacked, "sink_rate": rates})
+    ours = frame[(frame["measure"] == LEAKAGE) & ~frame["published"]]
+    assert list(ours["model"]) == [f"m (seed {seed})" for seed in range(n_seeds)]
+    assert all(v.startswith(f"{sum(significant)} of {len(significant)} heads") for v in ours["value"])
+    assert len(frame[(frame["measure"] == PUBLISHED_SINKS[0][0]) & ~frame["published"]]) == n_seeds
+
+
+def test_the_published_sink_rates_do_not_claim_the_same_inputs():
+    frame = published_beside_ours({"sink_rate": _rates("a")})
+    assert not frame["comparable"].str.contains("same inputs").any()
+    assert frame["comparable"].str.contains("other documents").any()
