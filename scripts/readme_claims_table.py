@@ -1,14 +1,16 @@
-"""Render the README's "what the reproduction measured" section from a run's output folder.
+"""Render the "what the reproduction measured" section of the README and of the reproduction's
+how-to from a run's output folder.
 
-Reads ``<results>/claims.csv`` (and ``provenance.json`` for the run's sizes)
-and replaces everything between the markers ``<!-- claims-table:start -->`` and
-``<!-- claims-table:end -->`` in README.md: one row per claim, one column per architecture,
-each cell the estimate the claim is decided on with its 95% interval and the verdict, then
-the explanation of every verdict other than "holds", as the claims module wrote it. Nothing
-in the section is typed by hand.
+Reads ``<results>/claims.csv`` (and ``provenance.json`` for the run's sizes) and replaces
+everything between the markers ``<!-- claims-table:start -->`` and ``<!-- claims-table:end -->``:
+one row per claim, one column per architecture, each cell the estimate the claim is decided on
+with its 95% interval and the verdict (percentages printed as every door prints them,
+:func:`lens_position.core.intervals.format_percent`). The how-to's section adds the explanation of
+every verdict other than "holds", as the claims module wrote it; the README's links there.
+Nothing in either section is typed by hand.
 
-    python scripts/readme_claims_table.py                 # results/ -> README.md
-    python scripts/readme_claims_table.py --results out --readme README.md --check
+    python scripts/readme_claims_table.py                 # results/ -> README.md, docs/howto/reproduce.md
+    python scripts/readme_claims_table.py --results out --check
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from lens_position.core.intervals import format_percent
+
 START, END = "<!-- claims-table:start -->", "<!-- claims-table:end -->"
 
 
@@ -30,7 +34,8 @@ def _cell(row: pd.Series) -> str:
     if math.isnan(value):
         text = "–"
     elif percent:
-        text = f"{100 * value:.0f}%" + (f" [{100 * lo:.0f}%, {100 * hi:.0f}%]" if math.isfinite(lo) else "")
+        text = format_percent(value, ".0f") + (f" [{format_percent(lo, '.0f')}, {format_percent(hi, '.0f')}]"
+                                               if math.isfinite(lo) else "")
     elif str(row["claim"]) == "C5":
         text = f"{value:.1e} (exact)"
     else:
@@ -46,7 +51,8 @@ def _cell(row: pd.Series) -> str:
     return f"{text}: **{row['verdict']}**"
 
 
-def render(claims: pd.DataFrame, provenance: dict) -> str:
+def render(claims: pd.DataFrame, provenance: dict, notes: bool = True) -> str:
+    """The section: the sizes, the table and (``notes``) why each verdict other than "holds" is what it is."""
     archs = [a for a in dict.fromkeys(claims["architecture"]) if a != "overall"]
     lines = ["| claim | what is compared | " + " | ".join(a.split(": ", 1)[-1] for a in archs) + " | overall |",
              "|---|---|" + "---|" * (len(archs) + 1)]
@@ -70,35 +76,49 @@ def render(claims: pd.DataFrame, provenance: dict) -> str:
     why = [f"- **{r.claim}, {r.architecture.split(': ', 1)[-1]}** ({r.verdict}): {r.explanation}"
            for r in claims.itertuples() if r.architecture != "overall" and isinstance(r.explanation, str)
            and r.explanation]
+    if not notes:  # the README's: short, the how-to says the rest
+        head = (f"One run of `make reproduce` (N = {settings.get('N')} sequences of T = {settings.get('T')} positions, "
+                f"{settings.get('n_resamples')} bootstrap replicates): each cell the estimate the claim is decided "
+                "on, its 95% interval and the verdict. Generated from `results/claims.csv` by "
+                "`scripts/readme_claims_table.py`.")
     body = [head, "", *lines]
-    if why:
+    if why and notes:
         body += ["", "Where our numbers differ from the paper, or do not yet decide (generated from the numbers):",
                  "", *why]
+    elif why:
+        body += ["", "Why each verdict other than **holds** is what it is: [the reproduction's how-to]"
+                     "(docs/howto/reproduce.md#what-the-reproduction-measured), and the run's own report."]
     return "\n".join(body)
+
+
+def updated(page: Path, section: str) -> str:
+    """``page``'s text with its marked section replaced by ``section``."""
+    text = page.read_text(encoding="utf-8")
+    if START not in text or END not in text:
+        raise SystemExit(f"{page} has no {START} ... {END} section")
+    before, rest = text.split(START, 1)
+    _, after = rest.split(END, 1)
+    return f"{before}{START}\n{section}\n{END}{after}"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=Path("results"))
     parser.add_argument("--readme", type=Path, default=Path("README.md"))
-    parser.add_argument("--check", action="store_true", help="fail if the README's section is not what the run says")
+    parser.add_argument("--howto", type=Path, default=Path("docs/howto/reproduce.md"))
+    parser.add_argument("--check", action="store_true", help="fail if a section is not what the run says")
     args = parser.parse_args()
     claims = pd.read_csv(args.results / "claims.csv")
     prov_path = args.results / "provenance.json"
     provenance = json.loads(prov_path.read_text()) if prov_path.is_file() else {}
-    readme = args.readme.read_text(encoding="utf-8")
-    if START not in readme or END not in readme:
-        print(f"{args.readme} has no {START} ... {END} section", file=sys.stderr)
-        return 2
-    before, rest = readme.split(START, 1)
-    _, after = rest.split(END, 1)
-    updated = f"{before}{START}\n{render(claims, provenance)}\n{END}{after}"
-    if args.check:
-        if updated != readme:
-            print(f"{args.readme}: the claims section differs from {args.results / 'claims.csv'}", file=sys.stderr)
+    pages = {args.readme: render(claims, provenance, notes=False), args.howto: render(claims, provenance)}
+    for page, section in pages.items():
+        text = updated(page, section)
+        if args.check and text != page.read_text(encoding="utf-8"):
+            print(f"{page}: the claims section differs from {args.results / 'claims.csv'}", file=sys.stderr)
             return 1
-        return 0
-    args.readme.write_text(updated, encoding="utf-8")
+        if not args.check:
+            page.write_text(text, encoding="utf-8")
     return 0
 
 

@@ -143,3 +143,31 @@ def test_every_object_the_readme_quickstart_shows_fits_on_a_screen(tmp_path, mon
         rows = text.rstrip("\n").splitlines()
         assert len(rows) <= SCREEN_LINES and max(map(len, rows)) <= SCREEN_COLUMNS, f"{source} shows:\n{text}"
     assert shown >= 5  # print(result), summary(), top_heads(), sink_heads, bos_replacement, decompose
+
+
+QUOTED = re.compile(r"```text\n(?P<text>On smollm2-135m.*?)```", re.S)
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e[+-]?\d+)?")
+
+
+@pytest.mark.slow
+def test_the_quoted_answer_is_what_print_result_prints_today():
+    """The answer the README, the docs' home page and getting-started quote after their snippet is the
+    shape of what ``print(lp.analyze(...))`` prints on SmolLM2 now (numbers masked, each quoted piece
+    between "[...]" found in order in the real output)."""
+    import lens_position as lp
+
+    model = lp.load_model("smollm2-135m")
+    prompts = lp.build_prompts(model, source="natural", T=128, N=16, bos="force")
+    printed = " ".join(str(lp.analyze(model, prompts, progress=False)).split())
+    shape = NUMBER.sub("#", printed)
+    quoted = {page: [m.group("text") for m in QUOTED.finditer(page.read_text())]
+              for page in (ROOT / "README.md", ROOT / "docs" / "index.md", ROOT / "docs" / "getting-started.md")}
+    for page, texts in quoted.items():
+        assert texts, f"{page.name} quotes no answer"
+        for text in texts:
+            at = 0
+            for piece in " ".join(text.split()).split("[...]"):
+                piece = NUMBER.sub("#", piece.strip(" ;,"))
+                found = shape.find(piece, at)
+                assert found >= 0, f"{page.name} quotes {piece!r}, which print(result) no longer prints"
+                at = found + len(piece)
