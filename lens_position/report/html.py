@@ -430,15 +430,6 @@ def _model_of(frame: pd.DataFrame | None, arch: str) -> str | None:
     return str(names.iloc[0]) if len(names) else None
 
 
-def _part(tables: Mapping[str, pd.DataFrame], name: str, arch: str) -> pd.DataFrame | None:
-    frame = tables.get(name)
-    if frame is None or not len(frame):
-        return None
-    if "architecture" in frame.columns:
-        frame = frame[frame["architecture"] == arch]
-    return frame.reset_index(drop=True) if len(frame) else None
-
-
 def answers_html(tables: Mapping[str, pd.DataFrame], provenance: Mapping[str, Any] | None = None) -> str:
     """The answer first: per model, one sentence on where its attention's absolute position comes
     from (the mask's share and the residual stream's, held out and reference-free, with intervals)
@@ -450,19 +441,17 @@ def answers_html(tables: Mapping[str, pd.DataFrame], provenance: Mapping[str, An
     archs = list(dict.fromkeys(layers_all["architecture"])) if "architecture" in layers_all.columns else [None]
     sources = {str(m.get("name")): str(m.get("source") or "") for m in (provenance or {}).get("models", [])}
     blocks = []
+    part_of = RunTables.of(tables).part  # architecture None: the whole table
     for k, arch in enumerate(archs):
-        part = _part(tables, "decompose_layers", arch) if arch is not None else layers_all
+        part = part_of("decompose_layers", arch)
         if part is None:
             continue
         layers = part.sort_values("layer")
-        replicates = (_part(tables, "decompose_replicates", arch) if arch is not None
-                      else tables.get("decompose_replicates"))
         model = _model_of(layers_all, arch) if arch is not None else None
-        sentences = [components_sentence(layers, arch, replicates, in_sample=False)]
-        sinks = _part(tables, "sink_heads", arch) if arch is not None else tables.get("sink_heads")
+        sentences = [components_sentence(layers, arch, part_of("decompose_replicates", arch), in_sample=False)]
+        sinks = part_of("sink_heads", arch)
         if sinks is not None:
-            reading = _part(tables, "sink_reading", arch) if arch is not None else tables.get("sink_reading")
-            sentences.append(sinks_sentence(sinks, reading, arch))
+            sentences.append(sinks_sentence(sinks, part_of("sink_reading", arch), arch))
         untrained = model is not None and is_untrained({"model": {"name": model, "source": sources.get(model, "")}})
         banner = f'<p class="untrained">{html.escape(UNTRAINED_NOTE)}</p>' if untrained else ""
         label = html.escape(str(arch or model or "the model")) + (f" <small>({html.escape(model)})</small>"
