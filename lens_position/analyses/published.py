@@ -49,6 +49,11 @@ _SINK_COMPARABLE = ("the same metric (eps = 0.3 on the first 64 tokens of natura
 _CONDITION = ("source", "bos", "seed")
 
 
+def _conditions(frame: pd.DataFrame) -> list[str]:
+    """The sweep factors that vary in ``frame`` (a single-condition run has none to tell apart)."""
+    return [c for c in _CONDITION if c in frame.columns and frame[c].nunique() > 1]
+
+
 def _label(model: object, keys: tuple[object, ...], names: list[str]) -> str:
     """The model, with the sweep condition its rows come from (``seed 1``, ...)."""
     extra = ", ".join(f"{name} {value}" for name, value in zip(names, keys))
@@ -66,9 +71,9 @@ def _leakage_rows(heads: pd.DataFrame | None, seeds: pd.DataFrame | None) -> lis
         "comparable": _LEAKAGE_COMPARABLE}]
     if heads is None or not len(heads):
         return rows
-    conditions = [c for c in _CONDITION if c in heads.columns]
+    conditions = _conditions(heads)
     for keys, part in heads.groupby(["model", *conditions], sort=False):  # each head once per condition
-        model, *values = keys
+        model, *values = keys if isinstance(keys, tuple) else (keys,)
         top = part.sort_values("leakage_gap", ascending=False).iloc[0]
         jaccard = None
         if seeds is not None and len(seeds) and "model" in seeds.columns:
@@ -99,12 +104,12 @@ def _sink_rows(rates: pd.DataFrame | None) -> list[dict[str, object]]:
     if rates is None or not len(rates) or "condition" not in rates.columns:
         return rows
     natural = rates[rates["condition"] == "natural"]
+    conditions = _conditions(natural)
     for _, row in natural.iterrows():
         protocol = str(row.get("protocol", "documents"))
         inputs = (f"the first {int(row['seq_len'])} tokens of {int(row['N'])} documents, the tokenizer's own BOS"
                   if protocol == "documents" else f"{int(row['N'])} windows of {int(row['seq_len'])} tokens of "
                                                   "the run's own text (not Gu et al.'s documents)")
-        conditions = [c for c in _CONDITION if c in natural.columns]
         rows.append({"measure": PUBLISHED_SINKS[0][0], "published": False,
                      "model": _label(row["model"], tuple(row[c] for c in conditions), conditions),
                      "value": f"{100 * float(row['sink_rate']):.1f}% [{100 * float(row['sink_rate_lo']):.1f}, "
