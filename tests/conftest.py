@@ -33,6 +33,16 @@ def pytest_ignore_collect(collection_path, config):
     return None
 
 
+@pytest.fixture(autouse=True)
+def stage_lines_only_where_asked(monkeypatch):
+    """A load's stage lines depend on how long each stage takes (a busy machine shows more of
+    them): off here, so a test that reads what a call prints reads the same lines on any machine.
+    The tests of those lines set their threshold themselves."""
+    from lens_position.ground import progress
+
+    monkeypatch.setattr(progress, "STAGE_SHOWN_AFTER_S", 3600.0)
+
+
 @pytest.fixture(scope="session")
 def tiny_llama() -> LoadedModel:
     """Tiny random Llama (3 global layers, d_model 64, byte tokenizer without BOS)."""

@@ -17,13 +17,18 @@ Where the bar goes depends on where it would be seen:
   cursor movement: one every :data:`LINE_INTERVAL_S` seconds while the work runs, and one
   when it ends.
 
+A piece of slow work made of different stages (a model's load) names them with :func:`stages`
+and :func:`stage`: a line for each stage still running after a second, and one with their times.
+
 ``TQDM_DISABLE=1`` in the environment turns every bar off.
 """
 
 from __future__ import annotations
 
+import contextvars
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -270,3 +275,84 @@ def note(text: str, *, enabled: bool = True, stream: TextIO | None = None) -> No
 
 
 __all__ = ["LINE_INTERVAL_S", "Progress", "note", "output_kind", "progress", "progress_disabled_by_environment"]
+
+
+#: Seconds a stage of :func:`stages` runs before its line is shown.
+STAGE_SHOWN_AFTER_S = 1.0
+
+
+class _Stages:
+    """The stages of one :func:`stages` call: the one running, when it began, whether its line was
+    shown, and the seconds of every stage that ended."""
+
+    def __init__(self, label: str, enabled: bool, stream: TextIO | None, shown_after: float):
+        self.label, self.enabled, self.stream, self.shown_after = label, enabled, stream, shown_after
+        self.started = time.perf_counter()
+        self.current: tuple[str, float] | None = None
+        self.timer: Any = None
+        self.lock = threading.Lock()
+        self.shown: set[str] = set()
+        self.seconds: list[tuple[str, float]] = []
+
+    def _show(self, text: str, context: Any) -> None:
+        with self.lock:
+            if text in self.shown or self.current is None or self.current[0] != text:
+                return
+            self.shown.add(text)
+        context.run(note, f"{self.label}: {text}", enabled=self.enabled, stream=self.stream)
+
+    def begin(self, text: str) -> None:
+        self.end()
+        self.current = (text, time.perf_counter())
+        self.timer = threading.Timer(self.shown_after, self._show, args=(text, contextvars.copy_context()))
+        self.timer.daemon = True
+        self.timer.start()
+
+    def end(self) -> None:
+        if self.current is None:
+            return
+        self.timer.cancel()
+        text, began = self.current
+        elapsed = time.perf_counter() - began
+        if elapsed >= self.shown_after:
+            self._show(text, contextvars.copy_context())  # the timer may not have fired yet
+        with self.lock:
+            self.current = None
+        self.seconds.append((text, elapsed))
+
+
+_STAGES: ContextVar[_Stages | None] = ContextVar("lens_position_stages", default=None)
+
+
+@contextmanager
+def stages(label: str, *, enabled: bool = True, stream: TextIO | None = None,
+           shown_after: float | None = None) -> Iterator[None]:
+    """Name the stages of one slow piece of work (a model's load): inside the block, each
+    :func:`stage` call begins a stage and ends the one before. A stage still running after
+    ``shown_after`` seconds gets a line ``"<label>: <stage>"`` where progress goes (:func:`note`);
+    when any stage was shown, the work ends with one line giving the total and every stage that
+    took ``shown_after`` or more, in seconds. Work that is quick throughout prints nothing. Nested
+    calls join the outermost one. ``shown_after`` defaults to :data:`STAGE_SHOWN_AFTER_S`."""
+    if _STAGES.get() is not None:
+        yield
+        return
+    shown_after = STAGE_SHOWN_AFTER_S if shown_after is None else shown_after
+    run = _Stages(label, enabled, stream, shown_after)
+    token = _STAGES.set(run)
+    try:
+        yield
+    finally:
+        run.end()
+        _STAGES.reset(token)
+        if run.shown:
+            slow = ", ".join(f"{text} {_seconds(seconds)}" for text, seconds in run.seconds
+                             if seconds >= shown_after)
+            note(f"{label}: done in {_seconds(time.perf_counter() - run.started)} ({slow})", enabled=enabled,
+                 stream=stream)
+
+
+def stage(text: str) -> None:
+    """Begin the stage ``text`` of the enclosing :func:`stages` call (nothing outside one)."""
+    run = _STAGES.get()
+    if run is not None:
+        run.begin(text)

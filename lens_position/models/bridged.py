@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from lens_position.ground.errors import BadInputError, LensPositionError, UnsupportedArchitectureError
+from lens_position.ground.progress import stage
 from lens_position.models import sources
 from lens_position.models.cache import hashes_other_than_its_checkpoint, model_weights_sha256
 from lens_position.models.hf_cache import read_gguf_cached
@@ -166,6 +167,7 @@ def load_bridged(name: str, source: str, kind: str, target: Any, options: dict[s
     else:
         hf_model, tokenizer = sources.read_hf_folder(target, check=None, placement=placement)
     check_has_attention(hf_model.config)
+    stage("applying the position options and hashing the weights")
     facts = apply_hf_position_options(hf_model, **{k: v for k, v in options.items() if v is not None})
     ntk_verified = facts.pop("ntk_verified", False)
     unchanged = all(value is None for value in options.values())  # no option touched the model after the check
@@ -189,10 +191,12 @@ def load_bridged(name: str, source: str, kind: str, target: Any, options: dict[s
     try:
         reference = None
         if verified is None and dtype == "float32":
+            stage("running transformers' reference pass")
             tokens = check_tokens(int(spec.extra["d_vocab"]), spec.layer_windows, spec.n_ctx)
             reference = reference_of(hf_model, tokens, spec.n_layers)
             check_key_sets(reference, spec.layer_windows, family=family)
         # a verdict for these weights, options and versions was written after every check passed
+        stage("booting the TransformerBridge")
         bridge = boot_bridge(hf_model, tokenizer, name=name, device=device, dtype=torch_dtype(dtype),
                              prepends_bos=prepends_bos, check_scores=verified is None)
         bridge.cfg.model_name = name
@@ -200,6 +204,7 @@ def load_bridged(name: str, source: str, kind: str, target: Any, options: dict[s
             bridge.cfg.rotary_base = spec.rotary_base
         attach_tokenizer(bridge, tokenizer, prepends_bos)
         if verified is None:
+            stage("checking the bridge against transformers")
             verified = verify_bridge(bridge, reference, spec, family=family)
             if ntk_verified:  # checked on the model's rotary tables when the option was applied
                 verified["ntk_alpha"] = "lowest frequency divided by ntk_alpha in every rotary table"

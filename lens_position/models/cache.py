@@ -62,6 +62,7 @@ from safetensors.torch import load_file, save_file
 from lens_position.ground.errors import BadInputError
 from lens_position.ground.files import pid_alive, resource_error
 from lens_position.ground.paths import checked_path
+from lens_position.ground.progress import stage
 from lens_position.ground.provenance import package_versions
 
 log = logging.getLogger(__name__)
@@ -382,6 +383,7 @@ def read_entry(entry: Path, identity: dict[str, Any], tokenizer_loader: Callable
         _check(meta, "tokenizer_sha256", _folder_sha256(entry / "tokenizer"), "the tokenizer files")
     except OSError as error:
         raise StaleEntry(f"unreadable tokenizer files ({error})") from error
+    stage("reading the weight cache")
     try:
         state_dict = load_file(entry / "weights.safetensors")
     except Exception as error:  # safetensors raises its own error types for bad headers
@@ -600,6 +602,7 @@ def cached_convert(
                 log.warning("cache entry %s is corrupt or stale (%s); rebuilding it", entry, why)
                 discard_entry(entry)
         cfg, state_dict, tokenizer, extra_meta = build()
+        stage("writing the weight cache")
         try:
             sha = write_entry(entry, identity, cfg, state_dict, tokenizer, extra_meta)
         except OSError as error:

@@ -27,6 +27,7 @@ from filelock import FileLock
 
 from lens_position.ground.errors import BadInputError
 from lens_position.ground.files import resource_error
+from lens_position.ground.progress import stage
 from lens_position.ground.provenance import package_versions
 from lens_position.models import sources
 from lens_position.models.cache import (
@@ -101,6 +102,7 @@ def read_gguf_cached(path: Path, cache_dir: str | None = None, placement: Any = 
     entry: a model too large for the host needs a Hugging Face folder, or an entry made elsewhere)."""
     entry, identity = _entry(path, cache_dir)
     if entry.is_dir():
+        stage("reading the weight cache")
         found = _read(entry, identity, placement)
         if found is not None:
             return found
@@ -126,6 +128,7 @@ def read_gguf_cached(path: Path, cache_dir: str | None = None, placement: Any = 
         remove_leftovers(entry)
         model, tokenizer = sources.read_gguf(path, check=None)
         log.info("saving the dequantised %s to the weight cache (later loads read it)", path.name)
+        stage("writing the weight cache")
         temporary = temporary_name(entry)
         try:
             _save_dequantised(model, temporary)

@@ -38,6 +38,7 @@ import torch
 
 from lens_position.ground.errors import BadInputError, UnknownModelError, UnsupportedArchitectureError
 from lens_position.ground.paths import checked_path
+from lens_position.ground.progress import stage, stages
 from lens_position.models import sources
 from lens_position.models.adapters import (
     FAMILY_OF_ARCHITECTURE,
@@ -113,7 +114,22 @@ def load_model(
     GPUs (hooked: after loading on the host; bridge: as read). ``device_map``, ``max_memory``,
     ``offload_folder``: each weight placed as it is read, on the bridge (``Placement`` in
     :mod:`lens_position.models.placement`; ``spec.extra["placement"]`` counts modules per device).
+    Each stage of a load that runs over a second (reading the file, dequantising, converting,
+    verifying, writing or reading the weight cache) says so where progress goes
+    (:func:`lens_position.ground.progress.stages`), and the load ends with a line of their times.
     """
+    shown = Path(str(name_or_path)).name if str(name_or_path) not in REGISTRY else str(name_or_path)
+    with stages(f"loading {shown}"):
+        return _load(name_or_path, ntk_alpha=ntk_alpha, ntk_by_parts=ntk_by_parts, window=window, n_ctx=n_ctx,
+                     cache_dir=cache_dir, offline=offline, device=device, backend=backend, dtype=dtype,
+                     n_devices=n_devices, device_map=device_map, max_memory=max_memory,
+                     offload_folder=offload_folder)
+
+
+def _load(name_or_path: str, *, ntk_alpha: float | None, ntk_by_parts: dict | bool | None, window: int | None,
+          n_ctx: int | None, cache_dir: str | None, offline: bool | None, device: str, backend: str, dtype: str,
+          n_devices: int, device_map: Any, max_memory: Any, offload_folder: str | None) -> LoadedModel:
+    """:func:`load_model`'s work, inside its stages."""
     started = time.perf_counter()
     checked_path(name_or_path, "the model name or path")
     if cache_dir is not None:
@@ -161,6 +177,7 @@ def _where(device: str, n_devices: Any, backend: str, dtype: str, device_map: An
     read whole), each refused by name before any weight is read when this machine cannot honour it."""
     check_device(device)
     n_devices = check_n_devices(n_devices, device)
+    stage("importing TransformerLens")
     chosen = "bridge" if device_map is not None and backend == "auto" else resolve_backend(backend)
     return n_devices, chosen, check_placement(device_map=device_map, max_memory=max_memory,
                                               offload_folder=offload_folder, n_devices=n_devices, backend=chosen,
@@ -188,6 +205,7 @@ def _load_hooked(name: str, source: str, loader_kind: str, target: Any, options:
     """The hooked backend's load: config and weights converted by the family adapter (or read from
     the weight cache), the position options applied, the HookedTransformer built with its tokenizer."""
     base = _base_model(loader_kind, target, cache_dir)
+    stage("building the HookedTransformer")
     family = adapter_for_cfg(base.cfg)
     cfg, facts = apply_position_options(base.cfg, **options)
     cfg["model_name"] = name
@@ -208,6 +226,7 @@ def _load_hooked(name: str, source: str, loader_kind: str, target: Any, options:
                **({"unscaled_rotary_base": facts["unscaled_rotary_base"]} if "unscaled_rotary_base" in facts else {})},
     )
     family_text = f"{family} (model_type {base.meta.get('model_type')!r})"
+    stage("checking its hooks")
     verified = {**base.meta.get("verified", {}), **verify_hooked(model, spec, family_text)}
     extra = {**spec.extra, "verified": verified, "load_seconds": round(time.perf_counter() - started, 3)}
     return LoadedModel(model=model, tokenizer=tokenizer, spec=dataclasses.replace(spec, extra=extra))
@@ -295,8 +314,10 @@ def _base_model(kind: str, target: Any, cache_dir: str | None) -> CachedModel:
     def build() -> tuple[dict[str, Any], dict[str, torch.Tensor], Any, dict[str, Any]]:
         log.info("converting %s (first load; later loads read the weight cache)", target)
         hf_model, tokenizer = reader(target)
+        stage("converting to TransformerLens's layout")
         cfg = hooked_config(hf_model.config)
         state_dict = convert_state_dict(hf_model, cfg)
+        stage("checking the conversion against transformers")
         verified = verify_conversion(hf_model, cfg, state_dict)
         return cfg, state_dict, tokenizer, {"model_type": hf_model.config.model_type, "file": str(target),
                                             "verified": verified}

