@@ -17,11 +17,11 @@ import os
 import re
 import shlex
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from lens_position.cli.argtypes import path_option, positive_int, seed_option
-from lens_position.core.stream import BATCH_SIZE
 from lens_position.ground.errors import BadInputError, LensPositionError, is_input_error
 from lens_position.ground.files import resource_error
 
@@ -34,6 +34,13 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports bad options in one line (and exits 2) instead of usage + message."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if choice:
+            import difflib
+
+            near = difflib.get_close_matches(choice[1], re.findall(r"'([^']*)'", choice[2]), n=1, cutoff=0.6)
+            if near:
+                message += f"; did you mean {near[0]!r}?"
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
@@ -91,7 +98,7 @@ def _text_source(text: str) -> str:
 
 
 def _add_common(sub: argparse.ArgumentParser, *, many_models: bool, out: Path,
-                analysis_options: set[str] | None = None) -> None:
+                analysis_options: set[str] | None = None, command: str = "reproduce") -> None:
     from lens_position.models.registry import DEFAULT_MODELS
     from lens_position.pipeline.steps import command_options
 
@@ -130,7 +137,7 @@ def _add_common(sub: argparse.ArgumentParser, *, many_models: bool, out: Path,
     data.add_argument("--seed", type=seed_option, default=0,
                       help="seed for data and random replacements, 0..2**63-1 (default: 0)")
     _add_analysis(sub, wanted)
-    _add_run(sub, out)
+    _add_run(sub, out, command)
     _add_compute(sub)
 
 
@@ -160,12 +167,30 @@ def _add_analysis(sub: argparse.ArgumentParser, wanted: set[str]) -> None:
                                    "context, and C3 is compared at every length both sides share (e.g. "
                                    "128,512,2048,8192,32768 up to each model's context; default: 32,...,1024, "
                                    "16,80 with --quick); each length costs N passes of that length per model")
+    from lens_position.core.stream import BATCH_SIZE
+
     analysis.add_argument("--batch-size", dest="batch_size", type=positive_int, default=None, metavar="B",
                           help=f"sequences per forward pass (default: {BATCH_SIZE}, as in Python); memory grows "
                                "with it")
 
 
-def _add_run(sub: argparse.ArgumentParser, out: Path) -> None:
+def _quick_help(command: str) -> str:
+    """``--quick``'s help for ``command``: what its own steps run at (the reproduction's also says how
+    long it takes, as measured)."""
+    if command == "reproduce":
+        return ("a quick run of every step on every model (T=40, N=4; sliding-window models at 1.25 x their "
+                "window; probes on 160 positions; 16 early queries; sink steps at T=32; the zoo's seeds 0 and 1 "
+                "only): 50 bootstrap replicates; about 2.5 min of 2 cores once the weights are cached, 3.3 min for "
+                "the first run, which caches them (measured: docs/performance.md)")
+    from lens_position.pipeline.config import FULL, QUICK
+    from lens_position.pipeline.steps import quick_sizes
+
+    return (f"a quick {command} at small sizes, {QUICK.n_resamples} bootstrap replicates instead of "
+            f"{FULL.n_resamples}: {quick_sizes(command)} (sliding-window models at least {QUICK.window_factor:g} x "
+            "their window)")
+
+
+def _add_run(sub: argparse.ArgumentParser, out: Path, command: str = "reproduce") -> None:
     run = sub.add_argument_group("run")
     run.add_argument("--out", type=_out_folder, default=out, metavar="DIR",
                      help="output folder (default: %(default)s; each sub-command has its own, so none rewrites "
@@ -175,11 +200,7 @@ def _add_run(sub: argparse.ArgumentParser, out: Path) -> None:
                           "files of the same name are replaced)")
     run.add_argument("--json", dest="json", action="store_true",
                      help="print what was written (files, claims) as one JSON object instead of a summary")
-    run.add_argument("--quick", action="store_true",
-                     help="a quick run of every step on every model (T=40, N=4; sliding-window models at 1.25 x "
-                          "their window; probes on 160 positions; 16 early queries; sink steps at T=32; the zoo's "
-                          "seeds 0 and 1 only): 50 bootstrap replicates; about 2.5 min of 2 cores once the weights "
-                          "are cached, 3.3 min for the first run, which caches them (measured: docs/performance.md)")
+    run.add_argument("--quick", action="store_true", help=_quick_help(command))
     run.add_argument("--format", dest="fmt", choices=("parquet", "csv"), default="parquet",
                      help="table format (default: %(default)s)")
     run.add_argument("--no-cache", dest="use_cache", action="store_false",
@@ -245,7 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, text in helps.items():
         sub = subs.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
-        _add_common(sub, many_models=False, out=Path(f"results-{name}"), analysis_options=command_options(name))
+        _add_common(sub, many_models=False, out=Path(f"results-{name}"), analysis_options=command_options(name),
+                    command=name)
         sub.add_argument(
             "--browser-check",
             dest="browser_check",
@@ -285,8 +307,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def preflight(args: argparse.Namespace) -> None:
-    """Refuse, before any model is loaded, a run that a step would refuse after minutes of
-    work: BOS-dependent steps under ``--bos none``, a ``--N`` below what a step can measure on."""
+    """Refuse, before anything heavy is imported, a run that a step would refuse after minutes of
+    work: an unknown model name, BOS-dependent steps under ``--bos none``, a ``--N`` below what a
+    step can measure on. (``--layers`` and ``--T`` are checked next, against each model's config:
+    :func:`lens_position.pipeline.models.check_shapes`.)"""
     from lens_position.pipeline.steps import commands, get_step
 
     if args.command not in commands():  # a sweep checks its own spec
@@ -390,6 +414,10 @@ _PYTHON_TO_COMMAND_LINE = (
     (re.compile(r"(?:lens_position\.)?load_model\(\.\.\., backend='(\w+)'(?:, [^)]*)?\)"), r"--backend \1"),
     (re.compile(r"backend='(\w+)'"), r"--backend \1"),
     (re.compile(r"\bn_devices\b"), "--n-devices"),
+    (re.compile(r"the context of (\S+) \(n_ctx = (\d+)\); use T <= \d+, or load the model with "
+                r"load_model\(\.\.\., n_ctx=(\d+)\) to extend it"),
+     r"the context of \1 (n_ctx = \2); use --T \2 or less, or extend the context by naming the model as "
+     r"\1@n_ctx=\3"),
     # the command line downloads nothing: a hub model is read from a folder downloaded beforehand
     (re.compile(r"(a hub id \(org/name\)) with offline=False"),
      r"\1 downloaded first (for instance with `huggingface-cli download org/name --local-dir FOLDER`) and passed as "
@@ -449,25 +477,31 @@ def _other_progress_bars_off(off: bool) -> Iterator[None]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``lens-position``; returns the exit status."""
+    started = time.perf_counter()  # the report's wall time is the command's
     parser = build_parser()
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     logging.basicConfig(level=logging.WARNING, format="lens-position: %(levelname)s: %(message)s")
     with _other_progress_bars_off(not getattr(args, "progress", True)):
-        return _main(args, argv)
+        return _main(args, argv, started)
 
 
-def _main(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+def _main(args: argparse.Namespace, argv: Sequence[str] | None, started: float) -> int:
     try:
         if args.command == "zoo":
             from lens_position.cli.zoo import run as run_zoo
 
             print(run_zoo(args))
             return 0
+        preflight(args)  # before the imports of the run: an argument it refuses is refused in seconds
+        config = _config(args, sys.argv[1:] if argv is None else argv)
+        if args.command != "sweep":  # then each model's config, before any weight is read
+            from lens_position.pipeline.models import check_shapes
+
+            check_shapes(config.models, layers=args.layers, T=args.T)
         from lens_position.pipeline.runner import run
 
-        preflight(args)
-        result = run(_config(args, sys.argv[1:] if argv is None else argv))
+        result = run(config, started=started)
     except (LensPositionError, OSError) as error:
         if args.debug:
             raise

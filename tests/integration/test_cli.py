@@ -252,3 +252,25 @@ def test_no_progress_silences_the_other_libraries_bars_while_it_runs(monkeypatch
 
     assert not gguf_reader.tqdm(range(2), file=io.StringIO()).disable
     capsys.readouterr()
+
+
+def test_the_reports_wall_time_counts_from_the_commands_start(capsys, tmp_path, monkeypatch):
+    """What happens before the run (parsing, the early checks, the imports) is in the wall time."""
+    import json
+    import time
+
+    from lens_position.cli import commands as cli
+
+    checked = cli.preflight
+
+    def slow_checks(args):
+        time.sleep(1.0)
+        checked(args)
+
+    monkeypatch.setattr(cli, "preflight", slow_checks)
+    started = time.perf_counter()
+    status, _, err = _run_main(capsys, ["bands", "tiny-llama", "--quick", "--no-progress", "--out", str(tmp_path)])
+    took = time.perf_counter() - started
+    assert status == 0, err
+    wall = json.loads((tmp_path / "provenance.json").read_text())["wall_time_s"]
+    assert 1.0 <= wall <= took

@@ -13,6 +13,7 @@ Names: ``zoo:<variant>`` is seed 0, ``zoo:<variant>:seed<k>`` seed ``k``; ``zoo`
 
 from __future__ import annotations
 
+import difflib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -134,9 +135,11 @@ def find(name: str, root: Path = SHIPPED) -> Checkpoint:
     variant, seed = parse_name(name)
     weights, meta_path = paths(root, variant, seed)
     if not meta_path.is_file() or not weights.is_file():
-        there = ", ".join(c.name for c in checkpoints(root)) or "none"
+        names = [c.name for c in checkpoints(root)]
+        near = difflib.get_close_matches(name, names, n=1, cutoff=0.75)
+        guess = f"did you mean {near[0]!r}? " if near else ""
         raise UnknownModelError(
-            f"no zoo checkpoint {name!r} in {root} (there: {there}); train it with "
+            f"no zoo checkpoint {name!r} in {root}; {guess}there: {', '.join(names) or 'none'}; or train it with "
             f"`lens-position zoo train {variant} --seed {seed}`")
     return Checkpoint(variant, seed, weights, _read_meta(meta_path))
 

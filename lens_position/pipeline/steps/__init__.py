@@ -50,7 +50,7 @@ STEPS: dict[str, Step] = {module.STEP.name: module.STEP for module in (
 TABLES: dict[str, Table] = {table.name: table for step in STEPS.values() for table in step.tables}
 
 __all__ = ["ANALYSIS_OPTIONS", "STEPS", "TABLES", "Sizes", "Step", "StepContext", "StepOutput", "command_options",
-           "commands", "early_sizes", "get_step", "model_T", "step_names", "tables_of"]
+           "commands", "early_sizes", "get_step", "quick_sizes", "model_T", "step_names", "tables_of"]
 
 
 def step_names() -> tuple[str, ...]:
@@ -72,6 +72,24 @@ def command_options(command: str) -> set[str]:
     """The analysis options a sub-command shows: those its steps read, opt-in steps included
     (``reproduce``: every step's)."""
     return {option for step in STEPS.values() if command in ("reproduce", step.command) for option in step.options}
+
+
+def quick_sizes(command: str) -> str:
+    """What ``--quick`` runs ``command``'s steps at, from the quick and full settings themselves, on
+    a model without sliding-window layers: ``"decompose T=40 N=4, length_sweep T=16,40,80 N=4"``."""
+    from lens_position.models.spec import ModelSpec
+    from lens_position.pipeline.config import QUICK
+
+    plain = ModelSpec(name="a model", family="custom", source="custom", n_layers=2, n_heads=1, n_kv_heads=1,
+                      d_model=64, d_head=64, n_ctx=1 << 20, rope_kind="standard", rotary_base=10_000.0,
+                      attn_types=("global", "global"))
+    parts = []
+    for name in commands()[command]:
+        sizes = STEPS[name].sizes(QUICK, plain)
+        lengths = ",".join(map(str, sizes.lengths)) if sizes.lengths else str(sizes.T)
+        first = f" (the first {sizes.T} of {sizes.first_of})" if sizes.first_of else ""
+        parts.append(f"{name} T={lengths}{first} N={sizes.N}")
+    return ", ".join(parts)
 
 
 def get_step(name: str) -> Step:
