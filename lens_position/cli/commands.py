@@ -389,9 +389,16 @@ def _summary(result) -> str:
         lines.insert(0, banner)
     if result.findings is not None:  # a sweep's tables hold many conditions per model: its numbers are in the tables
         lines += result.findings.summary_lines()
-    # a step that does not apply to a model (rotary bands on NoPE, convergence without MLPs) says so
-    lines += [f"  {record.step} skipped: {record.provenance['skipped']}" for record in result.steps
-              if isinstance(record.provenance, dict) and record.provenance.get("skipped")]
+    # a step that does not apply to a model (rotary bands on NoPE, convergence without MLPs) says so,
+    # one line per reason: the steps and the models it applies to
+    skipped: dict[str, tuple[list[str], list[str]]] = {}
+    for record in result.steps:
+        why = record.provenance.get("skipped") if isinstance(record.provenance, dict) else None
+        if why:
+            steps, models = skipped.setdefault(str(why).replace(record.model, "the model"), ([], []))
+            steps.extend([record.step] if record.step not in steps else [])
+            models.extend([record.model] if record.model not in models else [])
+    lines += [f"  {', '.join(steps)} skipped on {', '.join(models)}: {why}" for why, (steps, models) in skipped.items()]
     lines += verdict_lines(result.claims)
     lines.append(f"report: {result.files['report']}")
     return "\n".join(lines)

@@ -111,11 +111,11 @@ class Findings:
             out.append(leakage_sentence(leakage, part("leakage_seeds", architecture), architecture))
         return out
 
-    def answer_lines(self) -> list[str]:
-        """One line per architecture (:func:`lens_position.analyses.sentences.answer_line`): the
-        held-out total and the shares of it, for a run over many architectures."""
+    def answer_lines(self, architectures: list[str] | None = None) -> list[str]:
+        """One line per architecture (:func:`lens_position.analyses.sentences.answer_line`; default:
+        every one): the held-out total and the shares of it, for a run over many architectures."""
         out = []
-        for arch in self.architectures:
+        for arch in self.architectures if architectures is None else architectures:
             layers = self.tables.part("decompose_layers", arch)
             if layers is not None:
                 out.append(answer_line(layers.sort_values("layer"), arch,
@@ -126,16 +126,20 @@ class Findings:
         """The console's summary of a run's numbers: per architecture its sentences (one line each
         beyond :data:`COMPACT_AFTER` architectures, the detail being in the report); the claims'
         verdicts follow (:func:`verdict_lines`)."""
-        archs = self.architectures
+        zoo = [arch for arch, _ in self.zoo.architectures]
+        archs = [arch for arch in self.architectures if arch not in zoo] or self.architectures
         lines = []
         if len(archs) > COMPACT_AFTER:
             lines.append("  held-out share of Var(log A) explained by absolute position, and its split (the report "
                          "words each):")
-            lines += [f"  {answer}" for answer in self.answer_lines()]
+            lines += [f"  {answer}" for answer in self.answer_lines(archs)]
         else:
             for arch in archs:
                 for sentence in self.sentences(arch):
                     lines += textwrap.wrap(sentence, WIDTH, initial_indent="  ", subsequent_indent="    ")
+        if zoo and archs != self.architectures:
+            lines.append(f"  the controlled zoo ({len(zoo)} models): its numbers and C3 from paired seeds are in the "
+                         "report's zoo section and zoo_claims.csv")
         return lines
 
 

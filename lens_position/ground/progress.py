@@ -85,7 +85,7 @@ class Bar:
     """The one visible bar of an outermost :func:`progress` call. ``total`` may grow while
     the work runs (inner calls announce theirs as they start)."""
 
-    def __init__(self, desc: str, unit: str, kind: str, stream: TextIO, total: int = 0):
+    def __init__(self, desc: str, unit: str, kind: str, stream: TextIO, total: int = 0, leave: bool = True):
         self.desc, self.unit, self.kind, self.stream = desc, unit, kind, stream
         self.n = 0
         self.total = int(total)
@@ -97,7 +97,7 @@ class Bar:
         if kind == "terminal":
             from tqdm.std import tqdm
 
-            self._tqdm = tqdm(total=self.total, desc=desc, unit=unit, file=stream, leave=True)
+            self._tqdm = tqdm(total=self.total, desc=desc, unit=unit, file=stream, leave=leave)
         elif kind == "notebook":
             from IPython.display import display
 
@@ -215,7 +215,7 @@ class Progress:
 
 @contextmanager
 def progress(desc: str, *, total: int | None = None, unit: str = "seq", enabled: bool = True,
-             stream: TextIO | None = None) -> Iterator[Progress]:
+             stream: TextIO | None = None, leave: bool = True) -> Iterator[Progress]:
     """Count the work of one slow call (module docstring).
 
     ``desc``: the bar's label (used only when this call is the outermost). ``total``: the
@@ -224,14 +224,16 @@ def progress(desc: str, *, total: int | None = None, unit: str = "seq", enabled:
     announce theirs. ``unit``: what is counted, ``"seq"`` (sequences through the model) or a
     condition. ``enabled=False``: the outermost call shows nothing; an inner call's work is
     left out of the count. ``stream``: where a terminal bar or plain lines go (default
-    ``sys.stderr`` as it is now).
+    ``sys.stderr`` as it is now). ``leave=False``: a terminal bar is cleared when it ends (one of
+    many short bars, as a run's cells: the terminal keeps one screen); plain lines and notebook lines
+    stay.
     """
     parent = _ACTIVE.get()
     if parent is None:
         bar = None
         if enabled and not progress_disabled_by_environment():
             out = sys.stderr if stream is None else stream
-            bar = Bar(desc, unit, output_kind(out), out, total=total or 0)
+            bar = Bar(desc, unit, output_kind(out), out, total=total or 0, leave=leave)
         scope = _Scope(bar, counted=bar is not None, declared=total is not None, parent=None)
     else:
         scope = _Scope(parent.bar, counted=parent.counted and enabled, declared=total is not None, parent=parent)

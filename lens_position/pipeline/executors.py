@@ -59,7 +59,7 @@ class SerialExecutor:
                 worker.expect(cells)
                 for cell in cells:
                     try:
-                        with progress(plan.label(cell), enabled=self.progress):
+                        with progress(plan.label(cell), enabled=self.progress, leave=False):
                             result = worker.run(cell)
                     except Exception as error:  # reported with its cell; the rest still run
                         driver.on_failure(cell, error)

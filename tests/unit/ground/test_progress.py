@@ -263,3 +263,29 @@ def test_a_cold_load_names_each_of_its_stages(capsys, monkeypatch, tmp_path):
     warm = [line for line in capsys.readouterr().err.splitlines() if line.startswith("loading smollm2-135m: ")]
     assert [line.removeprefix("loading smollm2-135m: ") for line in warm[:-1]] == [
         "importing TransformerLens", "reading the weight cache", "building the HookedTransformer", "checking its hooks"]
+
+
+class _Terminal:
+    """A stream that says it is a terminal, keeping what is written."""
+
+    def __init__(self):
+        self.text = ""
+
+    def isatty(self):
+        return True
+
+    def write(self, text):
+        self.text += text
+
+    def flush(self):
+        pass
+
+
+@pytest.mark.parametrize("leave", [True, False])
+def test_a_bar_that_does_not_leave_clears_its_terminal_line(leave):
+    """A run's cells each have a bar: cleared at their end, the terminal keeps one screen."""
+    terminal = _Terminal()
+    with progress.progress("cell", total=3, stream=terminal, leave=leave) as bar:
+        bar.update(3)
+    assert terminal.text.count("\n") == (1 if leave else 0)
+    assert ("3/3" in terminal.text.rsplit("\r", 1)[-1]) == leave  # what stays on screen
