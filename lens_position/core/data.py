@@ -39,6 +39,7 @@ import dataclasses
 import functools
 import hashlib
 import os
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -248,6 +249,22 @@ def _bos_note(bos: str) -> dict[str, Any]:
 
 
 
+_TEXT_FILE = re.compile(r"[^\s]+\.(txt|md|rst|text|json|jsonl|csv)", re.IGNORECASE)
+
+
+def check_not_a_path(text: str) -> None:
+    """Refuse a ``text=`` that names a file instead of holding text (an existing path, or one word
+    ending in a text file's suffix): ``text=`` is the text itself, ``corpus=`` reads a file."""
+    candidate = text.strip()
+    if not candidate or any(space in candidate for space in " \t\n") or len(candidate) > 4096:
+        return  # text with spaces is text
+    exists = os.path.exists(os.path.expanduser(candidate))
+    if exists or _TEXT_FILE.fullmatch(candidate):
+        where = "" if exists else " (no such file here, either)"
+        raise BadInputError(f"text={candidate!r} looks like a file name{where}: text= takes the text itself; to "
+                            f"read a file or a folder, pass corpus={candidate!r}")
+
+
 def _natural_windows(tokenizer: Any, text: str | None, corpus: str | os.PathLike | None, N: int, length: int,
                      seed: int) -> tuple[torch.Tensor, dict[str, Any]]:
     """``N`` windows of ``length`` tokens of natural text (``text``, or the ``corpus``) drawn with
@@ -258,6 +275,7 @@ def _natural_windows(tokenizer: Any, text: str | None, corpus: str | os.PathLike
     if text is not None and corpus is not None:
         raise BadInputError("pass either text= or corpus=, not both")
     if text is not None:
+        check_not_a_path(text)
         if not text.strip():
             raise BadInputError("text= is empty: pass some text, or leave it out for the default corpus")
         corpus_text, description = text, "text"
@@ -413,6 +431,7 @@ def load_documents(corpus: str | os.PathLike | None = None, text: str | None = N
     if text is not None and corpus is not None:
         raise BadInputError("pass either text= or corpus=, not both")
     if text is not None:
+        check_not_a_path(text)
         return [p for p in text.split("\n\n") if p.strip()], "text (paragraphs)"
     read = read_corpus(corpus)
     if read.unit in ("topic", "file"):

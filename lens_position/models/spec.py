@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias, Union
 
@@ -493,10 +494,24 @@ def as_loaded(model: ModelLike, tokenizer: Any = None) -> LoadedModel:
     if isinstance(model, LoadedModel):
         return _current(model)
     if not is_model(model):
-        raise TypeError(f"expected a LoadedModel, a HookedTransformer (or a subclass) or a TransformerBridge, "
-                        f"got {type(model).__name__}")
+        raise TypeError(not_a_model_message(model))
     tokenizer = tokenizer if tokenizer is not None else model.tokenizer
     return LoadedModel(model=model, tokenizer=tokenizer, spec=_bare_spec(model, tokenizer))
+
+
+def not_a_model_message(model: Any) -> str:
+    """What to say to a caller who passed something other than a model, with the route that works
+    for what it is: a name or path (load it), a transformers model (save it and load the folder)."""
+    expected = "expected a LoadedModel, a HookedTransformer (or a subclass) or a TransformerBridge"
+    if isinstance(model, (str, os.PathLike)):
+        return (f"{expected}, got the {type(model).__name__} {str(model)!r}: load it first, "
+                f"model = lp.load_model({str(model)!r}) (a registry name, a .gguf file or a checkpoint folder), "
+                "and pass the model")
+    if hasattr(model, "config") and hasattr(model, "save_pretrained"):
+        return (f"{expected}, got the transformers model {type(model).__name__}: save it with its tokenizer "
+                "(model.save_pretrained(folder); tokenizer.save_pretrained(folder)) and pass "
+                "lp.load_model(folder), which converts and checks it")
+    return f"{expected}, got {type(model).__name__}"
 
 
 def attach_tokenizer(model: Any, tokenizer: Any, prepends_bos: bool) -> None:

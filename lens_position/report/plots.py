@@ -179,7 +179,48 @@ def _fit_titles(fig: go.Figure, title: str) -> tuple[str, int]:
     return "<br>".join(title_lines), max(top, 70)
 
 
-def _base_layout(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
+def component_title(column: str) -> str:
+    """A component column's name in words: ``R_rf_heldout`` -> "residual component R'
+    (reference-free), held-out"."""
+    for suffix, words in (("_heldout", ", held-out"), ("", "")):
+        base = column.removesuffix(suffix) if suffix else column
+        if (not suffix or column.endswith(suffix)) and base in COMPONENT_NAMES:
+            return COMPONENT_NAMES[base] + words
+    return column
+
+
+#: What an empty panel says where no reason of its own is given.
+NO_FINITE_VALUE = "nothing to draw: no finite value here"
+
+
+def _finite(values: object) -> bool:
+    if values is None:
+        return False
+    array = np.asarray(values, dtype=object).ravel()
+    return any(isinstance(v, (int, float, np.number)) and np.isfinite(float(v)) for v in array)
+
+
+def note_empty_panels(fig: go.Figure, why: str = NO_FINITE_VALUE) -> list[str]:
+    """Write ``why`` in the middle of every panel whose traces hold no finite value (all values
+    undefined, or no trace at all), so an empty panel never looks like a drawing error; returns
+    the axes of the panels noted."""
+    noted = []
+    for key in [k for k in fig.layout.to_plotly_json() if k.startswith("xaxis")]:
+        axis = "x" + key.removeprefix("xaxis")
+        traces = [t for t in fig.data if (getattr(t, "xaxis", None) or "x") == axis]
+        if any(_finite(getattr(t, "y", None)) or _finite(getattr(t, "z", None)) for t in traces):
+            continue
+        y_axis = (getattr(traces[0], "yaxis", None) if traces else None) or "y" + key.removeprefix("xaxis")
+        fig.add_annotation(text="<br>".join(textwrap.wrap(why, 34)), showarrow=False, xref=f"{axis} domain",
+                           yref=f"{y_axis} domain", x=0.5, y=0.5, font=dict(size=12, color="grey"))
+        noted.append(axis)
+    return noted
+
+
+def _base_layout(fig: go.Figure, title: str, height: int = 420, empty: str = NO_FINITE_VALUE) -> go.Figure:
+    """The shared layout: titles fitted, the legend below, and every panel with nothing finite to
+    draw saying ``empty`` in its place."""
+    note_empty_panels(fig, empty)
     _drop_unnamed_group(fig)
     title, top = _fit_titles(fig, title)
     fig.update_layout(
@@ -240,7 +281,7 @@ def head_heatmaps(heads: pd.DataFrame, *, by: str = "architecture",
     """
     _require(heads, ["layer", "head", *components], "head_heatmaps")
     groups = _groups(heads, by)
-    titles = [f"{name}: {c}" for name, _ in groups for c in components]
+    titles = [f"{name}: {component_title(c)}" for name, _ in groups for c in components]
     fig = make_subplots(rows=len(groups), cols=len(components), subplot_titles=titles,
                         horizontal_spacing=0.06, vertical_spacing=0.5 / max(len(groups), 1) / 2)
     values = heads[list(components)].to_numpy(dtype=float)
@@ -435,7 +476,9 @@ def bos_fraction_removed(layers: pd.DataFrame, overall: pd.DataFrame | None = No
     fig.update_yaxes(title_text="fraction of R' removed" if "_rf" in column else "fraction of R removed",
                      row=1, col=1)
     fig.update_layout(barmode="group")
-    return _base_layout(fig, "BOS replacement: fraction of the residual component removed at early queries")
+    return _base_layout(fig, "BOS replacement: fraction of the residual component removed at early queries",
+                        empty="no finite value: the fraction removed is undefined wherever R' before the "
+                              "replacement is not resolved from zero")
 
 
 def fingerprint_layers(frame: pd.DataFrame, *, by: str = "architecture") -> go.Figure:

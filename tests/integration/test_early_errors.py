@@ -167,3 +167,31 @@ def test_layers_beyond_the_model_fail_once_before_any_step(capsys, tmp_path, mon
                           "--out", str(tmp_path / "out"))
     assert status == cli.EXIT_ERROR and "layer 40 does not exist" in err and "--layers 0:3" in err
     assert err.count("layer 40") == 1
+
+
+@pytest.mark.fault(area="models", given="a name, a folder path or a transformers model passed where a model goes",
+                   happens="TypeError naming what was passed and the route: lp.load_model(name or folder), or "
+                           "save_pretrained then load_model(folder)")
+def test_a_name_or_a_transformers_model_in_place_of_a_model_says_how_to_load_it(tiny_llama, tmp_path):
+    from lens_position.analyses.decompose import decompose
+
+    prompts = build_prompts(tiny_llama, T=8, N=2, source="random")
+    for name in ("tiny-llama", str(tmp_path), tmp_path):
+        with pytest.raises(TypeError, match=r"lp\.load_model\("):
+            decompose(name, prompts)
+    hf_model, _ = tiny_hf_model("tiny-llama")
+    with pytest.raises(TypeError, match=r"LlamaForCausalLM: save it .*save_pretrained.*lp\.load_model\(folder\)"):
+        decompose(hf_model, prompts)
+
+
+@pytest.mark.fault(area="data", given="text= naming a file ('missing.txt', or a path that exists)",
+                   happens="BadInputError: text= takes the text itself; pass corpus= to read a file "
+                           "(it used to be tokenized as the text 'missing.txt')")
+@pytest.mark.parametrize("text", ["missing.txt", "notes.md", "{tmp}/real.txt", "{tmp}"])
+def test_text_that_names_a_file_is_refused_with_the_corpus_route(tiny_llama, tmp_path, text):
+    (tmp_path / "real.txt").write_text("plain English text " * 100)
+    text = text.replace("{tmp}", str(tmp_path))
+    with pytest.raises(BadInputError, match=r"text= takes the text itself.*corpus="):
+        build_prompts(tiny_llama, T=8, N=2, text=text)
+    assert build_prompts(tiny_llama, T=8, N=2, text="plain English text " * 100).tokens.shape == (2, 8)
+    assert build_prompts(tiny_llama, T=8, N=2, text="a.txt " * 100).tokens.shape == (2, 8)  # text with spaces is text

@@ -217,3 +217,23 @@ def test_figures_serialise_numbers_literally(tables):
 def test_missing_columns_are_a_clear_error():
     with pytest.raises(BadInputError, match="r2_shuffled"):
         plots.probe_r2(pd.DataFrame({"layer": [0], "r2_heldout": [0.5]}))
+
+
+def test_a_panel_with_no_finite_value_says_why_in_its_place_and_drawn_panels_say_nothing(tables):
+    layers, overall = tables["bos_layers"].copy(), tables["bos_overall"]
+    column = plots.c4_column(layers)[0]
+    layers.loc[layers["replacement"] == "mean", column] = float("nan")  # R' not resolved at any layer
+    fig = plots.bos_fraction_removed(layers, overall)
+    notes = [a for a in fig.layout.annotations if a.text and "undefined" in a.text]
+    assert len(notes) == 1
+    mean_panel = 1 + ["token", "mean", "random"].index("mean") + 1  # after the overall panel
+    assert notes[0].xref == f"x{mean_panel} domain"
+    assert not [a for a in plots.bos_fraction_removed(tables["bos_layers"], overall).layout.annotations
+                if a.text and "undefined" in a.text]
+
+
+def test_heatmap_panels_are_titled_in_words_not_column_names(tables):
+    fig = plots.head_heatmaps(tables["decompose_heads"])
+    titles = [a.text.replace("<br>", " ") for a in fig.layout.annotations]
+    assert any("residual component R' (reference-free), held-out" in t for t in titles)
+    assert not any("_heldout" in t or "R_rf" in t for t in titles)
