@@ -33,7 +33,7 @@ from lens_position.core.run_tables import RunTables
 from lens_position.core.summaries import is_untrained
 
 #: More architectures than this and the console summary gives one line each (the rest is in the report).
-COMPACT_AFTER = 2
+COMPACT_AFTER = 1  # two architectures or more: a line each, so a two-model run fits one screen
 WIDTH = 110
 
 
