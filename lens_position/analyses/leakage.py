@@ -48,7 +48,7 @@ from jaxtyping import Float, Int
 
 from lens_position.analyses import leakage_stats as stats
 from lens_position.analyses.rotary_bands import frequency_bands
-from lens_position.core.checks import check_count, check_layers
+from lens_position.core.checks import check_count, check_layers, check_seed
 from lens_position.core.inputs import checked_prompts, checked_rows
 from lens_position.core.intervals import Bootstrap, Estimate, benjamini_hochberg, bootstrap_mean
 from lens_position.core.results import SavedResult, Table
@@ -374,7 +374,7 @@ def positional_leakage(
     source = "leakage_texts() (default corpus)" if texts is None else "given"
     mode, n_samples, n_seeds, max_length = _checked_options(mode, alpha, n_samples, n_seeds, max_length)
     n_boot, n_perm = check_count("n_boot", n_boot, minimum=20), check_count("n_perm", n_perm, minimum=20)
-    seed = int(seed)
+    seed = check_seed(seed)
     layers = check_layers(layers, loaded.spec.n_layers)
     pool, strings = _token_pool(loaded, texts, max_length)
     seeds = [seed + k for k in range(n_seeds)]

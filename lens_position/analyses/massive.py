@@ -39,7 +39,7 @@ from lens_position.analyses.compare import compare
 from lens_position.analyses.decompose import decompose
 from lens_position.analyses.patching import as_tokens
 from lens_position.analyses.sinks import SINK_EPS, SinkScoreReducer
-from lens_position.core.checks import check_count, check_fraction
+from lens_position.core.checks import check_count, check_fraction, check_int, check_layers, check_same_model
 from lens_position.core.inputs import Prompts, checked_prompts
 from lens_position.core.intervals import PROBABILITY, Bootstrap, Estimate, bootstrap_mean
 from lens_position.core.results import SavedResult, Table
@@ -330,6 +330,24 @@ def _paired(row: dict[str, Any], name: str, base: np.ndarray, changed: np.ndarra
 
 
 @one_look_per_call
+def checked_entries(entries: Any, T: int, d_model: int) -> list[Entry]:
+    """``entries`` as a list of ``(position, dim)`` pairs within prompts of ``T`` positions and a
+    residual stream of ``d_model`` dimensions (BadInputError naming the first that is not)."""
+    if isinstance(entries, (str, bytes)) or not isinstance(entries, Sequence) or not entries:
+        raise BadInputError(f"entries must be a non-empty list of (position, dim) pairs, e.g. [(0, 12)], got "
+                            f"{entries!r}")
+    out = []
+    for entry in entries:
+        if isinstance(entry, (str, bytes)) or not isinstance(entry, Sequence) or len(entry) != 2:
+            raise BadInputError(f"each entry is a (position, dim) pair, e.g. (0, 12); got {entry!r}")
+        position, dim = check_int("an entry's position", entry[0]), check_int("an entry's dim", entry[1])
+        if not (0 <= position < T and 0 <= dim < d_model):
+            raise BadInputError(f"entry {tuple(entry)} is outside prompts of T = {T} positions and d_model = "
+                                f"{d_model}: use 0 <= position < {T} and 0 <= dim < {d_model}")
+        out.append((position, dim))
+    return out
+
+
 def massive_intervention(
     model: ModelLike,
     prompts: Prompts,
@@ -354,6 +372,15 @@ def massive_intervention(
     if isinstance(modes, str) or not modes or any(m not in MODES for m in modes) or len(set(modes)) != len(modes):
         raise BadInputError(f"modes must name each of {list(MODES)} at most once, got {modes!r}")
     tokens = as_tokens(loaded, prompts)
+    if massive is not None:
+        if not isinstance(massive, MassiveActivations):
+            raise BadInputError(f"massive must be the MassiveActivations of massive_activations(model, prompts), got "
+                                f"{type(massive).__name__}")
+        check_same_model(loaded, massive.provenance, "massive")
+    if layer is not None:
+        layer = check_layers([layer], loaded.spec.n_layers)[0]
+    if entries is not None:
+        entries = checked_entries(entries, tokens.shape[1], loaded.spec.d_model)
     with progress_bar("massive intervention", total=(3 + 2 * len(modes)) * len(tokens), enabled=progress):
         if layer is None or entries is None:
             massive = massive or massive_activations(loaded, prompts, eps=eps, batch_size=batch_size,

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 import pandas as pd
 
 from lens_position.analyses.leakage import AUTHORS_SAMPLES, PUBLISHED
+from lens_position.ground.errors import BadInputError
 
 __all__ = ["PUBLISHED_SINKS", "published_beside_ours"]
 
@@ -119,10 +120,29 @@ def _sink_rows(rates: pd.DataFrame | None) -> list[dict[str, object]]:
     return rows
 
 
+_LEAKAGE_COLUMNS = ("model", "layer", "head", "significant", "leakage_gap", "leakage_gap_lo", "leakage_gap_hi")
+_SINK_COLUMNS = ("model", "condition", "seq_len", "N", "sink_rate", "sink_rate_lo", "sink_rate_hi")
+
+
+def _require(frame: pd.DataFrame | None, name: str, columns: tuple[str, ...]) -> None:
+    """BadInputError naming the columns a table lacks, and how to get a table that has them."""
+    if frame is None or not len(frame):
+        return
+    if not isinstance(frame, pd.DataFrame):
+        raise BadInputError(f"{name} must be a DataFrame (the run's table of that name), got {type(frame).__name__}")
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        route = ("add the model's name, frame.assign(model='...'), to a result's own table" if missing == ["model"]
+                 else "rerun the step with this version (the table predates these columns)")
+        raise BadInputError(f"the {name} table lacks the column(s) {', '.join(missing)}: {route}")
+
+
 def published_beside_ours(tables: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     """The published numbers beside the run's (module docstring), one row per (measure, model): the
     papers' rows first, then the run's models, for every measure the run's tables carry
     (``leakage_heads`` with ``leakage_seeds``, ``sink_rate``)."""
+    _require(tables.get("leakage_heads"), "leakage_heads", _LEAKAGE_COLUMNS)
+    _require(tables.get("sink_rate"), "sink_rate", _SINK_COLUMNS)
     rows = _leakage_rows(tables.get("leakage_heads"), tables.get("leakage_seeds")) + _sink_rows(
         tables.get("sink_rate"))
     frame = pd.DataFrame(rows, columns=["measure", "model", "published", "value", "inputs", "comparable"])

@@ -51,7 +51,7 @@ import torch
 from jaxtyping import Float, Int
 
 from lens_position.analyses.patching import embedding_patch
-from lens_position.core.checks import check_count, check_fraction, check_seed
+from lens_position.core.checks import check_count, check_fraction, check_int, check_seed
 from lens_position.core.data import build_prompts
 from lens_position.core.inputs import Prompts, checked_prompts
 from lens_position.core.intervals import (
@@ -399,7 +399,10 @@ def sink_origin(
     body, data = _base_text(loaded, prompts, T=check_count("T", T), N=check_count("N", N), seed=seed, text=text,
                             corpus=corpus, bos_id=int(bos_id), distinct=bootstrap.enabled)
     length = body.shape[1]
-    moved_to = min(8, length // 2) if moved_to is None else moved_to
+    if "bos_moved" in conditions and length < 3:
+        raise BadInputError(f"T = {length}: the bos_moved condition moves BOS into the text, which needs at least 3 "
+                            "positions; use T >= 3, or leave bos_moved out of conditions")
+    moved_to = min(8, length // 2) if moved_to is None else check_int("moved_to", moved_to)
     chosen = set(delimiters) if delimiters is not None else delimiter_ids(loaded, body)
     measured = _measure(loaded, body, conditions, bos_id=int(bos_id), moved_to=moved_to, delimiters=chosen,
                         token=token, seed=seed, batch_size=batch_size, progress=progress)

@@ -225,3 +225,15 @@ def check_same_origin(base: dict[str, Any], other: dict[str, Any], what: str = "
             raise BadInputError(
                 f"{what} and the base come from different {label}: {str(theirs)[:12]} vs {str(mine)[:12]}; "
                 "a paired comparison needs both decomposed from the same model on the same prompts")
+
+
+def check_same_model(loaded: Any, provenance: dict[str, Any], what: str) -> None:
+    """Refuse a result ``what`` measured on another model than ``loaded`` (its provenance names
+    other weights, or none): an input computed on one model says nothing of another's activations."""
+    theirs = ((provenance or {}).get("model") or {}).get("weights_sha256")
+    mine = loaded.spec.weights_sha256
+    if theirs is None or mine is None or theirs != mine:
+        name = ((provenance or {}).get("model") or {}).get("name", "an unnamed model")
+        raise BadInputError(
+            f"{what} was measured on {name} (weights {str(theirs)[:12]}), not on {loaded.spec.name} (weights "
+            f"{str(mine)[:12]}); measure it on this model, e.g. massive_activations(model, prompts)")

@@ -42,7 +42,13 @@ def _check_position_ids(position_ids: Any, shape: tuple[int, int]) -> str:
     """"" when ``position_ids`` count ``0 .. T - 1`` in every row (or are None), else the error."""
     if position_ids is None:
         return ""
-    ids = torch.as_tensor(position_ids)
+    try:
+        ids = torch.as_tensor(position_ids)
+    except (TypeError, ValueError, RuntimeError):
+        return (f"position_ids must be whole numbers, one per position (a tensor, an array or a list), got "
+                f"{type(position_ids).__name__} {str(position_ids)[:40]!r}")
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        return f"position_ids must be whole numbers, got a tensor of {str(ids.dtype).removeprefix('torch.')}"
     if ids.ndim == 1:
         ids = ids[None].expand(shape[0], -1)
     expected = torch.arange(shape[1]).expand(shape[0], -1)

@@ -155,19 +155,17 @@ def load_bridged(name: str, source: str, kind: str, target: Any, options: dict[s
     from lens_position.models.backends import COUPLED_KV
     from lens_position.models.backends.bridge import boot_bridge
 
-    checked_sha256 = None  # the weights' hash the weight cache has just checked them against
     check_bridge_takes(placement, int(_transformer_lens_version().split(".")[0]))
     if kind == "tiny" and placement is not None:
         raise BadInputError(f"{name} is built in code on the host; to place it, save it with save_pretrained and "
                             "load that folder with device_map")
     if kind == "tiny":
-        hf_model, tokenizer = tiny_hf_model(target)
-    elif kind == "gguf":
+        hf_model, tokenizer, checked_sha256 = (*tiny_hf_model(target), None)
+    elif kind == "gguf":  # with the weights' hash the weight cache has just checked them against
         hf_model, tokenizer, checked_sha256 = read_gguf_cached(target, cache_dir, placement)
     else:
-        hf_model, tokenizer = sources.read_hf_folder(target, check=None, placement=placement)
+        hf_model, tokenizer, checked_sha256 = (*sources.read_hf_folder(target, check=None, placement=placement), None)
     check_has_attention(hf_model.config)
-    stage("applying the position options and hashing the weights")
     facts = apply_hf_position_options(hf_model, **{k: v for k, v in options.items() if v is not None})
     ntk_verified = facts.pop("ntk_verified", False)
     unchanged = all(value is None for value in options.values())  # no option touched the model after the check
@@ -180,11 +178,10 @@ def load_bridged(name: str, source: str, kind: str, target: Any, options: dict[s
         weights_sha256=weights_sha256, **facts,
         extra={"file": str(target) if kind != "tiny" else None, "from_cache": False, "ungrouped_kv_hooks": True,
                "backend": "bridge", "placement": placed_summary(hf_model, placement)})
-    family = family_name(hf_model.config)
     routes = working_routes(model_type, refused_by="bridge")
-    refuse_learned_sinks(hf_model, family)
-    placed = {"placed": True} if placement is not None else {}
-    key = verdict_key(weights_sha256, {**options, **placed}, "bridge", dtype, config=hf_model.config.to_dict())
+    refuse_learned_sinks(hf_model, family := family_name(hf_model.config))
+    key = verdict_key(weights_sha256, {**options, **({"placed": True} if placement is not None else {})}, "bridge",
+                      dtype, config=hf_model.config.to_dict())
     verified = read_verdict(key, cache_dir)
     if verified is not None:
         verified.pop("key", None)

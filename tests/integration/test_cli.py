@@ -203,8 +203,8 @@ def test_each_subcommand_prints_its_own_headline_numbers(capsys, tmp_path, comma
 
 @pytest.mark.parametrize("command, model, printed", [
     ("bands", "zoo:window-mix", ["splits by RoPE band as band 0", "The split is exact to"]),
-    ("bands", "zoo:nope", ["rotary_bands skipped: zoo:nope has no rotary embedding"]),
-    ("leakage", "zoo:nope", ["leakage skipped: zoo:nope has no rotary embedding"]),
+    ("bands", "zoo:nope", ["rotary_bands skipped on zoo:nope: the model has no rotary embedding"]),
+    ("leakage", "zoo:nope", ["leakage skipped on zoo:nope: the model has no rotary embedding"]),
     ("bos", "zoo:learned", ["replaced position-0 state", "BOS replacement removes"]),
     ("sinks", "zoo:window-mix", ["local layers:", "window-aware", "global layers:"]),
 ])
@@ -233,13 +233,13 @@ def test_no_progress_silences_the_other_libraries_bars_while_it_runs(monkeypatch
     seen = []
     real_run = pipeline_run.run
 
-    def spying_run(config):
+    def spying_run(config, **kwargs):
         from transformers import modeling_gguf_pytorch_utils as gguf_reader
 
         seen.append((hf_logging.is_progress_bar_enabled(), are_progress_bars_disabled(),
                      type(hf_logging.tqdm(range(2))).__name__, os.environ.get("TQDM_DISABLE"),
                      gguf_reader.tqdm(range(2), file=io.StringIO()).disable))
-        return real_run(config)
+        return real_run(config, **kwargs)
 
     monkeypatch.setattr(pipeline_run, "run", spying_run)
     assert main(["decompose", "tiny-llama", "--quick", "--out", str(tmp_path / "on")]) == 0
