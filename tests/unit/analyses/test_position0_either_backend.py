@@ -95,7 +95,7 @@ def test_no_massive_activation_is_refused_with_the_route(gemma):
     model, prompts = gemma
     with pytest.raises(BadInputError, match="name layer= and entries="):
         massive_intervention(model, prompts, bootstrap=NONE, progress=False)
-    with pytest.raises(BadInputError, match="outside the model"):
+    with pytest.raises(BadInputError, match="out of range for a model of 6 layers"):
         massive_intervention(model, prompts, layer=99, entries=[(0, 1)], bootstrap=NONE, progress=False)
     with pytest.raises(BadInputError, match="modes"):
         massive_intervention(model, prompts, layer=0, entries=[(0, 1)], modes=["set_one"], progress=False)
