@@ -63,8 +63,7 @@ from lens_position.core.stream import BATCH_SIZE
 from lens_position.core.summaries import Headline, is_untrained, row_estimate
 from lens_position.ground.progress import note
 from lens_position.ground.progress import progress as progress_bar
-from lens_position.models.spec import LoadedModel, ModelLike, as_loaded
-from lens_position.models.weights_scope import one_look_per_call
+from lens_position.models.spec import LoadedModel, public
 
 
 @dataclass(repr=False)
@@ -159,9 +158,9 @@ def _estimate(
     return estimate([(work, cost)], calibrate(loaded.backend.device.type, dtype, model=loaded))[1]
 
 
-@one_look_per_call
+@public
 def analyze(
-    model: ModelLike,
+    loaded: LoadedModel,
     prompts: Prompts,
     *,
     early_queries: int = PAPER.early_queries,
@@ -177,7 +176,6 @@ def analyze(
     positions; return one :class:`Analysis` with the answer in words (module docstring). Every
     number has its bootstrap interval over sequences (``bootstrap``). ``prompts``: anything
     :func:`lens_position.core.inputs.checked_prompts` accepts."""
-    loaded = as_loaded(model)
     prompts = checked_prompts(loaded, prompts, min_length=2, distinct=bootstrap.enabled)
     length = prompts.tokens.shape[1]
     early = check_query_range((0, early_queries), length, "early_queries")  # checked whether BOS replacement runs
@@ -187,12 +185,12 @@ def analyze(
     with progress_bar("analyze", enabled=progress):  # the three analyses count into one bar
         if progress:
             note(f"analyze on {name}: {_estimate(loaded, prompts, early[1], sink_length, batch_size, bootstrap)}")
-        decomposition = decompose(loaded, prompts, batch_size=batch_size, bootstrap=bootstrap, progress=progress)
-        sinks = sink_heads(loaded, prompts.first(sink_length), eps=eps, batch_size=batch_size, bootstrap=bootstrap,
+        decomposition = decompose.body(loaded, prompts, batch_size=batch_size, bootstrap=bootstrap, progress=progress)
+        sinks = sink_heads.body(loaded, prompts.first(sink_length), eps=eps, batch_size=batch_size, bootstrap=bootstrap,
                            progress=progress)
         bos = None
         if prompts.has_bos:
-            bos = bos_replacement(loaded, prompts.first(early[1]), query_range=early, seed=seed,
+            bos = bos_replacement.body(loaded, prompts.first(early[1]), query_range=early, seed=seed,
                                   batch_size=batch_size, bootstrap=bootstrap, progress=progress)
     sentences = [components_sentence(decomposition.layers, name, decomposition.replicates, in_sample=False),
                  sinks_sentence(sinks.frame, None, name)]

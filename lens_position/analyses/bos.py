@@ -53,8 +53,7 @@ from lens_position.core.summaries import Headline, headlines_from_rows
 from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError
 from lens_position.ground.progress import progress as progress_bar
-from lens_position.models.spec import ModelLike, as_loaded
-from lens_position.models.weights_scope import one_look_per_call
+from lens_position.models.spec import LoadedModel, public
 
 REPLACEMENTS = ("token", "mean", "random")
 
@@ -112,9 +111,9 @@ class BosReplacement(SavedResult):
              "1 - R'_replaced / R'_base (negative: added; not defined where R'_base's interval contains 0)")])
 
 
-@one_look_per_call
+@public
 def bos_replacement(
-    model: ModelLike,
+    loaded: LoadedModel,
     prompts: Prompts,
     *,
     replacements: Sequence[str] = REPLACEMENTS,
@@ -137,7 +136,6 @@ def bos_replacement(
     :func:`lens_position.analyses.compare.compare`. ``progress``: one bar, "bos replacement",
     counting the sequences of the base and replaced passes.
     """
-    loaded = as_loaded(model)
     prompts = checked_prompts(loaded, prompts, min_length=2, distinct=bootstrap.enabled)
     seed, batch_size = check_seed(seed), check_count("batch_size", batch_size)
     tokens = as_tokens(loaded, prompts)
@@ -160,15 +158,15 @@ def bos_replacement(
         raise BadInputError(f"unknown replacements {unknown}; choose from {list(REPLACEMENTS)}")
     query_range = check_query_range(query_range, tokens.shape[1])
     if token is None and "token" in replacements:
-        token = default_replacement_token(loaded, prompts, position=0, seed=seed)
+        token = default_replacement_token.body(loaded, prompts, position=0, seed=seed)
     passes = len(replacements) + (base is None)
     with progress_bar("bos replacement", total=passes * len(tokens), enabled=progress):
         if base is None:
-            base = decompose(loaded, prompts, query_range=query_range, batch_size=batch_size, bootstrap=bootstrap)
-        conditions = {replacement: [embedding_patch(loaded, prompts, replacement, position=0, token=token,
+            base = decompose.body(loaded, prompts, query_range=query_range, batch_size=batch_size, bootstrap=bootstrap)
+        conditions = {replacement: [embedding_patch.body(loaded, prompts, replacement, position=0, token=token,
                                                     seed=seed)]
                       for replacement in replacements}
-        replaced = decompose_conditions(loaded, prompts, conditions, query_range=query_range,
+        replaced = decompose_conditions.body(loaded, prompts, conditions, query_range=query_range,
                                         batch_size=batch_size, bootstrap=bootstrap)
     comparison = compare(base, replaced)
     names = {"condition": "replacement", "R_condition": "R_replaced", "R_heldout_condition": "R_heldout_replaced",

@@ -65,8 +65,7 @@ from lens_position.core.stream import BATCH_SIZE
 from lens_position.core.summaries import Headline, headlines_from_rows
 from lens_position.ground.errors import BadInputError
 from lens_position.ground.progress import progress as progress_bar
-from lens_position.models.spec import ModelLike, as_loaded
-from lens_position.models.weights_scope import one_look_per_call
+from lens_position.models.spec import LoadedModel, public
 
 HEAD_KEYS = ["layer", "head"]
 
@@ -330,9 +329,9 @@ def compare(base: Decomposition, conditions: Mapping[Name, Decomposition]) -> Co
                                   "per_head": [f"{name}_lo/_hi" for name in HEAD_CHANGES]}})
 
 
-@one_look_per_call
+@public
 def decompose_conditions(
-    model: ModelLike,
+    loaded: LoadedModel,
     prompts: Prompts,
     conditions: Mapping[Name, Sequence[Patch]],
     *,
@@ -347,7 +346,6 @@ def decompose_conditions(
     condition name (default all; the pass stops after the last). ``progress``: one bar
     counting the sequences of every condition's pass."""
     out = {}
-    loaded = as_loaded(model)
     # what decompose asks of them: checked once here
     prompts = checked_prompts(loaded, prompts, min_length=2, distinct=bootstrap.enabled)
     if query_range is not None:
@@ -358,6 +356,6 @@ def decompose_conditions(
     with progress_bar("decompose conditions", total=len(conditions) * n_prompts, enabled=progress):
         for name, patches in conditions.items():
             chosen = layers.get(name) if isinstance(layers, Mapping) else layers
-            out[name] = decompose(loaded, prompts, patches=list(patches), layers=chosen, query_range=query_range,
+            out[name] = decompose.body(loaded, prompts, patches=list(patches), layers=chosen, query_range=query_range,
                                   batch_size=batch_size, bootstrap=bootstrap)
     return out

@@ -47,8 +47,7 @@ from lens_position.core.summaries import Headline, row_estimate
 from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError
 from lens_position.models.backends import ModelBackend
-from lens_position.models.spec import LoadedModel, ModelLike, as_loaded
-from lens_position.models.weights_scope import one_look_per_call
+from lens_position.models.spec import LoadedModel, public
 
 REPLACEMENTS = ("token", "mean", "random")
 DEFAULT_TOLERANCE = 0.02  # converged: cosine to the unreplaced state at least 0.98
@@ -116,16 +115,16 @@ def _instances(loaded: LoadedModel, tokens: torch.Tensor, replacements: Sequence
     for replacement in replacements:
         if replacement == "token":
             for k in range(n_tokens):
-                token = default_replacement_token(loaded, tokens, position=0, seed=seed + k)
+                token = default_replacement_token.body(loaded, tokens, position=0, seed=seed + k)
                 if token in drawn:  # a seed that draws a token already used adds no new instance
                     continue
                 drawn.append(token)
-                out.append((f"token:{token}", replacement_embedding(loaded, tokens, "token", token=token)))
+                out.append((f"token:{token}", replacement_embedding.body(loaded, tokens, "token", token=token)))
         elif replacement == "mean":
-            out.append(("mean", replacement_embedding(loaded, tokens, "mean")))
+            out.append(("mean", replacement_embedding.body(loaded, tokens, "mean")))
         else:
             for k in range(n_random):
-                out.append((f"random:{seed + k}", replacement_embedding(loaded, tokens, "random", seed=seed + k)))
+                out.append((f"random:{seed + k}", replacement_embedding.body(loaded, tokens, "random", seed=seed + k)))
     return out
 
 
@@ -260,9 +259,9 @@ def _restoration(backend: ModelBackend, unit_tokens: torch.Tensor, unit_embeddin
     return rows
 
 
-@one_look_per_call
+@public
 def position0_convergence(
-    model: ModelLike,
+    loaded: LoadedModel,
     prompts: Prompts,
     *,
     replacements: Sequence[str] = REPLACEMENTS,
@@ -285,7 +284,6 @@ def position0_convergence(
         tolerance: a layer has converged when the interval of its mean cosine to the unreplaced
             state lies at or above ``1 - tolerance`` (default 0.02).
     """
-    loaded = as_loaded(model)
     prompts = checked_prompts(loaded, prompts, distinct=bootstrap.enabled)
     _check_options(loaded, replacements, tolerance)
     n_tokens, n_random = check_count("n_tokens", n_tokens), check_count("n_random", n_random)

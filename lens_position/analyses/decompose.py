@@ -82,8 +82,7 @@ from lens_position.core.stream import BATCH_SIZE, check_finite_activation, check
 from lens_position.core.summaries import Headline, layer_mean
 from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError, UnsupportedArchitectureError
-from lens_position.models.spec import LoadedModel, ModelLike, as_loaded
-from lens_position.models.weights_scope import one_look_per_call
+from lens_position.models.spec import LoadedModel, public
 
 __all__ = ["COMPONENTS", "HEAD_COLUMNS", "HEAD_REPLICATE_COMPONENTS", "INTERVAL_COLUMNS", "MAX_GROUPS", "Decomposition",
            "DecompositionReducer", "HeadStatistics", "KeySet", "PairDesign", "PositionBins", "check_identity",
@@ -213,11 +212,11 @@ class Decomposition(SavedResult):
         return out
 
 
-def layer_key_windows(model: ModelLike) -> list[int | None]:
+def layer_key_windows(loaded: LoadedModel) -> list[int | None]:
     """Window of each layer's attention mask (``None`` for a causal layer over all earlier
     keys): ``ModelSpec.layer_windows``, which the spec builder reads off the model's own
     attention modules."""
-    return list(as_loaded(model).spec.layer_windows)
+    return list(loaded.spec.layer_windows)
 
 
 def _prompt_tokens(loaded: LoadedModel, prompts: Prompts) -> CheckedPrompts:
@@ -261,7 +260,7 @@ class DecompositionReducer:
 
     def __init__(
         self,
-        model: ModelLike,
+        loaded: LoadedModel,
         prompts: Prompts,
         *,
         layers: Sequence[int] | None = None,
@@ -270,7 +269,7 @@ class DecompositionReducer:
         bins: PositionBins = PositionBins(),
         bootstrap: Bootstrap = Bootstrap(),
     ) -> None:
-        self.loaded = as_loaded(model)
+        self.loaded = loaded
         checked = _prompt_tokens(self.loaded, prompts)
         tokens, self.data = checked.tokens, checked.spec
         self.tokens_sha256 = tokens_sha256(tokens)
@@ -443,9 +442,9 @@ class DecompositionReducer:
         )
 
 
-@one_look_per_call
+@public
 def decompose(
-    model: ModelLike,
+    loaded: LoadedModel,
     prompts: Prompts,
     *,
     layers: Sequence[int] | None = None,
@@ -492,7 +491,6 @@ def decompose(
         a :class:`Decomposition`. To compute it in the same pass as other statistics, stream
         a :class:`DecompositionReducer` with them (:func:`lens_position.core.stream.stream`).
     """
-    loaded = as_loaded(model)
     prompts = checked_prompts(loaded, prompts, min_length=2, distinct=bootstrap.enabled)
     batch_size = check_count("batch_size", batch_size)
     fwd_hooks = checked_fwd_hooks(fwd_hooks, loaded.backend.hook_dict)
@@ -509,7 +507,7 @@ def decompose(
         for layer, batch, rows in cached.batches(batch_size):
             reducer.update(f"blocks.{layer}.attn.hook_attn_scores", batch, rows)
         return reducer.result(batch_size=batch_size, scores_from=f"cached {cached.kind}")
-    stream(
+    stream.body(
         loaded,
         prompts,
         [reducer],
@@ -531,9 +529,9 @@ def decompose(
 # ---------------------------------------------------------------------------------------
 
 
-@one_look_per_call
+@public
 def decompose_dense(
-    model: ModelLike,
+    loaded: LoadedModel,
     prompts: Prompts,
     *,
     layers: Sequence[int] | None = None,
@@ -549,7 +547,6 @@ def decompose_dense(
     computed pair by pair. Memory grows as ``N x layers x heads x T^2``: use it on small
     cases (tests, the benchmark), never for analysis.
     """
-    loaded = as_loaded(model)
     checked = _prompt_tokens(loaded, prompts)
     tokens, data = checked.tokens, checked.spec
     layers, query_start, query_stop = _check_options(loaded, tokens, layers, query_range, keys)
@@ -656,9 +653,9 @@ def _dense_components(y: torch.Tensor, fits: Sequence[torch.Tensor], k: int, n_h
     return values
 
 
-@one_look_per_call
+@public
 def check_identity(
-    model: ModelLike,
+    loaded: LoadedModel,
     prompts: Prompts,
     *,
     layers: Sequence[int] | None = None,
@@ -671,7 +668,6 @@ def check_identity(
     with ``A > min_pattern`` (nats; smaller patterns are float32 round-off territory), and
     ``max_row_sum_error`` = max |sum_j exp(t - z) - 1|. Expected: float32 round-off.
     """
-    loaded = as_loaded(model)
     tokens = _prompt_tokens(loaded, prompts).tokens
     layers, _, _ = _check_options(loaded, tokens, layers, None, "all")
     names = {f"blocks.{layer}.attn.{kind}" for layer in layers for kind in ("hook_attn_scores", "hook_pattern")}

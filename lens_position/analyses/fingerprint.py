@@ -29,7 +29,7 @@ from jaxtyping import Float, Int
 from lens_position.analyses.patching import as_tokens, cache_activations
 from lens_position.core.checks import check_count, check_positive
 from lens_position.core.data import PromptSet
-from lens_position.core.inputs import Prompts
+from lens_position.core.inputs import CheckedPrompts
 from lens_position.core.intervals import Estimate
 from lens_position.core.results import SavedResult, Table
 from lens_position.core.stream import BATCH_SIZE, WholeActivations, stream
@@ -37,19 +37,18 @@ from lens_position.core.summaries import Headline
 from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError
 from lens_position.ground.progress import progress as progress_bar
-from lens_position.models.spec import ModelLike, as_loaded
-from lens_position.models.weights_scope import one_look_per_call
+from lens_position.models.spec import LoadedModel, public
 
 
-def auto_bos_policy(model: ModelLike) -> str:
+def auto_bos_policy(loaded: LoadedModel) -> str:
     """The ``bos=`` policy that puts the model's BOS token at position 0 of every prompt:
     the tokenizer's own where it prepends BOS (Gemma-3), ``"force"`` where it does not
     (SmolLM2)."""
-    return as_loaded(model).spec.auto_bos_policy
+    return loaded.spec.auto_bos_policy
 
 
 def counterfactual_token0(
-    model: ModelLike, prompts: Prompts, counterfactual: str
+    loaded: LoadedModel, prompts: CheckedPrompts, counterfactual: str
 ) -> Int[torch.Tensor, "batch"]:
     """The token that sits at position 0 of the counterfactual run, one per prompt.
 
@@ -59,7 +58,6 @@ def counterfactual_token0(
     - ``"token:<id>"`` (or ``"token:<text>"`` that the tokenizer encodes as one token):
       that token at position 0 of every prompt.
     """
-    loaded = as_loaded(model)
     tokens = as_tokens(loaded, prompts)
     if counterfactual == "no-bos":
         has_bos = getattr(prompts, "has_bos", None)
@@ -103,17 +101,17 @@ def counterfactual_token0(
 
 
 def position0_activations(
-    model: ModelLike, token0: Int[torch.Tensor, "batch"], names: Sequence[str]
+    loaded: LoadedModel, token0: Int[torch.Tensor, "batch"], names: Sequence[str]
 ) -> Any:
     """Activations at position 0 (``[batch, 1, ...]``, in a ``WholeActivations`` reducer) of one-token runs on
     ``token0``: the fingerprint of that token 0 at the hooks in ``names``. Equal to position 0 of any
     longer run with the same token 0 (causal attention), up to float round-off."""
-    return cache_activations(model, token0.reshape(-1, 1), names)
+    return cache_activations.body(loaded, token0.reshape(-1, 1), names)
 
 
-def residual_names(model: ModelLike) -> list[str]:
+def residual_names(loaded: LoadedModel) -> list[str]:
     """``resid_pre`` of every block, then the last block's ``resid_post`` (layer ``n_layers``)."""
-    n_layers = as_loaded(model).spec.n_layers
+    n_layers = loaded.spec.n_layers
     return [f"blocks.{layer}.hook_resid_pre" for layer in range(n_layers)] + [
         f"blocks.{n_layers - 1}.hook_resid_post"
     ]
@@ -167,9 +165,8 @@ def _summarise(x: Float[torch.Tensor, "batch d_model"], bos_mean: Float[torch.Te
     }
 
 
-@one_look_per_call
 def fingerprint_prompts(
-    model: ModelLike,
+    loaded: LoadedModel,
     *,
     T: int = 64,
     N: int = 16,
@@ -181,7 +178,6 @@ def fingerprint_prompts(
     :func:`auto_bos_policy`) and ``"varying-token0"`` (``bos="none"``)."""
     from lens_position.core.data import build_prompts
 
-    loaded = as_loaded(model)
     policy = auto_bos_policy(loaded)
     return {
         "auto-bos": build_prompts(loaded, source=source, T=T, N=N, bos=policy, seed=seed, text=text),
@@ -200,15 +196,15 @@ def fingerprint_tokens(condition: str, prompts: PromptSet | torch.Tensor) -> Int
     return tokens if condition == "auto-bos" else tokens[:, :1]
 
 
-def position0_reducer(model: ModelLike) -> WholeActivations:
+def position0_reducer(loaded: LoadedModel) -> WholeActivations:
     """A reducer keeping position 0 of every residual in :func:`residual_names`
     (``result()``: ``{name: Float[Tensor, "batch d_model"]}``), for :func:`fingerprint`."""
-    return WholeActivations(residual_names(model), select=lambda activation: activation[:, 0])
+    return WholeActivations(residual_names(loaded), select=lambda activation: activation[:, 0])
 
 
-@one_look_per_call
+@public
 def fingerprint(
-    model: ModelLike,
+    loaded: LoadedModel,
     *,
     T: int = 64,
     N: int = 16,
@@ -238,7 +234,6 @@ def fingerprint(
     one sequence's attention at a time (passes of equal shapes, so position 0 is still computed alike).
     ``progress``: one bar, "fingerprint", counting the sequences of both conditions.
     """
-    loaded = as_loaded(model)
     noise_tolerance = check_positive("noise_tolerance", noise_tolerance)  # NaN would call every spread "not noise"
     if check_count("N", N) < 2:  # one input has no spread: "identical across inputs" would hold by construction
         raise BadInputError(f"N = {N}: the fingerprint's spread across inputs needs at least 2 prompts per "
@@ -253,7 +248,7 @@ def fingerprint(
                       enabled=progress and bool(streamed)):
         for condition, prompts in streamed.items():
             reducer = position0_reducer(loaded)
-            stream(loaded, fingerprint_tokens(condition, as_tokens(loaded, prompts)), [reducer],
+            stream.body(loaded, fingerprint_tokens(condition, as_tokens(loaded, prompts)), [reducer],
                    batch_size=min(batch_size, len(prompts.tokens)), desc=f"fingerprint ({condition})")
             residuals[condition] = reducer.result()
     rows = []

@@ -59,8 +59,7 @@ from lens_position.ground.errors import BadInputError
 from lens_position.ground.progress import progress as progress_bar
 from lens_position.models.backends import rotate
 from lens_position.models.corpus import read_corpus
-from lens_position.models.spec import LoadedModel, ModelLike, as_loaded
-from lens_position.models.weights_scope import one_look_per_call
+from lens_position.models.spec import LoadedModel, public
 
 __all__ = ["PUBLISHED", "PositionalLeakage", "leakage_texts", "positional_leakage", "published_table"]
 
@@ -150,7 +149,7 @@ class _RotatedCapture:
 
 def _capture(loaded: LoadedModel, tokens: torch.Tensor, layers: Sequence[int], progress: bool) -> _RotatedCapture:
     reducer = _RotatedCapture(loaded, layers)
-    stream(loaded, tokens[None].to(loaded.backend.device), [reducer], batch_size=1, progress=progress,
+    stream.body(loaded, tokens[None].to(loaded.backend.device), [reducer], batch_size=1, progress=progress,
            desc="positional leakage")
     return reducer
 
@@ -344,9 +343,9 @@ def _checked_options(mode: Any, alpha: Any, n_samples: Any, n_seeds: Any,
     return mode, n_samples, n_seeds, check_count("max_length", max_length, minimum=MIN_TOKENS)
 
 
-@one_look_per_call
+@public
 def positional_leakage(
-    model: ModelLike,
+    loaded: LoadedModel,
     texts: Sequence[str] | Any = None,
     *,
     mode: Mode = "corrected",
@@ -370,7 +369,6 @@ def positional_leakage(
     multiple-comparison step. ``n_boot``, ``n_perm``: bootstrap draws and sign vectors per head.
     Costs ``2 n_samples n_seeds`` forward passes (one sequence each), plus one in the authors' mode.
     """
-    loaded = as_loaded(model)
     source = "leakage_texts() (default corpus)" if texts is None else "given"
     mode, n_samples, n_seeds, max_length = _checked_options(mode, alpha, n_samples, n_seeds, max_length)
     n_boot, n_perm = check_count("n_boot", n_boot, minimum=20), check_count("n_perm", n_perm, minimum=20)

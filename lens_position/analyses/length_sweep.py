@@ -43,8 +43,7 @@ from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError
 from lens_position.ground.progress import progress as progress_bar
 from lens_position.models.pass_memory import check_pass_fits
-from lens_position.models.spec import ModelLike, as_loaded
-from lens_position.models.weights_scope import one_look_per_call
+from lens_position.models.spec import LoadedModel, public
 
 __all__ = ["DEFAULT_LENGTHS", "QUANTITIES", "SUMMARY_COLUMNS", "LengthSweep", "length_sweep", "lengths_within"]
 
@@ -120,9 +119,9 @@ def _summary_rows(T: int, layers: pd.DataFrame, replicates: pd.DataFrame | None,
     return rows
 
 
-@one_look_per_call
+@public
 def length_sweep(
-    model: ModelLike,
+    loaded: LoadedModel,
     lengths: Sequence[int] = DEFAULT_LENGTHS,
     *,
     N: int = 8,
@@ -147,7 +146,6 @@ def length_sweep(
     (a short corpus, long ``T``) is left out and named in the provenance's ``left_out``, instead of
     raising BadInputError (the reproduction's step does this, so a short corpus still gets the
     lengths it can fill); at least one length must remain."""
-    loaded = as_loaded(model)
     N, seed = check_count("N", N, minimum=2), check_seed(seed)
     grid = sorted({check_count("T", T, minimum=2) for T in lengths})
     if not grid:
@@ -163,7 +161,7 @@ def length_sweep(
             if leave_out_short_text and len(torch.unique(prompts.tokens, dim=0)) < len(prompts.tokens):
                 left_out.append(T)
                 continue
-            result = decompose(loaded, prompts, batch_size=batch_size, bootstrap=bootstrap, progress=progress)
+            result = decompose.body(loaded, prompts, batch_size=batch_size, bootstrap=bootstrap, progress=progress)
             layers = result.layers.assign(seq_len=T)
             replicates = None if result.replicates is None else result.replicates.assign(seq_len=T)
             layer_frames.append(layers)

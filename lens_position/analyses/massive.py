@@ -48,8 +48,7 @@ from lens_position.core.summaries import Headline, row_estimate
 from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError
 from lens_position.ground.progress import progress as progress_bar
-from lens_position.models.spec import LoadedModel, ModelLike, as_loaded
-from lens_position.models.weights_scope import one_look_per_call
+from lens_position.models.spec import LoadedModel, public
 
 __all__ = ["MassiveActivations", "MassiveIntervention", "massive_activations", "massive_intervention"]
 
@@ -202,9 +201,9 @@ def _entry_table(reducer: MassiveReducer, n_prompts: int) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns)
 
 
-@one_look_per_call
+@public
 def massive_activations(
-    model: ModelLike,
+    loaded: LoadedModel,
     prompts: Prompts,
     *,
     min_magnitude: float = MIN_MAGNITUDE,
@@ -216,7 +215,6 @@ def massive_activations(
 ) -> MassiveActivations:
     """Sun et al.'s massive activations of ``model`` on ``prompts``, per layer, and the heads whose
     attention reads the positions that hold them (module docstring), in one streamed pass."""
-    loaded = as_loaded(model)
     prompts = checked_prompts(loaded, prompts, min_length=2, distinct=bootstrap.enabled)
     eps = check_fraction("eps", eps)
     if not (min_magnitude >= 0 and min_ratio >= 0):
@@ -227,7 +225,7 @@ def massive_activations(
     reducer = MassiveReducer(len(tokens), spec.n_layers, spec.n_heads, min_magnitude=min_magnitude,
                              min_ratio=min_ratio)
     with progress_bar("massive activations", enabled=progress):
-        stream(loaded, tokens, [reducer], batch_size=check_count("batch_size", batch_size), progress=progress,
+        stream.body(loaded, tokens, [reducer], batch_size=check_count("batch_size", batch_size), progress=progress,
                desc="massive activations")
     readers = pd.DataFrame({"layer": np.repeat(np.arange(spec.n_layers), spec.n_heads),
                             "head": np.tile(np.arange(spec.n_heads), spec.n_layers)})
@@ -318,7 +316,7 @@ class MassiveIntervention(SavedResult):
 def _sink_and_loss(loaded: LoadedModel, tokens: torch.Tensor, eps: float, hooks: Sequence[tuple[str, Callable]],
                    batch_size: int, desc: str) -> tuple[np.ndarray, np.ndarray]:
     sinks, loss = SinkScoreReducer(loaded, tokens), LossReducer(tokens)
-    stream(loaded, tokens, [sinks, loss], fwd_hooks=hooks, batch_size=batch_size, desc=desc)
+    stream.body(loaded, tokens, [sinks, loss], fwd_hooks=hooks, batch_size=batch_size, desc=desc)
     rate = (sinks.result() > eps).to(torch.float64).mean((1, 2)).numpy()
     return rate, loss.loss.numpy()
 
@@ -329,7 +327,6 @@ def _paired(row: dict[str, Any], name: str, base: np.ndarray, changed: np.ndarra
     row[f"{name}_change"], row[f"{name}_change_lo"], row[f"{name}_change_hi"] = float(change), float(lo), float(hi)
 
 
-@one_look_per_call
 def checked_entries(entries: Any, T: int, d_model: int) -> list[Entry]:
     """``entries`` as a list of ``(position, dim)`` pairs within prompts of ``T`` positions and a
     residual stream of ``d_model`` dimensions (BadInputError naming the first that is not)."""
@@ -348,8 +345,9 @@ def checked_entries(entries: Any, T: int, d_model: int) -> list[Entry]:
     return out
 
 
+@public
 def massive_intervention(
-    model: ModelLike,
+    loaded: LoadedModel,
     prompts: Prompts,
     *,
     massive: MassiveActivations | None = None,
@@ -366,7 +364,6 @@ def massive_intervention(
     (position, dim) (default: the first layer whose output is massive in half the prompts, and the
     entries massive there in half the prompts, from ``massive`` or a fresh
     :func:`massive_activations`)."""
-    loaded = as_loaded(model)
     prompts = checked_prompts(loaded, prompts, min_length=2, distinct=bootstrap.enabled)
     eps, batch_size = check_fraction("eps", eps), check_count("batch_size", batch_size)
     if isinstance(modes, str) or not modes or any(m not in MODES for m in modes) or len(set(modes)) != len(modes):
@@ -383,7 +380,7 @@ def massive_intervention(
         entries = checked_entries(entries, tokens.shape[1], loaded.spec.d_model)
     with progress_bar("massive intervention", total=(3 + 2 * len(modes)) * len(tokens), enabled=progress):
         if layer is None or entries is None:
-            massive = massive or massive_activations(loaded, prompts, eps=eps, batch_size=batch_size,
+            massive = massive or massive_activations.body(loaded, prompts, eps=eps, batch_size=batch_size,
                                                      bootstrap=bootstrap)
             layer = massive.first_layer() if layer is None else layer
             entries = massive.common_entries(layer) if layer is not None and entries is None else entries
@@ -394,15 +391,15 @@ def massive_intervention(
         if not 0 <= layer < loaded.spec.n_layers:
             raise BadInputError(f"layer {layer} is outside the model's {loaded.spec.n_layers} layers")
         reader = _EntryReader(layer, entries, len(tokens))
-        stream(loaded, tokens, [reader], batch_size=batch_size, desc="massive entries")
+        stream.body(loaded, tokens, [reader], batch_size=batch_size, desc="massive entries")
         base_rate, base_loss = _sink_and_loss(loaded, tokens, eps, (), batch_size, "massive intervention: base")
-        base = decompose(loaded, prompts, batch_size=batch_size, bootstrap=bootstrap)
+        base = decompose.body(loaded, prompts, batch_size=batch_size, bootstrap=bootstrap)
         rows = []
         for mode in modes:
             fill = [0.0] * len(entries) if mode == "set_zero" else reader.values.mean(0).tolist()
             hook = entry_hook(layer, entries, fill)
             rate, loss = _sink_and_loss(loaded, tokens, eps, [hook], batch_size, f"massive intervention: {mode}")
-            changed = compare(base, {mode: decompose(loaded, prompts, fwd_hooks=[hook], batch_size=batch_size,
+            changed = compare(base, {mode: decompose.body(loaded, prompts, fwd_hooks=[hook], batch_size=batch_size,
                                                      bootstrap=bootstrap)}).overall.iloc[0]
             row: dict[str, Any] = {"intervention": mode, "layer": layer,
                                    "entries": "; ".join(f"({p}, {d})" for p, d in entries),

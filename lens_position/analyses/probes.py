@@ -80,8 +80,7 @@ from lens_position.core.stream import BATCH_SIZE, stream
 from lens_position.core.summaries import Headline, row_estimate
 from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError
-from lens_position.models.spec import ModelLike, as_loaded
-from lens_position.models.weights_scope import one_look_per_call
+from lens_position.models.spec import LoadedModel, public
 
 RIDGE_GRID = tuple(float(x) for x in 10.0 ** np.arange(-4, 3.01, 0.5))
 
@@ -302,10 +301,10 @@ class ProbeReducer:
     sequences and of the two training folds. Options as in :func:`position_probe`; call
     :meth:`result` after streaming."""
 
-    def __init__(self, model: ModelLike, prompts: Prompts, *,
+    def __init__(self, loaded: LoadedModel, prompts: Prompts, *,
                  layers: Sequence[int] | None = None, ridge: float | None = None, seed: int = 0,
                  positions: tuple[int, int | None] = (1, None), bootstrap: Bootstrap = Bootstrap()) -> None:
-        self.loaded = as_loaded(model)
+        self.loaded = loaded
         checked = checked_prompts(self.loaded, prompts, min_length=2, distinct=bootstrap.enabled)
         tokens, self.data = checked.tokens, checked.spec
         n_seq, length = tokens.shape
@@ -477,9 +476,9 @@ class ProbeReducer:
         return out
 
 
-@one_look_per_call
+@public
 def position_probe(
-    model: ModelLike,
+    loaded: LoadedModel,
     prompts: Prompts,
     *,
     layers: Sequence[int] | None = None,
@@ -510,9 +509,8 @@ def position_probe(
     To probe in the same pass as other statistics, stream a :class:`ProbeReducer` with them.
     """
     batch_size = check_count("batch_size", batch_size)
-    loaded = as_loaded(model)
     prompts = checked_prompts(loaded, prompts, min_length=2, distinct=bootstrap.enabled)
     reducer = ProbeReducer(loaded, prompts, layers=layers, ridge=ridge, seed=seed, positions=positions,
                            bootstrap=bootstrap)
-    stream(loaded, prompts, [reducer], batch_size=batch_size, progress=progress, desc="position probe")
+    stream.body(loaded, prompts, [reducer], batch_size=batch_size, progress=progress, desc="position probe")
     return reducer.result()

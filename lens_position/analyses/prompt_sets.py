@@ -53,8 +53,7 @@ from lens_position.core.summaries import Headline, headlines_from_rows
 from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError
 from lens_position.ground.progress import progress as progress_bar
-from lens_position.models.spec import ModelLike, as_loaded
-from lens_position.models.weights_scope import one_look_per_call
+from lens_position.models.spec import LoadedModel, public
 
 # quantity -> the claim decided on it (module docstring)
 QUANTITIES = {"total_heldout": "C1", "R_rf_heldout": "C2", "M_rf_heldout": "C2"}
@@ -63,9 +62,8 @@ SUMMARY_COLUMNS = ["claim", "quantity", "n_sets", "mean_over_sets", "between_sd"
                    "sd_ratio_lo", "sd_ratio_hi", "min_over_sets", "max_over_sets", "verdicts"]
 
 
-@one_look_per_call
 def disjoint_prompt_sets(
-    model: ModelLike,
+    loaded: LoadedModel,
     K: int,
     *,
     T: int = 128,
@@ -80,7 +78,6 @@ def disjoint_prompt_sets(
     draw (random, repeated tokens); module docstring. Each set's spec records its own
     ``window_starts`` and, in ``extra``, which set of how many it is."""
     K, N, seed = check_count("K", K, minimum=2), check_count("N", N), check_seed(seed)
-    loaded = as_loaded(model)
     if source == "natural":
         pool = build_prompts(loaded, source=source, T=T, N=K * N, bos=bos, seed=seed, text=text, corpus=corpus)
         order = np.random.default_rng([seed, K, N]).permutation(K * N)
@@ -232,9 +229,9 @@ def between_sets(decompositions: Sequence[Decomposition], *, name: str = "model"
     return PromptSetSpread(sets=sets, spread=pd.DataFrame(summary, columns=SUMMARY_COLUMNS), provenance=prov)
 
 
-@one_look_per_call
+@public
 def across_prompt_sets(
-    model: ModelLike,
+    loaded: LoadedModel,
     K: int = 4,
     *,
     T: int = 128,
@@ -251,11 +248,10 @@ def across_prompt_sets(
     """Decompose ``K`` disjoint prompt sets of ``N`` sequences (:func:`disjoint_prompt_sets`)
     and compare the claims' numbers between them (:func:`between_sets`). Costs ``K``
     decomposition passes (``progress``: one bar, "prompt sets", counting their sequences)."""
-    loaded = as_loaded(model)
     prompt_sets = disjoint_prompt_sets(loaded, K, T=T, N=N, source=source, bos=bos, seed=seed, text=text,
                                        corpus=corpus)
     with progress_bar("prompt sets", total=sum(len(p.tokens) for p in prompt_sets), enabled=progress):
-        decompositions = [decompose(loaded, prompts, batch_size=batch_size, bootstrap=bootstrap)
+        decompositions = [decompose.body(loaded, prompts, batch_size=batch_size, bootstrap=bootstrap)
                           for prompts in prompt_sets]
     result = between_sets(decompositions, name=loaded.spec.name)
     result.provenance = provenance.collect(model=loaded.spec, data=[p.spec.to_dict() for p in prompt_sets],

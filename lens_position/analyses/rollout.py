@@ -40,8 +40,7 @@ from lens_position.core.summaries import Headline, row_estimate
 from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError
 from lens_position.ground.progress import progress as progress_bar
-from lens_position.models.spec import ModelLike, as_loaded
-from lens_position.models.weights_scope import one_look_per_call
+from lens_position.models.spec import LoadedModel, public
 
 __all__ = ["AttentionRollout", "RolloutReducer", "attention_rollout", "flow_step", "rollout_step"]
 
@@ -88,8 +87,7 @@ class RolloutReducer:
     """The rollout flow to position 0 as a reducer for :func:`lens_position.core.stream.stream`: per
     prompt, layer and variant (:data:`VARIANTS`), the mean over queries ``1 .. T-1`` of ``P_l[i, 0]``."""
 
-    def __init__(self, model: ModelLike, prompts: Prompts) -> None:
-        loaded = as_loaded(model)
+    def __init__(self, loaded: LoadedModel, prompts: Prompts) -> None:
         tokens = as_tokens(loaded, prompts)
         if tokens.shape[1] < 2:
             raise BadInputError("rollout needs at least 2 positions: query 0 sees only itself")
@@ -139,16 +137,15 @@ class AttentionRollout(SavedResult):
                 for v in VARIANTS]
 
 
-@one_look_per_call
-def attention_rollout(model: ModelLike, prompts: Prompts, *, batch_size: int = BATCH_SIZE,
+@public
+def attention_rollout(loaded: LoadedModel, prompts: Prompts, *, batch_size: int = BATCH_SIZE,
                       bootstrap: Bootstrap = Bootstrap(), progress: bool = True) -> AttentionRollout:
     """The attention rollout to position 0 of ``model`` on ``prompts``, per layer, with and without
     the residual path, with bootstrap intervals over prompts (module docstring)."""
-    loaded = as_loaded(model)
     prompts = checked_prompts(loaded, prompts, min_length=2, distinct=bootstrap.enabled)
     reducer = RolloutReducer(loaded, prompts)
     with progress_bar("attention rollout", enabled=progress):
-        stream(loaded, as_tokens(loaded, prompts), [reducer], batch_size=check_count("batch_size", batch_size),
+        stream.body(loaded, as_tokens(loaded, prompts), [reducer], batch_size=check_count("batch_size", batch_size),
                progress=progress, desc="attention rollout")
     flow = reducer.result()
     n_prompts, n_layers, _ = flow.shape

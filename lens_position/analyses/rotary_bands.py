@@ -56,8 +56,7 @@ from lens_position.core.summaries import Headline
 from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError, UnsupportedArchitectureError
 from lens_position.models.backends import RotaryLayout, rotate
-from lens_position.models.spec import ModelLike, as_loaded
-from lens_position.models.weights_scope import one_look_per_call
+from lens_position.models.spec import LoadedModel, public
 
 DEFAULT_BANDS = 4
 # The bands' scores must add up to the model's own within float32 forward noise (measured: ~1e-6 of
@@ -90,19 +89,19 @@ class Band:
         return 2 * math.pi / self.inv_freq_min if self.inv_freq_min > 0 else math.inf
 
 
-def rotary_frequencies(model: ModelLike, layer: int) -> Float[torch.Tensor, "pair"]:
+@public
+def rotary_frequencies(loaded: LoadedModel, layer: int) -> Float[torch.Tensor, "pair"]:
     """The angular frequency of every rotated pair of ``layer`` (radians per position, pair
     ``k`` = dimensions ``k`` and ``k + rotary_dim/2``, or ``2k, 2k+1`` with adjacent pairs), read
     from the layer's rotary tables: the angle a vector turns through from position 0 to 1."""
-    return as_loaded(model).backend.rotary_layout(layer).frequencies
+    return loaded.backend.rotary_layout(layer).frequencies
 
 
-def frequency_bands(model: ModelLike, layer: int, n_bands: int = DEFAULT_BANDS
+def frequency_bands(loaded: LoadedModel, layer: int, n_bands: int = DEFAULT_BANDS
                     ) -> list[Band]:
     """The layer's dimensions grouped into ``n_bands`` bands of contiguous frequency index
     (pairs split as evenly as they go, fastest first), plus the unrotated band when
     ``rotary_dim < d_head``."""
-    loaded = as_loaded(model)
     n_bands = check_count("n_bands", n_bands)
     layout = loaded.backend.rotary_layout(layer)
     frequencies = layout.frequencies
@@ -148,11 +147,11 @@ class BandReducer:
     scores with each band removed (for the attribution of ``R'``). It also keeps the largest
     ``|sum_b s_b - s|`` seen per layer (the split's check against the model's own scores)."""
 
-    def __init__(self, model: ModelLike, prompts: Any, *,
+    def __init__(self, loaded: LoadedModel, prompts: Any, *,
                  layers: Sequence[int] | None = None, query_range: tuple[int, int] | None = None,
                  n_bands: int = DEFAULT_BANDS, bins: PositionBins = PositionBins(),
                  bootstrap: Bootstrap = Bootstrap()) -> None:
-        self.loaded = as_loaded(model)
+        self.loaded = loaded
         self.full = DecompositionReducer(self.loaded, prompts, layers=layers, query_range=query_range,
                                          keys="all", bins=bins, bootstrap=bootstrap)
         self.layers = self.full.layers
@@ -453,9 +452,9 @@ class _LayerFits:
         return rows
 
 
-@one_look_per_call
+@public
 def rotary_bands(
-    model: ModelLike,
+    loaded: LoadedModel,
     prompts: Prompts,
     *,
     layers: Sequence[int] | None = None,
@@ -475,12 +474,11 @@ def rotary_bands(
     number of frequency bands the rotated pairs are grouped into (contiguous frequency index,
     fastest first; at most the number of pairs).
     """
-    loaded = as_loaded(model)
     prompts = checked_prompts(loaded, prompts, min_length=2, distinct=bootstrap.enabled)
     batch_size = check_count("batch_size", batch_size)
     reducer = BandReducer(loaded, prompts, layers=layers, query_range=query_range, n_bands=n_bands, bins=bins,
                           bootstrap=bootstrap)
-    stream(loaded, prompts, [reducer], batch_size=batch_size, progress=progress, desc="rotary bands")
+    stream.body(loaded, prompts, [reducer], batch_size=batch_size, progress=progress, desc="rotary bands")
     reducer.check_scores()
     full = reducer.full
     base_heads = full.result(batch_size=batch_size).heads.set_index(["layer", "head"])

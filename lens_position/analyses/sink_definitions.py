@@ -56,8 +56,7 @@ from lens_position.core.stream import BATCH_SIZE, stream
 from lens_position.core.summaries import Headline, row_estimate
 from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError
-from lens_position.models.spec import LoadedModel, ModelLike, as_loaded
-from lens_position.models.weights_scope import one_look_per_call
+from lens_position.models.spec import LoadedModel, public
 
 __all__ = ["DEFINITIONS", "SinkMetric", "eviction_mask", "sink_metric"]
 
@@ -118,7 +117,7 @@ def _eviction(loaded: LoadedModel, tokens: torch.Tensor, window: int, sinks: int
     for name, keep in (("dense", None), ("window", eviction_mask(T, window, 0)),
                        ("window_sinks", eviction_mask(T, window, sinks))):
         reducer = LossReducer(tokens.cpu(), first=window)
-        stream(loaded, tokens, [reducer], batch_size=batch_size, progress=progress, desc=f"eviction ({name})",
+        stream.body(loaded, tokens, [reducer], batch_size=batch_size, progress=progress, desc=f"eviction ({name})",
                fwd_hooks=() if keep is None else _score_mask_hooks(loaded, keep))
         out[name] = reducer.loss.numpy()
     return out
@@ -135,9 +134,9 @@ def _default_prompts(loaded: LoadedModel, definition: str, condition: str, T: in
     return sink_rate_prompts(loaded, conditions=[condition], T=length, N=N, seed=seed, protocol="documents")[condition]
 
 
-@one_look_per_call
+@public
 def sink_metric(
-    model: ModelLike,
+    loaded: LoadedModel,
     prompts: Prompts | None = None,
     *,
     definition: str = "gu",
@@ -166,7 +165,6 @@ def sink_metric(
                             "inputs), or pass prompts")
     if prompts is not None and condition != "natural":
         raise BadInputError(f"condition={condition!r} chooses the default prompts; pass either prompts or a condition")
-    loaded = as_loaded(model)
     threshold = DEFINITIONS[definition][0] if eps is None else check_fraction("eps", eps)
     label = condition if prompts is None else "given"
     if prompts is None:

@@ -71,8 +71,7 @@ from lens_position.core.summaries import Headline
 from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError
 from lens_position.ground.progress import progress as progress_bar
-from lens_position.models.spec import LoadedModel, ModelLike, as_loaded
-from lens_position.models.weights_scope import one_look_per_call
+from lens_position.models.spec import LoadedModel, public
 
 __all__ = ["CONDITIONS", "LOCATIONS", "SinkOrigin", "origin_verdict", "sink_origin", "sink_origin_tokens"]
 
@@ -346,19 +345,19 @@ def _measure(loaded: LoadedModel, body: torch.Tensor, conditions: Sequence[str],
             tokens = token_sets.get(condition, token_sets["bos"])
             patches: list[Patch] = []
             if condition in REPLACED:
-                patches = [embedding_patch(loaded, token_sets["bos"], REPLACED[condition], position=0, token=token,
+                patches = [embedding_patch.body(loaded, token_sets["bos"], REPLACED[condition], position=0, token=token,
                                            seed=seed)]
             where = locations_of(tokens, condition, bos_id, moved_to, delimiters)
             reducer = LocationSinkReducer(loaded.spec.n_layers, loaded.spec.n_heads, where)
-            stream(loaded, tokens, [reducer], patches=patches, batch_size=batch_size, progress=progress,
+            stream.body(loaded, tokens, [reducer], patches=patches, batch_size=batch_size, progress=progress,
                    desc=f"sink origin: {condition}")
             out[condition] = (reducer.result(), where)
     return out
 
 
-@one_look_per_call
+@public
 def sink_origin(
-    model: ModelLike,
+    loaded: LoadedModel,
     prompts: Prompts | None = None,
     *,
     T: int = 64,
@@ -388,7 +387,6 @@ def sink_origin(
             newline tokens among the prompts'; none without a tokenizer).
         eps: the sink threshold on a head's attention (Gu et al.'s 0.3).
     """
-    loaded = as_loaded(model)
     eps, seed, batch_size = check_fraction("eps", eps), check_seed(seed), check_count("batch_size", batch_size)
     conditions = _checked_conditions(conditions)
     bos_id = getattr(loaded.tokenizer, "bos_token_id", None) if loaded.tokenizer is not None else None

@@ -46,7 +46,7 @@ from lens_position.analyses.fingerprint import counterfactual_token0, position0_
 from lens_position.analyses.patching import Ablation, Patch, as_tokens, cache_activations, head_ablation
 from lens_position.core.checks import check_count, check_fraction, check_heads, check_query_range
 from lens_position.core.data import DEFAULT_BOS
-from lens_position.core.inputs import Prompts, checked_prompts
+from lens_position.core.inputs import CheckedPrompts, Prompts, checked_prompts
 from lens_position.core.intervals import PROBABILITY, Bootstrap, Estimate, bootstrap_mean
 from lens_position.core.results import SavedResult, Table
 from lens_position.core.stream import BATCH_SIZE, WholeActivations, stream
@@ -54,8 +54,7 @@ from lens_position.core.summaries import Headline, headlines_from_rows, row_esti
 from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError, NonFiniteError
 from lens_position.ground.progress import progress as progress_bar
-from lens_position.models.spec import LoadedModel, ModelLike, as_loaded
-from lens_position.models.weights_scope import one_look_per_call
+from lens_position.models.spec import LoadedModel, public
 
 SINK_EPS = 0.3
 #: positions per prompt of the sink-head step (Gu et al.'s T = 64 set-up): ``analyze`` and the reproduction
@@ -142,9 +141,8 @@ class SinkScoreReducer:
     (``[prompt, layer, head]``: Gu et al.'s sink rate thresholds each prompt);
     :func:`sink_scores` averages them over prompts."""
 
-    def __init__(self, model: ModelLike, prompts: Prompts, *,
+    def __init__(self, loaded: LoadedModel, prompts: Prompts, *,
                  query_range: tuple[int, int] | None = None) -> None:
-        loaded = as_loaded(model)
         tokens = as_tokens(loaded, prompts)
         self.start, self.stop = check_query_range(query_range, tokens.shape[1])
         n_layers = loaded.spec.n_layers
@@ -167,8 +165,8 @@ class SinkScoreReducer:
 
 
 def sink_scores(
-    model: ModelLike,
-    prompts: Prompts,
+    loaded: LoadedModel,
+    prompts: CheckedPrompts,
     *,
     query_range: tuple[int, int] | None = None,
     batch_size: int = BATCH_SIZE,
@@ -176,13 +174,13 @@ def sink_scores(
 ) -> Float[torch.Tensor, "layer head"]:
     """Mean attention on position 0 per head over prompts and queries ``query_range``
     (default all). Patterns are reduced as they stream by; nothing ``T x T`` is kept."""
-    return prompt_sink_scores(model, prompts, query_range=query_range, batch_size=batch_size,
+    return prompt_sink_scores(loaded, prompts, query_range=query_range, batch_size=batch_size,
                               progress=progress).mean(0)
 
 
 def prompt_sink_scores(
-    model: ModelLike,
-    prompts: Prompts,
+    loaded: LoadedModel,
+    prompts: CheckedPrompts,
     *,
     query_range: tuple[int, int] | None = None,
     batch_size: int = BATCH_SIZE,
@@ -190,11 +188,9 @@ def prompt_sink_scores(
 ) -> Float[torch.Tensor, "prompt layer head"]:
     """Attention on position 0 averaged over queries ``query_range`` (default all), per
     prompt, layer and head (float64, in [0, 1])."""
-    loaded = as_loaded(model)
-    prompts = checked_prompts(loaded, prompts)
     batch_size = check_count("batch_size", batch_size)
     reducer = SinkScoreReducer(loaded, prompts, query_range=query_range)
-    stream(loaded, as_tokens(loaded, prompts), [reducer], batch_size=batch_size, progress=progress,
+    stream.body(loaded, as_tokens(loaded, prompts), [reducer], batch_size=batch_size, progress=progress,
            desc="sink scores")
     return reducer.result()
 
@@ -226,9 +222,9 @@ def _checked_scores(scores: Any, loaded: LoadedModel, n_prompts: int) -> torch.T
     return scores
 
 
-@one_look_per_call
+@public
 def sink_heads(
-    model: ModelLike,
+    loaded: LoadedModel,
     prompts: Prompts,
     *,
     eps: float = SINK_EPS,
@@ -246,7 +242,6 @@ def sink_heads(
     :meth:`~SinkScoreReducer.result`), or pooled ``[layer, head]`` (:func:`sink_scores`; no
     intervals and no Gu et al. rate then); no pass is made."""
     eps = check_fraction("eps", eps)
-    loaded = as_loaded(model)
     prompts = checked_prompts(loaded, prompts, distinct=bootstrap.enabled)
     if scores is not None:
         scores = _checked_scores(scores, loaded, len(prompts.tokens))
@@ -313,9 +308,8 @@ class SinkRate(SavedResult):
 SINK_PROTOCOLS = ("documents", "windows")
 
 
-@one_look_per_call
 def sink_rate_prompts(
-    model: ModelLike,
+    loaded: LoadedModel,
     *,
     conditions: Sequence[str] = SINK_CONDITIONS,
     T: int = 64,
@@ -344,7 +338,6 @@ def sink_rate_prompts(
         raise BadInputError(f"conditions {list(conditions)} name a condition twice")
     # protocol='documents' always uses the tokenizer's own BOS, as Gu et al. do; bos applies to 'windows'
     bos = "tokenizer" if protocol == "documents" else (DEFAULT_BOS if bos is None else bos)
-    loaded = as_loaded(model)
     out = {}
     for condition in conditions:
         source, own_bos = CONDITION_SOURCES[condition]
@@ -356,9 +349,9 @@ def sink_rate_prompts(
     return out
 
 
-@one_look_per_call
+@public
 def sink_rate(
-    model: ModelLike,
+    loaded: LoadedModel,
     *,
     conditions: Sequence[str] = SINK_CONDITIONS,
     T: int = 64,
@@ -391,7 +384,6 @@ def sink_rate(
     (:class:`SinkScoreReducer`) of some conditions' prompts when already streamed.
     """
     eps = check_fraction("eps", eps)
-    loaded = as_loaded(model)
     prompt_sets = sink_rate_prompts(loaded, conditions=conditions, T=T, N=N, seed=seed, protocol=protocol,
                                     bos=bos, text=text, corpus=corpus)
     bos = "tokenizer" if protocol == "documents" else (DEFAULT_BOS if bos is None else bos)
@@ -399,7 +391,7 @@ def sink_rate(
     streamed = [c for c in prompt_sets if scores is None or c not in scores]
     with progress_bar("sink rate", total=sum(len(prompt_sets[c].tokens) for c in streamed),
                       enabled=progress and bool(streamed)):
-        results = {condition: sink_heads(loaded, prompts, eps=eps, batch_size=batch_size, bootstrap=bootstrap,
+        results = {condition: sink_heads.body(loaded, prompts, eps=eps, batch_size=batch_size, bootstrap=bootstrap,
                                          scores=None if scores is None else scores.get(condition))
                    for condition, prompts in prompt_sets.items()}
     for condition, prompts in prompt_sets.items():
@@ -486,19 +478,19 @@ class SinkReading(SavedResult):
         return out
 
 
-def base_activation_names(model: ModelLike) -> list[str]:
+def base_activation_names(loaded: LoadedModel) -> list[str]:
     """The unpatched run's activations the sink-reading detector reuses: every block's
     ``hook_z`` (the base of the output change, and the mean of the mean ablation) and
     ``resid_pre`` of blocks ``1..L-1`` (pinned by :func:`own_position0_patches`)."""
-    n_layers = as_loaded(model).spec.n_layers
+    n_layers = loaded.spec.n_layers
     return [f"blocks.{layer}.attn.hook_z" for layer in range(n_layers)] + [
         f"blocks.{layer}.hook_resid_pre" for layer in range(1, n_layers)
     ]
 
 
 def own_position0_patches(
-    model: ModelLike,
-    prompts: Prompts,
+    loaded: LoadedModel,
+    prompts: CheckedPrompts,
     counterfactual: str,
     *,
     base_activations: dict[str, torch.Tensor] | None = None,
@@ -512,15 +504,13 @@ def own_position0_patches(
     do not reach block ``l``. All values are per prompt (first axis = prompts).
     ``base_activations``: the base run's ``resid_pre`` when already cached (else one pass).
     """
-    loaded = as_loaded(model)
-    prompts = checked_prompts(loaded, prompts)
     token0 = counterfactual_token0(loaded, prompts, counterfactual)
     n_layers = loaded.spec.n_layers
     kv_names = [f"blocks.{layer}.attn.hook_{part}" for layer in range(n_layers) for part in ("k", "v")]
     counter = position0_activations(loaded, token0, kv_names)
     pinned = [f"blocks.{layer}.hook_resid_pre" for layer in range(1, n_layers)]
     if base_activations is None or any(name not in base_activations for name in pinned):
-        base_activations = cache_activations(loaded, prompts, pinned)
+        base_activations = cache_activations.body(loaded, prompts, pinned)
     patches = []
     for layer in range(n_layers):
         if layer > 0:
@@ -533,8 +523,8 @@ def own_position0_patches(
 
 
 def sink_reading_base(
-    model: ModelLike,
-    prompts: Prompts,
+    loaded: LoadedModel,
+    prompts: CheckedPrompts,
     *,
     query_range: tuple[int, int] = (0, 32),
     batch_size: int = BATCH_SIZE,
@@ -544,12 +534,10 @@ def sink_reading_base(
     """The unpatched run the detector compares with, in one pass: its decomposition over
     ``query_range`` (with ``bootstrap`` intervals) and the activations of
     :func:`base_activation_names`."""
-    loaded = as_loaded(model)
-    prompts = checked_prompts(loaded, prompts, distinct=bootstrap.enabled)
     query_range = check_query_range(query_range, prompts.tokens.shape[1])
     decomposition = DecompositionReducer(loaded, prompts, query_range=query_range, bootstrap=bootstrap)
     activations = WholeActivations(base_activation_names(loaded))
-    stream(
+    stream.body(
         loaded,
         prompts,
         [decomposition, activations],
@@ -575,10 +563,9 @@ def _output_change(base_z: Sequence[torch.Tensor], patched_z: Sequence[torch.Ten
     return torch.where(change == 0, torch.zeros_like(change), change / scale).cpu()
 
 
-@one_look_per_call
 def sink_reading_scores(
-    model: ModelLike,
-    prompts: Prompts,
+    loaded: LoadedModel,
+    prompts: CheckedPrompts,
     patches: Sequence[Patch],
     *,
     base: Decomposition,
@@ -592,14 +579,12 @@ def sink_reading_scores(
     one patched pass gives every head's output change and residual-component change against
     the base run (:func:`sink_reading_base`). Returns the ranked frame of
     :class:`SinkReading`."""
-    loaded = as_loaded(model)
-    prompts = checked_prompts(loaded, prompts, distinct=bootstrap.enabled)
     query_range = check_query_range(query_range, prompts.tokens.shape[1])
     z_names = [f"blocks.{layer}.attn.hook_z" for layer in range(loaded.spec.n_layers)]
     patched = DecompositionReducer(loaded, prompts, query_range=query_range, bootstrap=bootstrap)
     start, stop = query_range
     patched_z = WholeActivations(z_names, select=lambda z: z[:, start:stop])  # only the measured queries are kept
-    stream(
+    stream.body(
         loaded,
         prompts,
         [patched, patched_z],
@@ -628,10 +613,9 @@ def sink_reading_scores(
     return frame.sort_values("reading_rank").reset_index(drop=True)
 
 
-@one_look_per_call
 def head_ablation_effect(
-    model: ModelLike,
-    prompts: Prompts,
+    loaded: LoadedModel,
+    prompts: CheckedPrompts,
     heads: Sequence[tuple[int, int]],
     *,
     base: Decomposition,
@@ -646,12 +630,10 @@ def head_ablation_effect(
     and compare every layer's ``R`` with the base decomposition. ``reference``: the prompts
     (or their cached ``hook_z``) the mean ablation averages over. Returns the ``ablation``
     and ``ablation_heads`` frames of :class:`SinkReading`."""
-    loaded = as_loaded(model)
-    prompts = checked_prompts(loaded, prompts, distinct=bootstrap.enabled)
     query_range = check_query_range(query_range, prompts.tokens.shape[1])
     with progress_bar("head ablation", enabled=progress):
-        conditions = {kind: head_ablation(loaded, heads, kind, reference=reference) for kind in kinds}
-        decomposed = decompose_conditions(
+        conditions = {kind: head_ablation.body(loaded, heads, kind, reference=reference) for kind in kinds}
+        decomposed = decompose_conditions.body(
             loaded, prompts, conditions, query_range=query_range, batch_size=batch_size, bootstrap=bootstrap
         )
     comparison = compare(base, decomposed)
@@ -670,9 +652,9 @@ def head_ablation_effect(
     return layers, per_head
 
 
-@one_look_per_call
+@public
 def sink_reading_heads(
-    model: ModelLike,
+    loaded: LoadedModel,
     prompts: Prompts,
     *,
     counterfactual: str = "no-bos",
@@ -705,7 +687,6 @@ def sink_reading_heads(
     :func:`own_position0_patches` (the pattern), :func:`sink_reading_scores` (the scores
     and ranking) and :func:`head_ablation_effect` (the ablations).
     """
-    loaded = as_loaded(model)
     prompts = checked_prompts(loaded, prompts, min_length=2, distinct=bootstrap.enabled)
     tokens = as_tokens(loaded, prompts)
     query_range = check_query_range(query_range, tokens.shape[1])
@@ -792,8 +773,7 @@ class WindowSinkReducer:
     All in [0, 1], float64. A pattern with mass outside ``K(i)`` means the model's mask is not
     the one its spec declares: refused, since every number here would be misassigned."""
 
-    def __init__(self, model: ModelLike, prompts: Prompts, *, query_range: tuple[int, int] | None = None) -> None:
-        loaded = as_loaded(model)
+    def __init__(self, loaded: LoadedModel, prompts: Prompts, *, query_range: tuple[int, int] | None = None) -> None:
         tokens = as_tokens(loaded, prompts)
         self.length = tokens.shape[1]
         self.start, self.stop = check_query_range(query_range, self.length)
@@ -927,9 +907,9 @@ class WindowSinks(SavedResult):
         return out
 
 
-@one_look_per_call
+@public
 def window_sinks(
-    model: ModelLike,
+    loaded: LoadedModel,
     prompts: Prompts,
     *,
     eps: float = SINK_EPS,
@@ -949,13 +929,12 @@ def window_sinks(
     ``W`` are needed for the metrics to differ (Gemma-3: ``T > 512``).
 
     ``scores``: :meth:`WindowSinkReducer.result` of these prompts when already streamed."""
-    loaded = as_loaded(model)
     prompts = checked_prompts(loaded, prompts, distinct=bootstrap.enabled)
     batch_size = check_count("batch_size", batch_size)
     if scores is None:
         reducer = WindowSinkReducer(loaded, prompts, query_range=query_range)
         with progress_bar("window-aware sinks", enabled=progress):
-            stream(loaded, as_tokens(loaded, prompts), [reducer], batch_size=batch_size, progress=progress,
+            stream.body(loaded, as_tokens(loaded, prompts), [reducer], batch_size=batch_size, progress=progress,
                    desc="window-aware sinks")
         scores = reducer.result()
     gu, aware = scores["gu"], scores["window_aware"]

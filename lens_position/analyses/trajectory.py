@@ -31,15 +31,14 @@ from lens_position.analyses.decompose import Decomposition, decompose
 from lens_position.analyses.fingerprint import counterfactual_token0, position0_activations
 from lens_position.analyses.patching import Patch, as_tokens, run_patches
 from lens_position.core.checks import check_count, check_layers, check_query_range
-from lens_position.core.inputs import Prompts, checked_prompts
+from lens_position.core.inputs import CheckedPrompts, Prompts, checked_prompts
 from lens_position.core.intervals import Estimate
 from lens_position.core.results import SavedResult, Table
 from lens_position.core.stream import BATCH_SIZE, WholeActivations, stream
 from lens_position.core.summaries import Headline
 from lens_position.ground import provenance
 from lens_position.ground.progress import progress as progress_bar
-from lens_position.models.spec import LoadedModel, ModelLike, as_loaded
-from lens_position.models.weights_scope import one_look_per_call
+from lens_position.models.spec import LoadedModel, public
 
 
 @dataclass(repr=False)
@@ -77,11 +76,10 @@ class TrajectoryPatching(SavedResult):
 
 
 def trajectory_patches(
-    model: ModelLike, prompts: Prompts, counterfactual: str, layers: Sequence[int]
+    loaded: LoadedModel, prompts: CheckedPrompts, counterfactual: str, layers: Sequence[int]
 ) -> dict[int, Patch]:
     """For each patch layer ``l``: the patch of ``resid_pre[l][:, 0]`` with the
     counterfactual position-0 residual (one value per prompt)."""
-    loaded = as_loaded(model)
     token0 = counterfactual_token0(loaded, prompts, counterfactual)
     names = [f"blocks.{layer}.hook_resid_pre" for layer in layers]
     counter = position0_activations(loaded, token0, names)
@@ -109,7 +107,7 @@ def _pattern_change(
         mine = [dataclasses.replace(patch, value=torch.as_tensor(patch.value)[first:first + batch_size])
                 for patch in patches.values()]  # one value per prompt
         kept = WholeActivations(names, select=rows)
-        stream(loaded, chunk, [kept], batch_size=len(chunk), progress=False, desc="trajectory patching")
+        stream.body(loaded, chunk, [kept], batch_size=len(chunk), progress=False, desc="trajectory patching")
         base = kept.result()
 
         def tv_distance(acts: dict[str, torch.Tensor], base: dict[str, torch.Tensor] = base) -> torch.Tensor:
@@ -121,14 +119,14 @@ def _pattern_change(
             return out
 
         # one patch's rows per pass (a pass holds at least one condition's prompts)
-        total += len(chunk) * run_patches(loaded, chunk, [[p] for p in mine], tv_distance, read=names,
+        total += len(chunk) * run_patches.body(loaded, chunk, [[p] for p in mine], tv_distance, read=names,
                                           select=rows, batch_size=len(chunk))
     return total / len(tokens)
 
 
-@one_look_per_call
+@public
 def trajectory_patching(
-    model: ModelLike,
+    loaded: LoadedModel,
     prompts: Prompts,
     *,
     counterfactual: str = "no-bos",
@@ -150,7 +148,6 @@ def trajectory_patching(
     the sequences of the patched runs (pattern changes and decompositions) and the base
     decomposition.
     """
-    loaded = as_loaded(model)
     prompts = checked_prompts(loaded, prompts, min_length=2)
     tokens = as_tokens(loaded, prompts)
     n_layers = loaded.spec.n_layers
@@ -162,10 +159,10 @@ def trajectory_patching(
     with progress_bar("trajectory patching", total=passes * len(tokens), enabled=progress):
         pattern = _pattern_change(loaded, tokens, patches, query_range, batch_size)
         if base is None:
-            base = decompose(loaded, prompts, query_range=query_range, batch_size=batch_size)
+            base = decompose.body(loaded, prompts, query_range=query_range, batch_size=batch_size)
         # one condition per patch layer, decomposed from that layer down
         conditions = {layer: [patches[layer]] for layer in layers}
-        patched = decompose_conditions(loaded, prompts, conditions, query_range=query_range, batch_size=batch_size,
+        patched = decompose_conditions.body(loaded, prompts, conditions, query_range=query_range, batch_size=batch_size,
                                        layers={layer: range(layer, n_layers) for layer in layers})
     comparison = compare(base, patched).heads
     frames = []

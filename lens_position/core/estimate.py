@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,7 +176,7 @@ class Machine:
         return f"{where}, {self.flops / 1e9:.3g} GFLOP/s measured"
 
 
-def _best_time(function, repeats: int = 3, minimum_s: float = 0.01) -> float:
+def _best_time(function: Callable[[], object], repeats: int = 3, minimum_s: float = 0.01) -> float:
     """Seconds per call of ``function``, the fastest of ``repeats`` rounds of at least ``minimum_s``."""
     best = math.inf
     for _ in range(repeats):

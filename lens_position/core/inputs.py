@@ -47,7 +47,7 @@ import torch
 from lens_position.core import positions
 from lens_position.core.data import PromptSet, PromptSpec, prompts_from_texts
 from lens_position.ground.errors import BadInputError, PaddedPromptsError
-from lens_position.models.spec import LoadedModel, ModelLike, as_loaded
+from lens_position.models.spec import LoadedModel
 
 TENSOR_BOS_POLICY = "as given (token tensor)"
 
@@ -254,13 +254,12 @@ def _tensor_prompt_set(loaded: LoadedModel, tokens: torch.Tensor, bos_id: int | 
     return PromptSet(tokens=tokens, spec=spec, bos_token_id=bos_id)
 
 
-def checked_rows(model: ModelLike, rows: Sequence[torch.Tensor], *, min_length: int = 1,
+def checked_rows(loaded: LoadedModel, rows: Sequence[torch.Tensor], *, min_length: int = 1,
                  what: str = "texts") -> list[torch.Tensor]:
     """Sequences of different lengths (``[T_k]`` token ids each, analysed one at a time) through the
-    door in one pass: the model taken once, then each row checked as :func:`checked_prompts` checks
+    door in one pass: each row checked as :func:`checked_prompts` checks
     token ids (integers, in the vocabulary, at least ``min_length`` positions, within the context).
     Returns the rows as ``int64`` tensors. Error messages name the row by its index."""
-    loaded = as_loaded(model)
     if isinstance(rows, torch.Tensor) or not isinstance(rows, Sequence) or not rows:
         raise BadInputError(f"{what}: pass a non-empty list of token id rows [T], got {type(rows).__name__}")
     out = []
@@ -293,7 +292,7 @@ def _checked_texts(loaded: LoadedModel, texts: list[str], *, bos: str | None, T:
 
 
 def checked_prompts(
-    model: ModelLike,
+    loaded: LoadedModel,
     prompts: Prompts,
     *,
     min_length: int = 1,
@@ -304,10 +303,10 @@ def checked_prompts(
     hygiene: bool = True,
 ) -> CheckedPrompts:
     """Turn ``prompts`` (module docstring: what is accepted) into a :class:`CheckedPrompts` whose
-    tokens are checked against ``model``.
+    tokens are checked against ``loaded``.
 
     Args:
-        model: the model the prompts will run through.
+        loaded: the model the prompts will run through (through the model door: a public function's).
         prompts: a PromptSet, token ids (tensor/array, ``[N, T]`` or ``[T]``), a mapping with
             ``input_ids`` (and ``attention_mask``), or a list of strings.
         min_length: fewest positions per sequence the calling analysis can use.
@@ -328,7 +327,6 @@ def checked_prompts(
         PaddedPromptsError: a padded batch (a ``BadInputError``).
         ContextLengthError: ``T`` longer than the model's context.
     """
-    loaded = as_loaded(model)
     if isinstance(prompts, PromptSet):
         if bos is not None or T is not None:
             raise BadInputError("bos= and T= apply to a list of strings; a PromptSet already has both")

@@ -13,7 +13,7 @@ import torch
 from lens_position.core.inputs import checked_prompts
 from lens_position.core.positions import listed, position_warnings, rows_where, special_ids, warn
 from lens_position.ground.errors import BadInputError
-from lens_position.models.spec import LoadedModel, ModelLike, as_loaded
+from lens_position.models.spec import LoadedModel, public
 
 __all__ = ["REPORT_COLUMNS", "PositionReport", "check_positions"]
 
@@ -87,7 +87,8 @@ def _check_texts(loaded: LoadedModel, tokens: torch.Tensor, texts: Sequence[str]
             "themselves")
 
 
-def check_positions(model: ModelLike, prompts: Any, *, texts: Sequence[str] | None = None,
+@public
+def check_positions(loaded: LoadedModel, prompts: Any, *, texts: Sequence[str] | None = None,
                     position_ids: Any = None, bos_expected: bool | None = None, strict: bool = False
                     ) -> PositionReport:
     """Check that every position of ``prompts`` is what the analyses will take it to be (module
@@ -98,7 +99,6 @@ def check_positions(model: ModelLike, prompts: Any, *, texts: Sequence[str] | No
     Errors (BadInputError) are raised; warnings are issued with their class (:class:`PositionWarning`
     subclasses), or raised as a BadInputError naming them all with ``strict=True``. Returns the
     report of every check."""
-    loaded = as_loaded(model)
     if isinstance(prompts, dict) and position_ids is None:
         position_ids = prompts.get("position_ids")
         prompts = {k: v for k, v in prompts.items() if k != "position_ids"}

@@ -49,7 +49,7 @@ from lens_position.core.checks import check_count
 from lens_position.ground.errors import BadInputError, NonFiniteError
 from lens_position.ground.progress import progress as progress_bar
 from lens_position.models.hook_names import block_of, needed_stop
-from lens_position.models.spec import ModelLike, as_loaded
+from lens_position.models.spec import LoadedModel, public
 
 if TYPE_CHECKING:
     from lens_position.core.data import PromptSet
@@ -100,8 +100,9 @@ def stream_inputs(prompts: Any) -> torch.Tensor:
     return inputs
 
 
+@public
 def stream(
-    model: ModelLike,
+    loaded: LoadedModel,
     prompts: PromptSet | torch.Tensor,
     reducers: Sequence[Reducer],
     *,
@@ -134,7 +135,7 @@ def stream(
             the pass either way).
         desc: label of the progress bar (when it is the outermost) and the log line.
     """
-    backend = as_loaded(model).backend
+    backend = loaded.backend
     inputs = stream_inputs(prompts)
     batch_size = check_count("batch_size", batch_size)
     names = [name for reducer in reducers for name in reducer.hook_names]

@@ -5,17 +5,30 @@ HookedTransformer or a TransformerBridge), its tokenizer and a spec of its posit
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Concatenate,
+    Generic,
+    Literal,
+    ParamSpec,
+    Protocol,
+    TypeAlias,
+    TypeVar,
+    Union,
+    cast,
+)
 
 import torch
 
 from lens_position.ground.errors import BadInputError, ContextLengthError, UnsupportedArchitectureError
 from lens_position.models.backends import ModelBackend, backend_for, bridge_class, is_model
-from lens_position.models.weights_scope import bytes_read, mark_read
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -418,14 +431,8 @@ def _layout(state: dict[str, torch.Tensor]) -> tuple[Any, ...]:
 def _current(loaded: LoadedModel) -> LoadedModel:
     """``loaded`` with a spec that states the weights as they are now: when a weight was written
     to, cast or replaced since the spec's hash was taken, its sha256 is taken again (the load-time one
-    is kept as ``extra["weights_sha256_at_load"]``); ``extra["dtype"]`` is the dtype computed in.
-    Within one call of a public function the bytes are read at the first look only
-    (:mod:`lens_position.models.weights_scope`)."""
-    if (bytes_read(loaded) and loaded.hashed_weights_version is not None
-            and weights_version(loaded.model, read_bytes=False)[:-1] == loaded.hashed_weights_version[:-1]):
-        return loaded  # looked at in full earlier in this call, and no tensor's layout or version changed since
+    is kept as ``extra["weights_sha256_at_load"]``); ``extra["dtype"]`` is the dtype computed in."""
     version = weights_version(loaded.model)
-    mark_read(loaded)
     dtype = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
     spec = loaded.spec
     if loaded.hashed_weights_version != version:
@@ -497,6 +504,35 @@ def as_loaded(model: ModelLike, tokenizer: Any = None) -> LoadedModel:
         raise TypeError(not_a_model_message(model))
     tokenizer = tokenizer if tokenizer is not None else model.tokenizer
     return LoadedModel(model=model, tokenizer=tokenizer, spec=_bare_spec(model, tokenizer))
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class Entry(Protocol, Generic[P, R]):
+    """A public function (:func:`public`): called, it takes any :data:`ModelLike` through the door once;
+    its ``body`` takes the :class:`LoadedModel` only, for other public functions to compose."""
+
+    body: Callable[Concatenate[LoadedModel, P], R]
+
+    def __call__(self, model: ModelLike, /, *args: P.args, **kwargs: P.kwargs) -> R: ...
+
+
+def public(body: Callable[Concatenate[LoadedModel, P], R]) -> Entry[P, R]:
+    """Make ``body`` (whose first argument is a :class:`LoadedModel`) a public function: its first
+    argument goes through :func:`as_loaded`, once per call, and nothing below the door enters it again
+    (a public function that composes others calls their ``.body``). Same name, docstring and signature
+    as ``body``."""
+
+    @functools.wraps(body)
+    def door(model: ModelLike, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return body(as_loaded(model), *args, **kwargs)
+
+    body.__qualname__ = f"{body.__qualname__}.body"  # pickled by reference, as the door's attribute
+    entry = cast(Entry[P, R], door)
+    entry.body = body
+    return entry
 
 
 def not_a_model_message(model: Any) -> str:

@@ -72,7 +72,7 @@ class SharedPasses:
             wanted = self._expected.pop(key, {})
             wanted.setdefault(request.what, request)
             reducers: dict[Hashable, Reducer] = {what: expected.make() for what, expected in wanted.items()}
-            stream(self.loaded, request.prompts, list(reducers.values()), batch_size=key[1],
+            stream.body(self.loaded, request.prompts, list(reducers.values()), batch_size=key[1],
                    progress=self.progress, desc=" + ".join(str(what) for what in reducers))
             self.n_passes += 1
             for what, reducer in reducers.items():

@@ -15,7 +15,6 @@ import pandas as pd
 
 from lens_position.ground.errors import LensPositionError
 from lens_position.ground.provenance import jsonable
-from lens_position.models.weights_scope import one_look
 from lens_position.pipeline.measure import measure
 from lens_position.pipeline.plan import Cell, Condition
 from lens_position.pipeline.steps import Step, StepContext
@@ -87,7 +86,7 @@ class ModelWorker:
 
     def run(self, cell: Cell) -> CellResult:
         ctx = self.context(cell.condition)
-        with measure() as cost, one_look():  # the model's weight bytes read once per step
+        with measure() as cost:
             output = self.steps[cell.step].run(ctx, cell.sizes)
         # The cost of computing the step travels with its cached result, so a resumed run
         # still reports what every step cost.

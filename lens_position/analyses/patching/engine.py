@@ -33,8 +33,7 @@ from lens_position.core.patch import Condition, Patch, act_name
 from lens_position.core.stream import LOGITS, WholeActivations, checked_fwd_hooks, stream
 from lens_position.ground.errors import BadInputError
 from lens_position.ground.progress import progress as progress_bar
-from lens_position.models.spec import LoadedModel, ModelLike, as_loaded
-from lens_position.models.weights_scope import one_look_per_call
+from lens_position.models.spec import LoadedModel, public
 
 
 def as_tokens(loaded: LoadedModel, prompts: Prompts) -> Int[torch.Tensor, "batch pos"]:
@@ -75,8 +74,9 @@ def check_same_layout(target: Any, source: Any, *, what: str = "source") -> None
         )
 
 
+@public
 def cache_activations(
-    model: ModelLike,
+    loaded: LoadedModel,
     prompts: Prompts,
     names: Sequence[str],
     *,
@@ -90,25 +90,24 @@ def cache_activations(
     ``fwd_hooks`` (e.g. ``Patch.hook()``) apply during the run; they are removed after it.
     The forward pass stops after the last block that is read.
     """
-    loaded = as_loaded(model)
     tokens = as_tokens(loaded, prompts)
     names = [act_name(name) for name in names]
     cache = WholeActivations(names)
     hooks = checked_fwd_hooks(fwd_hooks, loaded.backend.hook_dict)
-    stream(loaded, tokens, [cache], fwd_hooks=hooks, batch_size=max(1, len(tokens)), progress=False,
+    stream.body(loaded, tokens, [cache], fwd_hooks=hooks, batch_size=max(1, len(tokens)), progress=False,
            desc="cache activations")
     from transformer_lens.ActivationCache import ActivationCache
 
     return ActivationCache(cache.result(), loaded.model)
 
 
+@public
 def resid_pre_stack(
-    model: ModelLike, prompts: Prompts
+    loaded: LoadedModel, prompts: Prompts
 ) -> Float[torch.Tensor, "layer batch pos d_model"]:
     """``resid_pre`` of every block on ``prompts``, stacked: the cache that patches resume from."""
-    loaded = as_loaded(model)
     names = [f"blocks.{layer}.hook_resid_pre" for layer in range(loaded.backend.n_layers)]
-    store = cache_activations(loaded, prompts, names)
+    store = cache_activations.body(loaded, prompts, names)
     return torch.stack([store[n] for n in names])
 
 
@@ -134,7 +133,8 @@ class PatchPass:
     conditions: tuple[int, ...]
 
 
-def prefix_reuse_unsupported(model: ModelLike) -> str | None:
+@public
+def prefix_reuse_unsupported(loaded: LoadedModel) -> str | None:
     """Why ``model`` cannot reuse the target run's prefix (None: it can).
 
     Prefix reuse computes positions ``>= p`` only and hands attention the target run's keys and
@@ -145,7 +145,7 @@ def prefix_reuse_unsupported(model: ModelLike) -> str | None:
     ``HookedTransformer`` with causal attention whose position information is rotary or already in
     the residual stream can; a ``TransformerBridge``, which computes rotary positions from the length
     of the sequence it is given, cannot."""
-    return as_loaded(model).backend.prefix_reuse_unsupported()
+    return loaded.backend.prefix_reuse_unsupported()
 
 
 def _first_position(condition: Sequence[Patch], n_pos: int) -> int:
@@ -244,9 +244,9 @@ def _prefix_hooks(
     return hooks
 
 
-@one_look_per_call
+@public
 def run_patches(
-    model: ModelLike,
+    loaded: LoadedModel,
     prompts: Prompts,
     conditions: Sequence[Condition | Patch],
     metric: Callable[[Any], torch.Tensor],
@@ -291,7 +291,6 @@ def run_patches(
     (layers ``< l`` are not recomputed); conditions starting at the same block share forward
     passes. Hooks are removed after every pass, also on errors.
     """
-    loaded = as_loaded(model)
     tokens = as_tokens(loaded, prompts)
     n_rows, n_pos = tokens.shape
     conditions = _checked_conditions(loaded, conditions, n_pos)
@@ -382,13 +381,13 @@ def _run_pass(loaded: LoadedModel, step: PatchPass, conditions: Sequence[list[Pa
     start_at = step.layer if step.layer >= 0 else None
     if step.position == 0:
         # reading hooks only: the pass stops after the last block read (no unembedding)
-        stream(loaded, x, [captured], patches=patches, batch_size=len(x), start_at_layer=start_at,
+        stream.body(loaded, x, [captured], patches=patches, batch_size=len(x), start_at_layer=start_at,
                progress=False, desc="patching")
         return captured.result()
     for patch in patches:  # stream checks its own patches; these go in as hooks
         patch.check_prompts(len(x))
     hooks = _prefix_hooks(loaded.backend.n_layers, step, patches, target, repeats)
-    stream(loaded, x, [captured], fwd_hooks=hooks, batch_size=len(x), start_at_layer=start_at,
+    stream.body(loaded, x, [captured], fwd_hooks=hooks, batch_size=len(x), start_at_layer=start_at,
            progress=False, desc="patching")
     computed = captured.result()[LOGITS]
     prefix = target[LOGITS][:, :step.position].repeat(repeats, 1, 1)
@@ -429,5 +428,5 @@ def _target_run(
     if not names:
         return {}
     cache = WholeActivations(names)
-    stream(loaded, tokens, [cache], batch_size=max(1, len(tokens)), progress=False, desc="target run")
+    stream.body(loaded, tokens, [cache], batch_size=max(1, len(tokens)), progress=False, desc="target run")
     return cache.result()

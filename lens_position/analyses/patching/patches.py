@@ -21,22 +21,24 @@ from lens_position.core.checks import check_heads, check_position
 from lens_position.core.inputs import Prompts
 from lens_position.core.patch import Patch, source_activation
 from lens_position.ground.errors import BadInputError
-from lens_position.models.spec import ModelLike, as_loaded
+from lens_position.models.spec import LoadedModel, public
 
 Replacement = Literal["token", "mean", "random"]
 Ablation = Literal["zero", "mean"]
 
 
-def kv_head_of(model: ModelLike, head: int) -> int:
+@public
+def kv_head_of(loaded: LoadedModel, head: int) -> int:
     """The checkpoint's key/value head that query head ``head`` reads: ``head // (n_heads /
     n_kv_heads)`` with grouped-query attention, ``head`` itself without. (The hooks carry
     one ungrouped copy per query head; this names the weights the copy comes from.)"""
-    spec = as_loaded(model).spec
+    spec = loaded.spec
     return head // (spec.n_heads // spec.n_kv_heads)
 
 
+@public
 def replacement_embedding(
-    model: ModelLike,
+    loaded: LoadedModel,
     prompts: Prompts,
     replacement: Replacement,
     *,
@@ -52,14 +54,13 @@ def replacement_embedding(
     - ``"random"``: a Gaussian direction (``seed``) scaled, per prompt, to the norm of the
       embedding it replaces.
     """
-    loaded = as_loaded(model)
     tokens = as_tokens(loaded, prompts)
     check_position(position, tokens.shape[1])
     W_E = loaded.backend.W_E.detach()  # rows as hook_embed carries them (scaled, for Gemma)
     original = W_E[tokens[:, position]]
     if replacement == "token":
         if token is None:
-            token = default_replacement_token(loaded, tokens, position=position, seed=seed)
+            token = default_replacement_token.body(loaded, tokens, position=position, seed=seed)
         if not 0 <= token < loaded.backend.d_vocab:
             raise BadInputError(f"replacement token {token} is outside the vocabulary")
         return W_E[token].expand_as(original).clone()
@@ -72,13 +73,13 @@ def replacement_embedding(
     raise BadInputError(f"unknown replacement {replacement!r}; use 'token', 'mean' or 'random'")
 
 
+@public
 def default_replacement_token(
-    model: ModelLike, prompts: Prompts, *, position: int = 0, seed: int = 0
+    loaded: LoadedModel, prompts: Prompts, *, position: int = 0, seed: int = 0
 ) -> int:
     """A token drawn with ``seed`` from the vocabulary, avoiding every token the prompts hold
     at ``position`` (so the replacement really changes the input) and the tokenizer's
     special tokens (BOS, EOS, padding, chat markers), when there is a tokenizer."""
-    loaded = as_loaded(model)
     tokens = as_tokens(loaded, prompts)
     avoid = set(tokens[:, position].tolist())
     limit = loaded.backend.d_vocab
@@ -93,8 +94,9 @@ def default_replacement_token(
     raise BadInputError("every vocabulary entry occurs at that position; pass token=")
 
 
+@public
 def embedding_patch(
-    model: ModelLike,
+    loaded: LoadedModel,
     prompts: Prompts,
     replacement: Replacement | torch.Tensor = "token",
     *,
@@ -106,12 +108,11 @@ def embedding_patch(
     another token's embedding, the mean embedding, a random vector of the same norm
     (:func:`replacement_embedding`), or a given ``Float[Tensor, "d_model"]`` /
     ``Float[Tensor, "batch d_model"]``."""
-    loaded = as_loaded(model)
     if isinstance(replacement, torch.Tensor):
         check_position(position, as_tokens(loaded, prompts).shape[1])
         value, label = replacement, "given"
     else:
-        value = replacement_embedding(loaded, prompts, replacement, position=position, token=token, seed=seed)
+        value = replacement_embedding.body(loaded, prompts, replacement, position=position, token=token, seed=seed)
         label = replacement
     return Patch("hook_embed", value, position=position, label=f"embed[{position}]={label}")
 
@@ -137,8 +138,9 @@ def resid_pre_patch(
                  label=f"resid_pre[{layer}][{position}]")
 
 
+@public
 def head_kv_patches(
-    model: ModelLike,
+    loaded: LoadedModel,
     source: dict[str, torch.Tensor],
     *,
     layer: int,
@@ -155,7 +157,7 @@ def head_kv_patches(
     with one entry per key/value head) is read at the key/value head of ``head``
     (:func:`kv_head_of`): the same vector.
     """
-    loaded = as_loaded(model)  # ungroups a bare grouped-query model's hooks
+    loaded = loaded  # ungroups a bare grouped-query model's hooks
     spec = loaded.spec
     check_heads([(layer, head)], spec.n_layers, spec.n_heads)
     patches = []
@@ -167,7 +169,7 @@ def head_kv_patches(
         if n_source_heads == spec.n_heads:
             index = head
         elif n_source_heads == spec.n_kv_heads:
-            index = kv_head_of(loaded, head)
+            index = kv_head_of.body(loaded, head)
         else:
             raise BadInputError(f"the source's {name} has {n_source_heads} heads; the model has "
                                 f"{spec.n_heads} query heads and {spec.n_kv_heads} key/value heads")
@@ -176,8 +178,9 @@ def head_kv_patches(
     return patches
 
 
+@public
 def head_ablation(
-    model: ModelLike,
+    loaded: LoadedModel,
     heads: Sequence[tuple[int, int]],
     kind: Ablation = "zero",
     *,
@@ -188,7 +191,6 @@ def head_ablation(
     ``reference`` (a PromptSet or token tensor, or the already cached activations of such a
     run, ``{"blocks.l.attn.hook_z": Float[Tensor, "batch pos head d_head"]}``; required for
     ``kind="mean"``)."""
-    loaded = as_loaded(model)
     check_heads(heads, loaded.spec.n_layers, loaded.spec.n_heads)
     if kind == "zero":
         return [Patch(f"blocks.{layer}.attn.hook_z", 0.0, head=head, label=f"zero[{layer}.{head}]")
@@ -204,6 +206,6 @@ def head_ablation(
             raise BadInputError(f"the reference activations lack {missing}; cache them first")
         store = reference
     else:
-        store = cache_activations(loaded, reference, names)
+        store = cache_activations.body(loaded, reference, names)
     return [Patch(f"blocks.{layer}.attn.hook_z", store[f"blocks.{layer}.attn.hook_z"][:, :, head].mean((0, 1)),
                   head=head, label=f"mean[{layer}.{head}]") for layer, head in heads]

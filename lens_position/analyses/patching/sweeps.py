@@ -43,8 +43,7 @@ from lens_position.core.summaries import Headline
 from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError
 from lens_position.ground.progress import progress as progress_bar
-from lens_position.models.spec import LoadedModel, ModelLike, as_loaded
-from lens_position.models.weights_scope import one_look_per_call
+from lens_position.models.spec import LoadedModel, ModelLike, public
 
 # The activations a sweep patches, as TransformerLens names them; "z" is per head.
 SWEPT_ACTIVATIONS = {
@@ -139,9 +138,9 @@ class PatchSweep(SavedResult):
         return torch.as_tensor(sign_flip_pvalue(effects, n_permutations=n_permutations, seed=seed))
 
 
-@one_look_per_call
+@public
 def activation_sweep(
-    model: ModelLike,
+    loaded: LoadedModel,
     target: Prompts,
     source: Prompts | ActivationCache,
     metric: Callable[[Float[torch.Tensor, "batch pos d_vocab"]], torch.Tensor],
@@ -175,7 +174,6 @@ def activation_sweep(
         raise BadInputError(f"unknown activation {activation!r}; sweep one of {list(SWEPT_ACTIVATIONS)}")
     if reduce not in ("scalar", "none"):
         raise BadInputError(f"reduce must be 'scalar' or 'none', got {reduce!r}")
-    loaded = as_loaded(model)
     target_tokens = as_tokens(loaded, target)
     n_rows, n_pos = target_tokens.shape
     n_layers, n_heads = loaded.backend.n_layers, loaded.backend.n_heads
@@ -193,12 +191,12 @@ def activation_sweep(
 
     with progress_bar(f"{activation} sweep", enabled=progress):
         store = _source_store(loaded, source, names, target_tokens) if cached else \
-            cache_activations(loaded, as_tokens(loaded, source), names)
+            cache_activations.body(loaded, as_tokens(loaded, source), names)
         conditions = [[Patch(name, store[name][:, p] if head is None else store[name][:, p, head],
                              position=p, head=head, label=f"{activation}[{layer}][{p}]")]
                       for layer, name in zip(swept_layers, names) for p in swept_positions for head in swept_heads]
         plan: list[PatchPass] = []
-        flat = run_patches(loaded, target_tokens, conditions + [[]], lambda logits: checked(
+        flat = run_patches.body(loaded, target_tokens, conditions + [[]], lambda logits: checked(
             metric_value(metric(logits))), batch_size=batch_size, reuse_prefix=reuse_prefix, plan=plan,
             progress=progress)
     baseline, flat = flat[-1], flat[:-1]

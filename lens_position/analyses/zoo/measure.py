@@ -28,7 +28,7 @@ def sink_measurement(loaded: LoadedModel) -> dict[str, Any]:
     """The zoo's sink measurement of one model (module docstring): the sink rate at ε, the
     largest per-head sink score (mean attention on position 0, a fraction in [0, 1]) overall
     and per layer, and the setup (T, N, text, BOS)."""
-    result = sink_rate(loaded, conditions=("natural",), T=SINK_T, N=SINK_N, eps=SINK_EPS, bos="tokenizer",
+    result = sink_rate.body(loaded, conditions=("natural",), T=SINK_T, N=SINK_N, eps=SINK_EPS, bos="tokenizer",
                        progress=False)
     heads = result.heads
     return {

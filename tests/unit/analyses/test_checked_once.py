@@ -13,6 +13,7 @@ from lens_position.analyses.sinks import sink_reading_heads
 from lens_position.core import checks, inputs
 from lens_position.core.data import PromptSet
 from lens_position.core.intervals import NO_INTERVALS
+from lens_position.models.spec import as_loaded
 from lens_position.models.tiny import byte_tokenizer
 from lens_position.models.toy import offset_only_model, random_model, toy_tokens
 
@@ -173,7 +174,7 @@ def test_a_model_is_collected_once_the_user_drops_it():
 
     for wrap in (lambda m: m.model, lambda m: m):
         model = wrap(offset_only_model(n_layers=2, bos_bonus=2.0))
-        checked = inputs.checked_prompts(model, toy_tokens(2, 8, bos=True, seed=0))
+        checked = inputs.checked_prompts(as_loaded(model), toy_tokens(2, 8, bos=True, seed=0))
         decompose(model, checked, bootstrap=NO_INTERVALS, progress=False)
         alive = weakref.ref(model.model if hasattr(model, "spec") else model)
         del model

@@ -26,6 +26,7 @@ from lens_position.analyses import (
     trajectory,
 )
 from lens_position.cli.commands import main
+from lens_position.core.inputs import checked_prompts
 from lens_position.ground import progress
 from lens_position.models.tiny import VOCAB_SIZE
 
@@ -74,7 +75,8 @@ CALLS = {
     # base, the patched run, zero and mean ablation
     "sink_reading_heads": (lambda m, p: sinks.sink_reading_heads(m, p), "sink-reading heads", 4 * N),
     "head_ablation_effect": (lambda m, p: sinks.head_ablation_effect(
-        m, p, [(0, 0)], base=decompose.decompose(m, p, progress=False), reference=p, query_range=(0, T)),
+        m, checked_prompts(m, p), [(0, 0)], base=decompose.decompose(m, p, progress=False), reference=p,
+        query_range=(0, T)),
         "head ablation", 2 * N),
     # per patch layer a pattern-change run and a decomposition, and the base decomposition
     "trajectory_patching": (lambda m, p: trajectory.trajectory_patching(m, p, layers=[1, 2]),
