@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import hashlib
 import json
 import os
@@ -529,6 +530,10 @@ def public(body: Callable[Concatenate[LoadedModel, P], R]) -> Entry[P, R]:
     def door(model: ModelLike, /, *args: P.args, **kwargs: P.kwargs) -> R:
         return body(as_loaded(model), *args, **kwargs)
 
+    signature = inspect.signature(body)
+    first, *rest = signature.parameters.values()
+    door.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[first.replace(name="model", annotation="ModelLike"), *rest])  # what help() shows
     body.__qualname__ = f"{body.__qualname__}.body"  # pickled by reference, as the door's attribute
     entry = cast(Entry[P, R], door)
     entry.body = body
