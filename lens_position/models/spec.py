@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import hashlib
+import inspect
 import json
 import os
 from collections.abc import Callable
