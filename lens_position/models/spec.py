@@ -527,7 +527,7 @@ def public(body: Callable[Concatenate[LoadedModel, P], R]) -> Entry[P, R]:
     as ``body``."""
 
     @functools.wraps(body)
-    def door(model: ModelLike, /, *args: P.args, **kwargs: P.kwargs) -> R:
+    def door(model: ModelLike, *args: P.args, **kwargs: P.kwargs) -> R:  # model= works as a keyword too
         return body(as_loaded(model), *args, **kwargs)
 
     signature = inspect.signature(body)

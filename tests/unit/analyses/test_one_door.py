@@ -8,7 +8,10 @@ function calls ``as_loaded`` unless it is the door, and every function that take
 ``ModelLike`` is a public one (decorated ``@public``) or hands the model straight to one."""
 
 import ast
+import inspect
 import pathlib
+
+import griffe
 
 import pytest
 import torch
@@ -151,3 +154,22 @@ def test_a_body_is_the_function_itself():
     through_door = lp.decompose(loaded, tokens, **QUIET).heads["R"]
     body = lp.decompose.body(loaded, lp.core.inputs.checked_prompts(loaded, tokens), **QUIET).heads["R"]
     assert torch.equal(torch.tensor(through_door.to_numpy()), torch.tensor(body.to_numpy()))
+
+
+def test_the_model_is_passed_by_position_or_by_its_name():
+    """``help()`` shows ``model`` as the first parameter, so ``model=`` works as a keyword too."""
+    loaded = offset_only_model(n_layers=2, bos_bonus=2.0)
+    by_position = lp.sink_heads(loaded, _tokens(), **QUIET).scores
+    by_name = lp.sink_heads(model=loaded, prompts=_tokens(), **QUIET).scores
+    assert torch.equal(by_position, by_name)
+    first = next(iter(inspect.signature(lp.sink_heads).parameters.values()))
+    assert (first.name, first.annotation, first.kind) == ("model", "ModelLike", first.POSITIONAL_OR_KEYWORD)
+
+
+def test_the_api_pages_show_the_doors_signature():
+    """The rendered API pages read the source through griffe: its extension gives every ``@public``
+    function the door's first parameter, as ``help()`` shows it."""
+    extension = griffe.load_extensions(str(PACKAGE.parent / "docs/hooks/griffe_door.py") + ":PublicDoor")
+    module = griffe.load("lens_position.analyses.decompose", extensions=extension, search_paths=[str(PACKAGE.parent)])
+    first = next(iter(module["decompose"].parameters))
+    assert (first.name, str(first.annotation)) == ("model", "ModelLike")
