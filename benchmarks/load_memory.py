@@ -81,7 +81,7 @@ def held_weights_mib(model: object) -> float:
     """The bytes of the weights a loaded model holds, each memory block counted once (the hooked backend
     keeps the unembedding apart from a tied embedding, as TransformerLens does; the bridge keeps them
     tied, as the Hugging Face model does), MiB."""
-    from lens_position.models.cache import weights_of
+    from lens_position.models.weights import weights_of
 
     blocks = {tensor.untyped_storage().data_ptr(): tensor.untyped_storage().nbytes()
               for tensor in weights_of(model.state_dict()).values()}  # type: ignore[attr-defined]

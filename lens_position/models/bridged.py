@@ -13,7 +13,7 @@ from typing import Any
 from lens_position.ground.errors import BadInputError, LensPositionError, UnsupportedArchitectureError
 from lens_position.ground.progress import stage
 from lens_position.models import sources
-from lens_position.models.cache import hashes_other_than_its_checkpoint, model_weights_sha256
+from lens_position.models.weights import hashes_other_than_its_checkpoint, model_weights_sha256
 from lens_position.models.hf_cache import read_gguf_cached
 from lens_position.models.placement import Placement, check_bridge_takes, placed_summary, torch_dtype
 from lens_position.models.rope import normalise_ntk_by_parts, ntk_aware_base

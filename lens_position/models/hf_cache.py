@@ -30,14 +30,8 @@ from lens_position.ground.files import resource_error
 from lens_position.ground.progress import stage
 from lens_position.ground.provenance import package_versions
 from lens_position.models import sources
-from lens_position.models.cache import (
-    cache_root,
-    discard_entry,
-    model_weights_sha256,
-    remove_leftovers,
-    state_dict_sha256,
-    temporary_name,
-)
+from lens_position.models.cache import cache_root, discard_entry, remove_leftovers, temporary_name
+from lens_position.models.weights import model_weights_sha256, state_dict_sha256
 from lens_position.models.source_hash import source_identity
 
 log = logging.getLogger(__name__)
@@ -95,7 +89,7 @@ def _save_dequantised(model: Any, folder: Path) -> None:
 
 def read_gguf_cached(path: Path, cache_dir: str | None = None, placement: Any = None) -> tuple[Any, Any, str]:
     """The Hugging Face model (float32, eager attention), tokenizer and weights' sha256
-    (:func:`~lens_position.models.cache.state_dict_sha256`) of the GGUF file ``path``, from the cache
+    (:func:`~lens_position.models.weights.state_dict_sha256`) of the GGUF file ``path``, from the cache
     when an entry is there (its weights checked against the sha256 it recorded), else dequantised
     from the file and saved to the cache. With a ``placement`` the model is read from the entry with
     its weights placed as they are read (a GGUF file is dequantised on the host once, to make the

@@ -30,6 +30,7 @@ import torch
 
 from lens_position.ground.errors import BadInputError, ContextLengthError, UnsupportedArchitectureError
 from lens_position.models.backends import ModelBackend, backend_for, bridge_class, is_model
+from lens_position.models.weights import model_weights_sha256, weights_version
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -379,56 +380,6 @@ def spec_from_config(model: Any, *, name: str = "custom", family: Family = "cust
     return ModelSpec(**fields)
 
 
-_CHECKSUM_ROWS = 1024
-
-
-def _checksum(storage: torch.UntypedStorage) -> bytes:
-    """A storage's bytes, read as int32 (bytes widened where the size is not a multiple of 4), cut
-    into 1024 consecutive runs, each summed modulo 2**32: any change of one value changes its run's
-    sum; a change of several is missed only if it leaves every run's sum as it was (values exchanged
-    within one run, or changes that cancel modulo 2**32). The storage, not the tensor: a transposed
-    weight is read in place, without a copy."""
-    raw = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
-    words = raw.view(torch.int32) if raw.numel() % 4 == 0 else raw.to(torch.int32)
-    whole = words.numel() - words.numel() % _CHECKSUM_ROWS
-    runs = words[:whole].view(_CHECKSUM_ROWS, -1).sum(1, dtype=torch.int32) if whole else words[:0]
-    return runs.cpu().numpy().tobytes() + words[whole:].cpu().numpy().tobytes()
-
-
-def weights_version(model: torch.nn.Module, *, read_bytes: bool = True) -> tuple[Any, ...]:
-    """What says whether a model's weights may have changed since it was last taken: each tensor's
-    ``_version`` (bumped by in-place writes), dtype, storage, offset, shape and strides (changed by a
-    cast or a ``.data`` swap), and a checksum of the bytes of every storage (:func:`_checksum`:
-    writes through ``.data`` bump no version). About 0.1 s per GB of weights on a CPU. Weights that
-    accelerate keeps offloaded (on ``meta`` between forwards, read in from disk or the host at each
-    one) have no bytes here to change: only their layout is taken. ``read_bytes=False``: the layout
-    alone, with ``None`` in place of the checksum. TransformerLens's buffers made from the config (the
-    rotary tables it extends on a long pass, the mask) are not weights and are left out
-    (:data:`lens_position.models.cache.DERIVED_BUFFERS`)."""
-    from lens_position.models.cache import weights_of
-
-    state = weights_of(model.state_dict(keep_vars=True))
-    if not read_bytes:
-        return (*_layout(state), None)
-    digest = hashlib.sha256()
-    storages: dict[int, torch.UntypedStorage] = {}
-    for tensor in state.values():
-        if tensor.is_meta:
-            continue
-        storage = tensor.untyped_storage()
-        storages.setdefault(storage.data_ptr(), storage)
-    for pointer in sorted(storages):
-        digest.update(_checksum(storages[pointer]))
-    return (*_layout(state), digest.hexdigest())
-
-
-def _layout(state: dict[str, torch.Tensor]) -> tuple[Any, ...]:
-    """Each tensor's version counter (None for a tensor made under ``torch.inference_mode()``, which keeps
-    none: its writes are seen by the checksum), dtype, storage, offset, shape and strides."""
-    return tuple((None if t.is_inference() else t._version, t.dtype, t.untyped_storage().data_ptr(),
-                  t.storage_offset(), tuple(t.shape), t.stride()) for t in state.values())
-
-
 def _current(loaded: LoadedModel) -> LoadedModel:
     """``loaded`` with a spec that states the weights as they are now: when a weight was written
     to, cast or replaced since the spec's hash was taken, its sha256 is taken again (the load-time one
@@ -437,8 +388,6 @@ def _current(loaded: LoadedModel) -> LoadedModel:
     dtype = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
     spec = loaded.spec
     if loaded.hashed_weights_version != version:
-        from lens_position.models.cache import model_weights_sha256
-
         at_load = spec.extra.get("weights_sha256_at_load", spec.weights_sha256)
         fresh = model_weights_sha256(loaded.model)
         extra = {**spec.extra, "dtype": dtype}
@@ -456,8 +405,6 @@ def _current(loaded: LoadedModel) -> LoadedModel:
 def _bare_spec(model: Any, tokenizer: Any) -> ModelSpec:
     """The spec of a model built outside ``load_model``: its config, its weights' hash, its
     tokenizer and BOS policy, so its results carry the same provenance as a loaded model's."""
-    from lens_position.models.cache import model_weights_sha256
-
     prepends_bos, bos_id, tokenizer_name = False, None, None
     if tokenizer is not None:
         bos_id = getattr(tokenizer, "bos_token_id", None)

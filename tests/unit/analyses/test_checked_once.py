@@ -91,10 +91,10 @@ def test_a_checked_query_range_is_checked_again_for_another_length(counted):
 def counted_models(monkeypatch):
     """How often a bare model is wrapped (its config read into a spec, its weights hashed) and how
     often a wrapped model's weights are hashed again."""
-    from lens_position.models import cache, spec
+    from lens_position.models import spec, weights
 
     calls = {"wrapped": 0, "hashed": 0}
-    bare_spec, hashing = spec._bare_spec, cache.state_dict_sha256
+    bare_spec, hashing = spec._bare_spec, weights.state_dict_sha256
 
     def counting_spec(*args, **kwargs):
         calls["wrapped"] += 1
@@ -105,7 +105,7 @@ def counted_models(monkeypatch):
         return hashing(*args, **kwargs)
 
     monkeypatch.setattr(spec, "_bare_spec", counting_spec)
-    monkeypatch.setattr(cache, "state_dict_sha256", counting_hash)
+    monkeypatch.setattr(weights, "state_dict_sha256", counting_hash)
     return calls
 
 

@@ -16,7 +16,7 @@ from lens_position.analyses.sinks import sink_heads
 from lens_position.core.intervals import NO_INTERVALS
 from lens_position.models import load_model
 from lens_position.models.backends import hooked_available
-from lens_position.models.cache import state_dict_sha256
+from lens_position.models.weights import state_dict_sha256
 
 pytestmark = pytest.mark.tl4
 

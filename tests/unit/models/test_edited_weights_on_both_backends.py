@@ -1,7 +1,7 @@
 """An edited weight is never reported under the load-time hash, on either backend: edited before
 the first analysis, in place after one, through ``.data`` after one (no version counter moves), and
 on the bridge through the Hugging Face model it wraps. Each next result's provenance carries the
-sha256 of the weights as they are (:func:`lens_position.models.cache.model_weights_sha256`).
+sha256 of the weights as they are (:func:`lens_position.models.weights.model_weights_sha256`).
 
 Marked ``tl4``: it runs on TransformerLens 3.9 (both backends) and 4.3 (the bridge)."""
 
@@ -15,7 +15,7 @@ from lens_position.core.data import build_prompts
 from lens_position.core.intervals import NO_INTERVALS
 from lens_position.models import load_model
 from lens_position.models.backends import hooked_class
-from lens_position.models.cache import model_weights_sha256
+from lens_position.models.weights import model_weights_sha256
 
 pytestmark = pytest.mark.tl4
 

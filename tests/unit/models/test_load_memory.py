@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lens_position.models import cache as weight_cache
+from lens_position.models import weights
 from lens_position.models.adapters import convert_state_dict, hooked_config, in_linear_layout, linear_layout
 from lens_position.models.backends import hooked_available
 from lens_position.models.tiny import tiny_hf_model
@@ -136,13 +137,13 @@ def test_the_cache_stores_each_weight_as_it_lies_and_gives_it_back_so(state):
 @settings(max_examples=60, deadline=None)
 def test_a_weight_hashes_the_same_in_any_layout_and_any_block_size(state, block):
     contiguous = {name: t.contiguous() for name, t in state.items()}
-    expected = weight_cache.state_dict_sha256(contiguous)
-    original = weight_cache.HASH_BLOCK_BYTES
-    weight_cache.HASH_BLOCK_BYTES = block
+    expected = weights.state_dict_sha256(contiguous)
+    original = weights.HASH_BLOCK_BYTES
+    weights.HASH_BLOCK_BYTES = block
     try:
-        assert weight_cache.state_dict_sha256(state) == expected
+        assert weights.state_dict_sha256(state) == expected
     finally:
-        weight_cache.HASH_BLOCK_BYTES = original
+        weights.HASH_BLOCK_BYTES = original
 
 
 BAD_LAYOUTS = st.one_of(
@@ -205,10 +206,10 @@ def test_a_load_from_the_cache_holds_no_copy_of_any_weight(checkpoint, tmp_path)
     assert warm.spec.extra["from_cache"] and not cold.spec.extra["from_cache"]
     (entry,) = [p for p in cache_dir.iterdir() if p.is_dir() and not p.name.startswith(".")]
     mapped = _mapped(entry / "weights.safetensors")
-    weights = weight_cache.weights_of(warm.model.state_dict())
-    outside = [name for name, t in weights.items() if t.numel() and not _in(t, mapped)]
+    held = weights.weights_of(warm.model.state_dict())
+    outside = [name for name, t in held.items() if t.numel() and not _in(t, mapped)]
     assert not outside, outside
-    for name, tensor in weights.items():  # the same strides and numbers as the load that converted
+    for name, tensor in held.items():  # the same strides and numbers as the load that converted
         assert _strides(tensor) == _strides(cold.model.state_dict()[name]), name
         assert torch.equal(tensor, cold.model.state_dict()[name]), name
     tokens = torch.tensor([[1, 5, 9, 30, 7]])

@@ -12,8 +12,9 @@ from lens_position.analyses.compare import compare
 from lens_position.analyses.decompose import decompose
 from lens_position.core.intervals import NO_INTERVALS
 from lens_position.ground.errors import BadInputError
-from lens_position.models.cache import DERIVED_BUFFERS, model_weights_sha256, state_dict_sha256, weights_of
-from lens_position.models.spec import as_loaded, weights_version
+from lens_position.models.weights import DERIVED_BUFFERS, model_weights_sha256, state_dict_sha256, weights_of
+from lens_position.models.spec import as_loaded
+from lens_position.models.weights import weights_version
 from lens_position.models.toy import random_model
 
 MODEL = random_model(n_layers=2, d_vocab=50)
@@ -57,18 +58,18 @@ def test_weights_edited_through_data_are_hashed_again():
 def test_unchanged_weights_keep_their_hash_without_hashing_again(monkeypatch):
     loaded = random_model(n_layers=2, d_vocab=50, seed=4)
     as_loaded(loaded)
-    from lens_position.models import cache
+    from lens_position.models import weights
 
-    monkeypatch.setattr(cache, "state_dict_sha256", lambda state: pytest.fail("hashed again"))
+    monkeypatch.setattr(weights, "state_dict_sha256", lambda state: pytest.fail("hashed again"))
     assert as_loaded(loaded).spec.weights_sha256 is not None
 
 
 def _counted_checksums(monkeypatch) -> list[int]:
-    from lens_position.models import spec
+    from lens_position.models import weights
 
     calls: list[int] = []
-    real = spec._checksum
-    monkeypatch.setattr(spec, "_checksum", lambda storage: calls.append(1) or real(storage))
+    real = weights._checksum
+    monkeypatch.setattr(weights, "_checksum", lambda storage: calls.append(1) or real(storage))
     return calls
 
 
