@@ -90,6 +90,7 @@ def worker(mode: str, model_name: str, tokens_path: str, batch_size: int, thread
     if threads > 0:
         torch.set_num_threads(threads)
     from lens_position.analyses.decompose import DecompositionReducer, decompose_dense
+    from lens_position.core.inputs import check_prompts
     from lens_position.core.intervals import NO_INTERVALS, Bootstrap
     from lens_position.core.stream import stream
     from lens_position.models import load_model
@@ -108,8 +109,8 @@ def worker(mode: str, model_name: str, tokens_path: str, batch_size: int, thread
                 heads = None
             elif mode in ("streamed", "streamed-no-intervals"):
                 # what decompose() does, keeping the reducer to weigh the statistics it keeps
-                reducer = DecompositionReducer(loaded, tokens, bootstrap=Bootstrap() if mode == "streamed"
-                                               else NO_INTERVALS)
+                reducer = DecompositionReducer(loaded, check_prompts(loaded, tokens),
+                                               bootstrap=Bootstrap() if mode == "streamed" else NO_INTERVALS)
                 stream(loaded, tokens, [reducer], batch_size=batch_size, progress=False)
                 heads = reducer.result(batch_size=batch_size).heads
                 kept = {"groups": reducer.n_groups, "bytes": sum(

@@ -40,6 +40,7 @@ def main() -> None:
 
     from lens_position.analyses.probes import ProbeReducer
     from lens_position.analyses.prompt_sets import _chi_square_quantile, disjoint_prompt_sets
+    from lens_position.core.inputs import check_prompts
     from lens_position.core.intervals import NO_INTERVALS, Bootstrap
     from lens_position.core.stream import stream
     from lens_position.models import load_model
@@ -48,7 +49,8 @@ def main() -> None:
     sets = disjoint_prompt_sets(loaded, args.sets, T=args.T, N=args.N, seed=args.seed)
     frames, timings = [], []
     for k, prompts in enumerate(sets, start=1):
-        reducers = [ProbeReducer(loaded, prompts, layers=args.layers, seed=args.seed, bootstrap=bootstrap)
+        checked = check_prompts(loaded, prompts, distinct=True)
+        reducers = [ProbeReducer(loaded, checked, layers=args.layers, seed=args.seed, bootstrap=bootstrap)
                     for bootstrap in (Bootstrap(), NO_INTERVALS)]
         stream(loaded, prompts, reducers, batch_size=8, progress=False)  # one pass feeds both
         start = time.perf_counter()

@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and the API refe
     from lens_position.analyses.sink_origin import SinkOrigin, sink_origin
     from lens_position.analyses.sinks import sink_heads, sink_rate, sink_reading_heads
     from lens_position.core.data import build_prompts
+    from lens_position.core.inputs import check_prompts
     from lens_position.core.patch import Patch
     from lens_position.core.position_check import PositionReport, check_positions
     from lens_position.core.positions import (
@@ -62,10 +63,13 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and the API refe
         UnsupportedArchitectureError,
     )
     from lens_position.models import describe, load_model
+    from lens_position.models.spec import as_loaded
 
 _EXPORTS = {
     **dict.fromkeys(["load_model", "describe"], "lens_position.models"),
+    **dict.fromkeys(["as_loaded"], "lens_position.models.spec"),
     **dict.fromkeys(["build_prompts"], "lens_position.core.data"),
+    **dict.fromkeys(["check_prompts"], "lens_position.core.inputs"),
     **dict.fromkeys(["Patch"], "lens_position.core.patch"),
     **dict.fromkeys(["PositionReport", "check_positions"], "lens_position.core.position_check"),
     **dict.fromkeys(["BosInsideWarning", "DoubledBosWarning", "MissingBosWarning", "PaddedStartWarning",

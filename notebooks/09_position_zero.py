@@ -42,6 +42,7 @@ import pandas as pd
 import plotly.io as pio
 
 import lens_position as lp
+from lens_position.pipeline.steps.rollout import rollout_figure
 from lens_position.report import plots, takeaways
 
 pio.renderers.default = "plotly_mimetype+notebook"
@@ -130,7 +131,7 @@ pd.concat({name: m.readers.sort_values("attention_on_massive", ascending=False).
 
 # %%
 rollouts = {name: lp.attention_rollout(model, prompts[name], progress=False) for name, model in models.items()}
-plots.rollout_layers(pd.concat([r.layers.assign(architecture=name) for name, r in rollouts.items()]))
+rollout_figure(pd.concat([r.layers.assign(architecture=name) for name, r in rollouts.items()]))  # the report's figure
 
 # %% [markdown]
 # ## 5. Why it matters for C4
@@ -157,5 +158,5 @@ takeaways.Takeaway.join(
     takeaways.untrained_note(FAST),
     [takeaways.origin_sentence(o.verdict, name) for name, o in origins.items()],
     [s for name, m in massive.items() for s in takeaways.massive_sentences(m.layers, effects.get(name), name)],
-    [takeaways.rollout_sentence(r.layers, name) for name, r in rollouts.items()],
+    [r.sentence(name) for name, r in rollouts.items()],
     takeaways.claims_markdown(tables, ["C4"]))

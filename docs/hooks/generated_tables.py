@@ -41,12 +41,15 @@ def result_tables() -> str:
 
 def column_reference() -> str:
     from lens_position.core.columns import COLUMNS, RECOMMENDED
+    from lens_position.pipeline.steps import TABLES
 
+    # the shared registry, and the columns a table declares itself (Table.columns)
+    columns = {**COLUMNS, **{name: doc for table in TABLES.values() for name, doc in table.columns.items()}}
     rows = ["| column | meaning |", "|---|---|"]
-    first = [c for c in RECOMMENDED if c in COLUMNS]
-    for name in first + sorted((c for c in COLUMNS if c not in first), key=str.lower):
+    first = [c for c in RECOMMENDED if c in columns]
+    for name in first + sorted((c for c in columns if c not in first), key=str.lower):
         mark = " **(recommended)**" if name in first else ""
-        rows.append(f"| `{name}`{mark} | {_escape(COLUMNS[name])} |")
+        rows.append(f"| `{name}`{mark} | {_escape(columns[name])} |")
     return "\n".join(rows)
 
 

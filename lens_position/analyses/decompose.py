@@ -66,7 +66,7 @@ from lens_position.analyses.engine.statistics import (
     visible_keys,
 )
 from lens_position.core.checks import check_count, check_layers, check_query_range, tokens_sha256
-from lens_position.core.inputs import CheckedPrompts, Prompts, checked_prompts
+from lens_position.core.inputs import CheckedPrompts, Prompts, checked_prompts, require_checked
 from lens_position.core.intervals import (
     BIAS_CORRECTED_QUANTITIES,
     MIN_INTERVAL_UNITS,
@@ -219,11 +219,6 @@ def layer_key_windows(loaded: LoadedModel) -> list[int | None]:
     return list(loaded.spec.layer_windows)
 
 
-def _prompt_tokens(loaded: LoadedModel, prompts: Prompts) -> CheckedPrompts:
-    """The checked prompt set (T >= 2: a single position has no pairs to fit)."""
-    return checked_prompts(loaded, prompts, min_length=2)
-
-
 def _check_options(
     loaded: LoadedModel,
     tokens: torch.Tensor,
@@ -261,7 +256,7 @@ class DecompositionReducer:
     def __init__(
         self,
         loaded: LoadedModel,
-        prompts: Prompts,
+        prompts: CheckedPrompts,
         *,
         layers: Sequence[int] | None = None,
         query_range: tuple[int, int] | None = None,
@@ -270,7 +265,7 @@ class DecompositionReducer:
         bootstrap: Bootstrap = Bootstrap(),
     ) -> None:
         self.loaded = loaded
-        checked = _prompt_tokens(self.loaded, prompts)
+        checked = require_checked(loaded, prompts, "DecompositionReducer", min_length=2)  # T >= 2: pairs to fit
         tokens, self.data = checked.tokens, checked.spec
         self.tokens_sha256 = tokens_sha256(tokens)
         self.seed = checked.spec.seed
@@ -547,7 +542,7 @@ def decompose_dense(
     computed pair by pair. Memory grows as ``N x layers x heads x T^2``: use it on small
     cases (tests, the benchmark), never for analysis.
     """
-    checked = _prompt_tokens(loaded, prompts)
+    checked = checked_prompts(loaded, prompts, min_length=2)
     tokens, data = checked.tokens, checked.spec
     layers, query_start, query_stop = _check_options(loaded, tokens, layers, query_range, keys)
     n_seq, length = tokens.shape
@@ -668,7 +663,7 @@ def check_identity(
     with ``A > min_pattern`` (nats; smaller patterns are float32 round-off territory), and
     ``max_row_sum_error`` = max |sum_j exp(t - z) - 1|. Expected: float32 round-off.
     """
-    tokens = _prompt_tokens(loaded, prompts).tokens
+    tokens = checked_prompts(loaded, prompts, min_length=2).tokens
     layers, _, _ = _check_options(loaded, tokens, layers, None, "all")
     names = {f"blocks.{layer}.attn.{kind}" for layer in layers for kind in ("hook_attn_scores", "hook_pattern")}
     with torch.no_grad():

@@ -58,7 +58,7 @@ def counterfactual_token0(
     - ``"token:<id>"`` (or ``"token:<text>"`` that the tokenizer encodes as one token):
       that token at position 0 of every prompt.
     """
-    tokens = as_tokens(loaded, prompts)
+    tokens = prompts.tokens
     if counterfactual == "no-bos":
         has_bos = getattr(prompts, "has_bos", None)
         bos_id = getattr(prompts, "bos_token_id", None) or loaded.spec.bos_token_id

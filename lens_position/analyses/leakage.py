@@ -49,7 +49,7 @@ from jaxtyping import Float, Int
 from lens_position.analyses import leakage_stats as stats
 from lens_position.analyses.rotary_bands import frequency_bands
 from lens_position.core.checks import check_count, check_layers, check_seed
-from lens_position.core.inputs import checked_prompts, checked_rows
+from lens_position.core.inputs import CheckedPrompts, checked_prompts, checked_rows
 from lens_position.core.intervals import Bootstrap, Estimate, benjamini_hochberg, bootstrap_mean
 from lens_position.core.results import SavedResult, Table
 from lens_position.core.stream import stream
@@ -93,28 +93,29 @@ def leakage_texts(corpus: str | None = None, min_words: int = 15, max_words: int
     return [s for s in sentences if _PROSE.match(s) and min_words <= len(s.split()) <= max_words]
 
 
-def _token_pool(loaded: LoadedModel, texts: Any, max_length: int) -> tuple[list[torch.Tensor], list[str] | None]:
+def _are_texts(texts: Any) -> bool:
+    return isinstance(texts, (list, tuple)) and bool(texts) and all(isinstance(t, str) for t in texts)
+
+
+def _token_pool(loaded: LoadedModel, texts: Sequence[str] | CheckedPrompts | None,
+                max_length: int) -> tuple[list[torch.Tensor], list[str] | None]:
     """The pool the samples are drawn from: each text tokenised without special tokens and cut to
     ``max_length`` (the authors' ``add_special_tokens=False, truncation=True``), or the rows of token
-    ids; every entry checked by the input door. Also the texts, when texts were given."""
-    if texts is None:
-        texts = leakage_texts()
-    if isinstance(texts, (list, tuple)) and texts and all(isinstance(t, str) for t in texts):
-        if loaded.tokenizer is None:
-            raise BadInputError("texts need a tokenizer; this model has none: pass token ids [N, T] instead")
-        rows = [torch.tensor(loaded.tokenizer(t, add_special_tokens=False)["input_ids"][:max_length],
-                             dtype=torch.int64) for t in texts]
-        strings: list[str] | None = list(texts)
-    else:
-        rows = list(checked_prompts(loaded, texts, min_length=MIN_TOKENS, hygiene=False).tokens[:, :max_length])
-        strings = None
+    ids the door checked (``positional_leakage``). Also the texts, when texts were given."""
+    if isinstance(texts, CheckedPrompts):
+        return list(texts.tokens[:, :max_length]), None
+    texts = leakage_texts() if texts is None else texts
+    if loaded.tokenizer is None:
+        raise BadInputError("texts need a tokenizer; this model has none: pass token ids [N, T] instead")
+    rows = [torch.tensor(loaded.tokenizer(t, add_special_tokens=False)["input_ids"][:max_length],
+                         dtype=torch.int64) for t in texts]
     if not rows:
         raise BadInputError("positional leakage needs at least one text")
     for k, row in enumerate(rows):
         if len(row) < MIN_TOKENS:
             raise BadInputError(f"text {k} is {len(row)} tokens, fewer than {MIN_TOKENS}: the held-out fits need "
                                 "causal pairs on both sides of the split; drop it or pass longer texts")
-    return checked_rows(loaded, rows, min_length=MIN_TOKENS), strings
+    return checked_rows(loaded, rows, min_length=MIN_TOKENS), list(texts)
 
 
 class _RotatedCapture:
@@ -374,6 +375,8 @@ def positional_leakage(
     n_boot, n_perm = check_count("n_boot", n_boot, minimum=20), check_count("n_perm", n_perm, minimum=20)
     seed = check_seed(seed)
     layers = check_layers(layers, loaded.spec.n_layers)
+    if not (texts is None or _are_texts(texts)):
+        texts = checked_prompts(loaded, texts, min_length=MIN_TOKENS, hygiene=False)
     pool, strings = _token_pool(loaded, texts, max_length)
     seeds = [seed + k for k in range(n_seeds)]
     bands = _model_bands(loaded, layers) if mode == "corrected" else None

@@ -40,7 +40,7 @@ from lens_position.analyses.decompose import decompose
 from lens_position.analyses.patching import as_tokens
 from lens_position.analyses.sinks import SINK_EPS, SinkScoreReducer
 from lens_position.core.checks import check_count, check_fraction, check_int, check_layers, check_same_model
-from lens_position.core.inputs import Prompts, checked_prompts
+from lens_position.core.inputs import CheckedPrompts, Prompts, checked_prompts
 from lens_position.core.intervals import PROBABILITY, Bootstrap, Estimate, bootstrap_mean
 from lens_position.core.results import SavedResult, Table
 from lens_position.core.stream import BATCH_SIZE, LOGITS, stream
@@ -313,9 +313,10 @@ class MassiveIntervention(SavedResult):
         return out
 
 
-def _sink_and_loss(loaded: LoadedModel, tokens: torch.Tensor, eps: float, hooks: Sequence[tuple[str, Callable]],
+def _sink_and_loss(loaded: LoadedModel, prompts: CheckedPrompts, eps: float, hooks: Sequence[tuple[str, Callable]],
                    batch_size: int, desc: str) -> tuple[np.ndarray, np.ndarray]:
-    sinks, loss = SinkScoreReducer(loaded, tokens), LossReducer(tokens)
+    tokens = prompts.tokens.to(loaded.backend.device)
+    sinks, loss = SinkScoreReducer(loaded, prompts), LossReducer(tokens)
     stream.body(loaded, tokens, [sinks, loss], fwd_hooks=hooks, batch_size=batch_size, desc=desc)
     rate = (sinks.result() > eps).to(torch.float64).mean((1, 2)).numpy()
     return rate, loss.loss.numpy()
@@ -392,13 +393,13 @@ def massive_intervention(
             raise BadInputError(f"layer {layer} is outside the model's {loaded.spec.n_layers} layers")
         reader = _EntryReader(layer, entries, len(tokens))
         stream.body(loaded, tokens, [reader], batch_size=batch_size, desc="massive entries")
-        base_rate, base_loss = _sink_and_loss(loaded, tokens, eps, (), batch_size, "massive intervention: base")
+        base_rate, base_loss = _sink_and_loss(loaded, prompts, eps, (), batch_size, "massive intervention: base")
         base = decompose.body(loaded, prompts, batch_size=batch_size, bootstrap=bootstrap)
         rows = []
         for mode in modes:
             fill = [0.0] * len(entries) if mode == "set_zero" else reader.values.mean(0).tolist()
             hook = entry_hook(layer, entries, fill)
-            rate, loss = _sink_and_loss(loaded, tokens, eps, [hook], batch_size, f"massive intervention: {mode}")
+            rate, loss = _sink_and_loss(loaded, prompts, eps, [hook], batch_size, f"massive intervention: {mode}")
             changed = compare(base, {mode: decompose.body(loaded, prompts, fwd_hooks=[hook], batch_size=batch_size,
                                                      bootstrap=bootstrap)}).overall.iloc[0]
             row: dict[str, Any] = {"intervention": mode, "layer": layer,

@@ -73,7 +73,7 @@ import torch
 from jaxtyping import Float
 
 from lens_position.core.checks import check_count, check_layers, check_positive, check_query_range, check_seed
-from lens_position.core.inputs import Prompts, checked_prompts
+from lens_position.core.inputs import CheckedPrompts, Prompts, checked_prompts, require_checked
 from lens_position.core.intervals import Bootstrap, percentile_interval, resample_counts, small_sample_widening
 from lens_position.core.results import SavedResult, Table
 from lens_position.core.stream import BATCH_SIZE, stream
@@ -301,11 +301,11 @@ class ProbeReducer:
     sequences and of the two training folds. Options as in :func:`position_probe`; call
     :meth:`result` after streaming."""
 
-    def __init__(self, loaded: LoadedModel, prompts: Prompts, *,
+    def __init__(self, loaded: LoadedModel, prompts: CheckedPrompts, *,
                  layers: Sequence[int] | None = None, ridge: float | None = None, seed: int = 0,
                  positions: tuple[int, int | None] = (1, None), bootstrap: Bootstrap = Bootstrap()) -> None:
         self.loaded = loaded
-        checked = checked_prompts(self.loaded, prompts, min_length=2, distinct=bootstrap.enabled)
+        checked = require_checked(loaded, prompts, "ProbeReducer", min_length=2, distinct=bootstrap.enabled)
         tokens, self.data = checked.tokens, checked.spec
         n_seq, length = tokens.shape
         if n_seq < (2 if ridge is not None else PROBE_MIN_N):

@@ -32,7 +32,7 @@ from jaxtyping import Float
 
 from lens_position.analyses.patching import as_tokens
 from lens_position.core.checks import check_count
-from lens_position.core.inputs import Prompts, checked_prompts
+from lens_position.core.inputs import CheckedPrompts, Prompts, checked_prompts, require_checked
 from lens_position.core.intervals import PROBABILITY, Bootstrap, bootstrap_mean
 from lens_position.core.results import SavedResult, Table
 from lens_position.core.stream import BATCH_SIZE, stream
@@ -87,8 +87,8 @@ class RolloutReducer:
     """The rollout flow to position 0 as a reducer for :func:`lens_position.core.stream.stream`: per
     prompt, layer and variant (:data:`VARIANTS`), the mean over queries ``1 .. T-1`` of ``P_l[i, 0]``."""
 
-    def __init__(self, loaded: LoadedModel, prompts: Prompts) -> None:
-        tokens = as_tokens(loaded, prompts)
+    def __init__(self, loaded: LoadedModel, prompts: CheckedPrompts) -> None:
+        tokens = require_checked(loaded, prompts, "RolloutReducer").tokens
         if tokens.shape[1] < 2:
             raise BadInputError("rollout needs at least 2 positions: query 0 sees only itself")
         n_layers = loaded.spec.n_layers
@@ -127,7 +127,15 @@ class AttentionRollout(SavedResult):
 
     WHAT = "attention rollout to position 0, layer by layer"
     KEYWORD = "rollout"
-    TABLES = (Table("rollout_layers", "layers", "AttentionRollout.layers"),)
+    TABLES = (Table("rollout_layers", "layers", "AttentionRollout.layers", columns={
+        "flow_with_residual": "rollout to position 0 with the residual path ((A + I) / 2 per layer): share of a "
+                              "query's input from position 0, mean over prompts and queries 1 <= i < T, in [0, 1]",
+        "flow_without_residual": "rollout to position 0 through attention alone (the head-averaged patterns' "
+                                 "product): share of a query's input from position 0, in [0, 1]"}),)
+
+    def sentence(self, architecture: str | None = None) -> str:
+        """The flow to position 0 in words (:func:`rollout_sentence`)."""
+        return rollout_sentence(self.layers, architecture)
 
     def headline(self) -> list[Headline]:
         """The flow to position 0 after the last layer, with and without the residual path."""
@@ -160,3 +168,21 @@ def attention_rollout(loaded: LoadedModel, prompts: Prompts, *, batch_size: int 
         model=loaded.spec, data=prompts.spec.to_dict(), seed=prompts.spec.seed,
         metric="mean over prompts and queries 1 <= i < T of the rollout P_l[i, 0]; with residual: (A + I) / 2",
         intervals=bootstrap.to_dict("prompt")))
+
+
+def rollout_sentence(layers: pd.DataFrame, architecture: str | None = None, level: float = 0.9) -> str:
+    """The attention rollout to position 0 (``AttentionRollout.layers``): after which layer the flow
+    from position 0 first reaches ``level`` (through attention alone, and with the residual path),
+    and where it ends, with intervals."""
+    who = architecture or "The model"
+    layers = layers.sort_values("layer")
+    last = layers.iloc[-1]
+    parts = []
+    for column, how in (("flow_without_residual", "through attention alone"),
+                        ("flow_with_residual", "with the residual path")):
+        reached = layers[layers[column] >= level]
+        when = (f"reaches {level:.0%} after layer {int(reached['layer'].iloc[0])}" if len(reached)
+                else f"stays below {level:.0%}")
+        parts.append(f"{how} it {when} and ends at {last[column]:.0%} [{last[column + '_lo']:.0%}, "
+                     f"{last[column + '_hi']:.0%}] after layer {int(last['layer'])}")
+    return f"{who}: the share of a query's input that has flowed from position 0: " + "; ".join(parts) + "."

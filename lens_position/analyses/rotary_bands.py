@@ -48,7 +48,7 @@ from lens_position.analyses.engine.design import PositionBins
 from lens_position.analyses.engine.fit import Fitter, components
 from lens_position.analyses.engine.statistics import HeadStatistics, Target, Workspace, reduce_score_sets
 from lens_position.core.checks import check_count
-from lens_position.core.inputs import Prompts, checked_prompts
+from lens_position.core.inputs import CheckedPrompts, Prompts, checked_prompts
 from lens_position.core.intervals import Bootstrap, Estimate, bootstrap_interval, interval_method, small_sample_widening
 from lens_position.core.results import SavedResult, Table
 from lens_position.core.stream import BATCH_SIZE, stream
@@ -147,7 +147,7 @@ class BandReducer:
     scores with each band removed (for the attribution of ``R'``). It also keeps the largest
     ``|sum_b s_b - s|`` seen per layer (the split's check against the model's own scores)."""
 
-    def __init__(self, loaded: LoadedModel, prompts: Any, *,
+    def __init__(self, loaded: LoadedModel, prompts: CheckedPrompts, *,
                  layers: Sequence[int] | None = None, query_range: tuple[int, int] | None = None,
                  n_bands: int = DEFAULT_BANDS, bins: PositionBins = PositionBins(),
                  bootstrap: Bootstrap = Bootstrap()) -> None:

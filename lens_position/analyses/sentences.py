@@ -8,7 +8,7 @@
 
 The report's sentences follow (what BOS replacement did and which way, the probes, a patch's
 effect, the ground truths, position-0 convergence, the window-aware sinks, the rotary bands, the
-zoo's sinks, where the sink comes from, the massive activations, the rollout to position 0).
+zoo's sinks, where the sink comes from, the massive activations).
 Every sentence is built here, below the report, so that ``lens_position.analyze``, the report and
 the command line speak with the same words (``lens_position.report.takeaways``
 re-exports them); the sink-sweep's sentences sit with the sweep
@@ -490,24 +490,6 @@ def massive_sentences(layers: pd.DataFrame, intervention: pd.DataFrame | None = 
                    f"{row['loss_change']:+.3f} [{row['loss_change_lo']:+.3f}, {row['loss_change_hi']:+.3f}] "
                    "nats per token.")
     return out
-
-
-def rollout_sentence(layers: pd.DataFrame, architecture: str | None = None, level: float = 0.9) -> str:
-    """The attention rollout to position 0 (``AttentionRollout.layers``): after which layer the flow
-    from position 0 first reaches ``level`` (through attention alone, and with the residual path),
-    and where it ends, with intervals."""
-    who = architecture or "The model"
-    layers = layers.sort_values("layer")
-    last = layers.iloc[-1]
-    parts = []
-    for column, how in (("flow_without_residual", "through attention alone"),
-                        ("flow_with_residual", "with the residual path")):
-        reached = layers[layers[column] >= level]
-        when = (f"reaches {level:.0%} after layer {int(reached['layer'].iloc[0])}" if len(reached)
-                else f"stays below {level:.0%}")
-        parts.append(f"{how} it {when} and ends at {last[column]:.0%} [{last[column + '_lo']:.0%}, "
-                     f"{last[column + '_hi']:.0%}] after layer {int(last['layer'])}")
-    return f"{who}: the share of a query's input that has flowed from position 0: " + "; ".join(parts) + "."
 
 
 def leakage_sentence(heads: pd.DataFrame, seeds: pd.DataFrame | None, architecture: str | None = None) -> str:

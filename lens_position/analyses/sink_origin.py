@@ -53,7 +53,7 @@ from jaxtyping import Float, Int
 from lens_position.analyses.patching import embedding_patch
 from lens_position.core.checks import check_count, check_fraction, check_int, check_seed
 from lens_position.core.data import build_prompts
-from lens_position.core.inputs import Prompts, checked_prompts
+from lens_position.core.inputs import CheckedPrompts, Prompts, checked_prompts
 from lens_position.core.intervals import (
     MIN_INTERVAL_UNITS,
     PROBABILITY,
@@ -279,18 +279,17 @@ class SinkOrigin(SavedResult):
 # --------------------------------------------------------------------------- the measurement
 
 
-def _base_text(loaded: LoadedModel, prompts: Prompts | None, *, T: int, N: int, seed: int, text: str | None,
-               corpus: str | None, bos_id: int, distinct: bool) -> tuple[torch.Tensor, dict[str, Any]]:
+def _base_text(loaded: LoadedModel, prompts: CheckedPrompts | None, *, T: int, N: int, seed: int, text: str | None,
+               corpus: str | None, bos_id: int) -> tuple[torch.Tensor, dict[str, Any]]:
     """The text every condition is made of: ``N`` windows of ``T`` tokens without BOS (built from
     the corpus, or the caller's ``prompts``, which must not start with BOS)."""
     if prompts is None:
         built = build_prompts(loaded, source="natural", T=T, N=N, bos="none", seed=seed, text=text, corpus=corpus)
         return built.tokens, built.spec.to_dict()
-    checked = checked_prompts(loaded, prompts, min_length=4, distinct=distinct, hygiene=False)
-    if bool((checked.tokens == bos_id).any()):
+    if bool((prompts.tokens == bos_id).any()):
         raise BadInputError(f"these prompts hold the BOS token (id {bos_id}); sink_origin places BOS itself in each "
                             "condition: pass the text without BOS (build_prompts(model, bos='none'))")
-    return checked.tokens, checked.spec.to_dict()
+    return prompts.tokens, prompts.spec.to_dict()
 
 
 def _rate_rows(condition: str, location: str, scores: torch.Tensor, where: Sequence[Keys], eps: float,
@@ -394,8 +393,10 @@ def sink_origin(
     if bos_id is None:
         raise BadInputError(f"{loaded.spec.name} has no BOS token (neither its tokenizer nor its spec names one): "
                             "sink_origin compares the sink with and without BOS; use sink_rate for its sinks")
-    body, data = _base_text(loaded, prompts, T=check_count("T", T), N=check_count("N", N), seed=seed, text=text,
-                            corpus=corpus, bos_id=int(bos_id), distinct=bootstrap.enabled)
+    checked = None if prompts is None else checked_prompts(loaded, prompts, min_length=4, distinct=bootstrap.enabled,
+                                                           hygiene=False)
+    body, data = _base_text(loaded, checked, T=check_count("T", T), N=check_count("N", N), seed=seed, text=text,
+                            corpus=corpus, bos_id=int(bos_id))
     length = body.shape[1]
     if "bos_moved" in conditions and length < 3:
         raise BadInputError(f"T = {length}: the bos_moved condition moves BOS into the text, which needs at least 3 "

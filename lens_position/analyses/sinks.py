@@ -46,7 +46,7 @@ from lens_position.analyses.fingerprint import counterfactual_token0, position0_
 from lens_position.analyses.patching import Ablation, Patch, as_tokens, cache_activations, head_ablation
 from lens_position.core.checks import check_count, check_fraction, check_heads, check_query_range
 from lens_position.core.data import DEFAULT_BOS
-from lens_position.core.inputs import CheckedPrompts, Prompts, checked_prompts
+from lens_position.core.inputs import CheckedPrompts, Prompts, check_prompts, checked_prompts, require_checked
 from lens_position.core.intervals import PROBABILITY, Bootstrap, Estimate, bootstrap_mean
 from lens_position.core.results import SavedResult, Table
 from lens_position.core.stream import BATCH_SIZE, WholeActivations, stream
@@ -141,9 +141,9 @@ class SinkScoreReducer:
     (``[prompt, layer, head]``: Gu et al.'s sink rate thresholds each prompt);
     :func:`sink_scores` averages them over prompts."""
 
-    def __init__(self, loaded: LoadedModel, prompts: Prompts, *,
+    def __init__(self, loaded: LoadedModel, prompts: CheckedPrompts, *,
                  query_range: tuple[int, int] | None = None) -> None:
-        tokens = as_tokens(loaded, prompts)
+        tokens = require_checked(loaded, prompts, "SinkScoreReducer").tokens
         self.start, self.stop = check_query_range(query_range, tokens.shape[1])
         n_layers = loaded.spec.n_layers
         self.hook_names = tuple(f"blocks.{layer}.attn.hook_pattern" for layer in range(n_layers))
@@ -190,7 +190,7 @@ def prompt_sink_scores(
     prompt, layer and head (float64, in [0, 1])."""
     batch_size = check_count("batch_size", batch_size)
     reducer = SinkScoreReducer(loaded, prompts, query_range=query_range)
-    stream.body(loaded, as_tokens(loaded, prompts), [reducer], batch_size=batch_size, progress=progress,
+    stream.body(loaded, prompts, [reducer], batch_size=batch_size, progress=progress,
            desc="sink scores")
     return reducer.result()
 
@@ -320,8 +320,9 @@ def sink_rate_prompts(
     text: str | None = None,
     corpus: str | None = None,
 ) -> dict[str, Any]:
-    """The prompt set of each condition of :func:`sink_rate` (its docstring: protocols), so a
-    caller can stream their sink scores together with other statistics."""
+    """The prompt set of each condition of :func:`sink_rate` (its docstring: protocols), checked for
+    ``loaded`` (``CheckedPrompts``), so a caller can stream their sink scores together with other
+    statistics."""
     from lens_position.core.data import build_document_prompts, build_prompts
 
     if protocol not in SINK_PROTOCOLS:
@@ -342,10 +343,11 @@ def sink_rate_prompts(
     for condition in conditions:
         source, own_bos = CONDITION_SOURCES[condition]
         if protocol == "documents" and condition == "natural":
-            out[condition] = build_document_prompts(loaded, T=T, N=N, seed=seed, corpus=corpus, text=text)
+            built = build_document_prompts(loaded, T=T, N=N, seed=seed, corpus=corpus, text=text)
         else:
-            out[condition] = build_prompts(loaded, source=source, T=T, N=N, bos=own_bos or bos,
-                                           seed=seed, text=text, corpus=corpus if condition == "natural" else None)
+            built = build_prompts(loaded, source=source, T=T, N=N, bos=own_bos or bos,
+                                  seed=seed, text=text, corpus=corpus if condition == "natural" else None)
+        out[condition] = check_prompts.body(loaded, built)  # built for this model: checked once, here
     return out
 
 
@@ -773,8 +775,9 @@ class WindowSinkReducer:
     All in [0, 1], float64. A pattern with mass outside ``K(i)`` means the model's mask is not
     the one its spec declares: refused, since every number here would be misassigned."""
 
-    def __init__(self, loaded: LoadedModel, prompts: Prompts, *, query_range: tuple[int, int] | None = None) -> None:
-        tokens = as_tokens(loaded, prompts)
+    def __init__(self, loaded: LoadedModel, prompts: CheckedPrompts, *,
+                 query_range: tuple[int, int] | None = None) -> None:
+        tokens = require_checked(loaded, prompts, "WindowSinkReducer").tokens
         self.length = tokens.shape[1]
         self.start, self.stop = check_query_range(query_range, self.length)
         n_layers, n_heads = loaded.spec.n_layers, loaded.spec.n_heads
@@ -934,7 +937,7 @@ def window_sinks(
     if scores is None:
         reducer = WindowSinkReducer(loaded, prompts, query_range=query_range)
         with progress_bar("window-aware sinks", enabled=progress):
-            stream.body(loaded, as_tokens(loaded, prompts), [reducer], batch_size=batch_size, progress=progress,
+            stream.body(loaded, prompts, [reducer], batch_size=batch_size, progress=progress,
                    desc="window-aware sinks")
         scores = reducer.result()
     gu, aware = scores["gu"], scores["window_aware"]
@@ -953,7 +956,7 @@ def window_sinks(
         heads[f"{metric}_score"], heads[f"{metric}_score_lo"], heads[f"{metric}_score_hi"] = mean, lo, hi
     heads["visible_score"] = scores["visible"].mean(0).reshape(-1).numpy()
     heads["past_score"] = scores["past"].mean(0).reshape(-1).numpy()
-    length = as_tokens(loaded, prompts).shape[1]
+    length = prompts.tokens.shape[1]
     chance = [uniform_window_score(length, windows[layer], query_range) for layer in range(n_layers)]
     heads["uniform_score"] = np.repeat(chance, n_heads)
     heads["is_sink_gu"] = heads["gu_score"] > eps

@@ -21,7 +21,7 @@ except ``head``, the head index as TransformerLens names it: read it as ``frame[
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import pandas as pd
 
@@ -148,11 +148,6 @@ COLUMNS: dict[str, str] = {
     "cos_to_bos": "mean cosine between x_n and the mean auto-BOS fingerprint of the layer, in [-1, 1]",
     "is_float_noise": "spread_relative <= the noise tolerance: identical up to float round-off",
     "n_distinct_token0": "distinct tokens at position 0 among the inputs",
-    # attention rollout
-    "flow_with_residual": "rollout to position 0 with the residual path ((A + I) / 2 per layer): share of a "
-                          "query's input from position 0, mean over prompts and queries 1 <= i < T, in [0, 1]",
-    "flow_without_residual": "rollout to position 0 through attention alone (the head-averaged patterns' "
-                             "product): share of a query's input from position 0, in [0, 1]",
     # positional leakage (the measure of Ruscio et al., "Once upon a token")
     "delta_r2": "positional leakage ΔR² = R²(rel + src + tgt) - R²(rel) of the unscaled post-RoPE scores over the "
                 "causal pairs (held out over 30% of the pairs), mean over the texts; unitless, in [-1, 1]",
@@ -253,20 +248,21 @@ COLUMNS: dict[str, str] = {
 PANDAS_NAME_EXCEPTIONS = frozenset({"head"})
 
 
-def describe(column: str) -> str | None:
-    """What ``column`` means (None if the registry does not know it); ``X_lo``/``X_hi`` are
-    the interval of ``X``."""
-    if column in COLUMNS:
-        return COLUMNS[column]
+def describe(column: str, declared: Mapping[str, str] | None = None) -> str | None:
+    """What ``column`` means (None if neither the registry nor ``declared``, a table's own columns,
+    knows it); ``X_lo``/``X_hi`` are the interval of ``X``."""
+    known = {**COLUMNS, **(declared or {})}
+    if column in known:
+        return known[column]
     for side, which in (("_lo", "lower"), ("_hi", "upper")):
-        if column.endswith(side) and column[: -len(side)] in COLUMNS:
+        if column.endswith(side) and column[: -len(side)] in known:
             return f"{which} end of the bootstrap interval of {column[: -len(side)]}"
     return None
 
 
-def undocumented(columns: Iterable[str]) -> list[str]:
-    """The columns the registry does not describe."""
-    return [c for c in columns if describe(c) is None]
+def undocumented(columns: Iterable[str], declared: Mapping[str, str] | None = None) -> list[str]:
+    """The columns neither the registry nor ``declared`` (a table's own columns) describes."""
+    return [c for c in columns if describe(c, declared) is None]
 
 
 def display_order(columns: Iterable[str]) -> list[str]:

@@ -47,7 +47,7 @@ import torch
 from lens_position.core import positions
 from lens_position.core.data import PromptSet, PromptSpec, prompts_from_texts
 from lens_position.ground.errors import BadInputError, PaddedPromptsError
-from lens_position.models.spec import LoadedModel
+from lens_position.models.spec import LoadedModel, public
 
 TENSOR_BOS_POLICY = "as given (token tensor)"
 
@@ -370,3 +370,38 @@ def checked_prompts(
     bos_id = getattr(loaded.tokenizer, "bos_token_id", None) if loaded.tokenizer is not None else None
     checked = _tensor_prompt_set(loaded, tokens, bos_id if bos_id is not None else loaded.spec.bos_token_id)
     return _mark_checked(checked, loaded, distinct)
+
+
+@public
+def check_prompts(loaded: LoadedModel, prompts: Prompts, *, min_length: int = 1,
+                  distinct: bool = False) -> CheckedPrompts:
+    """``prompts`` through the input door for ``model`` (:func:`checked_prompts`): the checked prompt set
+    the reducers take (:mod:`lens_position.core.stream`), and any public analysis takes as it is.
+
+    Args:
+        model: a ``LoadedModel`` or a bare model.
+        prompts: a PromptSet, token ids ``[N, T]``, ``input_ids`` with an all-ones mask, or a list of strings.
+        min_length: fewest positions per sequence.
+        distinct: refuse sequences that repeat another (what intervals over sequences need).
+    """
+    return checked_prompts(loaded, prompts, min_length=min_length, distinct=distinct)
+
+
+def require_checked(loaded: LoadedModel, prompts: Any, who: str, *, min_length: int = 1,
+                    distinct: bool = False) -> CheckedPrompts:
+    """``prompts`` as a reducer or helper takes them: a :class:`CheckedPrompts` the door made for this
+    model, at least ``min_length`` positions long (and, with ``distinct``, without a repeated sequence,
+    checked here only when the door did not check it). Anything else is refused with the route, and
+    nothing is checked twice: the door's checks are the public function's."""
+    if not isinstance(loaded, LoadedModel):
+        raise BadInputError(f"{who} takes a LoadedModel, got a {type(loaded).__name__}: pass "
+                            "lens_position.as_loaded(model) (or a model from lens_position.load_model)")
+    if not (isinstance(prompts, CheckedPrompts) and prompts.fits(loaded)):
+        state = ("checked for another model or modified since" if isinstance(prompts, CheckedPrompts)
+                 else f"a {type(prompts).__name__}")
+        raise BadInputError(f"{who} takes prompts checked for this model, got {state}: pass "
+                            "lens_position.check_prompts(model, prompts)")
+    _check_length(prompts.tokens, min_length, "prompts")
+    if distinct and not prompts.distinct:
+        check_distinct(prompts.tokens, "prompts")
+    return prompts

@@ -31,7 +31,8 @@ import importlib
 import json
 import os
 import shutil
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -65,11 +66,14 @@ def _restore(annotation: str, value: Any) -> Any:
 @dataclass(frozen=True)
 class Table:
     """One table a reproduction writes: its file ``name``, the result's DataFrame ``attribute`` it
-    is, and what it holds (``meaning``, shown in the report and the docs)."""
+    is, what it holds (``meaning``, shown in the report and the docs) and what each of its own
+    columns means (``columns``: those the shared registry, :data:`lens_position.core.columns.COLUMNS`,
+    does not describe; the column reference shows both)."""
 
     name: str
     attribute: str
     meaning: str
+    columns: Mapping[str, str] = field(default_factory=dict, hash=False)
 
 
 class SavedResult:

@@ -25,6 +25,7 @@ is the one loop that feeds them.
 
 Several statistics on the same prompts therefore cost one pass, not one each::
 
+    prompts = check_prompts(model, prompts)  # the input door, once: reducers take checked prompts
     decomposition = DecompositionReducer(model, prompts)
     probe = ProbeReducer(model, prompts)
     stream(model, prompts, [decomposition, probe])

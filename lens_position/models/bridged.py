@@ -13,7 +13,6 @@ from typing import Any
 from lens_position.ground.errors import BadInputError, LensPositionError, UnsupportedArchitectureError
 from lens_position.ground.progress import stage
 from lens_position.models import sources
-from lens_position.models.weights import hashes_other_than_its_checkpoint, model_weights_sha256
 from lens_position.models.hf_cache import read_gguf_cached
 from lens_position.models.placement import Placement, check_bridge_takes, placed_summary, torch_dtype
 from lens_position.models.rope import normalise_ntk_by_parts, ntk_aware_base
@@ -40,6 +39,7 @@ from lens_position.models.verify import (
     reference_of,
     rotary_tables,
 )
+from lens_position.models.weights import hashes_other_than_its_checkpoint, model_weights_sha256
 
 _FAMILIES: dict[str | None, Family] = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2",
                                        "gemma3_text": "gemma3", "gemma3": "gemma3"}

@@ -31,8 +31,8 @@ from lens_position.ground.progress import stage
 from lens_position.ground.provenance import package_versions
 from lens_position.models import sources
 from lens_position.models.cache import cache_root, discard_entry, remove_leftovers, temporary_name
-from lens_position.models.weights import model_weights_sha256, state_dict_sha256
 from lens_position.models.source_hash import source_identity
+from lens_position.models.weights import model_weights_sha256, state_dict_sha256
 
 log = logging.getLogger(__name__)
 

@@ -49,7 +49,6 @@ from lens_position.models.adapters import (
 from lens_position.models.backends import COUPLED_KV, bridge_class, resolve_backend
 from lens_position.models.backends.hooked import HookedBackend
 from lens_position.models.cache import CachedModel, cache_root, cached_convert
-from lens_position.models.weights import state_dict_sha256
 from lens_position.models.placement import check_device, check_n_devices, check_placement
 from lens_position.models.registry import REGISTRY, check_model_name, is_zoo_name, lookup, unknown_model_message
 from lens_position.models.rope import apply_position_options, check_position_options
@@ -72,6 +71,7 @@ from lens_position.models.verify import (
     family_name,
     reference_of,
 )
+from lens_position.models.weights import state_dict_sha256
 
 log = logging.getLogger(__name__)
 

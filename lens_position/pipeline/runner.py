@@ -259,7 +259,8 @@ def write_outputs(folder: OutputFolder, tables: Mapping[str, pd.DataFrame], clai
 def write_report(folder: OutputFolder, findings: Findings, prov: dict[str, Any],
                  browser_check: bool) -> tuple[dict[str, Path], Any]:
     """``report.html`` (written whole) and, if asked, its check in Chromium with a screenshot."""
-    files = {"report": folder.text("report", "report.html", report_module.build_report(findings, provenance=prov))}
+    files = {"report": folder.text("report", "report.html", report_module.build_report(
+        findings, provenance=prov, figures=steps_module.FIGURES))}
     check = None
     if browser_check:
         try:
@@ -380,7 +381,8 @@ def write_sweep_reports(folder: OutputFolder, conditions: list[tuple[dict[str, A
         reports[slug] = name
         files[f"report-{slug}"] = folder.text(f"report-{slug}", name, report_module.build_report(
             findings, provenance={**prov, "condition": values},
-            title=f"lens_position: {values['source']} text, BOS {values['bos']}, seed {values['seed']}"))
+            title=f"lens_position: {values['source']} text, BOS {values['bos']}, seed {values['seed']}",
+            figures=steps_module.FIGURES))
         if browser_check:
             try:
                 checks[name] = report_module.check_in_browser(files[f"report-{slug}"])

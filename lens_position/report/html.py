@@ -28,13 +28,12 @@ import math
 import re
 import subprocess
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import plotly.graph_objects as go
 import plotly.offline
 
 from lens_position.analyses import claims as claim_registry
@@ -45,7 +44,6 @@ from lens_position.analyses.sentences import (
     leakage_sentence,
     massive_sentences,
     origin_sentence,
-    rollout_sentence,
     sinks_sentence,
 )
 from lens_position.core.intervals import Estimate
@@ -58,7 +56,7 @@ from lens_position.report import plots
 from lens_position.report.browser import NETWORK_OFF, find_chromium
 from lens_position.report.by_length import by_length_html
 from lens_position.report.markup import verdict_class
-from lens_position.report.plots import ReportFigure
+from lens_position.report.plots import Figure, ReportFigure, in_report_order
 from lens_position.report.takeaways import small_run_banner
 
 # --------------------------------------------------------------------------- figures
@@ -84,11 +82,6 @@ def _massive_sentences(results: Mapping[str, pd.DataFrame]) -> list[str]:
             for sentence in massive_sentences(layers, interventions.get(arch), arch)]
 
 
-def _rollout_sentences(results: Mapping[str, pd.DataFrame]) -> list[str]:
-    """Per architecture, the flow to position 0 after the last layer, alone and with the residual path."""
-    return [rollout_sentence(layers, arch) for arch, layers in _per_architecture(results.get("rollout_layers"))]
-
-
 def _leakage_sentences(results: Mapping[str, pd.DataFrame]) -> list[str]:
     """Per architecture, positional leakage in words: heads kept, the seeds' overlap, the largest gap."""
     seeds = dict(_per_architecture(results.get("leakage_seeds")))
@@ -110,32 +103,10 @@ def _convergence_sentences(results: Mapping[str, pd.DataFrame]) -> list[str]:
                                  part("bos_overall", arch), arch, part("bos_replicates", arch)) for arch in archs]
 
 
-@dataclass(frozen=True)
-class _Figure:
-    """One figure of the report: its key, the tables it draws (the first must be present and
-    non-empty), its title and caption (``more``: sentences built from the run's tables, appended to
-    the caption), and ``make``, the plot of those tables."""
-
-    key: str
-    tables: tuple[str, ...]
-    title: str
-    caption: str
-    make: Callable[..., go.Figure]
-    more: Callable[[Mapping[str, pd.DataFrame]], list[str]] | None = None
-    lead: Callable[[Mapping[str, pd.DataFrame]], list[str]] | None = None  # sentences before the caption
-
-    def draw(self, results: Mapping[str, pd.DataFrame]) -> ReportFigure | None:
-        frames = [results.get(t) for t in self.tables]
-        if frames[0] is None or len(frames[0]) == 0:
-            return None
-        caption = (" ".join(self.lead(results)) + " " if self.lead is not None else "") + self.caption
-        caption += " ".join(self.more(results)) if self.more is not None else ""
-        return ReportFigure(self.key, self.title, caption.strip(), self.make(*frames))
-
-
-# The report's figures, in order.
-_FIGURES = (
-    _Figure("layer_components", ("decompose_layers",), "C2, C3: mask and residual components per layer",
+#: The report's own figures, in order; a reproduction step declares its own beside it (``Step.figures``),
+#: and the reproduction hands the report both (:func:`report_figures`).
+FIGURES = (
+    Figure("layer_components", ("decompose_layers",), "C2, C3: mask and residual components per layer",
         "For every layer, the share of the variance of log-attention Var(log A) that absolute position "
         "explains and that comes from the residual stream or from the causal softmax normalizer (the mask), "
         "averaged over the layer's heads, all queries, all keys, held-out (fitted on half of the sequences, "
@@ -145,14 +116,14 @@ _FIGURES = (
         "layer / (n_layers − 1), the axis C3's depth slope is computed on. Error bars: 95% bootstrap "
         "intervals over whole sequences.",
         lambda f: plots.layer_components(f, components=_available(f, ("R_rf", "M_rf", "R", "M"), "_heldout"))),
-    _Figure("layer_components_early", ("decompose_early_layers",),
+    Figure("layer_components_early", ("decompose_early_layers",),
         "C2 at early queries (a labelled analysis, not the criterion)",
         "The same components as above, restricted to early queries (i < the early-query bound, 32 by "
         "default; all keys, the base run of BOS replacement), per layer, held-out, with 95% bootstrap "
         "intervals. The mask component is concentrated at early queries; claim C2 is decided over all "
         "queries, and this figure is shown beside it, never instead of it.",
         lambda f: plots.layer_components(f, components=_available(f, ("R_rf", "M_rf", "R", "M"), "_heldout"))),
-    _Figure("length_sweep", ("length_sweep",), "The components against sequence length T",
+    Figure("length_sweep", ("length_sweep",), "The components against sequence length T",
         "The held-out total and the reference-free R', M' and their interaction C' (shares of Var(log A), means "
         "over layers and heads, all queries) of each model decomposed at several lengths T on prompts drawn the "
         "same way, with 95% percentile bootstrap intervals over sequences; dotted: a model's sliding window. "
@@ -160,13 +131,13 @@ _FIGURES = (
         "the claims compare architectures at a T both were measured at (the first with a window: beyond it), "
         "and say which.",
         lambda f: plots.length_sweep(f)),
-    _Figure("head_heatmaps", ("decompose_heads",), "Per-head R', M' and total (held-out)",
+    Figure("head_heatmaps", ("decompose_heads",), "Per-head R', M' and total (held-out)",
         "Held-out total absolute signal T and the reference-free residual (R') and mask (M') components of "
         "every head, as fractions of Var(log A); hover a cell for its 95% bootstrap interval. A single "
         "head's held-out value is noisy: read the interval before the colour.",
         lambda f: plots.head_heatmaps(f, components=[c + "_heldout" for c in
                                                      _available(f, ("total", "R_rf", "M_rf"), "_heldout")])),
-    _Figure("probe", ("probe_layers",), "Position probe on the residual stream",
+    Figure("probe", ("probe_layers",), "Position probe on the residual stream",
         "Held-out R² of a ridge probe from resid_pre at each layer to log(position + 1); dotted: the "
         "same probe fitted to shuffled positions (the axis is clipped at -1 when a value falls below; hover "
         "shows every value). Error bars: 95% intervals that hold which sequences were held out (a bootstrap "
@@ -174,7 +145,7 @@ _FIGURES = (
         "SmolLM2's middle layers the spread between independent prompt sets is still about twice as wide. An "
         "independent view of absolute position in the residual stream (C3: accumulation with depth).",
         lambda f: plots.probe_r2(f)),
-    _Figure("bos", ("bos_layers", "bos_overall"), "C4: BOS replacement",
+    Figure("bos", ("bos_layers", "bos_overall"), "C4: BOS replacement",
         "Fraction of the reference-free residual component R' removed at early queries (the number claim C4 "
         "is decided on) when the embedding at position 0 "
         "is replaced before the forward pass by another token's embedding, the mean embedding, or a "
@@ -184,25 +155,25 @@ _FIGURES = (
         "open marker: the estimate lies outside its interval). Dashed: the paper's "
         f"{PAPER.c4_fraction_removed:.0%}.",
         lambda f, o: plots.bos_fraction_removed(f, o)),
-    _Figure("convergence", ("convergence_layers", "bos_layers"), "C4: does the position-0 state forget its token?",
+    Figure("convergence", ("convergence_layers", "bos_layers"), "C4: does the position-0 state forget its token?",
         "Left: cosine of the residual state at position 0 after each block, with its embedding replaced (other "
         "tokens, the mean embedding, random vectors of the same norm), to the unreplaced state; mean over "
         "replacements with a 95% bootstrap interval over them; dotted: 1 − tolerance, above which a layer counts "
         "as converged. Right: the fraction of R' that the same kind of replacement removes per layer (C4). ",
         lambda c, b: plots.convergence_c4(c, b), more=_convergence_sentences),
-    _Figure("fingerprint", ("fingerprint",), "C5: the position-0 fingerprint",
+    Figure("fingerprint", ("fingerprint",), "C5: the position-0 fingerprint",
         "Spread of the residual stream at position 0 across inputs (left, log scale) and its norm "
         "(right), per layer, with the auto-prepended BOS at position 0 (solid) and with a varying "
         "token 0 (dashed). A spread of exactly 0 is marked with a cross on the tick labelled "
         "\"0 (exact)\" at the bottom of the log axis.",
         lambda f: plots.fingerprint_layers(f)),
-    _Figure("sinks", ("sink_heads", "sink_reading"), "Sink heads and sink-reading heads",
+    Figure("sinks", ("sink_heads", "sink_reading"), "Sink heads and sink-reading heads",
         "Mean attention on position 0 per head (sink score); white dots: sink heads (score above ε); "
         "red rings: the five top-ranked sink-reading heads, ranked by how much their residual component R "
         "changes (ties broken by the change of their output) when only their own key/value at position 0 "
         "is patched with the counterfactual fingerprint.",
         lambda s, r: plots.sink_heads_map(s, r)),
-    _Figure("sink_rate", ("sink_rate",), "Sink rate by data condition",
+    Figure("sink_rate", ("sink_rate",), "Sink rate by data condition",
         "Gu et al.'s sink rate as its authors compute it: for every prompt, layer and head, the attention on "
         "position 0 averaged over queries is compared with ε, and the 0/1 outcomes are averaged over "
         "prompts, layers and heads; bars: that percentage with its 95% bootstrap interval over prompts, on "
@@ -211,7 +182,7 @@ _FIGURES = (
         "conditions). Hollow diamonds: the pooled rate (scores averaged "
         "over prompts first, thresholded once), which is not the authors' metric.",
         lambda f: plots.sink_rate_bars(f)),
-    _Figure("sink_origin", ("sink_origin",), "Position 0: where the sink comes from",
+    Figure("sink_origin", ("sink_origin",), "Position 0: where the sink comes from",
         "The same texts with the model's BOS first (bos), without it (no_bos), with BOS moved to a later "
         "position (bos_moved), doubled (bos_doubled) and with its embedding replaced (another token, the mean "
         "embedding, a random vector); bars: Gu et al.'s sink rate at position 0 (left) and at the BOS token "
@@ -219,21 +190,14 @@ _FIGURES = (
         "the with-BOS rate kept without BOS (paired interval): at least 2/3 position-driven, at most 1/3 "
         "BOS-driven, between them mixed.",
         lambda f: plots.sink_origin_bars(f), lead=_origin_sentences),
-    _Figure("massive", ("massive_layers",), "Position 0: massive activations",
+    Figure("massive", ("massive_layers",), "Position 0: massive activations",
         "The largest |activation| of each layer's output (solid, mean over prompts with its 95% interval) and "
         "the median |activation| (dotted), log scale; Sun et al. call an entry massive at 100 and 1000x the "
         "median. Where a layer's output holds massive entries in half the prompts, they were set to zero and to "
         "their mean over the prompts (Sun et al.'s set_zero / set_mean) at that layer; paired changes with 95% "
         "intervals: ",
         lambda f: plots.massive_layers(f), more=_massive_sentences),
-    _Figure("rollout", ("rollout_layers",), "Position 0: attention rollout by depth",
-        "The share of each query's input that has flowed from position 0 after each layer, following the "
-        "head-averaged attention patterns through the layers (Abnar and Zuidema's rollout), mean over prompts "
-        "and queries 1 <= i < T with 95% bootstrap intervals over prompts. Solid: attention alone, the product "
-        "that Wu, Wang, Jegelka and Jadbabaie prove converges to the first token under causal masking; dashed: "
-        "with the residual path, each layer's pattern mixed half and half with the identity.",
-        lambda f: plots.rollout_layers(f), lead=_rollout_sentences),
-    _Figure("window_sinks", ("window_sinks_heads",), "Sinks under a sliding window: both metrics",
+    Figure("window_sinks", ("window_sinks_heads",), "Sinks under a sliding window: both metrics",
         "Per layer, the mean over its heads of Gu et al.'s sink score (attention on position 0 averaged over "
         "all queries, solid), of the window-aware score (attention on the first key each query can see: "
         "position 0 while visible, the window's first key past it; normalised over the visible keys; dashed) "
@@ -241,7 +205,7 @@ _FIGURES = (
         "(sliding-window) layers, diamonds: global ones, where the three coincide. In a local layer of W keys "
         "measured at T > W, Gu et al.'s score counts a 0 for every query past the window.",
         lambda f: plots.window_sink_layers(f)),
-    _Figure("rotary_bands", ("bands_layers",), "The residual component by RoPE frequency band",
+    Figure("rotary_bands", ("bands_layers",), "The residual component by RoPE frequency band",
         "Left: each band's own term Var(abs t_b)/V of the exact split of the residual component R over RoPE "
         "frequency bands (band 0 the fastest pairs; the cross-band terms, which complete the sum to R, are in "
         "the bands_heads table with the split's error). Right: the attribution of the reference-free R' to "
@@ -249,7 +213,7 @@ _FIGURES = (
         "(R' passes through the softmax normaliser) and their error is in the bands_heads table. Mean over "
         "each layer's heads.",
         lambda f: plots.rotary_band_layers(f)),
-    _Figure("leakage", ("leakage_layers", "decompose_layers"), "Positional leakage (ΔR²) beside R' and M'",
+    Figure("leakage", ("leakage_layers", "decompose_layers"), "Positional leakage (ΔR²) beside R' and M'",
         "Left: per layer, the mean over heads of positional leakage ΔR² (the held-out R² that query and key "
         "position add to the offset on the unscaled scores before the softmax; the measure of Ruscio, Nanni and "
         "Silvestri's \"Once upon a token\") on single sentences without BOS (solid) and on the same sentences' "
@@ -258,7 +222,7 @@ _FIGURES = (
         "linear trends in the query position, which the softmax removes, and cannot see the mask component; "
         "R' and M' are read off log A, after the normaliser.",
         lambda leakage, decompose: plots.leakage_layers(leakage, decompose), lead=_leakage_sentences),
-    _Figure("sink_ablation", ("sink_ablation",), "Ablating the sink-reading heads",
+    Figure("sink_ablation", ("sink_ablation",), "Ablating the sink-reading heads",
         "Held-out residual component R per layer before (solid) and after (dashed) zero- and mean-ablating "
         "the sink-reading heads. Error bars on the after values: the 95% paired bootstrap interval of the "
         "change (the ablated and unablated runs resample the same sequences); a bar that reaches the solid "
@@ -267,9 +231,10 @@ _FIGURES = (
 )
 
 
-def report_figures(results: Mapping[str, pd.DataFrame]) -> list[ReportFigure]:
-    """The report's figures, in order, for the tables present in ``results``."""
-    drawn = (figure.draw(results) for figure in _FIGURES)
+def report_figures(results: Mapping[str, pd.DataFrame], figures: Sequence[Figure] = FIGURES) -> list[ReportFigure]:
+    """The ``figures`` (default: the report's own), in report order
+    (:func:`~lens_position.report.plots.in_report_order`), drawn for the tables present in ``results``."""
+    drawn = (figure.draw(results) for figure in in_report_order(figures))
     return [figure for figure in drawn if figure is not None]
 
 
@@ -586,8 +551,8 @@ def prompt_sets_html(summary: pd.DataFrame | None) -> str:
 
 
 def build_report(results: Mapping[str, pd.DataFrame] | Findings, *, provenance: Mapping[str, Any] | None = None,
-                 criteria: Criteria = Criteria(), title: str = "lens_position: where does absolute position come from?"
-                 ) -> str:
+                 criteria: Criteria = Criteria(), title: str = "lens_position: where does absolute position come from?",
+                 figures: Sequence[Figure] = FIGURES) -> str:
     """The whole report as one HTML string (plotly.js inlined once; works offline), from a run's
     :class:`~lens_position.findings.Findings` (or its tables, whose findings are then computed here
     under ``criteria``): the report renders the findings' claims, never computes them again."""
@@ -596,7 +561,7 @@ def build_report(results: Mapping[str, pd.DataFrame] | Findings, *, provenance: 
     findings = results if isinstance(results, Findings) else Findings.of(results, criteria)
     main, zoo, claims = findings.main, findings.zoo, findings.claims
     sections = [_figure_section(fig) + (by_length_html(findings.by_length) if fig.key == "length_sweep" else "")
-                for fig in report_figures(main)]
+                for fig in report_figures(main, figures)]
     if zoo and findings.zoo_claims is not None:
         before, figures, after = zoo_c3.report_section(zoo, findings.zoo_claims)
         sections.append(before + "".join(_figure_section(fig, heading="h3") for fig in figures) + after)

@@ -15,7 +15,7 @@ figure shows exactly the numbers in the results tables.
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -862,6 +862,43 @@ def _render_static(fig: go.Figure, fmt: str, *, width: int | None, height: int |
     return kaleido.calc_fig_sync(spec, opts=opts, kopts=kaleido_options())
 
 
+@dataclass(frozen=True)
+class Figure:
+    """One figure of the report, declared beside what it draws (the report's own list, or a
+    reproduction step's ``figures``): its ``key``, the ``tables`` it draws (the first must be present
+    and non-empty), its ``title`` and ``caption``, ``make`` (the plot of those tables), ``lead`` and
+    ``more`` (sentences built from the run's tables, before and after the caption) and ``after`` (the
+    key of the figure it follows in the report; None: at the end)."""
+
+    key: str
+    tables: tuple[str, ...]
+    title: str
+    caption: str
+    make: Callable[..., go.Figure]
+    more: Callable[[Mapping[str, pd.DataFrame]], list[str]] | None = None
+    lead: Callable[[Mapping[str, pd.DataFrame]], list[str]] | None = None
+    after: str | None = None
+
+    def draw(self, results: Mapping[str, pd.DataFrame]) -> ReportFigure | None:
+        """The figure of ``results`` with its caption, or None where its first table is missing or empty."""
+        frames = [results.get(t) for t in self.tables]
+        if frames[0] is None or len(frames[0]) == 0:
+            return None
+        caption = (" ".join(self.lead(results)) + " " if self.lead is not None else "") + self.caption
+        caption += " ".join(self.more(results)) if self.more is not None else ""
+        return ReportFigure(self.key, self.title, caption.strip(), self.make(*frames))
+
+
+def in_report_order(figures: Iterable[Figure]) -> list[Figure]:
+    """``figures`` in the order the report shows them: each after the figure its ``after`` names
+    (where present), the others in their order."""
+    ordered: list[Figure] = []
+    for figure in figures:
+        at = next((k + 1 for k, f in enumerate(ordered) if f.key == figure.after), len(ordered))
+        ordered.insert(at, figure)
+    return ordered
+
+
 @dataclass
 class ReportFigure:
     """One figure of the report: a ``key`` naming it, its ``title``, the ``caption`` saying
@@ -1054,28 +1091,28 @@ def massive_layers(layers: pd.DataFrame, *, by: str = "architecture") -> go.Figu
     return _base_layout(fig, "Massive activations: the largest entry of each layer's output")
 
 
-def rollout_layers(layers: pd.DataFrame, *, by: str = "architecture") -> go.Figure:
-    """Attention rollout to position 0 after each layer, in %, with and without the residual path,
-    per architecture.
+def layer_lines(frame: pd.DataFrame, series: Sequence[tuple[str, str, str]], *, title: str, x_title: str,
+                y_title: str, scale: float = 1.0, y_range: Sequence[float] | None = None, unit: str = "",
+                by: str = "architecture") -> go.Figure:
+    """One line per group (``by``) and series against ``layer``, with the interval of each value.
 
-    ``layers`` is ``AttentionRollout.layers`` stacked over models (``layer``, ``flow_with_residual``
-    and ``flow_without_residual`` with ``_lo``/``_hi``: the share of a query's input that has flowed
-    from position 0, a fraction)."""
-    _require(layers, ["layer", "flow_with_residual", "flow_without_residual"], "rollout_layers")
+    ``series``: ``(column, label, dash)`` per line, each ``column`` with its ``_lo``/``_hi`` interval
+    where the frame has one; values are multiplied by ``scale`` (100 for a fraction shown in %) and
+    the hover text names ``unit``. Each trace's ``meta`` is ``{"group", "quantity"}``, ``quantity``
+    the column (``_percent`` appended when ``scale`` is 100)."""
+    _require(frame, ["layer", *(column for column, _, _ in series)], title)
     fig = go.Figure()
-    for gi, (name, frame) in enumerate(_groups(layers, by)):
-        for variant, dash in (("without_residual", "solid"), ("with_residual", "dash")):
-            column = f"flow_{variant}"
+    for gi, (name, part) in enumerate(_groups(frame, by)):
+        for column, label, dash in series:
             fig.add_trace(go.Scatter(
-                x=_as_list(frame["layer"]), y=[100.0 * v for v in _as_list(frame[column])], mode="lines+markers",
-                name=f"{name}: {variant.replace('_', ' ')}", legendgroup=name, line=dict(dash=dash, color=_color(gi)),
-                error_y=_error_bars(frame, column, scale=100.0),
-                hovertemplate=f"{name}<br>after layer %{{x}}: %{{y:.1f}}% from position 0"
-                              f" ({variant.replace('_', ' ')})<extra></extra>",
-                meta={"group": name, "quantity": f"{column}_percent"}))
-    fig.update_xaxes(title_text="layer (rollout after the block)")
-    fig.update_yaxes(title_text="share of a query's input from position 0 (%)", range=[0, 100])
-    return _base_layout(fig, "Attention rollout to position 0 by depth")
+                x=_as_list(part["layer"]), y=[None if v is None else scale * v for v in _as_list(part[column])],
+                mode="lines+markers", name=f"{name}: {label}", legendgroup=name, line=dict(dash=dash, color=_color(gi)),
+                error_y=_error_bars(part, column, scale=scale),
+                hovertemplate=f"{name}<br>layer %{{x}}: %{{y:.3g}}{unit} ({label})<extra></extra>",
+                meta={"group": name, "quantity": column + ("_percent" if scale == 100.0 else "")}))
+    fig.update_xaxes(title_text=x_title)
+    fig.update_yaxes(title_text=y_title, range=list(y_range) if y_range is not None else None)
+    return _base_layout(fig, title)
 
 
 def leakage_layers(leakage: pd.DataFrame, decompose: pd.DataFrame | None = None, *,

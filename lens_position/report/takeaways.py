@@ -39,7 +39,6 @@ from lens_position.analyses.sentences import (  # noqa: F401  (the sentences, re
     origin_sentence,
     patch_sentences,
     probe_sentences,
-    rollout_sentence,
     rotary_bands_sentence,
     self_patch_sentence,
     sinks_sentence,

@@ -40,9 +40,9 @@ import torch
 
 from lens_position.ground.errors import BadInputError, UnsupportedArchitectureError
 from lens_position.models.backends import COUPLED_KV, RotaryLayout, config_score_scale_and_cap, rotate
-from lens_position.models.weights import REPEATED_ROWS
 from lens_position.models.hook_names import block_of
 from lens_position.models.pass_memory import check_pass_memory
+from lens_position.models.weights import REPEATED_ROWS
 
 log = logging.getLogger(__name__)
 

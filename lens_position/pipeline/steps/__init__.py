@@ -39,6 +39,8 @@ from lens_position.pipeline.steps.base import (
     early_sizes,
     model_T,
 )
+from lens_position.report import html as report_html
+from lens_position.report.plots import Figure
 
 #: The registry: step name -> Step, in the order a run executes them.
 STEPS: dict[str, Step] = {module.STEP.name: module.STEP for module in (
@@ -49,8 +51,12 @@ STEPS: dict[str, Step] = {module.STEP.name: module.STEP for module in (
 #: Every table a reproduction can write, by name, in run order (:class:`~lens_position.core.results.Table`).
 TABLES: dict[str, Table] = {table.name: table for step in STEPS.values() for table in step.tables}
 
-__all__ = ["ANALYSIS_OPTIONS", "STEPS", "TABLES", "Sizes", "Step", "StepContext", "StepOutput", "command_options",
-           "commands", "early_sizes", "get_step", "quick_sizes", "model_T", "step_names", "tables_of"]
+#: The report's figures: its own and those the steps declare beside their tables (``Step.figures``).
+FIGURES: tuple[Figure, ...] = (*report_html.FIGURES, *(figure for step in STEPS.values() for figure in step.figures))
+
+__all__ = ["ANALYSIS_OPTIONS", "FIGURES", "STEPS", "TABLES", "Sizes", "Step", "StepContext", "StepOutput",
+           "command_options", "commands", "early_sizes", "get_step", "quick_sizes", "model_T", "step_names",
+           "tables_of"]
 
 
 def step_names() -> tuple[str, ...]:

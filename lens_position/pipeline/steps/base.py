@@ -13,12 +13,14 @@ import pandas as pd
 
 from lens_position.core.data import PromptSet, build_prompts
 from lens_position.core.estimate import ModelCost, Work, decomposition_work, forward_work
+from lens_position.core.inputs import CheckedPrompts, check_prompts
 from lens_position.core.intervals import Bootstrap
 from lens_position.core.results import Table
 from lens_position.ground.errors import BadInputError
 from lens_position.models.spec import LoadedModel, ModelSpec
 from lens_position.pipeline.config import DataOptions, Settings
 from lens_position.pipeline.passes import Request, SharedPasses
+from lens_position.report.plots import Figure
 
 if TYPE_CHECKING:
     from lens_position.core.results import SavedResult
@@ -117,7 +119,7 @@ class StepContext:
         """The natural text every step builds its prompts from (None: the default corpus)."""
         return self.corpus_text if self.data.source == "natural" else None
 
-    def prompts(self, T: int, N: int, first_of: int | None = None) -> PromptSet:
+    def prompts(self, T: int, N: int, first_of: int | None = None) -> CheckedPrompts:
         """The condition's ``N`` prompts of ``T`` positions (built once, shared between steps); with
         ``first_of``, the first ``T`` positions of the ``N`` prompts of that length."""
         if first_of is not None and first_of > T:
@@ -125,17 +127,18 @@ class StepContext:
         self.spec.check_context(T)
         return self.shared(("prompts", T, N), lambda: self._build(T, N))
 
-    def prompts_of(self, sizes: Sizes) -> PromptSet:
+    def prompts_of(self, sizes: Sizes) -> CheckedPrompts:
         """The prompts a step runs on at ``sizes``."""
         return self.prompts(sizes.T, sizes.N, sizes.first_of)
 
-    def _build(self, T: int, N: int) -> PromptSet:
+    def _build(self, T: int, N: int) -> CheckedPrompts:
+        """The condition's prompts, built and checked for the model once (the steps' reducers take them)."""
         prompts = build_prompts(self.loaded, source=self.data.source, T=T, N=N, bos=self.data.bos,
                                 seed=self.data.seed, text=self.text())
         if self.text() is not None and self.corpus_name is not None:
             # The text came from a named corpus: name it, not "text", in the prompt spec.
             prompts = dataclasses.replace(prompts, spec=dataclasses.replace(prompts.spec, corpus=self.corpus_name))
-        return prompts
+        return check_prompts.body(self.loaded, prompts)
 
     def shared(self, key: tuple[Any, ...], build: Callable[[], Any]) -> Any:
         """A value the condition's steps share (prompt sets), built on first use."""
@@ -162,7 +165,8 @@ class Step:
     - ``run(ctx, sizes)``: measure, and return a :class:`StepOutput`;
     - ``work(sizes, cost)``: its work in the terms of the run-time estimate
       (:mod:`lens_position.core.estimate`: forward passes, reduced layers, interval refits);
-    - ``result``: the result class whose ``TABLES`` are the tables it writes;
+    - ``result``: the result class whose ``TABLES`` are the tables it writes (with their columns);
+    - ``figures``: the report's figures of its tables (:class:`~lens_position.report.plots.Figure`);
     - ``requests(ctx, sizes)``: the reducers it reads from passes shared with other steps
       (``pipeline.passes``), announced before the model's steps run so that one pass feeds them all;
     - ``options``: the command-line analysis options it reads (:data:`ANALYSIS_OPTIONS`);
@@ -182,6 +186,7 @@ class Step:
     needs_bos: str | None = None
     opt_in: str | None = None
     min_N: tuple[int, str] | None = None
+    figures: tuple[Figure, ...] = ()
 
     def __post_init__(self) -> None:
         unknown = set(self.options) - set(ANALYSIS_OPTIONS)

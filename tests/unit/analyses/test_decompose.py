@@ -17,6 +17,7 @@ from lens_position.analyses.decompose import (
     decompose_dense,
     self_referenced_scores,
 )
+from lens_position.core.inputs import check_prompts
 from lens_position.ground.errors import BadInputError, ContextLengthError, UnsupportedArchitectureError
 from lens_position.models.toy import offset_only_model, random_model, toy_tokens
 
@@ -250,7 +251,8 @@ def test_a_bootstrap_replicate_is_the_decomposition_of_its_resampled_sequences(m
     monkeypatch.setattr(fit_module, "REFIT_BLOCK_VALUES", 5000)  # several blocks of heads
     loaded = random_model(n_layers=3, attn_types=("global", "local", "global"))
     tokens = torch.randint(0, 50, (8, 24), generator=torch.Generator().manual_seed(7))
-    reducer = DecompositionReducer(loaded, tokens, query_range=(2, 24), bootstrap=Bootstrap(n_resamples=70))
+    reducer = DecompositionReducer(loaded, check_prompts(loaded, tokens), query_range=(2, 24),
+                                   bootstrap=Bootstrap(n_resamples=70))
     stream(loaded, tokens, [reducer], batch_size=3, progress=False)
     result = reducer.result()
     counts = reducer.resample_weights().long()
@@ -281,7 +283,7 @@ def eight_sequence_fit():
 
     loaded = random_model(n_layers=2, attn_types=("global", "local"))
     tokens = torch.randint(0, 50, (8, 20), generator=torch.Generator().manual_seed(3))
-    reducer = DecompositionReducer(loaded, tokens, query_range=(1, 20))
+    reducer = DecompositionReducer(loaded, check_prompts(loaded, tokens), query_range=(1, 20))
     stream(loaded, tokens, [reducer], batch_size=8, progress=False)
     fits = [
         (
@@ -418,9 +420,8 @@ def test_statistics_do_not_depend_on_how_the_queries_are_blocked(monkeypatch, op
     stats = {}
     for block_rows in (5, 1000):
         monkeypatch.setattr(statistics, "BLOCK_ROWS", block_rows)
-        reducer = DecompositionReducer(
-            loaded, tokens, bootstrap=Bootstrap() if bootstrap_on else NO_INTERVALS, **options
-        )
+        reducer = DecompositionReducer(loaded, check_prompts(loaded, tokens),
+                                       bootstrap=Bootstrap() if bootstrap_on else NO_INTERVALS, **options)
         stream(loaded, tokens, [reducer], batch_size=3, progress=False)
         stats[block_rows] = reducer.stats
     for layer, blocked in stats[5].items():

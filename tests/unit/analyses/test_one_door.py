@@ -12,7 +12,6 @@ import inspect
 import pathlib
 
 import griffe
-
 import pytest
 import torch
 from sink_model import sink_reading_model
@@ -173,3 +172,48 @@ def test_the_api_pages_show_the_doors_signature():
     module = griffe.load("lens_position.analyses.decompose", extensions=extension, search_paths=[str(PACKAGE.parent)])
     first = next(iter(module["decompose"].parameters))
     assert (first.name, str(first.annotation)) == ("model", "ModelLike")
+
+
+#: The door's converters: each turns a user's prompts into checked ones, and is called by public functions only.
+PROMPT_DOORS = ("checked_prompts", "as_tokens")
+
+
+@pytest.mark.parametrize("door", PROMPT_DOORS)
+def test_only_public_functions_check_prompts(door):
+    """Prompts are checked once, at the public function's door: below it, reducers and helpers take
+    ``CheckedPrompts`` (the checker's own module, and ``as_tokens``, a converter, are the door)."""
+    callers = sorted(f"{path}:{node.name}" for path, node in _functions() if _calls(node, door)
+                     and not any(ast.unparse(d) == "public" for d in node.decorator_list)
+                     and str(path) != "core/inputs.py" and node.name not in PROMPT_DOORS)
+    assert callers == [], f"{door} is called below the door by " + ", ".join(callers)
+
+
+def test_no_reducer_or_helper_takes_raw_prompts():
+    """A parameter named ``prompts`` below the door is typed ``CheckedPrompts``."""
+    raw = []
+    for path, node in _functions():
+        if (any(ast.unparse(d) == "public" for d in node.decorator_list) or str(path) == "core/inputs.py"
+                or node.name in PROMPT_DOORS):
+            continue
+        for argument in node.args.posonlyargs + node.args.args + node.args.kwonlyargs:
+            annotation = ast.unparse(argument.annotation) if argument.annotation else ""
+            if argument.arg == "prompts" and "Prompts" in annotation and "CheckedPrompts" not in annotation:
+                raw.append(f"{path}:{node.name}({annotation})")
+    assert raw == []
+
+
+@pytest.mark.parametrize("reducer", ["DecompositionReducer", "ProbeReducer", "SinkScoreReducer", "RolloutReducer",
+                                     "WindowSinkReducer"])
+def test_a_reducer_given_unchecked_prompts_or_a_bare_model_names_the_route(reducer):
+    from lens_position.analyses import decompose, probes, rollout, sinks
+
+    cls = next(getattr(m, reducer) for m in (decompose, probes, rollout, sinks) if hasattr(m, reducer))
+    loaded = offset_only_model(n_layers=2, bos_bonus=2.0)
+    with pytest.raises(lp.BadInputError, match=r"check_prompts\(model, prompts\)"):
+        cls(loaded, _tokens())
+    with pytest.raises(lp.BadInputError, match=r"as_loaded\(model\)"):
+        cls(loaded.model, lp.check_prompts(loaded, _tokens()))
+    shorter = offset_only_model(n_layers=2, bos_bonus=2.0, n_ctx=8)  # the 16 positions do not fit its context
+    with pytest.raises(lp.BadInputError, match="checked for another model"):
+        cls(shorter, lp.check_prompts(loaded, _tokens()))
+    assert cls(loaded, lp.check_prompts(loaded, _tokens())) is not None

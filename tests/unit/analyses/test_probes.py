@@ -8,6 +8,7 @@ from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from lens_position.analyses.probes import position_probe
 from lens_position.core.columns import display_order
+from lens_position.core.inputs import check_prompts
 from lens_position.ground.errors import BadInputError
 from lens_position.models.toy import random_model
 
@@ -173,7 +174,7 @@ def test_the_refit_widens_the_heldout_r2_interval():
 
     loaded = random_model(n_layers=1, d_vocab=50)
     tokens = torch.randint(0, 50, (16, 24), generator=torch.Generator().manual_seed(9))
-    reducer = ProbeReducer(loaded, tokens, ridge=0.05, seed=1)
+    reducer = ProbeReducer(loaded, check_prompts(loaded, tokens), ridge=0.05, seed=1)
     stream(loaded, tokens, [reducer], batch_size=8, progress=False)
     row = reducer.result().layers.iloc[0]
     test, fold_a, fold_b = reducer.moments[0]
@@ -209,7 +210,7 @@ def test_probe_without_intervals_keeps_no_rows_and_reports_nan():
 
     loaded = random_model(n_layers=1, d_vocab=50)
     tokens = torch.randint(0, 50, (8, 20), generator=torch.Generator().manual_seed(7))
-    reducer = ProbeReducer(loaded, tokens, ridge=0.1, bootstrap=NO_INTERVALS)
+    reducer = ProbeReducer(loaded, check_prompts(loaded, tokens), ridge=0.1, bootstrap=NO_INTERVALS)
     stream(loaded, tokens, [reducer], batch_size=4, progress=False)
     assert reducer.units == {0: []} and reducer.train_units == {0: []}
     row = reducer.result().layers.iloc[0]
@@ -226,7 +227,8 @@ def test_probe_fed_only_its_training_rows_refuses_rather_than_report_nan(with_in
 
     loaded = random_model(n_layers=1, d_vocab=50)
     tokens = torch.randint(0, 50, (8, 20), generator=torch.Generator().manual_seed(7))
-    reducer = ProbeReducer(loaded, tokens, ridge=0.1, bootstrap=Bootstrap() if with_intervals else NO_INTERVALS)
+    reducer = ProbeReducer(loaded, check_prompts(loaded, tokens), ridge=0.1,
+                           bootstrap=Bootstrap() if with_intervals else NO_INTERVALS)
     _, cache = loaded.model.run_with_cache(tokens, names_filter=reducer.hook_names[0])
     train = (reducer.split > 0).nonzero().squeeze(1)
     reducer.update(reducer.hook_names[0], cache[reducer.hook_names[0]][train], train)

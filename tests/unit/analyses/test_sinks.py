@@ -28,6 +28,7 @@ from sink_model import BONUS, sink_reading_model
 from lens_position.analyses import sinks
 from lens_position.analyses.decompose import decompose
 from lens_position.core.columns import display_order
+from lens_position.core.inputs import check_prompts
 from lens_position.ground.errors import BadInputError
 from lens_position.models.toy import BOS_TOKEN_ID, toy_tokens
 
@@ -57,7 +58,7 @@ def test_uniform_heads_have_sink_score_equal_to_the_mean_of_one_over_i_plus_one(
     with torch.no_grad():
         for block in uniform.model.blocks:
             block.attn.W_Q.zero_()
-    scores = sinks.sink_scores(uniform, tokens, query_range=(4, 20))
+    scores = sinks.sink_scores(uniform, check_prompts(uniform, tokens), query_range=(4, 20))
     expected = sum(1 / (i + 1) for i in range(4, 20)) / 16
     torch.testing.assert_close(scores, torch.full_like(scores, expected))
 
@@ -113,7 +114,7 @@ def test_ablating_the_sink_reading_head_removes_the_residual_component_it_carrie
 
 
 def test_own_position0_patches_keep_every_block_on_the_base_residual_stream(model, tokens):
-    patches = sinks.own_position0_patches(model, tokens, "no-bos")
+    patches = sinks.own_position0_patches(model, check_prompts(model, tokens), "no-bos")
     patched = decompose(model, tokens, patches=patches,
                         batch_size=4, progress=False)
     # head (2, 0) reads e2 from the pinned base residual: its R is untouched by the
@@ -131,7 +132,7 @@ def test_counterfactuals_are_checked(model, tokens):
     with pytest.raises(BadInputError, match="unknown counterfactual"):
         sinks.sink_reading_heads(model, tokens, counterfactual="shuffle")
     with pytest.raises(BadInputError, match="selects no queries"):
-        sinks.sink_scores(model, tokens, query_range=(40, 50))
+        sinks.sink_scores(model, check_prompts(model, tokens), query_range=(40, 50))
 
 
 def test_sink_rate_reports_every_condition(tiny_gemma3):

@@ -41,7 +41,6 @@ ANALYSES = {
     "decompose_dense": lambda m, p: decompose.decompose_dense(m, p),
     "position_probe": lambda m, p: probes.position_probe(m, p, ridge=1.0, progress=False),
     "bos_replacement": lambda m, p: bos.bos_replacement(m, p, replacements=("mean",)),
-    "sink_scores": lambda m, p: sinks.sink_scores(m, p),
     "sink_heads": lambda m, p: sinks.sink_heads(m, p),
     "sink_reading_heads": lambda m, p: sinks.sink_reading_heads(m, p),
     "trajectory_patching": lambda m, p: trajectory.trajectory_patching(m, p, layers=[1]),
@@ -125,7 +124,7 @@ def test_layer_and_query_range_checks_are_the_same_everywhere(tiny_llama):
     with pytest.raises(BadInputError, match="empty"):
         check_layers([], 3)
     with pytest.raises(BadInputError, match="selects no queries"):
-        sinks.sink_scores(tiny_llama, tokens, query_range=(12, 20))
+        sinks.sink_heads(tiny_llama, tokens, query_range=(12, 20))
     assert check_query_range((0, 32), 12) == (0, 12)
 
 

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from lens_position.analyses.decompose import DecompositionReducer, decompose
 from lens_position.analyses.patching import Patch
+from lens_position.core.inputs import check_prompts
 from lens_position.core.stream import Reducer, needed_stop, stream
 from lens_position.ground.errors import BadInputError
 from lens_position.models.toy import offset_only_model, random_model, toy_tokens
@@ -47,7 +48,7 @@ def test_a_new_statistic_is_one_reducer_fed_by_the_same_pass_as_the_decompositio
     loaded = random_model(n_layers=3, attn_types=("local", "global", "local"))
     tokens = torch.randint(0, 50, (7, 24), generator=torch.Generator().manual_seed(0))
     norms = ResidualNorm([0, 2])
-    decomposition = DecompositionReducer(loaded, tokens, layers=[1])
+    decomposition = DecompositionReducer(loaded, check_prompts(loaded, tokens), layers=[1])
     assert isinstance(norms, Reducer) and isinstance(decomposition, Reducer)
     stream(loaded, tokens, [norms, decomposition], batch_size=3, progress=False)
 
@@ -84,10 +85,10 @@ def test_the_pass_ends_within_the_last_block_once_every_hook_it_runs_for_has_run
     ran = []
     loaded.model.blocks[1].hook_mlp_out.add_hook(lambda activation, hook: ran.append(hook.name))
     try:
-        early = DecompositionReducer(loaded, tokens, layers=[1])
+        early = DecompositionReducer(loaded, check_prompts(loaded, tokens), layers=[1])
         stream(loaded, tokens, [early], batch_size=2, progress=False)
         assert ran == []
-        whole = DecompositionReducer(loaded, tokens, layers=[1])
+        whole = DecompositionReducer(loaded, check_prompts(loaded, tokens), layers=[1])
         stream(loaded, tokens, [whole], batch_size=2, fwd_hooks=[(lambda name: False, lambda a, hook: a)],
                progress=False)
         assert ran == ["blocks.1.hook_mlp_out"] * 3

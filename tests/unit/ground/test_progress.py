@@ -67,7 +67,7 @@ CALLS = {
     "decompose": (lambda m, p: decompose.decompose(m, p), "decompose", N),
     "position_probe": (lambda m, p: probes.position_probe(m, p, ridge=1.0), "position probe", N),
     "sink_heads": (lambda m, p: sinks.sink_heads(m, p), "sink heads", N),
-    "sink_scores": (lambda m, p: sinks.sink_scores(m, p), "sink scores", N),
+    "sink_scores": (lambda m, p: sinks.sink_scores(m, checked_prompts(m, p)), "sink scores", N),
     # base + three replacements
     "bos_replacement": (lambda m, p: bos.bos_replacement(m, p), "bos replacement", 4 * N),
     "decompose_conditions": (lambda m, p: compare.decompose_conditions(

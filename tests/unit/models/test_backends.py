@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 import lens_position.models.backends.bridge as bridge_module
 from lens_position.analyses.decompose import DecompositionReducer, check_identity, decompose, visible_keys
 from lens_position.core.data import build_prompts
+from lens_position.core.inputs import check_prompts
 from lens_position.core.intervals import Bootstrap
 from lens_position.core.patch import Patch
 from lens_position.core.stream import WholeActivations, stream
@@ -193,9 +194,9 @@ def test_masked_scores_are_read_from_the_mask_whatever_value_marks_them(bridged)
     def as_finfo_min(scores, hook):
         return scores.masked_fill(~torch.isfinite(scores), torch.finfo(scores.dtype).min)
 
-    plain = DecompositionReducer(loaded, prompts, bootstrap=NO_INTERVALS)
+    plain = DecompositionReducer(loaded, check_prompts(loaded, prompts), bootstrap=NO_INTERVALS)
     stream(loaded, prompts, [plain], progress=False)
-    finfo = DecompositionReducer(loaded, prompts, bootstrap=NO_INTERVALS)
+    finfo = DecompositionReducer(loaded, check_prompts(loaded, prompts), bootstrap=NO_INTERVALS)
     stream(loaded, prompts, [finfo], fwd_hooks=[(name, as_finfo_min) for name in names], progress=False)
     a, b = plain.result().heads, finfo.result().heads
     for column in ("total", "R", "M", "C", "R_rf", "M_rf", "total_heldout"):

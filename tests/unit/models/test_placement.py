@@ -16,10 +16,9 @@ from hypothesis import strategies as st
 
 from lens_position.ground.errors import BadInputError
 from lens_position.models import load_model
-from lens_position.models.weights import model_weights_sha256, state_dict_sha256
 from lens_position.models.placement import Placement, check_bridge_takes, check_placement
-from lens_position.models.weights import weights_version
 from lens_position.models.tiny import tiny_hf_model
+from lens_position.models.weights import model_weights_sha256, state_dict_sha256, weights_version
 
 pytestmark = pytest.mark.tl4
 

@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 
 from lens_position.models import load_model
 from lens_position.models.backends import hooked_available
-from lens_position.models.weights import model_weights_sha256, weight_owners, weights_of
 from lens_position.models.family_checkpoints import write_family_checkpoint
 from lens_position.models.spec import as_loaded
 from lens_position.models.tiny import TINY_CONFIGS, tiny_hf_model
+from lens_position.models.weights import model_weights_sha256, weight_owners, weights_of
 from lens_position.pipeline.family_matrix import MATRIX_FILE, line
 
 pytestmark = pytest.mark.tl4

@@ -12,10 +12,15 @@ from lens_position.analyses.compare import compare
 from lens_position.analyses.decompose import decompose
 from lens_position.core.intervals import NO_INTERVALS
 from lens_position.ground.errors import BadInputError
-from lens_position.models.weights import DERIVED_BUFFERS, model_weights_sha256, state_dict_sha256, weights_of
 from lens_position.models.spec import as_loaded
-from lens_position.models.weights import weights_version
 from lens_position.models.toy import random_model
+from lens_position.models.weights import (
+    DERIVED_BUFFERS,
+    model_weights_sha256,
+    state_dict_sha256,
+    weights_of,
+    weights_version,
+)
 
 MODEL = random_model(n_layers=2, d_vocab=50)
 NAMES = sorted(name for name, tensor in weights_of(MODEL.model.state_dict()).items() if tensor.numel())

@@ -8,6 +8,7 @@ import itertools
 import pytest
 from fake_results import fake_results
 
+from lens_position.pipeline.steps import FIGURES
 from lens_position.report import html as report
 from lens_position.report import plots
 
@@ -52,7 +53,7 @@ def _overlap(a, b):
 
 
 def _figures():
-    return {fig.key: fig.figure for fig in report.report_figures(fake_results())}
+    return {fig.key: fig.figure for fig in report.report_figures(fake_results(), FIGURES)}  # the steps' figures too
 
 
 @pytest.mark.parametrize("key", sorted(_figures()))
