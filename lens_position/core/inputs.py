@@ -131,6 +131,9 @@ def _check_dtype_and_shape(tokens: torch.Tensor) -> torch.Tensor:
     if tokens.ndim != 2:
         raise BadInputError(f"token ids must have shape [N, T] (or [T] for one sequence), got "
                             f"{tuple(tokens.shape)}")
+    if tokens.is_meta:
+        raise BadInputError("the token ids are on the meta device, which holds shapes but no values: pass the ids "
+                            "themselves (a tensor on the CPU or the model's device)")
     if tokens.dtype in _WIDE_UNSIGNED:  # torch cannot take their min/max; an id beyond int64 wraps negative
         tokens = tokens.to(torch.int64)  # and is refused as outside the vocabulary
     return tokens

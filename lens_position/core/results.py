@@ -238,8 +238,12 @@ def _read_manifest(folder: Path) -> dict[str, Any]:
     if not isinstance(manifest, dict) or not isinstance(manifest.get("type"), str):
         raise CorruptFileError(f"{manifest_path} is not a lens_position result manifest (no 'type'); "
                                "save the result again")
-    if manifest.get("format") != FORMAT_VERSION:
-        raise BadInputError(f"{folder} was saved in format {manifest.get('format')}; this version reads "
+    saved_format = manifest.get("format")
+    if isinstance(saved_format, int) and not isinstance(saved_format, bool) and saved_format > FORMAT_VERSION:
+        raise BadInputError(f"{folder} was saved by a newer lens_position (result format {saved_format}; this version "
+                            f"reads {FORMAT_VERSION}): upgrade lens_position (pip install -U lens_position) to read it")
+    if saved_format != FORMAT_VERSION:
+        raise BadInputError(f"{folder} was saved in format {saved_format}; this version reads "
                             f"{FORMAT_VERSION} (files with content hashes): save it again with this version")
     files = manifest.get("files")
     if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):

@@ -51,6 +51,10 @@ def _strings(spec: Mapping[str, Any], key: str, default: list[Any], kind: type) 
     return value
 
 
+#: The most (model, data condition) runs one spec plans: each is a whole reproduction of one model.
+MAX_RUNS = 2_000
+
+
 def read_spec(path: Path) -> dict[str, Any]:
     """Read and check a sweep spec (BadInputError naming the problem)."""
     path = checked_path(path, "the sweep spec")
@@ -58,7 +62,7 @@ def read_spec(path: Path) -> dict[str, Any]:
         raise BadInputError(f"sweep spec {path} is a folder; pass the spec's .toml file")
     if not path.exists():
         raise BadInputError(f"sweep spec {path} does not exist")
-    text = read_text(path, "sweep spec")  # a FIFO or device is refused, never waited on
+    text = read_text(path, "sweep spec").removeprefix("\ufeff")  # a FIFO or device is refused; a BOM is dropped
     try:
         spec = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
@@ -91,9 +95,16 @@ def read_spec(path: Path) -> dict[str, Any]:
             raise BadInputError(f"sweep spec: text must be a path string, got {checked['text']!r}")
         if not checked["text"].startswith("hf:"):
             checked_path(checked["text"], "sweep spec: text")  # "" would be the spec's own folder
-        if not checked["text"].startswith("hf:") and not Path(checked["text"]).is_absolute():
-            checked["text"] = str((path.parent / checked["text"]).resolve())  # relative to the spec
+        if not checked["text"].startswith("hf:"):
+            text_path = Path(checked["text"]).expanduser()  # ~ is the user's home, as in a model's path
+            checked["text"] = str(text_path if text_path.is_absolute() else (path.parent / text_path).resolve())
     checked["models"] = [_model_from_spec(name, path.parent) for name in checked["models"]]
+    runs = len(checked["models"]) * len(checked["sources"]) * len(checked["bos"]) * len(checked["seeds"])
+    if runs > MAX_RUNS:
+        raise BadInputError(f"sweep spec {path}: {len(checked['models'])} models x {len(checked['sources'])} sources x "
+                            f"{len(checked['bos'])} BOS policies x {len(checked['seeds'])} seeds = {runs:,} runs of the "
+                            f"reproduction, more than the {MAX_RUNS:,} one spec plans; split it into several specs "
+                            "(one per model or per range of seeds), each with its own --out")
     return checked
 
 

@@ -543,3 +543,13 @@ def test_shifted_logcumsumexp_equals_torchs():
     torch.testing.assert_close(fast[finite], exact[finite], rtol=1e-13, atol=1e-13)
     for row in ((0, 0), (1, 2), (2, 1)):
         assert torch.equal(fast[row].nan_to_num(), exact[row].nan_to_num())
+
+
+def test_one_sequence_says_why_its_held_out_numbers_are_not_defined():
+    """Held-out fits need two halves of the sequences: N = 1 prints the reason beside each headline."""
+    loaded = random_model(n_layers=2, attn_types=("global", "global"))
+    result = decompose(loaded, torch.randint(0, 50, (1, 12), generator=torch.Generator().manual_seed(0)),
+                       progress=False)
+    assert result.layers["R_rf_heldout"].isna().all()
+    text = repr(result)
+    assert text.count("needs N >= 2 sequences, this ran on N = 1") == 3 and "not defined" in text

@@ -233,6 +233,33 @@ def test_a_sweep_spec_with_a_bad_seed_or_a_folder_is_refused(tmp_path):
         DataOptions(seed=2 ** 64)
 
 
+@pytest.mark.fault(area="sweeps", given="a spec saved with a UTF-8 byte-order mark, or text = \"~/corpus.txt\"",
+                   happens="read as written: the mark dropped, ~ expanded to the home folder (as in a model's path)")
+def test_a_spec_with_a_byte_order_mark_and_a_home_relative_text_is_read_as_written(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    spec = tmp_path / "sweep.toml"
+    spec.write_text('\ufeffmodels = ["tiny-llama"]\ntext = "~/corpus.txt"\n', encoding="utf-8")
+    assert read_spec(spec)["text"] == str(tmp_path / "home" / "corpus.txt")
+
+
+@pytest.mark.fault(area="sweeps", given="a spec whose grid is tens of thousands of runs",
+                   happens="refused before planning: BadInputError with the count and the route (split the spec)")
+@given(n_models=st.integers(1, 30), n_seeds=st.integers(1, 3000))
+@SETTINGS
+def test_a_sweep_grid_beyond_the_limit_is_refused_with_its_size(tmp_path, n_models, n_seeds):
+    from lens_position.pipeline.sweep import MAX_RUNS
+
+    spec = tmp_path / "grid.toml"
+    models = ", ".join(f'"hub-org/model-{k}"' for k in range(n_models))
+    spec.write_text(f"models = [{models}]\nseeds = {list(range(n_seeds))}\n")
+    runs = n_models * n_seeds
+    if runs > MAX_RUNS:
+        with pytest.raises(BadInputError, match=f"{runs:,} runs"):
+            read_spec(spec)
+    else:
+        assert len(read_spec(spec)["seeds"]) == n_seeds
+
+
 # --------------------------------------------------------------------------- 3. results and files
 
 
@@ -250,6 +277,17 @@ def test_a_table_from_another_result_is_refused(two_saved):
     shutil.copy(second / "heads.parquet", first / "heads.parquet")
     with pytest.raises(CorruptFileError, match="heads.parquet has changed"):
         Decomposition.load(first)
+
+
+@pytest.mark.fault(area="saved results", given="a result saved by a newer version (a later result format)",
+                   happens="refused with the route: upgrade lens_position to read it")
+def test_a_result_from_a_newer_version_says_to_upgrade(two_saved):
+    first, _ = two_saved
+    manifest = json.loads((first / "result.json").read_text())
+    manifest["format"] += 1
+    (first / "result.json").write_text(json.dumps(manifest))
+    with pytest.raises(BadInputError, match="newer lens_position.*upgrade"):
+        load_result(first)
 
 
 @pytest.mark.fault(area="saved results", given="a manifest that names a file outside its folder ('../other/"

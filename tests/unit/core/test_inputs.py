@@ -211,6 +211,15 @@ def test_float_token_ids_are_refused(tiny_llama):
         checked_prompts(tiny_llama, _tokens().float())
 
 
+@pytest.mark.fault(area="prompts", given="token ids on the meta device (shapes without values), any analysis",
+                   happens="refused before any forward pass: BadInputError naming the meta device")
+@pytest.mark.parametrize("analysis", sorted(ANALYSES))
+def test_token_ids_on_the_meta_device_are_refused_before_any_forward_pass(tiny_llama, forward_passes, analysis):
+    with pytest.raises(BadInputError, match="meta device"):
+        ANALYSES[analysis](tiny_llama, _tokens().to("meta"))
+    assert forward_passes == []
+
+
 @pytest.mark.fault(area="options", given="a negative or huge seed",
                    happens="refused: BadInputError with the valid range")
 @pytest.mark.parametrize("seed", [-1, 2**64, 0.5])
