@@ -175,7 +175,8 @@ class Decomposition(SavedResult):
             if stop is not None and stop < int((self.provenance.get("data") or {}).get("T") or 0)
             else ""
         )
-        n_seq = int(self.layers["n_sequences"].iloc[0]) if "n_sequences" in self.layers.columns and len(self.layers) else None
+        counted = "n_sequences" in self.layers.columns and len(self.layers)
+        n_seq = int(self.layers["n_sequences"].iloc[0]) if counted else None
         if n_seq is not None and n_seq < 2:  # held out: one half of the sequences fits, the other evaluates
             where += f": needs N >= 2 sequences, this ran on N = {n_seq}"
         out = []
