@@ -101,9 +101,10 @@ def read_spec(path: Path) -> dict[str, Any]:
     checked["models"] = [_model_from_spec(name, path.parent) for name in checked["models"]]
     runs = len(checked["models"]) * len(checked["sources"]) * len(checked["bos"]) * len(checked["seeds"])
     if runs > MAX_RUNS:
-        raise BadInputError(f"sweep spec {path}: {len(checked['models'])} models x {len(checked['sources'])} sources "
-                            f"x {len(checked['bos'])} BOS policies x {len(checked['seeds'])} seeds = {runs:,} runs of the "
-                            f"reproduction, more than the {MAX_RUNS:,} one spec plans; split it into several specs "
+        sizes = (f"{len(checked['models'])} models x {len(checked['sources'])} sources x {len(checked['bos'])} BOS "
+                 f"policies x {len(checked['seeds'])} seeds")
+        raise BadInputError(f"sweep spec {path}: {sizes} = {runs:,} runs of the reproduction, more than the "
+                            f"{MAX_RUNS:,} one spec plans; split it into several specs "
                             "(one per model or per range of seeds), each with its own --out")
     return checked
 
