@@ -23,6 +23,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from lens_position.ground.errors import ResourceError
+
 log = logging.getLogger(__name__)
 
 _CHUNK = 1 << 24
@@ -45,14 +47,30 @@ def stat_signature(path: Path) -> list[list[Any]]:
     return rows
 
 
+#: What a loader reads of a checkpoint folder (config, weights and their index, tokenizer files): a file
+#: of these this user cannot read is refused; another unreadable file is hashed by its name and size.
+_LOADED_SUFFIXES = (".json", ".safetensors", ".bin", ".model", ".pt", ".pth", ".gguf", ".tiktoken")
+_LOADED_NAMES = ("merges.txt", "vocab.txt")
+
+
 def content_sha256(path: Path) -> str:
-    """sha256 over the names and bytes of ``checkpoint_files(path)`` (read in 16 MiB chunks)."""
+    """sha256 over the names and bytes of ``checkpoint_files(path)`` (read in 16 MiB chunks). A file of
+    a folder that this user may not read and that no loader reads (notes, a README of another user) counts
+    by its name and size; one a loader reads is refused (ResourceError naming it)."""
     digest = hashlib.sha256()
     for file in checkpoint_files(path):
         digest.update(f"{file.name}|{file.stat().st_size}|".encode())
-        with file.open("rb") as handle:
-            while chunk := handle.read(_CHUNK):
-                digest.update(chunk)
+        try:
+            with file.open("rb") as handle:
+                while chunk := handle.read(_CHUNK):
+                    digest.update(chunk)
+        except PermissionError:
+            if file == path or file.name.endswith(_LOADED_SUFFIXES) or file.name in _LOADED_NAMES:
+                raise ResourceError(f"{file} cannot be read by this user (permission denied), and loading the "
+                                    "checkpoint reads it: make it readable (chmod a+r) or copy the checkpoint to a "
+                                    "folder of your own") from None
+            log.debug("%s is not readable by this user; no loader reads it: hashed by its name and size", file)
+            digest.update(b"unreadable|")
     return digest.hexdigest()
 
 

@@ -237,3 +237,30 @@ def test_a_sweep_specs_relative_model_path_is_read_from_its_folder(tmp_path, mon
     spec.write_text('models = ["./missing"]\n')
     with pytest.raises(BadInputError, match="spec's folder"):
         read_spec(spec)
+
+
+@pytest.mark.fault(area="models", given="a checkpoint folder that also holds a file this user cannot read",
+                   happens="a file no loader reads counts by its name and size; an unreadable config or weight "
+                           "file is a ResourceError naming it, with the route")
+@pytest.mark.parametrize("unreadable, refused", [("notes.txt", False), ("config.json", True),
+                                                 ("model.safetensors", True), ("merges.txt", True)])
+def test_an_unreadable_file_in_a_checkpoint_folder_is_named_or_passed_over(tmp_path, monkeypatch, unreadable, refused):
+    from lens_position.models import source_hash
+
+    for name in ("config.json", "model.safetensors", "merges.txt", "notes.txt"):
+        (tmp_path / name).write_bytes(name.encode())
+    readable = source_hash.content_sha256(tmp_path)
+    real_open = pathlib.Path.open
+
+    def denied(self, *args, **kwargs):  # as root chmod does not deny a read: the refusal is simulated
+        if self.name == unreadable:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "open", denied)
+    if refused:
+        with pytest.raises(ResourceError, match=f"{unreadable} cannot be read.*chmod"):
+            source_hash.content_sha256(tmp_path)
+    else:
+        hashed = source_hash.content_sha256(tmp_path)
+        assert hashed != readable and hashed == source_hash.content_sha256(tmp_path)
