@@ -25,6 +25,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import os
 import re
 import subprocess
 import tempfile
@@ -654,8 +655,11 @@ def check_in_browser(report: str | Path, *, screenshot: str | Path | None = None
         shot.unlink(missing_ok=True)  # so that only this launch's file counts
     with tempfile.TemporaryDirectory(prefix="lens-position-chromium-") as profile:
         args = _chromium_args(binary, profile) + ["--virtual-time-budget=30000", *shot_args, "--dump-dom", url]
+        # Chromium writes its shared memory and caches under $TMPDIR; one that names no folder (Python's
+        # tempfile then falls back to /tmp) would leave figures undrawn: it gets the folder Python uses.
+        env = {**os.environ, "TMPDIR": tempfile.gettempdir()}
         try:
-            proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)
+            proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s, env=env)
         except subprocess.TimeoutExpired as exc:
             raise BadInputError(f"Chromium did not finish rendering {report} within {timeout_s:.0f} s") from exc
     dom = proc.stdout

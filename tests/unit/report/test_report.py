@@ -160,6 +160,17 @@ def test_report_figures_hold_the_tables_numbers(report_file):
         assert trace["y"] == pytest.approx(part["fraction_removed"].tolist())
 
 
+@pytest.mark.fault(area="output folder", given="--browser-check with TMPDIR naming a folder that does not exist",
+                   happens="the check runs: Chromium gets the temporary folder Python itself falls back to")
+def test_the_browser_check_draws_every_figure_with_tmpdir_naming_no_folder(report_file, tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "no-such-folder"))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again, as a fresh process does
+    check = check_in_browser(report_file)
+    assert check.ok, check
+
+
 def test_report_opens_in_chromium_without_errors_and_draws_every_figure(report_file):
     shot = report_file.parent / "report.png"
     check = check_in_browser(report_file, screenshot=shot)
