@@ -82,6 +82,7 @@ from lens_position.core.stream import BATCH_SIZE, check_finite_activation, check
 from lens_position.core.summaries import Headline, layer_mean
 from lens_position.ground import provenance
 from lens_position.ground.errors import BadInputError, UnsupportedArchitectureError
+from lens_position.models.pass_memory import check_pass_fits
 from lens_position.models.spec import LoadedModel, public
 
 __all__ = ["COMPONENTS", "HEAD_COLUMNS", "HEAD_REPLICATE_COMPONENTS", "INTERVAL_COLUMNS", "MAX_GROUPS", "Decomposition",
@@ -275,6 +276,7 @@ class DecompositionReducer:
         self.seed = checked.spec.seed
         self.layers, self.query_start, self.query_stop = _check_options(self.loaded, tokens, layers, query_range, keys)
         self.length = tokens.shape[1]
+        check_pass_fits(loaded.backend, 1, self.length)  # before the design, which grows with T² as the pass does
         self.keys, self.bins, self.bootstrap = keys, bins, bootstrap
         n_seq = tokens.shape[0]
         self.n_groups = 2 if not bootstrap.enabled else max(2, min(n_seq + n_seq % 2, MAX_GROUPS))

@@ -136,6 +136,20 @@ def test_a_pass_that_cannot_fit_is_refused_before_it_starts(backend, small_devic
         loaded.backend.forward(torch.zeros(1, loaded.spec.n_ctx + 1, dtype=torch.long), return_type=None)
 
 
+def test_a_decomposition_that_cannot_fit_is_refused_before_its_design_is_built(small_device, monkeypatch):
+    """The pair design grows with T² as the pass does: a length no pass can hold is refused before it."""
+    from lens_position.analyses.engine import design
+
+    built = []
+    real = design.PairDesign.build
+    monkeypatch.setattr(design.PairDesign, "build", staticmethod(lambda *a, **k: built.append(1) or real(*a, **k)))
+    loaded = load_model("tiny-llama")
+    with pytest.raises(ResourceError, match="1 sequence of 256 positions"):
+        decompose(loaded, build_prompts(loaded, N=2, T=256, source="random", seed=0), bootstrap=NO_INTERVALS,
+                  progress=False)
+    assert built == []
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_pass_that_may_not_fit_is_warned_about_and_runs(backend, monkeypatch):
     loaded = load_model("tiny-llama", backend=backend)
