@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from lens_position.ground.errors import CorruptFileError
+from lens_position.ground.errors import CorruptFileError, UnsupportedArchitectureError
 
 # No decoder has more; a header above it is refused before the model is built.
 MAX_LAYERS = 4096
@@ -174,6 +174,12 @@ def _gguf_value(reader: Any, name: str) -> Any:
     return part.tolist()[0] if hasattr(part, "tolist") else part
 
 
+#: GGUF architectures (``general.architecture``) of encoders and encoder-decoders, named by llama.cpp:
+#: a file of one is a model of another kind, not a damaged decoder.
+ENCODER_GGUF_ARCHITECTURES = frozenset({"bert", "roberta", "xlm-roberta", "nomic-bert", "nomic-bert-moe",
+                                        "jina-bert-v2", "modern-bert", "neo-bert", "t5", "t5encoder"})
+
+
 def check_gguf_sizes(path: Path) -> None:
     """CorruptFileError unless the GGUF header's sizes are those of a model and its block count is
     that of the blocks whose tensors the file holds (the header and the tensor index only are read)."""
@@ -189,6 +195,10 @@ def check_gguf_sizes(path: Path) -> None:
     arch = _gguf_value(reader, "general.architecture")
     if not isinstance(arch, str):
         raise CorruptFileError(f"{source}: the GGUF header names no architecture (general.architecture)")
+    if arch in ENCODER_GGUF_ARCHITECTURES or arch.endswith("-bert"):
+        raise UnsupportedArchitectureError(
+            f"{source}: a GGUF of {arch!r}, an encoder (or encoder-decoder) model; lens_position measures decoder-only "
+            "models, whose causal mask it decomposes: load a decoder GGUF (Llama, Mistral, Qwen2, Gemma-3, ...)")
     blocks = _bounded(f"{arch}.block_count", _gguf_value(reader, f"{arch}.block_count"), MAX_LAYERS, source)
     _bounded(f"{arch}.attention.head_count", _gguf_value(reader, f"{arch}.attention.head_count"), MAX_HEADS,
              source)

@@ -128,3 +128,24 @@ def test_the_tensor_name_map_is_built_once_per_architecture_inside_the_block():
         assert gguf.get_tensor_name_map(arch, 3) is not first
         assert first.mapping == original(arch, 2).mapping
     assert gguf.get_tensor_name_map is original
+
+
+@pytest.mark.fault(area="models", given="a GGUF of an encoder (BERT, T5, nomic-bert), intact",
+                   happens="refused by name as another kind of model (UnsupportedArchitectureError), not called "
+                           "damaged")
+@pytest.mark.parametrize("arch", ["bert", "nomic-bert", "t5encoder", "jina-bert-v2"])
+def test_an_encoder_gguf_is_named_as_such_not_called_damaged(tmp_path, arch):
+    from lens_position.ground.errors import UnsupportedArchitectureError
+    from lens_position.models.checkpoint_checks import check_gguf_sizes
+
+    path = tmp_path / f"{arch}.gguf"
+    writer = gguf.GGUFWriter(str(path), arch)
+    for key, value in (("block_count", 2), ("attention.head_count", 2), ("embedding_length", 8)):
+        writer.add_uint32(f"{arch}.{key}", value)
+    writer.add_tensor("token_embd.weight", np.zeros((10, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(UnsupportedArchitectureError, match=f"{arch!r}, an encoder.*decoder-only"):
+        check_gguf_sizes(path)
