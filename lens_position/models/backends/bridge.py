@@ -165,6 +165,22 @@ def ungroup_kv(hf_model: torch.nn.Module) -> int:
     return n_kv
 
 
+def _broken_assumption(hf_model: Any, exc: AssertionError) -> str:
+    """Why TransformerLens's bridge refused ``hf_model`` with an assertion: where it was made (its adapter's
+    file and line, and the check), and the config switches that usually break it."""
+    import traceback
+
+    frame = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ is not None else None
+    where = f" ({frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}: {frame.line})" if frame is not None else ""
+    config = hf_model.config
+    switches = {name: getattr(config, name) for name in ("attention_bias", "use_bias", "bias", "mlp_bias",
+                                                         "tie_word_embeddings") if hasattr(config, name)}
+    return (f"TransformerBridge cannot host this {getattr(config, 'model_type', None)!r} checkpoint: its adapter "
+            f"assumes what the checkpoint does not hold{where}; its config has {switches}. A variant of the family "
+            "(attention without biases, say) that TransformerLens's adapter does not cover; load a checkpoint of "
+            "the family's published shape, or see docs/howto/load-a-model.md for the families each backend hosts")
+
+
 def boot_bridge(hf_model: torch.nn.Module, tokenizer: Any, *, name: str, device: str = "cpu",
                 dtype: torch.dtype = torch.float32, prepends_bos: bool = False, check_scores: bool = True) -> Any:
     """A ``TransformerBridge`` over ``hf_model`` (K/V ungrouped, compatibility mode without weight
@@ -201,6 +217,8 @@ def boot_bridge(hf_model: torch.nn.Module, tokenizer: Any, *, name: str, device:
             raise UnsupportedArchitectureError(
                 f"TransformerBridge does not support {architectures} (model_type "
                 f"{getattr(hf_model.config, 'model_type', None)!r}: {str(exc).split('. ')[0][:160]}).") from exc
+        except AssertionError as exc:  # an assumption of TransformerLens's adapter this checkpoint breaks
+            raise UnsupportedArchitectureError(_broken_assumption(hf_model, exc)) from exc
         bridge.enable_compatibility_mode(no_processing=True)
     if tokenizer is not None:
         if tokenizer.padding_side is None:

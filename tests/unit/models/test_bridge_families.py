@@ -159,3 +159,20 @@ def test_dynamic_ntk_within_its_context_is_plain_rope_and_beyond_it_is_refused(f
 def test_ntk_options_on_an_already_scaled_rope_are_refused(folders):
     with pytest.raises(BadInputError, match="already scaled"):
         load_model(str(folders["llama-linear"]), backend="bridge", ntk_alpha=2.0)
+
+
+@pytest.mark.fault(area="models", given="a GPT-NeoX checkpoint without attention biases (attention_bias=False) on "
+                                        "the bridge", happens="computes what Hugging Face computes, or is refused by "
+                                        "name (UnsupportedArchitectureError: the adapter's assumption, where, the "
+                                        "config switches), never TransformerLens's bare AssertionError")
+def test_a_family_variant_the_bridge_does_not_cover_is_refused_by_name_or_exact(tmp_path):
+    from lens_position.models.family_checkpoints import write_family_checkpoint
+
+    folder = write_family_checkpoint("gpt_neox", tmp_path / "neox", attention_bias=False)
+    try:
+        loaded = load_model(str(folder), backend="bridge")
+    except UnsupportedArchitectureError as error:
+        assert "'gpt_neox'" in str(error) and "attention_bias" in str(error) and "assumes" in str(error)
+        return
+    prompts = build_prompts(loaded, N=2, T=T, source="random", seed=0)
+    _agrees_with_hugging_face(loaded, folder, prompts.tokens)
