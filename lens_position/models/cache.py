@@ -41,10 +41,12 @@ The default location is ``~/.cache/lens_position``.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import time
 import uuid
@@ -296,6 +298,18 @@ def discard_entry(entry: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
+def _save_weights(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """``save_file``, its failed write (safetensors raises its own SafetensorError, naming the OS error:
+    a full disk, a quota) as the ``OSError`` it is, so the load goes on without the cache."""
+    try:
+        save_file(tensors, path)
+    except Exception as error:
+        if type(error).__name__ != "SafetensorError":
+            raise
+        code = re.search(r"os error (\d+)", str(error))
+        raise OSError(int(code.group(1)) if code else errno.EIO, str(error), str(path)) from error
+
+
 def write_entry(entry: Path, identity: dict[str, Any], cfg: dict[str, Any],
                 state_dict: dict[str, torch.Tensor], tokenizer: Any,
                 extra_meta: dict[str, Any]) -> str:
@@ -309,7 +323,7 @@ def write_entry(entry: Path, identity: dict[str, Any], cfg: dict[str, Any],
     tmp.mkdir()
     try:
         tensors, layouts = stored_layouts(state_dict)
-        save_file(tensors, tmp / "weights.safetensors")
+        _save_weights(tensors, tmp / "weights.safetensors")
         sha = state_dict_sha256(state_dict)
         cfg_json = _cfg_to_json(cfg)
         (tmp / "hooked_config.json").write_text(json.dumps(cfg_json, indent=1))

@@ -152,6 +152,30 @@ def test_an_unwritable_weight_cache_loads_the_model_with_a_warning(tmp_path, mon
     assert loaded.spec.weights_sha256 == load_model("tiny-qwen2").spec.weights_sha256
 
 
+@pytest.mark.fault(area="weight cache", given="the weight cache's disk filling up while its weights are written",
+                   happens="the model loads without the cache, with a warning naming the entry's folder")
+def test_a_full_disk_while_writing_the_weight_cache_loads_the_model_with_a_warning(tmp_path, monkeypatch, caplog):
+    from safetensors import SafetensorError
+
+    from lens_position.models import cache, load_model
+    from lens_position.models.tiny import tiny_hf_model
+
+    hf_model, tokenizer = tiny_hf_model("tiny-qwen2")
+    hf_model.save_pretrained(tmp_path / "ckpt")
+    tokenizer.save_pretrained(tmp_path / "ckpt")
+
+    def full(*args, **kwargs):
+        raise SafetensorError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "
+                              "\"No space left on device\" }) (os error 28)")
+
+    monkeypatch.setattr(cache, "save_file", full)
+    monkeypatch.setenv("LENS_POSITION_CACHE", str(tmp_path / "cache"))
+    with caplog.at_level("WARNING"):
+        loaded = load_model(str(tmp_path / "ckpt"))
+    assert not loaded.spec.extra["from_cache"] and str(tmp_path / "cache") in caplog.text
+    assert "internal error" not in caplog.text and not list((tmp_path / "cache").glob("*/meta.json"))
+
+
 def cli(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "lens_position.cli.commands", *args], capture_output=True,
                           text=True, cwd=cwd, timeout=600,
