@@ -513,7 +513,8 @@ def _main(args: argparse.Namespace, argv: Sequence[str] | None, started: float) 
         if args.debug:
             raise
         if isinstance(error, OSError) and not isinstance(error, LensPositionError):
-            error = resource_error(error, doing=f"running `{args.command}`")  # no raw [Errno ...] text
+            into = f" into --out {args.out}" if getattr(args, "out", None) else ""  # the folder the run writes
+            error = resource_error(error, doing=f"running `{args.command}`{into}")  # no raw [Errno ...] text
         if not getattr(error, "all_input_errors", True):  # a failed step hit a bug, not bad input
             print(f"lens-position: internal error: {_one_line(error)} (rerun with --debug for the traceback "
                   "and please report it)", file=sys.stderr)

@@ -288,3 +288,19 @@ def test_an_unreadable_file_in_a_checkpoint_folder_is_named_or_passed_over(tmp_p
     else:
         hashed = source_hash.content_sha256(tmp_path)
         assert hashed != readable and hashed == source_hash.content_sha256(tmp_path)
+
+
+@pytest.mark.fault(area="output folder", given="the disk filling up during a run, the OS error naming no file",
+                   happens="exit 1 with one sentence naming the run's --out folder; never a raw [Errno]")
+def test_a_full_disk_during_a_run_names_the_out_folder(tmp_path, monkeypatch, capsys):
+    from lens_position.cli.commands import main
+    from lens_position.pipeline import runner
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(runner, "run", full)
+    out = tmp_path / "out"
+    assert main(["fingerprint", "tiny-llama", "--out", str(out), "--quick"]) == 1
+    error = capsys.readouterr().err
+    assert "is full" in error and f"--out {out}" in error and "Errno" not in error
