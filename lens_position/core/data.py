@@ -51,7 +51,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 from lens_position.core.checks import check_count, check_seed
-from lens_position.ground.errors import BadInputError
+from lens_position.ground.errors import BadInputError, ResourceError
+from lens_position.ground.memory import host_available_bytes
 from lens_position.models.backends import is_model, vocabulary_size
 from lens_position.models.corpus import read_corpus
 from lens_position.models.spec import LoadedModel, ModelLike, tokenizer_prepends_bos, tokenizer_sha256
@@ -295,6 +296,22 @@ def _natural_windows(tokenizer: Any, text: str | None, corpus: str | os.PathLike
     return body, corpus_fields
 
 
+#: Token tensors a prompt set holds at once while it is built (the draw, its indexing, the BOS column joined).
+_BUILD_COPIES = 3
+
+
+def _check_tokens_fit(N: int, T: int, available: int | None) -> None:
+    """ResourceError when ``N`` sequences of ``T`` int64 tokens cannot be built in ``available`` bytes of
+    host memory (None: unknown, not checked), with the largest ``N`` that fits."""
+    needed = _BUILD_COPIES * N * T * 8
+    if available is None or needed <= available:
+        return
+    fits = available // (_BUILD_COPIES * T * 8)
+    raise ResourceError(f"N = {N:,} sequences of T = {T:,} tokens need about {needed / 2**30:,.1f} GiB while they are "
+                        f"built, and the host has {available / 2**30:,.1f} GiB available: use N <= {fits:,}, or a "
+                        "machine with more memory")
+
+
 def build_prompts(
     model_or_tokenizer: ModelLike | PreTrainedTokenizerBase,
     *,
@@ -327,6 +344,7 @@ def build_prompts(
     if source not in ("natural", "random", "repeated"):
         raise BadInputError(f"source must be 'natural', 'random' or 'repeated', got {source!r}")
     N, T, seed = check_count("N", N), check_count("T", T), check_seed(seed)
+    _check_tokens_fit(N, T, host_available_bytes())
     bos_id = getattr(tokenizer, "bos_token_id", None) if tokenizer is not None else spec_bos
     vocab = model_vocab if model_vocab is not None else len(tokenizer)
     if tokenizer is not None and model_vocab is not None:

@@ -1,10 +1,14 @@
 """Prompt sets: sources, BOS policies, determinism and the errors a user can act on."""
 
+import re
+
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lens_position.core.data import build_prompts, default_corpus, load_corpus, tokenizer_prepends_bos
-from lens_position.ground.errors import BadInputError
+from lens_position.ground.errors import BadInputError, ResourceError
 from lens_position.models.toy import BOS_TOKEN_ID, random_model
 
 
@@ -107,3 +111,29 @@ def test_models_without_tokenizer_get_random_tokens_and_a_chosen_bos():
     assert (prompts.tokens[:, 1:] != BOS_TOKEN_ID).all()
     with pytest.raises(BadInputError, match="tokenizer"):
         build_prompts(loaded, source="natural")
+
+
+@pytest.mark.fault(area="options", given="N or T so large that the prompt set cannot be built (--N 1000000000)",
+                   happens="refused before allocating: ResourceError with the largest N that fits, never the "
+                           "allocator's raw error")
+@given(N=st.integers(1, 10**10), T=st.integers(2, 10**6), available=st.integers(0, 2**40))
+@settings(max_examples=200, deadline=None)
+def test_a_prompt_set_is_refused_exactly_when_it_cannot_be_built_and_the_route_fits(N, T, available):
+    from lens_position.core import data
+
+    needed = data._BUILD_COPIES * N * T * 8
+    if needed <= available:
+        data._check_tokens_fit(N, T, available)
+        return
+    with pytest.raises(ResourceError, match=r"use N <= ([\d,]+)") as error:
+        data._check_tokens_fit(N, T, available)
+    fits = int(re.search(r"use N <= ([\d,]+)", str(error.value)).group(1).replace(",", ""))
+    assert fits < N and data._BUILD_COPIES * fits * T * 8 <= available < data._BUILD_COPIES * (fits + 1) * T * 8
+
+
+def test_build_prompts_refuses_a_set_the_host_cannot_hold(monkeypatch):
+    from lens_position.core import data
+
+    monkeypatch.setattr(data, "host_available_bytes", lambda: 1 << 20)
+    with pytest.raises(ResourceError, match="N <= 341"):
+        build_prompts(random_model(n_layers=1), source="random", T=128, N=10**6, bos="none")
