@@ -6,11 +6,18 @@ A save writes ``.<name>.new-<pid>-<random>`` next to ``<name>``; when complete, 
 one removed. Each step is a rename, atomic on one file system. A kill between the two renames
 leaves no ``<name>``, but a complete ``.new`` (and the ``.old``) beside it: :func:`recover`, run by
 the next save or load of that path, renames the newest complete one into place and removes the
-temporaries whose writer is gone (a live writer's, named by its running process id, are left alone).
+temporaries whose writer is gone (a live writer's, named by its running process id, are left alone;
+so are this process's own, another thread's save in progress: a temporary's name carries a token of
+the process that made it, so a later process given the same id takes it for a dead writer's).
+
+A ``<name>`` that is a symbolic link stands for the folder it points to: the save is written beside
+that folder and swapped in there, and the link is left as it is (``--out`` through a link writes into
+its target the same way).
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -23,11 +30,19 @@ from lens_position.ground.files import pid_alive
 log = logging.getLogger(__name__)
 
 NEW, OLD = "new", "old"
+#: This process's token, the first 8 hex digits of its temporaries' random part (module docstring).
+_PROCESS = uuid.uuid4().hex[:8]
+
+
+def through_link(folder: Path) -> Path:
+    """``folder``, or the folder it points to when it is a symbolic link (module docstring)."""
+    return Path(os.path.realpath(folder)) if folder.is_symlink() else folder
 
 
 def temporary(folder: Path, kind: str) -> Path:
-    """``.<name>.<kind>-<pid>-<random>`` beside ``folder`` (not created)."""
-    return folder.parent / f".{folder.name}.{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    """``.<name>.<kind>-<pid>-<process token><random>`` beside ``folder`` (not created)."""
+    folder = through_link(folder)
+    return folder.parent / f".{folder.name}.{kind}-{os.getpid()}-{_PROCESS}{uuid.uuid4().hex[:8]}"
 
 
 def _temporaries(folder: Path, kind: str) -> list[Path]:
@@ -35,24 +50,47 @@ def _temporaries(folder: Path, kind: str) -> list[Path]:
 
 
 def _writer_alive(path: Path) -> bool:
+    """Whether the save that made ``path`` may still run: this process's (another thread's), or one of a
+    running process other than this one (the same id with another token is a dead writer's)."""
     fields = path.name.rsplit("-", 2)
-    return len(fields) == 3 and fields[1].isdigit() and int(fields[1]) != os.getpid() and pid_alive(int(fields[1]))
+    if len(fields) != 3 or not fields[1].isdigit():
+        return False
+    if int(fields[1]) == os.getpid():
+        return fields[2].startswith(_PROCESS)
+    return pid_alive(int(fields[1]))
+
+
+#: How often a swap tries again when another save (a thread of this process, another process) put its
+#: folder in place between this one's two renames: each try moves that folder aside in turn.
+_SWAP_TRIES = 64
 
 
 def swap_in(staging: Path, folder: Path) -> None:
     """Put the complete folder ``staging`` at ``folder``: the old one renamed aside, the new one
-    renamed in, then the old one removed. Should the second rename fail, the old one is put back."""
-    aside = None
-    if folder.exists():
-        aside = temporary(folder, OLD)
-        os.rename(folder, aside)
-    try:
-        os.rename(staging, folder)
-    except OSError:
-        if aside is not None and not folder.exists():
-            os.rename(aside, folder)
-        raise
-    if aside is not None:
+    renamed in, then the old one removed. Should the second rename fail, the old one is put back.
+    Saves racing for one path each land whole, the last one to rename staying in place."""
+    folder = through_link(folder)
+    asides: list[Path] = []
+    for _ in range(_SWAP_TRIES):
+        if folder.exists():
+            aside = temporary(folder, OLD)
+            try:
+                os.rename(folder, aside)
+                asides.append(aside)
+            except FileNotFoundError:  # another save moved it aside first
+                pass
+        try:
+            os.rename(staging, folder)
+            break
+        except OSError as error:
+            if error.errno in (errno.ENOTEMPTY, errno.EEXIST) and staging.exists():
+                continue  # another save renamed its folder in meanwhile: move that one aside too
+            if asides and not folder.exists():
+                os.rename(asides.pop(), folder)
+            raise
+    else:
+        raise OSError(errno.EBUSY, f"{_SWAP_TRIES} other saves replaced it while this one was swapped in", str(folder))
+    for aside in asides:
         shutil.rmtree(aside, ignore_errors=True)
 
 
@@ -61,6 +99,7 @@ def recover(folder: Path, complete: Callable[[Path], bool]) -> Path | None:
     ``.new`` temporary (else the newest complete ``.old``) is renamed into place; then every
     temporary whose writer is gone is removed. Returns the temporary put in place, if any.
     ``complete(path)`` says whether a temporary holds a whole, verified result."""
+    folder = through_link(folder)
     restored = None
     if not folder.exists():
         for kind in (NEW, OLD):

@@ -188,9 +188,24 @@ def current_umask() -> int:
 
 
 def _check_replaceable(folder: Path) -> None:
-    """BadInputError unless ``folder`` is absent, or holds a saved result and only its files."""
-    if not folder.exists():
-        return
+    """BadInputError unless ``folder`` is absent, or holds a saved result and only its files. A folder
+    another save swaps out while it is read (a thread of this process, another process) is read again."""
+    for _ in range(64):
+        try:
+            identity = folder.stat().st_ino
+        except FileNotFoundError:
+            return
+        try:
+            return _check_holds_only_a_result(folder)
+        except (LensPositionError, OSError):
+            try:
+                if folder.stat().st_ino == identity:
+                    raise  # the same folder: its contents are the reason
+            except FileNotFoundError:
+                return  # moved aside by another save: nothing here to refuse
+
+
+def _check_holds_only_a_result(folder: Path) -> None:
     if not folder.is_dir():
         raise BadInputError(f"{folder} is a file, not a folder: choose a new path for the result")
     if not (folder / MANIFEST).is_file():

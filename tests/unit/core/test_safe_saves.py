@@ -196,3 +196,53 @@ def test_a_live_writers_temporary_is_never_taken(tmp_path):
     NEW.save(folder)
     assert live.is_dir()
     assert folder_swap.recover(folder, lambda path: True) is None and live.is_dir()
+
+
+@pytest.mark.fault(area="saved results", given="Result.save through a symbolic link to an earlier result "
+                                               "(result.save('latest'), latest -> runs/a), or a dangling one",
+                   happens="written into the link's target, the link kept; nothing left beside either")
+def test_a_save_through_a_link_writes_into_its_target_and_keeps_the_link(tmp_path):
+    target = tmp_path / "runs" / "a"
+    OLD.save(target)
+    link = tmp_path / "latest"
+    link.symlink_to(target, target_is_directory=True)
+    assert NEW.save(link) == link
+    assert link.is_symlink() and Path(os.path.realpath(link)) == target
+    assert which(target) == which(link) == "new"
+    assert not temporaries(target) and not temporaries(link)
+    dangling = tmp_path / "next"
+    dangling.symlink_to(tmp_path / "runs" / "b", target_is_directory=True)
+    OLD.save(dangling)
+    assert dangling.is_symlink() and which(tmp_path / "runs" / "b") == "old" and not temporaries(dangling)
+
+
+@pytest.mark.fault(area="saved results", given="threads of one process saving to one path at once",
+                   happens="every save lands whole (the last one stays); none fails, nothing is left behind")
+@given(n_threads=st.integers(2, 6), saves=st.integers(1, 3), seed=st.integers(0, 2**16))
+@settings(max_examples=12, deadline=None)
+def test_threads_saving_to_one_path_each_land_whole(tmp_path_factory, n_threads, saves, seed):
+    import threading
+
+    folder = tmp_path_factory.mktemp("threads") / "run"
+    OLD.save(folder)
+    errors: list[BaseException] = []
+    start = threading.Barrier(n_threads)
+    rng = random.Random(seed)
+    pauses = [[rng.random() * 0.002 for _ in range(saves)] for _ in range(n_threads)]
+
+    def work(k: int) -> None:
+        start.wait()
+        for pause in pauses[k]:
+            time.sleep(pause)
+            try:
+                (NEW if (k + len(pauses[k])) % 2 else OLD).save(folder)
+            except BaseException as error:  # noqa: BLE001 - every failure is the test's to report
+                errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(n_threads)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert which(folder) in ("old", "new") and not temporaries(folder)
