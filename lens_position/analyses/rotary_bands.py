@@ -90,20 +90,23 @@ class Band:
 
 
 @public
-def rotary_frequencies(loaded: LoadedModel, layer: int) -> Float[torch.Tensor, "pair"]:
+def rotary_frequencies(loaded: LoadedModel, layer: int, length: int | None = None) -> Float[torch.Tensor, "pair"]:
     """The angular frequency of every rotated pair of ``layer`` (radians per position, pair
     ``k`` = dimensions ``k`` and ``k + rotary_dim/2``, or ``2k, 2k+1`` with adjacent pairs), read
-    from the layer's rotary tables: the angle a vector turns through from position 0 to 1."""
-    return loaded.backend.rotary_layout(layer).frequencies
+    from the layer's rotary tables: the angle a vector turns through from position 0 to 1. With
+    ``length``: those the model rotates a prompt of that many positions with (LongRoPE past its
+    original context, dynamic NTK past the context: other frequencies than a short prompt's)."""
+    return loaded.backend.rotary_layout(layer, length).frequencies
 
 
-def frequency_bands(loaded: LoadedModel, layer: int, n_bands: int = DEFAULT_BANDS
+def frequency_bands(loaded: LoadedModel, layer: int, n_bands: int = DEFAULT_BANDS, length: int | None = None
                     ) -> list[Band]:
     """The layer's dimensions grouped into ``n_bands`` bands of contiguous frequency index
     (pairs split as evenly as they go, fastest first), plus the unrotated band when
-    ``rotary_dim < d_head``."""
+    ``rotary_dim < d_head``; each band's frequencies those of prompts of ``length`` positions
+    (:func:`rotary_frequencies`)."""
     n_bands = check_count("n_bands", n_bands)
-    layout = loaded.backend.rotary_layout(layer)
+    layout = loaded.backend.rotary_layout(layer, length)
     frequencies = layout.frequencies
     n_pairs = len(frequencies)
     if n_bands > n_pairs:
@@ -155,8 +158,9 @@ class BandReducer:
         self.full = DecompositionReducer(self.loaded, prompts, layers=layers, query_range=query_range,
                                          keys="all", bins=bins, bootstrap=bootstrap)
         self.layers = self.full.layers
-        self.layouts = {layer: self.loaded.backend.rotary_layout(layer) for layer in self.layers}
-        self.bands = {layer: frequency_bands(self.loaded, layer, n_bands) for layer in self.layers}
+        length = self.full.length  # the frequencies these prompts are rotated with (LongRoPE, dynamic NTK)
+        self.layouts = {layer: self.loaded.backend.rotary_layout(layer, length) for layer in self.layers}
+        self.bands = {layer: frequency_bands(self.loaded, layer, n_bands, length) for layer in self.layers}
         if any(layout.soft_cap for layout in self.layouts.values()):
             raise UnsupportedArchitectureError(
                 "this model soft-caps its attention scores (attn_scores_soft_cap > 0): the scores are then not "

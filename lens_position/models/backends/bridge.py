@@ -165,6 +165,33 @@ def ungroup_kv(hf_model: torch.nn.Module) -> int:
     return n_kv
 
 
+#: The RoPE types whose frequencies depend on the prompt's length (Hugging Face recomputes them per pass).
+_LENGTH_DEPENDENT = ("longrope", "dynamic")
+
+
+def _frequencies_at(config: Any, probed: torch.Tensor, length: int) -> torch.Tensor:
+    """The rotary frequencies a model of ``config`` rotates a prompt of ``length`` positions with, from
+    Hugging Face's own RoPE functions: ``probed`` (read off a short run) where they do not depend on the
+    length; LongRoPE's long factors past its original context, dynamic NTK's base past the context.
+    Refused (UnsupportedArchitectureError) where those functions do not give ``probed`` at a short length:
+    the mapping is then not the one assumed."""
+    parameters = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    rope_type = (parameters.get("rope_type") or parameters.get("type")) if isinstance(parameters, dict) else None
+    if rope_type not in _LENGTH_DEPENDENT:
+        return probed
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    init = ROPE_INIT_FUNCTIONS[rope_type]
+    short, _ = init(config, "cpu")
+    if short.shape != probed.shape or not torch.allclose(short.to(torch.float64), probed.to(torch.float64),
+                                                         rtol=1e-4, atol=1e-7):
+        raise UnsupportedArchitectureError(
+            f"the {rope_type} RoPE of this model: Hugging Face's frequencies for it are not those its layers "
+            "rotate with on a short run, so the frequencies at a prompt's length cannot be read reliably")
+    at_length, _ = init(config, "cpu", seq_len=length)
+    return at_length.to(probed.dtype)
+
+
 def _broken_assumption(hf_model: Any, exc: AssertionError) -> str:
     """Why TransformerLens's bridge refused ``hf_model`` with an assertion: where it was made (its adapter's
     file and line, and the check), and the config switches that usually break it."""
@@ -610,7 +637,7 @@ class BridgeBackend:
             self.forward(tokens, stop_at_layer=stop_at_layer, return_type=None)
         return cache
 
-    def rotary_layout(self, layer: int) -> RotaryLayout:
+    def rotary_layout(self, layer: int, length: int | None = None) -> RotaryLayout:
         """Layer ``layer``'s RoPE as the Hugging Face module applies it: the ``cos``/``sin`` tables the
         bridge passes to that layer (``hook_cos``/``hook_sin``, position 1 of a short run), in either
         table layout (halves, or each frequency twice in a row), with the pairs (``k, k + rotary_dim/2``
@@ -618,7 +645,9 @@ class BridgeBackend:
         the rotated ``q`` (after any query norm); where the bridge fires no ``hook_rot_q`` (fused QKV),
         ``q`` and ``k`` rotated here must give the layer's ``hook_attn_scores``. Neither pair layout
         matching is an UnsupportedArchitectureError; a layer that leaves ``q`` unrotated (per-layer
-        NoPE) has no rotary embedding. ``scale`` is ``1 / scaling`` of the HF attention module."""
+        NoPE) has no rotary embedding. ``scale`` is ``1 / scaling`` of the HF attention module. With
+        ``length``, the frequencies are those the model rotates prompts of that length with
+        (:func:`_frequencies_at`: LongRoPE's long factors past its original context, dynamic NTK)."""
         probe = self._rotary_probe(layer)
         rotary_dim, interleaved_table, frequencies = _table_layout(probe.cos, probe.sin, layer)
         scale, cap = self._scale_and_cap(layer)
@@ -628,7 +657,8 @@ class BridgeBackend:
                                   soft_cap=cap, query_hooks=hooks, rotated_here=probe.rotated_here,
                                   interleaved_table=interleaved_table)
             if probe.matches(layout):
-                return layout
+                return layout if length is None else dataclasses.replace(
+                    layout, frequencies=_frequencies_at(self.model.original_model.config, layout.frequencies, length))
         what = ("hook_rot_q is not the query rotated by the layer's cos/sin tables" if not probe.rotated_here else
                 "the queries and keys rotated by the layer's cos/sin tables do not give its hook_attn_scores")
         raise UnsupportedArchitectureError(

@@ -124,9 +124,10 @@ class HookedBackend:
                                                  stop_at_layer=stop_at_layer)
         return {name: cache[name] for name in names if name in cache.cache_dict}
 
-    def rotary_layout(self, layer: int) -> RotaryLayout:
+    def rotary_layout(self, layer: int, length: int | None = None) -> RotaryLayout:
         """Layer ``layer``'s RoPE from its own tables (``rotary_sin``/``rotary_cos`` at position 1)
-        and config; UnsupportedArchitectureError where the layer has no rotary embedding."""
+        and config; UnsupportedArchitectureError where the layer has no rotary embedding. A hooked
+        model's tables do not depend on the prompt's ``length``."""
         cfg = self.model.cfg
         attn = self.model.blocks[layer].attn
         if cfg.positional_embedding_type != "rotary" or not hasattr(attn, "rotary_sin"):

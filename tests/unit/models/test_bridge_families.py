@@ -176,3 +176,33 @@ def test_a_family_variant_the_bridge_does_not_cover_is_refused_by_name_or_exact(
         return
     prompts = build_prompts(loaded, N=2, T=T, source="random", seed=0)
     _agrees_with_hugging_face(loaded, folder, prompts.tokens)
+
+
+LONGROPE = {"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.3], "long_factor": [1.5, 2.0, 3.0, 4.0],
+            "original_max_position_embeddings": 16}
+
+
+@pytest.mark.fault(area="models", given="a LongRoPE checkpoint (Phi-3-128k's shape) used beyond its original context",
+                   happens="the rotary bands read the long factors the model rotates those prompts with (the short "
+                           "ones within the original context), checked against the model's own cos/sin")
+@pytest.mark.parametrize("length", [12, T])
+def test_longrope_bands_read_the_frequencies_the_model_rotates_the_prompts_with(tmp_path, length):
+    from lens_position.analyses.rotary_bands import frequency_bands, rotary_frequencies
+
+    config = transformers.Phi3Config(**{**SMALL, "max_position_embeddings": 64}, rope_scaling=dict(LONGROPE),
+                                     original_max_position_embeddings=16)
+    loaded = load_model(str(_save(tmp_path / "longrope", config, transformers.Phi3ForCausalLM)), backend="bridge")
+    frequencies = rotary_frequencies(loaded, 0, length).to(torch.float64)
+    factors = LONGROPE["long_factor" if length > 16 else "short_factor"]
+    d_head = loaded.spec.d_head
+    expected = 1.0 / (torch.tensor(factors, dtype=torch.float64)
+                      * 10_000.0 ** (torch.arange(0, d_head, 2, dtype=torch.float64) / d_head))
+    assert torch.allclose(frequencies, expected, rtol=1e-5)
+    name = "blocks.0.attn.hook_cos"  # the model's own table on a prompt of this length, at position 1
+    tokens = build_prompts(loaded, N=1, T=length, source="random", seed=0).tokens
+    cos = loaded.backend.run_with_cache(tokens, [name], stop_at_layer=1)[name].reshape(-1, d_head)[1]
+    sin_name = "blocks.0.attn.hook_sin"
+    sin = loaded.backend.run_with_cache(tokens, [sin_name], stop_at_layer=1)[sin_name].reshape(-1, d_head)[1]
+    assert torch.allclose(torch.atan2(sin, cos)[: d_head // 2].to(torch.float64), expected, rtol=1e-4)
+    bands = frequency_bands(loaded, 0, 2, length)
+    assert bands[0].inv_freq_max == pytest.approx(float(expected.max()), rel=1e-5)
