@@ -134,20 +134,27 @@ def test_each_errno_reads_as_a_sentence_with_a_route():
     assert "out of memory" in str(resource_error(MemoryError()))
 
 
+def _tiny_checkpoint(folder: Path) -> Path:
+    """tiny-qwen2 saved as a Hugging Face folder, with its tokenizer."""
+    from lens_position.models.tiny import tiny_hf_model
+
+    hf_model, tokenizer = tiny_hf_model("tiny-qwen2")
+    hf_model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 @pytest.mark.fault(area="weight cache", given="LENS_POSITION_CACHE pointing at a file, or a read-only cache folder",
                    happens="the model loads without the cache, with a warning naming the folder and how to set one")
 def test_an_unwritable_weight_cache_loads_the_model_with_a_warning(tmp_path, monkeypatch, caplog):
     from lens_position.models import load_model
-    from lens_position.models.tiny import tiny_hf_model
 
-    hf_model, tokenizer = tiny_hf_model("tiny-qwen2")
-    hf_model.save_pretrained(tmp_path / "ckpt")
-    tokenizer.save_pretrained(tmp_path / "ckpt")
+    checkpoint = _tiny_checkpoint(tmp_path / "ckpt")
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     monkeypatch.setenv("LENS_POSITION_CACHE", str(blocker))
     with caplog.at_level("WARNING"):
-        loaded = load_model(str(tmp_path / "ckpt"))
+        loaded = load_model(str(checkpoint))
     assert not loaded.spec.extra["from_cache"] and "LENS_POSITION_CACHE" in caplog.text and str(blocker) in caplog.text
     assert loaded.spec.weights_sha256 == load_model("tiny-qwen2").spec.weights_sha256
 
@@ -158,11 +165,8 @@ def test_a_full_disk_while_writing_the_weight_cache_loads_the_model_with_a_warni
     from safetensors import SafetensorError
 
     from lens_position.models import cache, load_model
-    from lens_position.models.tiny import tiny_hf_model
 
-    hf_model, tokenizer = tiny_hf_model("tiny-qwen2")
-    hf_model.save_pretrained(tmp_path / "ckpt")
-    tokenizer.save_pretrained(tmp_path / "ckpt")
+    checkpoint = _tiny_checkpoint(tmp_path / "ckpt")
 
     def full(*args, **kwargs):
         raise SafetensorError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "
@@ -171,7 +175,7 @@ def test_a_full_disk_while_writing_the_weight_cache_loads_the_model_with_a_warni
     monkeypatch.setattr(cache, "save_file", full)
     monkeypatch.setenv("LENS_POSITION_CACHE", str(tmp_path / "cache"))
     with caplog.at_level("WARNING"):
-        loaded = load_model(str(tmp_path / "ckpt"))
+        loaded = load_model(str(checkpoint))
     assert not loaded.spec.extra["from_cache"] and str(tmp_path / "cache") in caplog.text
     assert "internal error" not in caplog.text and not list((tmp_path / "cache").glob("*/meta.json"))
 
