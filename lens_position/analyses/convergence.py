@@ -107,6 +107,10 @@ class Position0Convergence(SavedResult):
         return out
 
 
+#: The most replaced position-0 vectors one convergence run takes (they run as one batch).
+MAX_INSTANCES = 4096
+
+
 def _instances(loaded: LoadedModel, tokens: torch.Tensor, replacements: Sequence[str], n_tokens: int,
                n_random: int, seed: int) -> list[tuple[str, torch.Tensor]]:
     """Every replacement instance as (label, ``[units, d_model]`` vector per token-0 row)."""
@@ -287,6 +291,9 @@ def position0_convergence(
     prompts = checked_prompts(loaded, prompts, distinct=bootstrap.enabled)
     _check_options(loaded, replacements, tolerance)
     n_tokens, n_random = check_count("n_tokens", n_tokens), check_count("n_random", n_random)
+    if n_tokens + n_random > MAX_INSTANCES:  # every replacement runs in one batch with the others
+        raise BadInputError(f"n_tokens + n_random = {n_tokens + n_random:,} replacements; at most {MAX_INSTANCES:,} "
+                            "run in the one batch this analysis makes: use fewer")
     seed = check_seed(seed)
     backend = loaded.backend
     tokens0 = torch.unique(as_tokens(loaded, prompts)[:, :1].cpu(), dim=0).to(backend.device)

@@ -315,6 +315,8 @@ class ProbeReducer:
         seed = check_seed(seed)
         if ridge is not None:  # NaN or a negative penalty makes the normal equations singular
             ridge = check_positive("ridge", ridge)
+        if len(positions) != 2:
+            raise BadInputError(f"positions must be a (start, stop) pair (stop None: to the end), got {positions!r}")
         start, stop = check_query_range((positions[0], length if positions[1] is None else positions[1]), length,
                                         "positions")
         if stop - start < 2:

@@ -29,6 +29,7 @@ from typing import (
 import torch
 
 from lens_position.ground.errors import BadInputError, ContextLengthError, UnsupportedArchitectureError
+from lens_position.models.argument_kinds import check_argument_kinds
 from lens_position.models.backends import ModelBackend, backend_for, bridge_class, is_model
 from lens_position.models.weights import model_weights_sha256, weights_version
 
@@ -468,13 +469,15 @@ class Entry(Protocol, Generic[P, R]):
 
 
 def public(body: Callable[Concatenate[LoadedModel, P], R]) -> Entry[P, R]:
-    """Make ``body`` (whose first argument is a :class:`LoadedModel`) a public function: its first
-    argument goes through :func:`as_loaded`, once per call, and nothing below the door enters it again
+    """Make ``body`` (whose first argument is a :class:`LoadedModel`) a public function: every other
+    argument is checked to be of its annotated kind (:mod:`lens_position.models.argument_kinds`), the
+    first goes through :func:`as_loaded`, once per call, and nothing below the door enters it again
     (a public function that composes others calls their ``.body``). Same name, docstring and signature
     as ``body``."""
 
     @functools.wraps(body)
     def door(model: ModelLike, *args: P.args, **kwargs: P.kwargs) -> R:  # model= works as a keyword too
+        check_argument_kinds(body, model, args, kwargs)  # every argument of its annotated kind, before the model
         return body(as_loaded(model), *args, **kwargs)
 
     signature = inspect.signature(body)
