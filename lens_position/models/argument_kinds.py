@@ -3,10 +3,11 @@
 A public function (:func:`lens_position.models.spec.public`) checks what each argument *means* in
 its body (a layer inside the model, a fraction in [0, 1], a known condition name). What kind of
 value each argument is, the door checks first, for every argument of every public function alike:
-a number where a number is annotated (``int``: a whole number, never ``True``), a string where a
-string is, a sequence (not a string) where a sequence is, each of its items of the annotated kind,
-a mapping, a callable, an instance of the package's own classes (``Bootstrap``, ``PositionBins``,
-``Patch``). A value of another kind is a ``BadInputError`` naming the argument, the kinds it takes
+a number where a number is annotated (``int``: an integer, never ``True``), a string where a
+string is, a sequence (not a string) where a sequence is (each item of the annotated kind where that
+is one of the package's classes), a mapping (or an object with its methods, as TransformerLens's
+``ActivationCache``), a callable, an instance of the package's own classes (``Bootstrap``,
+``PositionBins``, ``Patch``). A value of another kind is a ``BadInputError`` naming the argument, the kinds it takes
 and what it got, before anything runs; a function's own range checks and their messages are
 unchanged. Arguments annotated with a prompt type are left to the input door
 (:mod:`lens_position.core.inputs`), and an annotation this module cannot read is not checked.
@@ -53,6 +54,8 @@ class Kind:
             return False  # True is no whole number, nor a size
         if self.types and isinstance(value, self.types):
             return True
+        if abc.Mapping in self.types and hasattr(value, "keys") and hasattr(value, "__getitem__"):
+            return True  # a mapping by its methods (TransformerLens's ActivationCache)
         if self.sequence and _is_sequence(value):
             return self.items is None or isinstance(value, (np.ndarray, torch.Tensor)) or all(
                 self.items.accepts(item) for item in list(value)[:_ITEMS_CHECKED])
@@ -69,7 +72,7 @@ class Kind:
         return " or ".join(dict.fromkeys(names))
 
 
-_NAMES = {numbers.Integral: "a whole number", numbers.Real: "a number", str: "a string", bool: "True or False",
+_NAMES = {numbers.Integral: "an integer", numbers.Real: "a number", str: "a string", bool: "True or False",
           abc.Mapping: "a mapping"}
 
 
@@ -114,7 +117,10 @@ def _plain_kind(hint: Any, origin: Any, args: tuple[Any, ...]) -> Kind | None:
     base = origin or hint
     if base in (tuple, list, abc.Sequence, abc.Iterable, abc.Collection, set, frozenset, abc.Set):
         items = kind_of(args[0]) if args and (base is not tuple or len(args) == 2 and args[1] is Ellipsis) else None
-        return Kind(sequence=True, items=items)
+        # items are checked when they are the package's own values (patches); numbers and names are the
+        # body's to check, with its own words (TransformerLens also names hooks by tuples)
+        own = items is not None and not items.sequence and any(t not in _NAMES for t in items.types)
+        return Kind(sequence=True, items=items if own else None)
     if base in (dict, abc.Mapping, abc.MutableMapping):
         return Kind(types=(abc.Mapping,))
     array = getattr(hint, "array_type", None)  # a jaxtyping annotation: Float[Tensor, "..."]

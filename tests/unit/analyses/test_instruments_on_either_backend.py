@@ -61,9 +61,9 @@ def test_a_wrong_score_scale_is_refused_not_split(bridged, monkeypatch):
     backend = model.backend
     real = type(backend).rotary_layout
 
-    def doubled(self, layer):
+    def doubled(self, layer, length=None):
         import dataclasses
-        layout = real(self, layer)
+        layout = real(self, layer, length)
         return dataclasses.replace(layout, scale=layout.scale * 2)
 
     monkeypatch.setattr(type(backend), "rotary_layout", doubled)
@@ -139,8 +139,8 @@ def test_a_hidden_rotation_in_the_wrong_pairs_is_refused_not_split(fused_or_inte
     backend = model.backend
     real = type(backend).rotary_layout
 
-    def other_pairs(self, layer):
-        layout = real(self, layer)
+    def other_pairs(self, layer, length=None):
+        layout = real(self, layer, length)
         return dataclasses.replace(layout, adjacent_pairs=not layout.adjacent_pairs)
 
     monkeypatch.setattr(type(backend), "rotary_layout", other_pairs)
