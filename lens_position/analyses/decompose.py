@@ -227,7 +227,7 @@ def layer_key_windows(loaded: LoadedModel) -> list[int | None]:
 def _check_options(
     loaded: LoadedModel,
     tokens: torch.Tensor,
-    layers: Sequence[int] | None,
+    layers: Sequence[int] | int | str | None,
     query_range: tuple[int, int] | None,
     keys: str,
 ) -> tuple[list[int], int, int]:
@@ -263,7 +263,7 @@ class DecompositionReducer:
         loaded: LoadedModel,
         prompts: CheckedPrompts,
         *,
-        layers: Sequence[int] | None = None,
+        layers: Sequence[int] | int | str | None = None,
         query_range: tuple[int, int] | None = None,
         keys: KeySet = "all",
         bins: PositionBins = PositionBins(),
@@ -448,7 +448,7 @@ def decompose(
     loaded: LoadedModel,
     prompts: Prompts,
     *,
-    layers: Sequence[int] | None = None,
+    layers: Sequence[int] | int | str | None = None,
     query_range: tuple[int, int] | None = None,
     keys: KeySet = "all",
     patches: Sequence[Patch] = (),
@@ -535,7 +535,7 @@ def decompose_dense(
     loaded: LoadedModel,
     prompts: Prompts,
     *,
-    layers: Sequence[int] | None = None,
+    layers: Sequence[int] | int | str | None = None,
     query_range: tuple[int, int] | None = None,
     keys: KeySet = "all",
     bins: PositionBins = PositionBins(),
@@ -659,7 +659,7 @@ def check_identity(
     loaded: LoadedModel,
     prompts: Prompts,
     *,
-    layers: Sequence[int] | None = None,
+    layers: Sequence[int] | int | str | None = None,
     min_pattern: float = 1e-6,
 ) -> pd.DataFrame:
     """Check the exact identity ``log A = t - z`` against the model's own ``hook_pattern``.

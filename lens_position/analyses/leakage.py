@@ -353,7 +353,7 @@ def positional_leakage(
     n_samples: int = AUTHORS_SAMPLES,
     seed: int = AUTHORS_SEED,
     n_seeds: int | None = None,
-    layers: Sequence[int] | None = None,
+    layers: Sequence[int] | int | str | None = None,
     max_length: int = MAX_LENGTH,
     alpha: float = ALPHA,
     n_boot: int = N_BOOT,

@@ -302,7 +302,7 @@ class ProbeReducer:
     :meth:`result` after streaming."""
 
     def __init__(self, loaded: LoadedModel, prompts: CheckedPrompts, *,
-                 layers: Sequence[int] | None = None, ridge: float | None = None, seed: int = 0,
+                 layers: Sequence[int] | int | str | None = None, ridge: float | None = None, seed: int = 0,
                  positions: tuple[int, int | None] = (1, None), bootstrap: Bootstrap = Bootstrap()) -> None:
         self.loaded = loaded
         checked = require_checked(loaded, prompts, "ProbeReducer", min_length=2, distinct=bootstrap.enabled)
@@ -483,7 +483,7 @@ def position_probe(
     loaded: LoadedModel,
     prompts: Prompts,
     *,
-    layers: Sequence[int] | None = None,
+    layers: Sequence[int] | int | str | None = None,
     ridge: float | None = None,
     seed: int = 0,
     positions: tuple[int, int | None] = (1, None),

@@ -151,7 +151,7 @@ class BandReducer:
     ``|sum_b s_b - s|`` seen per layer (the split's check against the model's own scores)."""
 
     def __init__(self, loaded: LoadedModel, prompts: CheckedPrompts, *,
-                 layers: Sequence[int] | None = None, query_range: tuple[int, int] | None = None,
+                 layers: Sequence[int] | int | str | None = None, query_range: tuple[int, int] | None = None,
                  n_bands: int = DEFAULT_BANDS, bins: PositionBins = PositionBins(),
                  bootstrap: Bootstrap = Bootstrap()) -> None:
         self.loaded = loaded
@@ -461,7 +461,7 @@ def rotary_bands(
     loaded: LoadedModel,
     prompts: Prompts,
     *,
-    layers: Sequence[int] | None = None,
+    layers: Sequence[int] | int | str | None = None,
     query_range: tuple[int, int] | None = None,
     n_bands: int = DEFAULT_BANDS,
     batch_size: int = BATCH_SIZE,

@@ -130,7 +130,7 @@ def trajectory_patching(
     prompts: Prompts,
     *,
     counterfactual: str = "no-bos",
-    layers: Sequence[int] | None = None,
+    layers: Sequence[int] | int | str | None = None,
     query_range: tuple[int, int] = (0, 32),
     base: Decomposition | None = None,
     batch_size: int = BATCH_SIZE,

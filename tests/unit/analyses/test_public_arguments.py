@@ -136,3 +136,13 @@ def test_every_public_function_of_the_package_is_called_here():
     exported = {name for name in lp.__all__ if hasattr(getattr(lp, name), "body")}
     assert exported - set(CALLS) == set(), sorted(exported - set(CALLS))
     assert torch.equal(TOKENS, toy_tokens(4, 16, bos=True, seed=0))  # no call wrote into the shared tokens
+
+
+@pytest.mark.parametrize("options", [{"layers": "0:2"}, {"layers": 1}, {"layers": __import__("numpy").int64(1)},
+                                     {"layers": (0, 1)}, {"query_range": [0, 8]}, {"batch_size": __import__(
+                                         "numpy").int64(2)}, {"layers": None}])
+def test_every_documented_form_of_an_argument_passes_the_door(options):
+    """The door checks kinds, not forms: a layer string as on the command line, one layer, numpy
+    integers and a list for a range each reach the body, which reads them as documented."""
+    result = lp.decompose(_model("offset"), TOKENS, **options, **QUIET)
+    assert len(result.layers) >= 1
